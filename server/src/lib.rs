@@ -1,0 +1,26 @@
+//! The Switchyard control plane as a library: the binary parses flags and
+//! calls [`run`], and the integration tests start the very same server on an
+//! ephemeral port.
+//!
+//! # Layout
+//! - [`config`]: the command line (clap derive; every flag also reads a
+//!   `SWITCHYARD_*` variable) and the settings it produces.
+//! - [`server`]: builds the tonic router (the three switchyard.v1 services,
+//!   gRPC health, server reflection v1 and v1alpha) and serves it until the
+//!   shutdown signal.
+//! - [`api`]: the gRPC service implementations.
+//! - [`store`]: the task store, opened from a database URL (embedded SQLite by
+//!   default, PostgreSQL for many replicas).
+//! - [`error`]: the crate's error type and its one mapping to `tonic::Status`.
+//! - [`telemetry`]: tracing set-up (text or JSON logs).
+
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod server;
+pub mod store;
+pub mod telemetry;
+
+pub use config::ServerConfig;
+pub use error::Error;
+pub use server::run;

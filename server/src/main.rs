@@ -1,0 +1,66 @@
+//! `switchyard-server`: parses flags, binds, and hands over to
+//! [`switchyard_server::run`]; `switchyard-server migrate` runs the database
+//! migrations alone.
+
+use std::io::Write;
+
+use anyhow::Context;
+use clap::Parser;
+use switchyard_server::config::{Cli, Command};
+use switchyard_server::{store, telemetry};
+use tokio::net::TcpListener;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    telemetry::init(cli.config.log_format);
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Migrate => {
+            let store = store::open(&cli.config.database_url).await?;
+            store.migrate().await?;
+            store.close().await;
+            tracing::info!(backend = store.backend(), "migrations applied");
+            Ok(())
+        }
+        Command::Serve => {
+            let listener = TcpListener::bind(cli.config.listen)
+                .await
+                .with_context(|| format!("binding {}", cli.config.listen))?;
+            let addr = listener.local_addr().context("reading the bound address")?;
+            // Tests and scripts read this line to learn an ephemeral port.
+            let mut stdout = std::io::stdout().lock();
+            writeln!(stdout, "switchyard-server listening on {addr}")?;
+            stdout.flush()?;
+            drop(stdout);
+            tracing::info!(%addr, database = %store::redact_url(&cli.config.database_url), "serving");
+            switchyard_server::run(listener, cli.config, shutdown_signal()).await?;
+            Ok(())
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(cause = %err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown signal received");
+}
