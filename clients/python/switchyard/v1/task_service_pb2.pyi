@@ -1,0 +1,149 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from switchyard.v1 import placement_pb2 as _placement_pb2
+from switchyard.v1 import task_pb2 as _task_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SubmitTaskRequest(_message.Message):
+    __slots__ = ("namespace", "kind", "payload", "placement", "priority", "max_attempts", "lease_ttl", "idempotency_key", "not_before", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    NOT_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    kind: str
+    payload: _struct_pb2.Struct
+    placement: _placement_pb2.Placement
+    priority: int
+    max_attempts: int
+    lease_ttl: _duration_pb2.Duration
+    idempotency_key: str
+    not_before: _timestamp_pb2.Timestamp
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, namespace: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SubmitTaskResponse(_message.Message):
+    __slots__ = ("task", "created")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    task: _task_pb2.Task
+    created: bool
+    def __init__(self, task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., created: bool = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class GetTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: _task_pb2.Task
+    def __init__(self, task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ...) -> None: ...
+
+class ListTasksRequest(_message.Message):
+    __slots__ = ("namespace", "states", "kind", "page_size", "page_token")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    states: _containers.RepeatedScalarFieldContainer[_task_pb2.TaskState]
+    kind: str
+    page_size: int
+    page_token: str
+    def __init__(self, namespace: _Optional[str] = ..., states: _Optional[_Iterable[_Union[_task_pb2.TaskState, str]]] = ..., kind: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListTasksResponse(_message.Message):
+    __slots__ = ("tasks", "next_page_token")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[_task_pb2.Task]
+    next_page_token: str
+    def __init__(self, tasks: _Optional[_Iterable[_Union[_task_pb2.Task, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CancelTaskRequest(_message.Message):
+    __slots__ = ("task_id", "reason")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    reason: str
+    def __init__(self, task_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelTaskResponse(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: _task_pb2.Task
+    def __init__(self, task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ...) -> None: ...
+
+class WatchTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class WatchTaskResponse(_message.Message):
+    __slots__ = ("event", "task")
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    event: _task_pb2.TaskEvent
+    task: _task_pb2.Task
+    def __init__(self, event: _Optional[_Union[_task_pb2.TaskEvent, _Mapping]] = ..., task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ...) -> None: ...
+
+class ExplainTaskRequest(_message.Message):
+    __slots__ = ("task_id",)
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+
+class ExplainTaskResponse(_message.Message):
+    __slots__ = ("task", "summary", "verdicts")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    task: _task_pb2.Task
+    summary: str
+    verdicts: _containers.RepeatedCompositeFieldContainer[_placement_pb2.AgentVerdict]
+    def __init__(self, task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., summary: _Optional[str] = ..., verdicts: _Optional[_Iterable[_Union[_placement_pb2.AgentVerdict, _Mapping]]] = ...) -> None: ...
+
+class ListTaskEventsRequest(_message.Message):
+    __slots__ = ("task_id", "page_size", "page_token")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, task_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListTaskEventsResponse(_message.Message):
+    __slots__ = ("events", "next_page_token")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[_task_pb2.TaskEvent]
+    next_page_token: str
+    def __init__(self, events: _Optional[_Iterable[_Union[_task_pb2.TaskEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
