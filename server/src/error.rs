@@ -3,6 +3,9 @@
 //! status code and keeps internals (SQL text, file paths) out of messages.
 
 use tonic::Status;
+use uuid::Uuid;
+
+use crate::store::TaskState;
 
 /// Everything that can go wrong inside the server.
 #[derive(Debug, thiserror::Error)]
@@ -15,6 +18,61 @@ pub enum Error {
         /// The driver's error (never shown to clients).
         #[source]
         source: sqlx::Error,
+    },
+    /// A stored row could not be read back (a column held something the
+    /// code does not understand).
+    #[error("store: {context}: {detail}")]
+    Corrupt {
+        /// What the server was reading.
+        context: &'static str,
+        /// What was wrong with it.
+        detail: String,
+    },
+    /// The thing asked for does not exist.
+    #[error("{what} {id} not found")]
+    NotFound {
+        /// What kind of thing (`task`, `agent`, `lease`).
+        what: &'static str,
+        /// Its id as given.
+        id: String,
+    },
+    /// A report carried a fencing token other than the task's current one:
+    /// an older lease of the task is talking.
+    #[error("task {task_id}: fencing token {presented} is stale (current {current})")]
+    StaleFencingToken {
+        /// The task reported on.
+        task_id: Uuid,
+        /// The token in the report.
+        presented: u64,
+        /// The task's current token.
+        current: u64,
+    },
+    /// The lease is not (or no longer) held by this agent: it ended, was
+    /// revoked or expired, or belongs to someone else.
+    #[error("lease {lease_id} is not held by agent {agent_id}")]
+    LeaseNotHeld {
+        /// The lease named in the request.
+        lease_id: Uuid,
+        /// The agent that claimed it.
+        agent_id: Uuid,
+    },
+    /// The task's state does not allow the requested change.
+    #[error("task {task_id} is {from}: cannot {what}")]
+    InvalidTransition {
+        /// The task.
+        task_id: Uuid,
+        /// Its state now.
+        from: TaskState,
+        /// What was attempted.
+        what: &'static str,
+    },
+    /// A compare-and-set on an agent's document generation lost.
+    #[error("agent document generation is {held}, expected {expected}")]
+    GenerationMismatch {
+        /// The generation stored now.
+        held: u64,
+        /// The generation the caller based its change on.
+        expected: u64,
     },
     /// The database URL is not one the server can use.
     #[error("unsupported database url {0:?}: use sqlite://PATH or postgres://…")]
@@ -37,6 +95,14 @@ impl From<Error> for Status {
             Error::Store { context, .. } => {
                 Status::unavailable(format!("store unavailable while {context}"))
             }
+            Error::Corrupt { context, .. } => {
+                Status::internal(format!("stored data unreadable while {context}"))
+            }
+            err @ Error::NotFound { .. } => Status::not_found(err.to_string()),
+            err @ (Error::StaleFencingToken { .. }
+            | Error::LeaseNotHeld { .. }
+            | Error::InvalidTransition { .. }) => Status::failed_precondition(err.to_string()),
+            err @ Error::GenerationMismatch { .. } => Status::aborted(err.to_string()),
             Error::UnsupportedDatabaseUrl(_) | Error::Transport(_) | Error::Reflection(_) => {
                 Status::internal("internal error")
             }

@@ -3,19 +3,34 @@
 //! and shared as `Arc<dyn Store>`: PostgreSQL for many replicas on one
 //! database, SQLite as the embedded default that needs nothing installed.
 
+mod common;
+mod model;
 mod postgres;
 mod sqlite;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use serde_json::Value;
+use tokio::sync::broadcast;
+use uuid::Uuid;
 
+pub use model::{
+    AgentRecord, AgentRegistration, Completion, CompletionOutcome, CompletionResult,
+    DEFAULT_BACKOFF_BASE_MS, GrantOutcome, GrantRefusal, GrantRequest, LeaseRecord, LeaseState,
+    MAX_BACKOFF_MS, NewTask, Page, StoreEvent, TaskEventRecord, TaskFilter, TaskRecord, TaskState,
+    UnknownState, backoff_ms,
+};
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
 use crate::error::{Error, Result};
 
-/// The operations the server needs from its database.
+/// The operations the server needs from its database. Every method that
+/// changes something runs in one transaction, appends the task history in
+/// that same transaction, and announces what changed through
+/// [`Store::subscribe`] on every replica once it commits. Times are passed
+/// in (`now_ms`, Unix milliseconds): the store never reads the clock.
 #[async_trait]
 pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// Which backend this is (`sqlite` or `postgres`), for logs and metrics.
@@ -26,15 +41,197 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     async fn ping(&self) -> Result<()>;
     /// Closes the pool, waiting for in-flight statements.
     async fn close(&self);
+
+    /// Submits a task; with an idempotency key already used in the
+    /// namespace, returns the existing task and `false`.
+    async fn submit_task(&self, task: NewTask, now_ms: i64) -> Result<(TaskRecord, bool)>;
+    /// One task; `NotFound` if missing.
+    async fn get_task(&self, task_id: Uuid) -> Result<TaskRecord>;
+    /// Tasks of a namespace, newest first, and the cursor of the next page.
+    async fn list_tasks(
+        &self,
+        filter: &TaskFilter,
+        page: &Page,
+    ) -> Result<(Vec<TaskRecord>, Option<String>)>;
+    /// A task's history after `after_sequence`, oldest first.
+    async fn task_events(
+        &self,
+        task_id: Uuid,
+        after_sequence: u64,
+        limit: u32,
+    ) -> Result<Vec<TaskEventRecord>>;
+    /// The dispatcher's candidates: QUEUED tasks whose `not_before` has
+    /// passed, by priority (higher first) then first-in first-out.
+    async fn queued_tasks(
+        &self,
+        namespace: Option<&str>,
+        now_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<TaskRecord>>;
+
+    /// Leases tasks to agents, all in one transaction; each request is
+    /// granted only if its task is still QUEUED and its agent under
+    /// capacity, checked in that transaction.
+    async fn grant_leases(
+        &self,
+        requests: &[GrantRequest],
+        now_ms: i64,
+    ) -> Result<Vec<GrantOutcome>>;
+    /// The agent acknowledged these grants (GRANTED to ACTIVE); returns how
+    /// many it still held.
+    async fn ack_leases(&self, agent_id: Uuid, leases: &[(Uuid, u64)], now_ms: i64) -> Result<u64>;
+    /// A heartbeat: extends every live lease of the agent to now plus its
+    /// task's TTL, in one statement; returns how many.
+    async fn renew_leases(&self, agent_id: Uuid, now_ms: i64) -> Result<u64>;
+    /// LEASED to RUNNING; repeating it is acknowledged.
+    async fn report_started(
+        &self,
+        lease_id: Uuid,
+        task_id: Uuid,
+        agent_id: Uuid,
+        fencing_token: u64,
+        now_ms: i64,
+    ) -> Result<TaskRecord>;
+    /// Records the latest progress of a running task.
+    async fn report_progress(
+        &self,
+        lease_id: Uuid,
+        task_id: Uuid,
+        agent_id: Uuid,
+        fencing_token: u64,
+        progress: Value,
+        now_ms: i64,
+    ) -> Result<TaskRecord>;
+    /// Final reports, in one transaction; a refused item (stale token, lease
+    /// not held) changes nothing and does not affect the others.
+    async fn complete_leases(
+        &self,
+        completions: &[Completion],
+        now_ms: i64,
+    ) -> Result<Vec<Result<CompletionResult>>>;
+    /// Revokes grants never acknowledged and granted before
+    /// `older_than_ms`: leases RELEASED, tasks back to QUEUED without
+    /// counting an attempt.
+    async fn revoke_unacked(
+        &self,
+        older_than_ms: i64,
+        now_ms: i64,
+    ) -> Result<Vec<(LeaseRecord, TaskRecord)>>;
+    /// The sweeper: expired live leases become EXPIRED and their tasks go
+    /// back to QUEUED with one more attempt, or to FAILED (`lease lost N
+    /// times`) at the budget. Safe with every replica sweeping at once.
+    async fn expire_leases(
+        &self,
+        now_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<(LeaseRecord, TaskRecord)>>;
+    /// Cancels a task: QUEUED becomes CANCELED at once; LEASED or RUNNING
+    /// get `cancel_requested` and the lease to revoke is returned; terminal
+    /// tasks are returned unchanged.
+    async fn cancel_task(
+        &self,
+        task_id: Uuid,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(TaskRecord, Option<LeaseRecord>)>;
+
+    /// Registers an agent (upsert on namespace and name): the same id, a new
+    /// session epoch and generation.
+    async fn register_agent(
+        &self,
+        registration: &AgentRegistration,
+        now_ms: i64,
+    ) -> Result<AgentRecord>;
+    /// One agent; `NotFound` if missing.
+    async fn get_agent(&self, agent_id: Uuid) -> Result<AgentRecord>;
+    /// Agents of a namespace by name, optionally only some statuses.
+    async fn list_agents(
+        &self,
+        namespace: &str,
+        statuses: &[String],
+        page: &Page,
+    ) -> Result<(Vec<AgentRecord>, Option<String>)>;
+    /// Every agent, to warm the dispatcher's index at start-up.
+    async fn all_agents(&self) -> Result<Vec<AgentRecord>>;
+    /// Replaces the agent's document if its generation is still
+    /// `expected_generation`; returns the new generation.
+    #[allow(clippy::too_many_arguments)]
+    async fn update_agent_document(
+        &self,
+        agent_id: Uuid,
+        expected_generation: u64,
+        reported: Value,
+        document: Value,
+        provenance: Value,
+        rejections: Value,
+        now_ms: i64,
+    ) -> Result<u64>;
+    /// Replaces the operator tier (and the merged document it yields).
+    async fn set_operator_overrides(
+        &self,
+        agent_id: Uuid,
+        overrides: Value,
+        document: Value,
+        provenance: Value,
+        now_ms: i64,
+    ) -> Result<AgentRecord>;
+    /// Sets the status, only while the session epoch is still
+    /// `session_epoch` when given; returns whether it changed anything.
+    async fn set_agent_status(
+        &self,
+        agent_id: Uuid,
+        status: &str,
+        reasons: &[String],
+        session_epoch: Option<u64>,
+        now_ms: i64,
+    ) -> Result<bool>;
+    /// Starts or ends an operator drain.
+    async fn set_agent_drained(
+        &self,
+        agent_id: Uuid,
+        drained: bool,
+        reason: Option<String>,
+        now_ms: i64,
+    ) -> Result<AgentRecord>;
+    /// Records that the agent was heard from.
+    async fn touch_agent(&self, agent_id: Uuid, now_ms: i64) -> Result<()>;
+    /// The agent's live (GRANTED or ACTIVE) leases.
+    async fn agent_leases(&self, agent_id: Uuid) -> Result<Vec<LeaseRecord>>;
+    /// One lease; `NotFound` if missing.
+    async fn get_lease(&self, lease_id: Uuid) -> Result<LeaseRecord>;
+
+    /// Events from every replica (this one included) from now on.
+    fn subscribe(&self) -> broadcast::Receiver<StoreEvent>;
+}
+
+/// Settings of a store beyond its URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// The first retry delay after a failed attempt; doubles per attempt up
+    /// to [`MAX_BACKOFF_MS`]. Tests shorten it.
+    pub backoff_base_ms: i64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            backoff_base_ms: DEFAULT_BACKOFF_BASE_MS,
+        }
+    }
 }
 
 /// Opens the store a database URL names: `sqlite://PATH` (created if
 /// missing) or `postgres://…`.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
+    open_with(url, StoreOptions::default()).await
+}
+
+/// [`open`] with settings.
+pub async fn open_with(url: &str, options: StoreOptions) -> Result<Arc<dyn Store>> {
     if url.starts_with("sqlite:") {
-        Ok(Arc::new(SqliteStore::open(url).await?))
+        Ok(Arc::new(SqliteStore::open(url, options).await?))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(PgStore::open(url).await?))
+        Ok(Arc::new(PgStore::open(url, options).await?))
     } else {
         Err(Error::UnsupportedDatabaseUrl(redact_url(url)))
     }

@@ -1,31 +1,152 @@
-//! The PostgreSQL store: many server replicas on one database.
+//! The PostgreSQL store: many server replicas on one database. Transitions
+//! lock rows (`FOR UPDATE`; grants and sweeps `SKIP LOCKED` what another
+//! replica is working on), grants go to the database as one set-based
+//! statement per batch, and every transaction that queues or changes a task,
+//! agent or lease issues `pg_notify('switchyard_events', …)` so every
+//! replica's [`PgListener`] learns of it at commit.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use serde_json::Value;
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Transaction};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
 
-use super::Store;
-use crate::error::{Error, Result};
+use super::common::{GrantableTask, plan_grants, store_common};
+use super::{Store, StoreOptions};
+
+store_common!(
+    sqlx::Postgres,
+    sqlx::postgres::PgRow,
+    sqlx::PgConnection,
+    " FOR UPDATE OF t",
+    " FOR UPDATE OF t SKIP LOCKED"
+);
+
+/// The notification channel every replica listens on.
+const CHANNEL: &str = "switchyard_events";
+
+/// How many events a slow subscriber may fall behind before it lags.
+const EVENT_BUFFER: usize = 4_096;
 
 /// A store on a PostgreSQL database.
 #[derive(Debug, Clone)]
 pub struct PgStore {
     /// The connection pool shared by every request of this replica.
     pool: PgPool,
+    /// Fed by the listener with every replica's events (this one's too).
+    events: broadcast::Sender<StoreEvent>,
+    /// Retry backoff and other settings.
+    options: StoreOptions,
+    /// The listener task; stopped when the last handle goes.
+    listener: Arc<ListenerTask>,
+}
+
+/// Owns the background task that turns notifications into events.
+#[derive(Debug)]
+struct ListenerTask(JoinHandle<()>);
+
+impl Drop for ListenerTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl PgStore {
-    /// Connects to the database at `url`.
-    pub async fn open(url: &str) -> Result<Self> {
+    /// Connects to the database at `url` and starts listening for events.
+    pub async fn open(url: &str, options: StoreOptions) -> __Result<Self> {
         let pool = PgPoolOptions::new()
             .max_connections(16)
-            .acquire_timeout(std::time::Duration::from_secs(5))
+            .acquire_timeout(Duration::from_secs(5))
             .connect(url)
             .await
-            .map_err(|source| Error::Store {
-                context: "connecting to postgres",
-                source,
-            })?;
-        Ok(Self { pool })
+            .map_err(db("connecting to postgres"))?;
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        // Its own connection (a pool of one that reconnects and re-listens by
+        // itself), listening before `open` returns so no event is missed.
+        let mut listener = PgListener::connect(url)
+            .await
+            .map_err(db("connecting the event listener"))?;
+        listener
+            .listen(CHANNEL)
+            .await
+            .map_err(db("listening for store events"))?;
+        let task = tokio::spawn(forward_notifications(listener, events.clone()));
+        Ok(Self {
+            pool,
+            events,
+            options,
+            listener: Arc::new(ListenerTask(task)),
+        })
+    }
+
+    /// Starts a transaction.
+    async fn begin(&self) -> __Result<Transaction<'static, Postgres>> {
+        self.pool
+            .begin()
+            .await
+            .map_err(db("starting a transaction"))
+    }
+
+    /// Announces `events` to every replica and commits: the notifications
+    /// are delivered at commit, and only if it succeeds.
+    async fn commit(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        events: Vec<StoreEvent>,
+    ) -> __Result<()> {
+        if !events.is_empty() {
+            let payloads = events
+                .iter()
+                .map(serde_json::to_string)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|err| __Error::Corrupt {
+                    context: "encoding store events",
+                    detail: err.to_string(),
+                })?;
+            sqlx::query("SELECT pg_notify($1, p) FROM UNNEST($2::text[]) AS p")
+                .bind(CHANNEL)
+                .bind(&payloads)
+                .execute(&mut *tx)
+                .await
+                .map_err(db("notifying replicas"))?;
+        }
+        tx.commit().await.map_err(db("committing"))
+    }
+
+    /// A connection for reads.
+    async fn read(&self) -> __Result<sqlx::pool::PoolConnection<Postgres>> {
+        self.pool
+            .acquire()
+            .await
+            .map_err(db("acquiring a connection"))
+    }
+}
+
+/// Feeds notifications to the broadcast until the store is dropped. The
+/// listener reconnects (and re-listens) by itself; while it is down nothing is
+/// emitted, and the dispatcher's slow safety sweep covers what was missed.
+async fn forward_notifications(mut listener: PgListener, events: broadcast::Sender<StoreEvent>) {
+    loop {
+        match listener.recv().await {
+            Ok(notification) => match serde_json::from_str::<StoreEvent>(notification.payload()) {
+                Ok(event) => {
+                    let _ = events.send(event);
+                }
+                Err(err) => {
+                    tracing::warn!(cause = %err, "ignoring an unreadable store event");
+                }
+            },
+            Err(err) => {
+                tracing::warn!(cause = %err, "store event listener disconnected; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
     }
 }
 
@@ -35,22 +156,457 @@ impl Store for PgStore {
         "postgres"
     }
 
-    async fn migrate(&self) -> Result<()> {
-        Ok(())
+    async fn migrate(&self) -> __Result<()> {
+        sqlx::migrate!("migrations/postgres")
+            .run(&self.pool)
+            .await
+            .map_err(|source| __Error::Store {
+                context: "running postgres migrations",
+                source: source.into(),
+            })
     }
 
-    async fn ping(&self) -> Result<()> {
+    async fn ping(&self) -> __Result<()> {
         sqlx::query("SELECT 1")
             .execute(&self.pool)
             .await
-            .map_err(|source| Error::Store {
-                context: "pinging",
-                source,
-            })?;
+            .map_err(db("pinging"))?;
         Ok(())
     }
 
     async fn close(&self) {
+        self.listener.0.abort();
         self.pool.close().await;
+    }
+
+    async fn submit_task(&self, task: NewTask, now_ms: i64) -> __Result<(TaskRecord, bool)> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let out = submit_task(&mut tx, &task, now_ms, &mut events).await?;
+        self.commit(tx, events).await?;
+        Ok(out)
+    }
+
+    async fn get_task(&self, task_id: Uuid) -> __Result<TaskRecord> {
+        must_fetch_task(&mut *self.read().await?, task_id).await
+    }
+
+    async fn list_tasks(
+        &self,
+        filter: &TaskFilter,
+        page: &Page,
+    ) -> __Result<(Vec<TaskRecord>, Option<String>)> {
+        list_tasks(&mut *self.read().await?, filter, page).await
+    }
+
+    async fn task_events(
+        &self,
+        task_id: Uuid,
+        after_sequence: u64,
+        limit: u32,
+    ) -> __Result<Vec<TaskEventRecord>> {
+        task_events(&mut *self.read().await?, task_id, after_sequence, limit).await
+    }
+
+    async fn queued_tasks(
+        &self,
+        namespace: Option<&str>,
+        now_ms: i64,
+        limit: u32,
+    ) -> __Result<Vec<TaskRecord>> {
+        queued_tasks(&mut *self.read().await?, namespace, now_ms, limit).await
+    }
+
+    async fn grant_leases(
+        &self,
+        requests: &[GrantRequest],
+        now_ms: i64,
+    ) -> __Result<Vec<GrantOutcome>> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let agent_ids: Vec<Uuid> = requests.iter().map(|r| r.agent_id).collect();
+        let task_ids: Vec<Uuid> = requests.iter().map(|r| r.task_id).collect();
+        let mut tx = self.begin().await?;
+        // Agent rows first, in id order (every grant locks them in the same
+        // order, so concurrent grants queue instead of deadlocking).
+        let agent_rows: Vec<(Uuid, i64, i64)> = sqlx::query_as(
+            "SELECT id, capacity, active_leases FROM agents WHERE id = ANY($1) \
+             ORDER BY id FOR UPDATE",
+        )
+        .bind(&agent_ids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db("locking agents to grant"))?;
+        // Queued task rows another transaction is not changing right now; a
+        // locked one is refused (it will be announced again if it re-queues).
+        let task_rows: Vec<(Uuid, i64, i64, i64)> = sqlx::query_as(
+            "SELECT id, not_before_ms, fencing_token, lease_ttl_ms FROM tasks \
+             WHERE id = ANY($1) AND state = 'queued' FOR UPDATE SKIP LOCKED",
+        )
+        .bind(&task_ids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db("locking tasks to grant"))?;
+        let agents: HashMap<Uuid, (i64, i64)> = agent_rows
+            .into_iter()
+            .map(|(id, capacity, active)| (id, (capacity, active)))
+            .collect();
+        let tasks: HashMap<Uuid, GrantableTask> = task_rows
+            .into_iter()
+            .map(|(id, not_before_ms, fencing_token, lease_ttl_ms)| {
+                (
+                    id,
+                    GrantableTask {
+                        state: TaskState::Queued,
+                        not_before_ms,
+                        fencing_token,
+                        lease_ttl_ms,
+                    },
+                )
+            })
+            .collect();
+        let plan = plan_grants(requests, &agents, &tasks, now_ms);
+        let granted: Vec<_> = plan.iter().filter_map(|p| p.as_ref().ok()).collect();
+        if !granted.is_empty() {
+            let lease_ids: Vec<Uuid> = granted.iter().map(|g| g.lease_id).collect();
+            let task_ids: Vec<Uuid> = granted.iter().map(|g| g.task_id).collect();
+            let agent_ids: Vec<Uuid> = granted.iter().map(|g| g.agent_id).collect();
+            let tokens: Vec<i64> = granted.iter().map(|g| g.fencing_token).collect();
+            let expiries: Vec<i64> = granted.iter().map(|g| g.expires_at_ms).collect();
+            // One round trip for the whole batch: leases, tasks, agent
+            // counters and history.
+            let leased: i64 = sqlx::query_scalar(
+                "WITH g AS ( \
+                   SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], \
+                   $5::int8[]) AS g(lease_id, task_id, agent_id, token, expires_at_ms) \
+                 ), new_leases AS ( \
+                   INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, \
+                   granted_at_ms, expires_at_ms) \
+                   SELECT lease_id, task_id, agent_id, token, 'granted', FALSE, $6, \
+                   expires_at_ms FROM g \
+                 ), leased AS ( \
+                   UPDATE tasks t SET state = 'leased', fencing_token = g.token, \
+                   lease_id = g.lease_id, agent_id = g.agent_id, progress = NULL, \
+                   updated_at_ms = $6 FROM g WHERE t.id = g.task_id AND t.state = 'queued' \
+                   RETURNING t.id \
+                 ), counted AS ( \
+                   UPDATE agents a SET active_leases = a.active_leases + c.n \
+                   FROM (SELECT agent_id, COUNT(*) AS n FROM g GROUP BY agent_id) c \
+                   WHERE a.id = c.agent_id \
+                 ), history AS ( \
+                   INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
+                   lease_id, occurred_at_ms) \
+                   SELECT g.task_id, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
+                   WHERE e.task_id = g.task_id), 0) + 1, 'leased', 'leased', \
+                   'leased to agent ' || g.agent_id::text || ' with fencing token ' || \
+                   g.token::text, g.agent_id, g.lease_id, $6 FROM g \
+                 ) \
+                 SELECT COUNT(*) FROM leased",
+            )
+            .bind(&lease_ids)
+            .bind(&task_ids)
+            .bind(&agent_ids)
+            .bind(&tokens)
+            .bind(&expiries)
+            .bind(now_ms)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db("granting leases"))?;
+            if usize::try_from(leased).ok() != Some(granted.len()) {
+                // Cannot happen with the rows locked above; refuse to commit
+                // rather than count capacity wrongly.
+                return Err(__Error::Corrupt {
+                    context: "granting leases",
+                    detail: format!("{leased} of {} locked tasks were leased", granted.len()),
+                });
+            }
+        }
+        let mut events = Vec::new();
+        let outcomes = plan
+            .into_iter()
+            .map(|planned| match planned {
+                Ok(grant) => {
+                    events.push(StoreEvent::TaskChanged {
+                        task_id: grant.task_id,
+                        state: TaskState::Leased,
+                    });
+                    GrantOutcome::Granted(LeaseRecord {
+                        id: grant.lease_id,
+                        task_id: grant.task_id,
+                        agent_id: grant.agent_id,
+                        fencing_token: to_u64(grant.fencing_token),
+                        state: LeaseState::Granted,
+                        granted_at_ms: now_ms,
+                        acked: false,
+                        expires_at_ms: grant.expires_at_ms,
+                    })
+                }
+                Err(refusal) => GrantOutcome::Refused(refusal),
+            })
+            .collect();
+        self.commit(tx, events).await?;
+        Ok(outcomes)
+    }
+
+    async fn ack_leases(
+        &self,
+        agent_id: Uuid,
+        leases: &[(Uuid, u64)],
+        now_ms: i64,
+    ) -> __Result<u64> {
+        let mut tx = self.begin().await?;
+        let acked = ack_leases(&mut tx, agent_id, leases, now_ms).await?;
+        self.commit(tx, Vec::new()).await?;
+        Ok(acked)
+    }
+
+    async fn renew_leases(&self, agent_id: Uuid, now_ms: i64) -> __Result<u64> {
+        let mut tx = self.begin().await?;
+        let renewed = renew_leases(&mut tx, agent_id, now_ms).await?;
+        self.commit(tx, Vec::new()).await?;
+        Ok(renewed)
+    }
+
+    async fn report_started(
+        &self,
+        lease_id: Uuid,
+        task_id: Uuid,
+        agent_id: Uuid,
+        fencing_token: u64,
+        now_ms: i64,
+    ) -> __Result<TaskRecord> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let task = report_started(
+            &mut tx,
+            lease_id,
+            task_id,
+            agent_id,
+            fencing_token,
+            now_ms,
+            &mut events,
+        )
+        .await?;
+        self.commit(tx, events).await?;
+        Ok(task)
+    }
+
+    async fn report_progress(
+        &self,
+        lease_id: Uuid,
+        task_id: Uuid,
+        agent_id: Uuid,
+        fencing_token: u64,
+        progress: Value,
+        now_ms: i64,
+    ) -> __Result<TaskRecord> {
+        let mut tx = self.begin().await?;
+        let task = report_progress(
+            &mut tx,
+            lease_id,
+            task_id,
+            agent_id,
+            fencing_token,
+            &progress,
+            now_ms,
+        )
+        .await?;
+        self.commit(tx, Vec::new()).await?;
+        Ok(task)
+    }
+
+    async fn complete_leases(
+        &self,
+        completions: &[Completion],
+        now_ms: i64,
+    ) -> __Result<Vec<__Result<CompletionResult>>> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let results = complete_leases(
+            &mut tx,
+            completions,
+            self.options.backoff_base_ms,
+            now_ms,
+            &mut events,
+        )
+        .await?;
+        self.commit(tx, events).await?;
+        Ok(results)
+    }
+
+    async fn revoke_unacked(
+        &self,
+        older_than_ms: i64,
+        now_ms: i64,
+    ) -> __Result<Vec<(LeaseRecord, TaskRecord)>> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let revoked = revoke_unacked(&mut tx, older_than_ms, now_ms, &mut events).await?;
+        self.commit(tx, events).await?;
+        Ok(revoked)
+    }
+
+    async fn expire_leases(
+        &self,
+        now_ms: i64,
+        limit: u32,
+    ) -> __Result<Vec<(LeaseRecord, TaskRecord)>> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let expired = expire_leases(&mut tx, now_ms, limit, &mut events).await?;
+        self.commit(tx, events).await?;
+        Ok(expired)
+    }
+
+    async fn cancel_task(
+        &self,
+        task_id: Uuid,
+        reason: &str,
+        now_ms: i64,
+    ) -> __Result<(TaskRecord, Option<LeaseRecord>)> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let out = cancel_task(&mut tx, task_id, reason, now_ms, &mut events).await?;
+        self.commit(tx, events).await?;
+        Ok(out)
+    }
+
+    async fn register_agent(
+        &self,
+        registration: &AgentRegistration,
+        now_ms: i64,
+    ) -> __Result<AgentRecord> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let agent = register_agent(&mut tx, registration, now_ms, &mut events).await?;
+        self.commit(tx, events).await?;
+        Ok(agent)
+    }
+
+    async fn get_agent(&self, agent_id: Uuid) -> __Result<AgentRecord> {
+        fetch_agent(&mut *self.read().await?, agent_id).await
+    }
+
+    async fn list_agents(
+        &self,
+        namespace: &str,
+        statuses: &[String],
+        page: &Page,
+    ) -> __Result<(Vec<AgentRecord>, Option<String>)> {
+        list_agents(&mut *self.read().await?, namespace, statuses, page).await
+    }
+
+    async fn all_agents(&self) -> __Result<Vec<AgentRecord>> {
+        all_agents(&mut *self.read().await?).await
+    }
+
+    async fn update_agent_document(
+        &self,
+        agent_id: Uuid,
+        expected_generation: u64,
+        reported: Value,
+        document: Value,
+        provenance: Value,
+        rejections: Value,
+        now_ms: i64,
+    ) -> __Result<u64> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let generation = update_agent_document(
+            &mut tx,
+            agent_id,
+            expected_generation,
+            &reported,
+            &document,
+            &provenance,
+            &rejections,
+            now_ms,
+            &mut events,
+        )
+        .await?;
+        self.commit(tx, events).await?;
+        Ok(generation)
+    }
+
+    async fn set_operator_overrides(
+        &self,
+        agent_id: Uuid,
+        overrides: Value,
+        document: Value,
+        provenance: Value,
+        now_ms: i64,
+    ) -> __Result<AgentRecord> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let agent = set_operator_overrides(
+            &mut tx,
+            agent_id,
+            &overrides,
+            &document,
+            &provenance,
+            now_ms,
+            &mut events,
+        )
+        .await?;
+        self.commit(tx, events).await?;
+        Ok(agent)
+    }
+
+    async fn set_agent_status(
+        &self,
+        agent_id: Uuid,
+        status: &str,
+        reasons: &[String],
+        session_epoch: Option<u64>,
+        now_ms: i64,
+    ) -> __Result<bool> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let changed = set_agent_status(
+            &mut tx,
+            agent_id,
+            status,
+            reasons,
+            session_epoch,
+            now_ms,
+            &mut events,
+        )
+        .await?;
+        self.commit(tx, events).await?;
+        Ok(changed)
+    }
+
+    async fn set_agent_drained(
+        &self,
+        agent_id: Uuid,
+        drained: bool,
+        reason: Option<String>,
+        now_ms: i64,
+    ) -> __Result<AgentRecord> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let agent =
+            set_agent_drained(&mut tx, agent_id, drained, reason, now_ms, &mut events).await?;
+        self.commit(tx, events).await?;
+        Ok(agent)
+    }
+
+    async fn touch_agent(&self, agent_id: Uuid, now_ms: i64) -> __Result<()> {
+        let mut tx = self.begin().await?;
+        touch_agent(&mut tx, agent_id, now_ms).await?;
+        self.commit(tx, Vec::new()).await
+    }
+
+    async fn agent_leases(&self, agent_id: Uuid) -> __Result<Vec<LeaseRecord>> {
+        agent_leases(&mut *self.read().await?, agent_id).await
+    }
+
+    async fn get_lease(&self, lease_id: Uuid) -> __Result<LeaseRecord> {
+        get_lease(&mut *self.read().await?, lease_id).await
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<StoreEvent> {
+        self.events.subscribe()
     }
 }

@@ -1,0 +1,1550 @@
+//! What the two backends share: the task, lease and agent transitions written
+//! once as SQL both PostgreSQL and SQLite understand (`$N` parameters,
+//! `RETURNING`, `ON CONFLICT`), instantiated per backend by
+//! [`store_common!`], plus the pure helpers they use (grant planning, cursors,
+//! integer conversions). Each transition runs inside a transaction the
+//! backend opened, locks its task row first (PostgreSQL `FOR UPDATE`; SQLite
+//! serialises writers with `BEGIN IMMEDIATE`), appends the task's history in
+//! the same transaction and collects the [`StoreEvent`]s to announce once the
+//! backend commits.
+//!
+//! Lock order, to keep PostgreSQL free of deadlocks: grants lock agent rows
+//! (sorted by id) and then skip task rows that are locked; every other
+//! transition locks task rows (in task id order within a batch), then lease
+//! rows, and releases agent slots last, in agent id order.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::model::{GrantRefusal, GrantRequest, TaskState};
+use crate::error::{Error, Result};
+
+/// Wraps a driver error with what the store was doing.
+pub(crate) fn db(context: &'static str) -> impl FnOnce(sqlx::Error) -> Error {
+    move |source| Error::Store { context, source }
+}
+
+/// A stored non-negative counter as `u64` (columns are BIGINT with CHECK >= 0).
+pub(crate) fn to_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or_default()
+}
+
+/// A stored non-negative counter as `u32`, saturating.
+pub(crate) fn to_u32(value: i64) -> u32 {
+    u32::try_from(value.max(0)).unwrap_or(u32::MAX)
+}
+
+/// A `u64` for a BIGINT column, saturating.
+pub(crate) fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The error document of a lost lease at the attempt budget.
+pub(crate) fn lease_lost_error(times: i64) -> Value {
+    json!({
+        "message": format!("lease lost {times} times"),
+        "code": "lease_lost",
+        "retryable": false,
+        "details": {},
+    })
+}
+
+/// The cursor after the last task of a page (newest first).
+pub(crate) fn task_cursor(created_at_ms: i64, id: Uuid) -> String {
+    format!("{created_at_ms}.{id}")
+}
+
+/// Parses a [`task_cursor`]; a cursor the store did not make reads as the
+/// end of the list.
+pub(crate) fn parse_task_cursor(cursor: &str) -> Option<(i64, Uuid)> {
+    let (ms, id) = cursor.split_once('.')?;
+    Some((ms.parse().ok()?, id.parse().ok()?))
+}
+
+/// What the store knows about a task when planning grants.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GrantableTask {
+    /// The state read under lock.
+    pub state: TaskState,
+    /// Not leased before this.
+    pub not_before_ms: i64,
+    /// The last token issued.
+    pub fencing_token: i64,
+    /// For the lease's expiry.
+    pub lease_ttl_ms: i64,
+}
+
+/// One planned grant.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlannedGrant {
+    /// The new lease.
+    pub lease_id: Uuid,
+    /// The task.
+    pub task_id: Uuid,
+    /// The agent.
+    pub agent_id: Uuid,
+    /// The task's new token.
+    pub fencing_token: i64,
+    /// When the lease runs out.
+    pub expires_at_ms: i64,
+}
+
+/// Decides each grant request against the agent rows (`capacity`,
+/// `active_leases`) and task rows read under lock: a task is granted at most
+/// once per batch, an agent never beyond its capacity.
+pub(crate) fn plan_grants(
+    requests: &[GrantRequest],
+    agents: &HashMap<Uuid, (i64, i64)>,
+    tasks: &HashMap<Uuid, GrantableTask>,
+    now_ms: i64,
+) -> Vec<Result<PlannedGrant, GrantRefusal>> {
+    let mut free: HashMap<Uuid, i64> = agents
+        .iter()
+        .map(|(id, (capacity, active))| (*id, capacity - active))
+        .collect();
+    let mut taken: HashSet<Uuid> = HashSet::new();
+    requests
+        .iter()
+        .map(|request| {
+            let Some(slots) = free.get_mut(&request.agent_id) else {
+                return Err(GrantRefusal::AgentUnknown);
+            };
+            let task = match tasks.get(&request.task_id) {
+                Some(task) if task.state == TaskState::Queued => task,
+                _ => return Err(GrantRefusal::TaskNotQueued),
+            };
+            if taken.contains(&request.task_id) {
+                return Err(GrantRefusal::TaskNotQueued);
+            }
+            if task.not_before_ms > now_ms {
+                return Err(GrantRefusal::NotYet);
+            }
+            if *slots <= 0 {
+                return Err(GrantRefusal::AgentAtCapacity);
+            }
+            *slots -= 1;
+            taken.insert(request.task_id);
+            Ok(PlannedGrant {
+                lease_id: Uuid::now_v7(),
+                task_id: request.task_id,
+                agent_id: request.agent_id,
+                fencing_token: task.fencing_token + 1,
+                expires_at_ms: now_ms.saturating_add(task.lease_ttl_ms),
+            })
+        })
+        .collect()
+}
+
+/// Agent slots freed by a transaction, applied last in agent id order.
+pub(crate) type FreedSlots = BTreeMap<Uuid, i64>;
+
+/// The SELECT list and FROM clause that read a [`TaskRecord`](super::TaskRecord)
+/// (the lease expiry comes from the live lease).
+macro_rules! task_select {
+    () => {
+        "SELECT t.id, t.namespace, t.kind, t.payload, t.placement, t.priority, t.state, \
+         t.attempts, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, \
+         t.result, t.error, t.fencing_token, t.lease_id, t.agent_id, \
+         l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, t.progress, t.labels, \
+         t.created_at_ms, t.updated_at_ms \
+         FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id "
+    };
+}
+
+/// The SELECT list that reads a [`LeaseRecord`](super::LeaseRecord).
+macro_rules! lease_columns {
+    () => {
+        "id, task_id, agent_id, fencing_token, state, granted_at_ms, acked, expires_at_ms"
+    };
+}
+
+/// The SELECT list that reads an [`AgentRecord`](super::AgentRecord).
+macro_rules! agent_columns {
+    () => {
+        "id, namespace, name, document, provenance, rejections, reported, operator_overrides, \
+         generation, status, status_reasons, capacity, active_leases, drained, labels, runner, \
+         session_epoch, last_seen_at_ms, registered_at_ms"
+    };
+}
+
+pub(crate) use {agent_columns, lease_columns, task_select};
+
+/// Expands, inside a backend module, to the transitions both backends share.
+/// `$db` is the sqlx database, `$row` its row type, `$conn` its connection
+/// type; `$lock_task` is appended to the task SELECT to lock the row
+/// (`FOR UPDATE OF t` on PostgreSQL, nothing on SQLite), `$skip_locked` to
+/// sweeper candidate queries so replicas sweeping at once share the work.
+macro_rules! store_common {
+    ($db:ty, $row:ty, $conn:ty, $lock_task:literal, $skip_locked:literal) => {
+        use std::collections::BTreeMap as __BTreeMap;
+
+        use serde_json::Value as __Value;
+        use sqlx::Row as _;
+        use sqlx::types::Json;
+        use uuid::Uuid as __Uuid;
+
+        use $crate::error::{Error as __Error, Result as __Result};
+        use $crate::store::common::{
+            FreedSlots, agent_columns, db, lease_columns, lease_lost_error, parse_task_cursor,
+            task_cursor, task_select, to_i64, to_u32, to_u64,
+        };
+        use $crate::store::model::*;
+
+        fn corrupt(context: &'static str) -> impl FnOnce(UnknownState) -> __Error {
+            move |err| __Error::Corrupt {
+                context,
+                detail: err.to_string(),
+            }
+        }
+
+        fn task_from_row(row: &$row) -> __Result<TaskRecord> {
+            let get = |source| __Error::Store {
+                context: "reading a task row",
+                source,
+            };
+            let state: String = row.try_get("state").map_err(get)?;
+            Ok(TaskRecord {
+                id: row.try_get("id").map_err(get)?,
+                namespace: row.try_get("namespace").map_err(get)?,
+                kind: row.try_get("kind").map_err(get)?,
+                payload: row.try_get::<Json<__Value>, _>("payload").map_err(get)?.0,
+                placement: row.try_get::<Json<__Value>, _>("placement").map_err(get)?.0,
+                priority: row.try_get("priority").map_err(get)?,
+                state: state.parse().map_err(corrupt("reading a task row"))?,
+                attempts: to_u32(row.try_get("attempts").map_err(get)?),
+                max_attempts: to_u32(row.try_get("max_attempts").map_err(get)?),
+                lease_ttl_ms: row.try_get("lease_ttl_ms").map_err(get)?,
+                idempotency_key: row.try_get("idempotency_key").map_err(get)?,
+                not_before_ms: row.try_get("not_before_ms").map_err(get)?,
+                result: row
+                    .try_get::<Option<Json<__Value>>, _>("result")
+                    .map_err(get)?
+                    .map(|json| json.0),
+                error: row
+                    .try_get::<Option<Json<__Value>>, _>("error")
+                    .map_err(get)?
+                    .map(|json| json.0),
+                fencing_token: to_u64(row.try_get("fencing_token").map_err(get)?),
+                lease_id: row.try_get("lease_id").map_err(get)?,
+                agent_id: row.try_get("agent_id").map_err(get)?,
+                lease_expires_at_ms: row.try_get("lease_expires_at_ms").map_err(get)?,
+                cancel_requested: row.try_get("cancel_requested").map_err(get)?,
+                progress: row
+                    .try_get::<Option<Json<__Value>>, _>("progress")
+                    .map_err(get)?
+                    .map(|json| json.0),
+                labels: row
+                    .try_get::<Json<__BTreeMap<String, String>>, _>("labels")
+                    .map_err(get)?
+                    .0,
+                created_at_ms: row.try_get("created_at_ms").map_err(get)?,
+                updated_at_ms: row.try_get("updated_at_ms").map_err(get)?,
+            })
+        }
+
+        fn lease_from_row(row: &$row) -> __Result<LeaseRecord> {
+            let get = |source| __Error::Store {
+                context: "reading a lease row",
+                source,
+            };
+            let state: String = row.try_get("state").map_err(get)?;
+            Ok(LeaseRecord {
+                id: row.try_get("id").map_err(get)?,
+                task_id: row.try_get("task_id").map_err(get)?,
+                agent_id: row.try_get("agent_id").map_err(get)?,
+                fencing_token: to_u64(row.try_get("fencing_token").map_err(get)?),
+                state: state.parse().map_err(corrupt("reading a lease row"))?,
+                granted_at_ms: row.try_get("granted_at_ms").map_err(get)?,
+                acked: row.try_get("acked").map_err(get)?,
+                expires_at_ms: row.try_get("expires_at_ms").map_err(get)?,
+            })
+        }
+
+        fn agent_from_row(row: &$row) -> __Result<AgentRecord> {
+            let get = |source| __Error::Store {
+                context: "reading an agent row",
+                source,
+            };
+            let json = |name: &str| -> __Result<__Value> {
+                Ok(row.try_get::<Json<__Value>, _>(name).map_err(get)?.0)
+            };
+            Ok(AgentRecord {
+                id: row.try_get("id").map_err(get)?,
+                namespace: row.try_get("namespace").map_err(get)?,
+                name: row.try_get("name").map_err(get)?,
+                document: json("document")?,
+                provenance: json("provenance")?,
+                rejections: json("rejections")?,
+                reported: json("reported")?,
+                operator_overrides: json("operator_overrides")?,
+                generation: to_u64(row.try_get("generation").map_err(get)?),
+                status: row.try_get("status").map_err(get)?,
+                status_reasons: row
+                    .try_get::<Json<Vec<String>>, _>("status_reasons")
+                    .map_err(get)?
+                    .0,
+                capacity: to_u32(row.try_get("capacity").map_err(get)?),
+                active_leases: to_u32(row.try_get("active_leases").map_err(get)?),
+                drained: row.try_get("drained").map_err(get)?,
+                labels: row
+                    .try_get::<Json<__BTreeMap<String, String>>, _>("labels")
+                    .map_err(get)?
+                    .0,
+                runner: row.try_get("runner").map_err(get)?,
+                session_epoch: to_u64(row.try_get("session_epoch").map_err(get)?),
+                last_seen_at_ms: row.try_get("last_seen_at_ms").map_err(get)?,
+                registered_at_ms: row.try_get("registered_at_ms").map_err(get)?,
+            })
+        }
+
+        fn event_from_row(row: &$row) -> __Result<TaskEventRecord> {
+            let get = |source| __Error::Store {
+                context: "reading a task event row",
+                source,
+            };
+            let state: String = row.try_get("state").map_err(get)?;
+            Ok(TaskEventRecord {
+                task_id: row.try_get("task_id").map_err(get)?,
+                sequence: to_u64(row.try_get("sequence").map_err(get)?),
+                kind: row.try_get("kind").map_err(get)?,
+                state: state.parse().map_err(corrupt("reading a task event row"))?,
+                message: row.try_get("message").map_err(get)?,
+                agent_id: row.try_get("agent_id").map_err(get)?,
+                lease_id: row.try_get("lease_id").map_err(get)?,
+                occurred_at_ms: row.try_get("occurred_at_ms").map_err(get)?,
+            })
+        }
+
+        /// Reads a task without locking it.
+        async fn fetch_task(conn: &mut $conn, task_id: __Uuid) -> __Result<Option<TaskRecord>> {
+            let row = sqlx::query(concat!(task_select!(), "WHERE t.id = $1"))
+                .bind(task_id)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(db("reading a task"))?;
+            row.as_ref().map(task_from_row).transpose()
+        }
+
+        /// Reads a task that must exist.
+        async fn must_fetch_task(conn: &mut $conn, task_id: __Uuid) -> __Result<TaskRecord> {
+            fetch_task(conn, task_id)
+                .await?
+                .ok_or_else(|| __Error::NotFound {
+                    what: "task",
+                    id: task_id.to_string(),
+                })
+        }
+
+        /// Reads and locks a task for the rest of the transaction.
+        async fn lock_task(conn: &mut $conn, task_id: __Uuid) -> __Result<TaskRecord> {
+            let row = sqlx::query(concat!(task_select!(), "WHERE t.id = $1", $lock_task))
+                .bind(task_id)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(db("locking a task"))?;
+            match row {
+                Some(row) => task_from_row(&row),
+                None => Err(__Error::NotFound {
+                    what: "task",
+                    id: task_id.to_string(),
+                }),
+            }
+        }
+
+        async fn fetch_lease(conn: &mut $conn, lease_id: __Uuid) -> __Result<Option<LeaseRecord>> {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                lease_columns!(),
+                " FROM leases WHERE id = $1"
+            ))
+            .bind(lease_id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db("reading a lease"))?;
+            row.as_ref().map(lease_from_row).transpose()
+        }
+
+        async fn fetch_agent(conn: &mut $conn, agent_id: __Uuid) -> __Result<AgentRecord> {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                agent_columns!(),
+                " FROM agents WHERE id = $1"
+            ))
+            .bind(agent_id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db("reading an agent"))?;
+            match row {
+                Some(row) => agent_from_row(&row),
+                None => Err(__Error::NotFound {
+                    what: "agent",
+                    id: agent_id.to_string(),
+                }),
+            }
+        }
+
+        /// Appends one entry to a task's history (the task row is locked, so
+        /// the next sequence number is ours).
+        #[allow(clippy::too_many_arguments)]
+        async fn append_event(
+            conn: &mut $conn,
+            task_id: __Uuid,
+            kind: &str,
+            state: TaskState,
+            message: &str,
+            agent_id: Option<__Uuid>,
+            lease_id: Option<__Uuid>,
+            now_ms: i64,
+        ) -> __Result<()> {
+            sqlx::query(
+                "INSERT INTO task_events \
+                 (task_id, sequence, kind, state, message, agent_id, lease_id, occurred_at_ms) \
+                 VALUES ($1, (SELECT COALESCE(MAX(sequence), 0) + 1 FROM task_events \
+                 WHERE task_id = $1), $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(task_id)
+            .bind(kind)
+            .bind(state.as_str())
+            .bind(message)
+            .bind(agent_id)
+            .bind(lease_id)
+            .bind(now_ms)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("appending a task event"))?;
+            Ok(())
+        }
+
+        /// Gives back agent slots, in agent id order (the last locks a
+        /// transition takes).
+        async fn free_slots(conn: &mut $conn, freed: &FreedSlots) -> __Result<()> {
+            for (agent_id, count) in freed {
+                sqlx::query(
+                    "UPDATE agents SET active_leases = CASE WHEN active_leases > $2 \
+                     THEN active_leases - $2 ELSE 0 END WHERE id = $1",
+                )
+                .bind(agent_id)
+                .bind(count)
+                .execute(&mut *conn)
+                .await
+                .map_err(db("freeing agent capacity"))?;
+            }
+            Ok(())
+        }
+
+        async fn submit_task(
+            conn: &mut $conn,
+            task: &NewTask,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<(TaskRecord, bool)> {
+            if let Some(existing) = task_by_key(conn, task).await? {
+                return Ok((existing, false));
+            }
+            let id = __Uuid::now_v7();
+            let inserted = sqlx::query(
+                "INSERT INTO tasks (id, namespace, kind, payload, placement, priority, state, \
+                 attempts, max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, \
+                 fencing_token, cancel_requested, labels, created_at_ms, updated_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, 'queued', 0, $7, $8, $9, $10, 0, FALSE, $11, \
+                 $12, $12) \
+                 ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL \
+                 DO NOTHING",
+            )
+            .bind(id)
+            .bind(&task.namespace)
+            .bind(&task.kind)
+            .bind(Json(&task.payload))
+            .bind(Json(&task.placement))
+            .bind(task.priority)
+            .bind(i64::from(task.max_attempts))
+            .bind(task.lease_ttl_ms)
+            .bind(&task.idempotency_key)
+            .bind(task.not_before_ms.unwrap_or(now_ms))
+            .bind(Json(&task.labels))
+            .bind(now_ms)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("inserting a task"))?;
+            if inserted.rows_affected() == 0 {
+                // Another submit with the same key won the race.
+                if let Some(existing) = task_by_key(conn, task).await? {
+                    return Ok((existing, false));
+                }
+            }
+            append_event(
+                conn,
+                id,
+                "submitted",
+                TaskState::Queued,
+                "submitted",
+                None,
+                None,
+                now_ms,
+            )
+            .await?;
+            events.push(StoreEvent::TaskQueued {
+                namespace: task.namespace.clone(),
+                task_id: id,
+            });
+            Ok((must_fetch_task(conn, id).await?, true))
+        }
+
+        async fn task_by_key(conn: &mut $conn, task: &NewTask) -> __Result<Option<TaskRecord>> {
+            let Some(key) = &task.idempotency_key else {
+                return Ok(None);
+            };
+            let row = sqlx::query(concat!(
+                task_select!(),
+                "WHERE t.namespace = $1 AND t.idempotency_key = $2"
+            ))
+            .bind(&task.namespace)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db("looking up an idempotency key"))?;
+            row.as_ref().map(task_from_row).transpose()
+        }
+
+        async fn list_tasks(
+            conn: &mut $conn,
+            filter: &TaskFilter,
+            page: &Page,
+        ) -> __Result<(Vec<TaskRecord>, Option<String>)> {
+            let size = page.size.clamp(1, 1_000);
+            let mut query = sqlx::QueryBuilder::<$db>::new(task_select!());
+            query.push("WHERE t.namespace = ").push_bind(filter.namespace.clone());
+            if !filter.states.is_empty() {
+                query.push(" AND t.state IN (");
+                let mut list = query.separated(", ");
+                for state in &filter.states {
+                    list.push_bind(state.as_str());
+                }
+                query.push(")");
+            }
+            if let Some(kind) = &filter.kind {
+                query.push(" AND t.kind = ").push_bind(kind.clone());
+            }
+            if let Some(after) = &page.after {
+                let Some((ms, id)) = parse_task_cursor(after) else {
+                    return Ok((Vec::new(), None));
+                };
+                query
+                    .push(" AND (t.created_at_ms < ")
+                    .push_bind(ms)
+                    .push(" OR (t.created_at_ms = ")
+                    .push_bind(ms)
+                    .push(" AND t.id < ")
+                    .push_bind(id)
+                    .push("))");
+            }
+            query
+                .push(" ORDER BY t.created_at_ms DESC, t.id DESC LIMIT ")
+                .push_bind(i64::from(size) + 1);
+            let rows = query
+                .build()
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(db("listing tasks"))?;
+            let mut tasks = rows.iter().map(task_from_row).collect::<__Result<Vec<_>>>()?;
+            let next = if tasks.len() > size as usize {
+                tasks.truncate(size as usize);
+                tasks.last().map(|t| task_cursor(t.created_at_ms, t.id))
+            } else {
+                None
+            };
+            Ok((tasks, next))
+        }
+
+        async fn task_events(
+            conn: &mut $conn,
+            task_id: __Uuid,
+            after_sequence: u64,
+            limit: u32,
+        ) -> __Result<Vec<TaskEventRecord>> {
+            let rows = sqlx::query(
+                "SELECT task_id, sequence, kind, state, message, agent_id, lease_id, \
+                 occurred_at_ms FROM task_events WHERE task_id = $1 AND sequence > $2 \
+                 ORDER BY sequence LIMIT $3",
+            )
+            .bind(task_id)
+            .bind(to_i64(after_sequence))
+            .bind(i64::from(limit))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("reading task events"))?;
+            rows.iter().map(event_from_row).collect()
+        }
+
+        async fn queued_tasks(
+            conn: &mut $conn,
+            namespace: Option<&str>,
+            now_ms: i64,
+            limit: u32,
+        ) -> __Result<Vec<TaskRecord>> {
+            let rows = sqlx::query(concat!(
+                task_select!(),
+                "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
+                 AND ($2 IS NULL OR t.namespace = $2) \
+                 ORDER BY t.priority DESC, t.created_at_ms, t.id LIMIT $3"
+            ))
+            .bind(now_ms)
+            .bind(namespace)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("listing queued tasks"))?;
+            rows.iter().map(task_from_row).collect()
+        }
+
+        /// Checks that a report comes from the task's live lease: the
+        /// current token, the named lease, held by the reporting agent.
+        async fn check_holder(
+            conn: &mut $conn,
+            task: &TaskRecord,
+            lease_id: __Uuid,
+            agent_id: __Uuid,
+            fencing_token: u64,
+        ) -> __Result<LeaseRecord> {
+            if fencing_token != task.fencing_token {
+                return Err(__Error::StaleFencingToken {
+                    task_id: task.id,
+                    presented: fencing_token,
+                    current: task.fencing_token,
+                });
+            }
+            match fetch_lease(conn, lease_id).await? {
+                Some(lease)
+                    if lease.task_id == task.id
+                        && lease.agent_id == agent_id
+                        && lease.fencing_token == fencing_token =>
+                {
+                    Ok(lease)
+                }
+                _ => Err(__Error::LeaseNotHeld { lease_id, agent_id }),
+            }
+        }
+
+        async fn ack_leases(
+            conn: &mut $conn,
+            agent_id: __Uuid,
+            leases: &[(__Uuid, u64)],
+            now_ms: i64,
+        ) -> __Result<u64> {
+            let mut acked = 0;
+            for (lease_id, token) in leases {
+                let Some(lease) = fetch_lease(conn, *lease_id).await? else {
+                    continue;
+                };
+                let task = lock_task(conn, lease.task_id).await?;
+                let done = sqlx::query(
+                    "UPDATE leases SET state = 'active', acked = TRUE WHERE id = $1 \
+                     AND agent_id = $2 AND fencing_token = $3 AND state = 'granted'",
+                )
+                .bind(lease_id)
+                .bind(agent_id)
+                .bind(to_i64(*token))
+                .execute(&mut *conn)
+                .await
+                .map_err(db("acknowledging a lease"))?;
+                if done.rows_affected() == 1 {
+                    acked += 1;
+                    append_event(
+                        conn,
+                        task.id,
+                        "accepted",
+                        task.state,
+                        "the agent acknowledged the lease",
+                        Some(agent_id),
+                        Some(*lease_id),
+                        now_ms,
+                    )
+                    .await?;
+                }
+            }
+            Ok(acked)
+        }
+
+        async fn renew_leases(conn: &mut $conn, agent_id: __Uuid, now_ms: i64) -> __Result<u64> {
+            let done = sqlx::query(
+                "UPDATE leases SET expires_at_ms = $2 + \
+                 (SELECT t.lease_ttl_ms FROM tasks t WHERE t.id = leases.task_id) \
+                 WHERE agent_id = $1 AND state IN ('granted', 'active')",
+            )
+            .bind(agent_id)
+            .bind(now_ms)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("renewing leases"))?;
+            Ok(done.rows_affected())
+        }
+
+        async fn report_started(
+            conn: &mut $conn,
+            lease_id: __Uuid,
+            task_id: __Uuid,
+            agent_id: __Uuid,
+            fencing_token: u64,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<TaskRecord> {
+            let task = lock_task(conn, task_id).await?;
+            let lease = check_holder(conn, &task, lease_id, agent_id, fencing_token).await?;
+            if !lease.state.is_live() {
+                return Err(__Error::LeaseNotHeld { lease_id, agent_id });
+            }
+            match task.state {
+                TaskState::Running => return Ok(task),
+                TaskState::Leased => {}
+                from => {
+                    return Err(__Error::InvalidTransition {
+                        task_id,
+                        from,
+                        what: "start",
+                    });
+                }
+            }
+            sqlx::query("UPDATE tasks SET state = 'running', updated_at_ms = $2 WHERE id = $1")
+                .bind(task_id)
+                .bind(now_ms)
+                .execute(&mut *conn)
+                .await
+                .map_err(db("marking a task running"))?;
+            sqlx::query(
+                "UPDATE leases SET state = 'active', acked = TRUE WHERE id = $1 AND state = 'granted'",
+            )
+            .bind(lease_id)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("activating a lease"))?;
+            append_event(
+                conn,
+                task_id,
+                "started",
+                TaskState::Running,
+                "the agent started the task",
+                Some(agent_id),
+                Some(lease_id),
+                now_ms,
+            )
+            .await?;
+            events.push(StoreEvent::TaskChanged {
+                task_id,
+                state: TaskState::Running,
+            });
+            must_fetch_task(conn, task_id).await
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        async fn report_progress(
+            conn: &mut $conn,
+            lease_id: __Uuid,
+            task_id: __Uuid,
+            agent_id: __Uuid,
+            fencing_token: u64,
+            progress: &__Value,
+            now_ms: i64,
+        ) -> __Result<TaskRecord> {
+            let task = lock_task(conn, task_id).await?;
+            let lease = check_holder(conn, &task, lease_id, agent_id, fencing_token).await?;
+            if !lease.state.is_live() {
+                return Err(__Error::LeaseNotHeld { lease_id, agent_id });
+            }
+            if !matches!(task.state, TaskState::Leased | TaskState::Running) {
+                return Err(__Error::InvalidTransition {
+                    task_id,
+                    from: task.state,
+                    what: "report progress",
+                });
+            }
+            sqlx::query("UPDATE tasks SET progress = $2, updated_at_ms = $3 WHERE id = $1")
+                .bind(task_id)
+                .bind(Json(progress))
+                .bind(now_ms)
+                .execute(&mut *conn)
+                .await
+                .map_err(db("recording progress"))?;
+            must_fetch_task(conn, task_id).await
+        }
+
+        /// Ends a live lease (`completed`, `released` or `expired`); false
+        /// if it was no longer live (another transition got there first) or,
+        /// for an expiry, was renewed meanwhile.
+        async fn end_lease(
+            conn: &mut $conn,
+            lease: &LeaseRecord,
+            state: LeaseState,
+            outcome: Option<&str>,
+            now_ms: i64,
+            freed: &mut FreedSlots,
+        ) -> __Result<bool> {
+            let due_by = (state == LeaseState::Expired).then_some(now_ms);
+            let done = sqlx::query(
+                "UPDATE leases SET state = $2, outcome = $3, ended_at_ms = $4 \
+                 WHERE id = $1 AND state IN ('granted', 'active') \
+                 AND ($5 IS NULL OR expires_at_ms <= $5)",
+            )
+            .bind(lease.id)
+            .bind(state.as_str())
+            .bind(outcome)
+            .bind(now_ms)
+            .bind(due_by)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("ending a lease"))?;
+            if done.rows_affected() == 0 {
+                return Ok(false);
+            }
+            *freed.entry(lease.agent_id).or_default() += 1;
+            Ok(true)
+        }
+
+        /// Moves a task whose lease ended to its next state.
+        #[allow(clippy::too_many_arguments)]
+        async fn settle_task(
+            conn: &mut $conn,
+            task: &TaskRecord,
+            state: TaskState,
+            attempts: u32,
+            not_before_ms: i64,
+            result: Option<&__Value>,
+            error: Option<&__Value>,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<()> {
+            sqlx::query(
+                "UPDATE tasks SET state = $2, attempts = $3, not_before_ms = $4, \
+                 result = COALESCE($5, result), error = COALESCE($6, error), \
+                 lease_id = NULL, agent_id = NULL, updated_at_ms = $7 WHERE id = $1",
+            )
+            .bind(task.id)
+            .bind(state.as_str())
+            .bind(i64::from(attempts))
+            .bind(not_before_ms)
+            .bind(result.map(Json))
+            .bind(error.map(Json))
+            .bind(now_ms)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("settling a task"))?;
+            if state == TaskState::Queued {
+                events.push(StoreEvent::TaskQueued {
+                    namespace: task.namespace.clone(),
+                    task_id: task.id,
+                });
+            }
+            events.push(StoreEvent::TaskChanged {
+                task_id: task.id,
+                state,
+            });
+            Ok(())
+        }
+
+        async fn complete_one(
+            conn: &mut $conn,
+            completion: &Completion,
+            backoff_base_ms: i64,
+            now_ms: i64,
+            freed: &mut FreedSlots,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<CompletionResult> {
+            let Completion {
+                lease_id,
+                task_id,
+                agent_id,
+                fencing_token,
+                outcome,
+            } = completion;
+            let (lease_id, task_id, agent_id) = (*lease_id, *task_id, *agent_id);
+            let task = lock_task(conn, task_id).await?;
+            let lease = check_holder(conn, &task, lease_id, agent_id, *fencing_token).await?;
+            if !lease.state.is_live() {
+                let outcome_row: Option<String> =
+                    sqlx::query_scalar("SELECT outcome FROM leases WHERE id = $1")
+                        .bind(lease_id)
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(db("reading a lease outcome"))?;
+                if outcome_row.as_deref() == Some(outcome.as_str()) {
+                    return Ok(CompletionResult {
+                        task,
+                        duplicate: true,
+                    });
+                }
+                return Err(__Error::LeaseNotHeld { lease_id, agent_id });
+            }
+            let (lease_state, kind) = match outcome {
+                CompletionOutcome::Released { .. } => (LeaseState::Released, "released"),
+                _ => (LeaseState::Completed, outcome.as_str()),
+            };
+            end_lease(conn, &lease, lease_state, Some(kind), now_ms, freed).await?;
+            let who = (Some(agent_id), Some(lease_id));
+            match outcome {
+                CompletionOutcome::Succeeded { result } => {
+                    // Work that finished is recorded even if a cancel was
+                    // requested meanwhile: the result exists.
+                    settle_task(
+                        conn,
+                        &task,
+                        TaskState::Succeeded,
+                        task.attempts,
+                        task.not_before_ms,
+                        Some(result),
+                        None,
+                        now_ms,
+                        events,
+                    )
+                    .await?;
+                    append_event(
+                        conn,
+                        task_id,
+                        "succeeded",
+                        TaskState::Succeeded,
+                        "the agent reported success",
+                        who.0,
+                        who.1,
+                        now_ms,
+                    )
+                    .await?;
+                }
+                CompletionOutcome::Failed { error, retryable } => {
+                    let attempts = task.attempts.saturating_add(1);
+                    let (state, not_before, kind, message) = if task.cancel_requested {
+                        (
+                            TaskState::Canceled,
+                            task.not_before_ms,
+                            "canceled",
+                            "the attempt failed after a cancel was requested".to_owned(),
+                        )
+                    } else if *retryable && attempts < task.max_attempts {
+                        let delay = backoff_ms(backoff_base_ms, attempts);
+                        (
+                            TaskState::Queued,
+                            now_ms.saturating_add(delay),
+                            "attempt_failed",
+                            format!("attempt {attempts} failed; retrying in {delay} ms"),
+                        )
+                    } else {
+                        (
+                            TaskState::Failed,
+                            task.not_before_ms,
+                            "failed",
+                            format!("attempt {attempts} failed; no attempts left or not retryable"),
+                        )
+                    };
+                    settle_task(
+                        conn,
+                        &task,
+                        state,
+                        attempts,
+                        not_before,
+                        None,
+                        Some(error),
+                        now_ms,
+                        events,
+                    )
+                    .await?;
+                    append_event(conn, task_id, kind, state, &message, who.0, who.1, now_ms)
+                        .await?;
+                }
+                CompletionOutcome::Released { reason } => {
+                    let state = if task.cancel_requested {
+                        TaskState::Canceled
+                    } else {
+                        TaskState::Queued
+                    };
+                    settle_task(
+                        conn, &task, state, task.attempts, now_ms, None, None, now_ms, events,
+                    )
+                    .await?;
+                    let kind = if task.cancel_requested {
+                        "canceled"
+                    } else {
+                        "released"
+                    };
+                    let message = format!("the agent released the task: {reason}");
+                    append_event(conn, task_id, kind, state, &message, who.0, who.1, now_ms)
+                        .await?;
+                }
+            }
+            Ok(CompletionResult {
+                task: must_fetch_task(conn, task_id).await?,
+                duplicate: false,
+            })
+        }
+
+        async fn complete_leases(
+            conn: &mut $conn,
+            completions: &[Completion],
+            backoff_base_ms: i64,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<Vec<__Result<CompletionResult>>> {
+            let mut order: Vec<usize> = (0..completions.len()).collect();
+            order.sort_by_key(|&i| completions[i].task_id);
+            let mut results: Vec<Option<__Result<CompletionResult>>> =
+                completions.iter().map(|_| None).collect();
+            let mut freed = FreedSlots::new();
+            for i in order {
+                let outcome = complete_one(
+                    conn,
+                    &completions[i],
+                    backoff_base_ms,
+                    now_ms,
+                    &mut freed,
+                    events,
+                )
+                .await;
+                let outcome = match outcome {
+                    // A database failure fails the whole batch (the
+                    // transaction is unusable); refusals fail one item.
+                    Err(err @ (__Error::Store { .. } | __Error::Corrupt { .. })) => {
+                        return Err(err);
+                    }
+                    other => other,
+                };
+                results[i] = Some(outcome);
+            }
+            free_slots(conn, &freed).await?;
+            Ok(results
+                .into_iter()
+                .map(|r| {
+                    r.unwrap_or(Err(__Error::Corrupt {
+                        context: "completing leases",
+                        detail: "an item was not processed".to_owned(),
+                    }))
+                })
+                .collect())
+        }
+
+        /// The server ends a live lease: the task goes back to QUEUED (with
+        /// one more attempt when `count_attempt`), or FAILED at the budget,
+        /// or CANCELED if a cancel was requested.
+        #[allow(clippy::too_many_arguments)]
+        async fn reclaim(
+            conn: &mut $conn,
+            lease_id: __Uuid,
+            lease_state: LeaseState,
+            count_attempt: bool,
+            reason: &str,
+            now_ms: i64,
+            freed: &mut FreedSlots,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<Option<(LeaseRecord, TaskRecord)>> {
+            let Some(lease) = fetch_lease(conn, lease_id).await? else {
+                return Ok(None);
+            };
+            let task = lock_task(conn, lease.task_id).await?;
+            if !end_lease(conn, &lease, lease_state, None, now_ms, freed).await? {
+                return Ok(None);
+            }
+            let who = (Some(lease.agent_id), Some(lease_id));
+            let attempts = if count_attempt {
+                task.attempts.saturating_add(1)
+            } else {
+                task.attempts
+            };
+            if task.lease_id == Some(lease_id) {
+                if task.cancel_requested {
+                    settle_task(
+                        conn, &task, TaskState::Canceled, attempts, task.not_before_ms, None,
+                        None, now_ms, events,
+                    )
+                    .await?;
+                    let message = format!("{reason} after a cancel was requested");
+                    append_event(
+                        conn, task.id, "canceled", TaskState::Canceled, &message, who.0, who.1,
+                        now_ms,
+                    )
+                    .await?;
+                } else if count_attempt && attempts >= task.max_attempts {
+                    let lost: i64 = sqlx::query_scalar(
+                        "SELECT COUNT(*) FROM leases WHERE task_id = $1 AND state = 'expired'",
+                    )
+                    .bind(task.id)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(db("counting lost leases"))?;
+                    let error = lease_lost_error(lost);
+                    settle_task(
+                        conn, &task, TaskState::Failed, attempts, task.not_before_ms, None,
+                        Some(&error), now_ms, events,
+                    )
+                    .await?;
+                    let message = format!("{reason}; lease lost {lost} times, no attempts left");
+                    append_event(
+                        conn, task.id, "failed", TaskState::Failed, &message, who.0, who.1, now_ms,
+                    )
+                    .await?;
+                } else {
+                    settle_task(
+                        conn, &task, TaskState::Queued, attempts, now_ms, None, None, now_ms,
+                        events,
+                    )
+                    .await?;
+                    let kind = if count_attempt { "lease_expired" } else { "released" };
+                    append_event(
+                        conn, task.id, kind, TaskState::Queued, reason, who.0, who.1, now_ms,
+                    )
+                    .await?;
+                }
+            }
+            if lease_state == LeaseState::Released {
+                events.push(StoreEvent::LeaseRevoked {
+                    lease_id,
+                    task_id: task.id,
+                    agent_id: lease.agent_id,
+                    reason: reason.to_owned(),
+                });
+            }
+            let lease = fetch_lease(conn, lease_id).await?.ok_or_else(|| __Error::NotFound {
+                what: "lease",
+                id: lease_id.to_string(),
+            })?;
+            Ok(Some((lease, must_fetch_task(conn, task.id).await?)))
+        }
+
+        async fn expire_leases(
+            conn: &mut $conn,
+            now_ms: i64,
+            limit: u32,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<Vec<(LeaseRecord, TaskRecord)>> {
+            let due: Vec<__Uuid> = sqlx::query_scalar(concat!(
+                "SELECT l.id FROM leases l JOIN tasks t ON t.id = l.task_id \
+                 WHERE l.state IN ('granted', 'active') AND l.expires_at_ms <= $1 \
+                 ORDER BY t.id LIMIT $2",
+                $skip_locked
+            ))
+            .bind(now_ms)
+            .bind(i64::from(limit))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("finding expired leases"))?;
+            let mut freed = FreedSlots::new();
+            let mut reclaimed = Vec::new();
+            for lease_id in due {
+                if let Some(pair) = reclaim(
+                    conn,
+                    lease_id,
+                    LeaseState::Expired,
+                    true,
+                    "the lease expired",
+                    now_ms,
+                    &mut freed,
+                    events,
+                )
+                .await?
+                {
+                    reclaimed.push(pair);
+                }
+            }
+            free_slots(conn, &freed).await?;
+            Ok(reclaimed)
+        }
+
+        async fn revoke_unacked(
+            conn: &mut $conn,
+            older_than_ms: i64,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<Vec<(LeaseRecord, TaskRecord)>> {
+            let due: Vec<__Uuid> = sqlx::query_scalar(concat!(
+                "SELECT l.id FROM leases l JOIN tasks t ON t.id = l.task_id \
+                 WHERE l.state = 'granted' AND NOT l.acked AND l.granted_at_ms < $1 \
+                 ORDER BY t.id",
+                $skip_locked
+            ))
+            .bind(older_than_ms)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("finding unacknowledged leases"))?;
+            let mut freed = FreedSlots::new();
+            let mut revoked = Vec::new();
+            for lease_id in due {
+                if let Some(pair) = reclaim(
+                    conn,
+                    lease_id,
+                    LeaseState::Released,
+                    false,
+                    "the agent never acknowledged the lease",
+                    now_ms,
+                    &mut freed,
+                    events,
+                )
+                .await?
+                {
+                    revoked.push(pair);
+                }
+            }
+            free_slots(conn, &freed).await?;
+            Ok(revoked)
+        }
+
+        async fn cancel_task(
+            conn: &mut $conn,
+            task_id: __Uuid,
+            reason: &str,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<(TaskRecord, Option<LeaseRecord>)> {
+            let task = lock_task(conn, task_id).await?;
+            match task.state {
+                TaskState::Succeeded | TaskState::Failed | TaskState::Canceled => Ok((task, None)),
+                TaskState::Queued => {
+                    sqlx::query(
+                        "UPDATE tasks SET state = 'canceled', cancel_requested = TRUE, \
+                         cancel_reason = $2, updated_at_ms = $3 WHERE id = $1",
+                    )
+                    .bind(task_id)
+                    .bind(reason)
+                    .bind(now_ms)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db("canceling a task"))?;
+                    append_event(
+                        conn,
+                        task_id,
+                        "canceled",
+                        TaskState::Canceled,
+                        reason,
+                        None,
+                        None,
+                        now_ms,
+                    )
+                    .await?;
+                    events.push(StoreEvent::TaskChanged {
+                        task_id,
+                        state: TaskState::Canceled,
+                    });
+                    Ok((must_fetch_task(conn, task_id).await?, None))
+                }
+                TaskState::Leased | TaskState::Running => {
+                    if !task.cancel_requested {
+                        sqlx::query(
+                            "UPDATE tasks SET cancel_requested = TRUE, cancel_reason = $2, \
+                             updated_at_ms = $3 WHERE id = $1",
+                        )
+                        .bind(task_id)
+                        .bind(reason)
+                        .bind(now_ms)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(db("requesting a cancel"))?;
+                        append_event(
+                            conn,
+                            task_id,
+                            "cancel_requested",
+                            task.state,
+                            reason,
+                            task.agent_id,
+                            task.lease_id,
+                            now_ms,
+                        )
+                        .await?;
+                    }
+                    let lease = match task.lease_id {
+                        Some(lease_id) => fetch_lease(conn, lease_id).await?,
+                        None => None,
+                    };
+                    if let Some(lease) = &lease {
+                        events.push(StoreEvent::LeaseRevoked {
+                            lease_id: lease.id,
+                            task_id,
+                            agent_id: lease.agent_id,
+                            reason: reason.to_owned(),
+                        });
+                    }
+                    Ok((must_fetch_task(conn, task_id).await?, lease))
+                }
+            }
+        }
+
+        async fn register_agent(
+            conn: &mut $conn,
+            registration: &AgentRegistration,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<AgentRecord> {
+            let no_reasons: Vec<String> = Vec::new();
+            let row = sqlx::query(concat!(
+                "INSERT INTO agents (id, namespace, name, document, provenance, rejections, \
+                 reported, operator_overrides, generation, status, status_reasons, capacity, \
+                 active_leases, drained, labels, runner, session_epoch, last_seen_at_ms, \
+                 registered_at_ms, updated_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, 'ready', $9, $10, 0, FALSE, $11, \
+                 $12, 1, $13, $13, $13) \
+                 ON CONFLICT (namespace, name) DO UPDATE SET \
+                 document = excluded.document, provenance = excluded.provenance, \
+                 rejections = excluded.rejections, reported = excluded.reported, \
+                 generation = agents.generation + 1, \
+                 status = CASE WHEN agents.drained THEN 'draining' ELSE 'ready' END, \
+                 status_reasons = CASE WHEN agents.drained THEN agents.status_reasons \
+                 ELSE excluded.status_reasons END, \
+                 capacity = excluded.capacity, labels = excluded.labels, \
+                 runner = excluded.runner, session_epoch = agents.session_epoch + 1, \
+                 last_seen_at_ms = excluded.last_seen_at_ms, \
+                 updated_at_ms = excluded.updated_at_ms \
+                 RETURNING ",
+                agent_columns!()
+            ))
+            .bind(__Uuid::now_v7())
+            .bind(&registration.namespace)
+            .bind(&registration.name)
+            .bind(Json(&registration.document))
+            .bind(Json(&registration.provenance))
+            .bind(Json(&registration.rejections))
+            .bind(Json(&registration.reported))
+            .bind(Json(serde_json::json!({})))
+            .bind(Json(&no_reasons))
+            .bind(i64::from(registration.capacity))
+            .bind(Json(&registration.labels))
+            .bind(&registration.runner)
+            .bind(now_ms)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db("registering an agent"))?;
+            let agent = agent_from_row(&row)?;
+            events.push(StoreEvent::AgentChanged { agent_id: agent.id });
+            Ok(agent)
+        }
+
+        async fn list_agents(
+            conn: &mut $conn,
+            namespace: &str,
+            statuses: &[String],
+            page: &Page,
+        ) -> __Result<(Vec<AgentRecord>, Option<String>)> {
+            let size = page.size.clamp(1, 1_000);
+            let mut query = sqlx::QueryBuilder::<$db>::new(concat!(
+                "SELECT ",
+                agent_columns!(),
+                " FROM agents WHERE namespace = "
+            ));
+            query.push_bind(namespace.to_owned());
+            if !statuses.is_empty() {
+                query.push(" AND status IN (");
+                let mut list = query.separated(", ");
+                for status in statuses {
+                    list.push_bind(status.clone());
+                }
+                query.push(")");
+            }
+            if let Some(after) = &page.after {
+                query.push(" AND name > ").push_bind(after.clone());
+            }
+            query
+                .push(" ORDER BY name LIMIT ")
+                .push_bind(i64::from(size) + 1);
+            let rows = query
+                .build()
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(db("listing agents"))?;
+            let mut agents = rows.iter().map(agent_from_row).collect::<__Result<Vec<_>>>()?;
+            let next = if agents.len() > size as usize {
+                agents.truncate(size as usize);
+                agents.last().map(|a| a.name.clone())
+            } else {
+                None
+            };
+            Ok((agents, next))
+        }
+
+        async fn all_agents(conn: &mut $conn) -> __Result<Vec<AgentRecord>> {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                agent_columns!(),
+                " FROM agents ORDER BY namespace, name"
+            ))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("listing all agents"))?;
+            rows.iter().map(agent_from_row).collect()
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        async fn update_agent_document(
+            conn: &mut $conn,
+            agent_id: __Uuid,
+            expected_generation: u64,
+            reported: &__Value,
+            document: &__Value,
+            provenance: &__Value,
+            rejections: &__Value,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<u64> {
+            let generation: Option<i64> = sqlx::query_scalar(
+                "UPDATE agents SET reported = $3, document = $4, provenance = $5, \
+                 rejections = $6, generation = generation + 1, updated_at_ms = $7 \
+                 WHERE id = $1 AND generation = $2 RETURNING generation",
+            )
+            .bind(agent_id)
+            .bind(to_i64(expected_generation))
+            .bind(Json(reported))
+            .bind(Json(document))
+            .bind(Json(provenance))
+            .bind(Json(rejections))
+            .bind(now_ms)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db("updating an agent document"))?;
+            match generation {
+                Some(generation) => {
+                    events.push(StoreEvent::AgentChanged { agent_id });
+                    Ok(to_u64(generation))
+                }
+                None => {
+                    let held = fetch_agent(conn, agent_id).await?.generation;
+                    Err(__Error::GenerationMismatch {
+                        held,
+                        expected: expected_generation,
+                    })
+                }
+            }
+        }
+
+        async fn set_operator_overrides(
+            conn: &mut $conn,
+            agent_id: __Uuid,
+            overrides: &__Value,
+            document: &__Value,
+            provenance: &__Value,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<AgentRecord> {
+            let row = sqlx::query(concat!(
+                "UPDATE agents SET operator_overrides = $2, document = $3, provenance = $4, \
+                 generation = generation + 1, updated_at_ms = $5 WHERE id = $1 RETURNING ",
+                agent_columns!()
+            ))
+            .bind(agent_id)
+            .bind(Json(overrides))
+            .bind(Json(document))
+            .bind(Json(provenance))
+            .bind(now_ms)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db("setting operator overrides"))?;
+            let Some(row) = row else {
+                return Err(__Error::NotFound {
+                    what: "agent",
+                    id: agent_id.to_string(),
+                });
+            };
+            events.push(StoreEvent::AgentChanged { agent_id });
+            agent_from_row(&row)
+        }
+
+        async fn set_agent_status(
+            conn: &mut $conn,
+            agent_id: __Uuid,
+            status: &str,
+            reasons: &[String],
+            session_epoch: Option<u64>,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<bool> {
+            // A drained agent stays draining while it is up.
+            let done = sqlx::query(
+                "UPDATE agents SET status = CASE WHEN drained AND $2 IN ('ready', 'degraded') \
+                 THEN 'draining' ELSE $2 END, status_reasons = $3, updated_at_ms = $5 \
+                 WHERE id = $1 AND ($4 IS NULL OR session_epoch = $4)",
+            )
+            .bind(agent_id)
+            .bind(status)
+            .bind(Json(reasons))
+            .bind(session_epoch.map(to_i64))
+            .bind(now_ms)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("setting an agent status"))?;
+            let changed = done.rows_affected() == 1;
+            if changed {
+                events.push(StoreEvent::AgentChanged { agent_id });
+            }
+            Ok(changed)
+        }
+
+        async fn set_agent_drained(
+            conn: &mut $conn,
+            agent_id: __Uuid,
+            drained: bool,
+            reason: Option<String>,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<AgentRecord> {
+            let reasons: Vec<String> = if drained {
+                vec![reason.unwrap_or_else(|| "drained by operator".to_owned())]
+            } else {
+                Vec::new()
+            };
+            let row = sqlx::query(concat!(
+                "UPDATE agents SET drained = $2, \
+                 status = CASE WHEN $2 THEN 'draining' WHEN status = 'draining' THEN 'ready' \
+                 ELSE status END, status_reasons = $3, updated_at_ms = $4 \
+                 WHERE id = $1 RETURNING ",
+                agent_columns!()
+            ))
+            .bind(agent_id)
+            .bind(drained)
+            .bind(Json(&reasons))
+            .bind(now_ms)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db("draining an agent"))?;
+            let Some(row) = row else {
+                return Err(__Error::NotFound {
+                    what: "agent",
+                    id: agent_id.to_string(),
+                });
+            };
+            events.push(StoreEvent::AgentChanged { agent_id });
+            agent_from_row(&row)
+        }
+
+        async fn touch_agent(conn: &mut $conn, agent_id: __Uuid, now_ms: i64) -> __Result<()> {
+            let done = sqlx::query(
+                "UPDATE agents SET last_seen_at_ms = $2 WHERE id = $1 AND last_seen_at_ms < $2",
+            )
+            .bind(agent_id)
+            .bind(now_ms)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("touching an agent"))?;
+            if done.rows_affected() == 0 {
+                // Unchanged (already as recent) or missing: tell them apart.
+                fetch_agent(conn, agent_id).await?;
+            }
+            Ok(())
+        }
+
+        async fn agent_leases(conn: &mut $conn, agent_id: __Uuid) -> __Result<Vec<LeaseRecord>> {
+            let rows = sqlx::query(concat!(
+                "SELECT ",
+                lease_columns!(),
+                " FROM leases WHERE agent_id = $1 AND state IN ('granted', 'active') \
+                 ORDER BY granted_at_ms, id"
+            ))
+            .bind(agent_id)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("listing an agent's leases"))?;
+            rows.iter().map(lease_from_row).collect()
+        }
+
+        async fn get_lease(conn: &mut $conn, lease_id: __Uuid) -> __Result<LeaseRecord> {
+            fetch_lease(conn, lease_id)
+                .await?
+                .ok_or_else(|| __Error::NotFound {
+                    what: "lease",
+                    id: lease_id.to_string(),
+                })
+        }
+    };
+}
+
+pub(crate) use store_common;

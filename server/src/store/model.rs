@@ -1,0 +1,531 @@
+//! The store's records and inputs: plain Rust mirrors of the switchyard.v1
+//! task, lease, history and agent messages (no proto types, so the store can
+//! be tested and reasoned about on its own). Times are Unix milliseconds
+//! passed in by the caller; JSON documents are `serde_json::Value`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// Where a task is in its life (`TaskState` in task.proto).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    /// Waiting for an agent.
+    Queued,
+    /// Granted to an agent that has not reported it started.
+    Leased,
+    /// The leasing agent reported it started.
+    Running,
+    /// Terminal: an agent reported success.
+    Succeeded,
+    /// Terminal: out of attempts, or a non-retryable failure.
+    Failed,
+    /// Terminal: canceled by a submitter or operator.
+    Canceled,
+}
+
+impl TaskState {
+    /// The lowercase name stored in the `state` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Leased => "leased",
+            Self::Running => "running",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Canceled => "canceled",
+        }
+    }
+
+    /// True for SUCCEEDED, FAILED and CANCELED, which never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Canceled)
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A stored state name the code does not know (a newer schema, or damage).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {value:?}")]
+pub struct UnknownState {
+    /// Which enum was being parsed.
+    pub what: &'static str,
+    /// The text found.
+    pub value: String,
+}
+
+impl FromStr for TaskState {
+    type Err = UnknownState;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "queued" => Self::Queued,
+            "leased" => Self::Leased,
+            "running" => Self::Running,
+            "succeeded" => Self::Succeeded,
+            "failed" => Self::Failed,
+            "canceled" => Self::Canceled,
+            _ => {
+                return Err(UnknownState {
+                    what: "task state",
+                    value: s.to_owned(),
+                });
+            }
+        })
+    }
+}
+
+/// Where a lease is in its life (`LeaseState` in task.proto).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseState {
+    /// Granted and sent; not yet acknowledged by the agent.
+    Granted,
+    /// Acknowledged by the agent.
+    Active,
+    /// Ended by a success or failure report.
+    Completed,
+    /// Handed back by the agent or revoked by the server.
+    Released,
+    /// Not renewed within its TTL.
+    Expired,
+}
+
+impl LeaseState {
+    /// The lowercase name stored in the `state` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Granted => "granted",
+            Self::Active => "active",
+            Self::Completed => "completed",
+            Self::Released => "released",
+            Self::Expired => "expired",
+        }
+    }
+
+    /// True while the lease holds its task (GRANTED or ACTIVE).
+    pub fn is_live(self) -> bool {
+        matches!(self, Self::Granted | Self::Active)
+    }
+}
+
+impl fmt::Display for LeaseState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for LeaseState {
+    type Err = UnknownState;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "granted" => Self::Granted,
+            "active" => Self::Active,
+            "completed" => Self::Completed,
+            "released" => Self::Released,
+            "expired" => Self::Expired,
+            _ => {
+                return Err(UnknownState {
+                    what: "lease state",
+                    value: s.to_owned(),
+                });
+            }
+        })
+    }
+}
+
+/// A task as submitted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    /// Only agents and principals of this namespace see the task.
+    pub namespace: String,
+    /// What kind of work; agents dispatch on it.
+    pub kind: String,
+    /// The handler's input.
+    pub payload: Value,
+    /// Opaque to the store: the JSON of the task's placement, matched by the
+    /// dispatcher.
+    pub placement: Value,
+    /// Higher runs first.
+    pub priority: i32,
+    /// After this many unsuccessful attempts the task is FAILED.
+    pub max_attempts: u32,
+    /// How long a lease lives without renewal.
+    pub lease_ttl_ms: i64,
+    /// Makes submit idempotent within the namespace.
+    pub idempotency_key: Option<String>,
+    /// Not leased before this time (a delayed submit); now when `None`.
+    pub not_before_ms: Option<i64>,
+    /// Free-form labels for listing and display.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A task and everything known about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecord {
+    /// UUIDv7, time-ordered.
+    pub id: Uuid,
+    /// The task's namespace.
+    pub namespace: String,
+    /// What kind of work.
+    pub kind: String,
+    /// The handler's input.
+    pub payload: Value,
+    /// The placement JSON, opaque to the store.
+    pub placement: Value,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Where the task is now.
+    pub state: TaskState,
+    /// Attempts that ended without success (failures and lost leases).
+    pub attempts: u32,
+    /// The attempt budget.
+    pub max_attempts: u32,
+    /// Lease lifetime without renewal.
+    pub lease_ttl_ms: i64,
+    /// The submitter's idempotency key, if any.
+    pub idempotency_key: Option<String>,
+    /// Not leased before this time (backoff or delayed submit).
+    pub not_before_ms: i64,
+    /// The handler's output once SUCCEEDED.
+    pub result: Option<Value>,
+    /// The last failure: `{"message","code","retryable","details"}`.
+    pub error: Option<Value>,
+    /// The last fencing token issued for the task, 0 if never leased.
+    pub fencing_token: u64,
+    /// The live lease while LEASED or RUNNING.
+    pub lease_id: Option<Uuid>,
+    /// The agent holding the live lease.
+    pub agent_id: Option<Uuid>,
+    /// When the live lease runs out unless renewed.
+    pub lease_expires_at_ms: Option<i64>,
+    /// A cancel was requested while the task was leased or running.
+    pub cancel_requested: bool,
+    /// The last progress the running agent reported.
+    pub progress: Option<Value>,
+    /// Free-form labels.
+    pub labels: BTreeMap<String, String>,
+    /// When the task was submitted.
+    pub created_at_ms: i64,
+    /// When the task last changed.
+    pub updated_at_ms: i64,
+}
+
+/// One attempt's exclusive, time-limited right to run a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The lease's id (UUIDv7).
+    pub id: Uuid,
+    /// The leased task.
+    pub task_id: Uuid,
+    /// The holder.
+    pub agent_id: Uuid,
+    /// Monotonic per task; reports carrying an older token are refused.
+    pub fencing_token: u64,
+    /// Where the lease is in its life.
+    pub state: LeaseState,
+    /// When it was granted.
+    pub granted_at_ms: i64,
+    /// The agent acknowledged the grant (unacked grants get revoked).
+    pub acked: bool,
+    /// When it runs out unless renewed.
+    pub expires_at_ms: i64,
+}
+
+/// One entry of a task's append-only history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskEventRecord {
+    /// The task.
+    pub task_id: Uuid,
+    /// Position in the task's history, from 1.
+    pub sequence: u64,
+    /// What happened (`submitted`, `leased`, `started`, …).
+    pub kind: String,
+    /// The task's state after the event.
+    pub state: TaskState,
+    /// Details for people.
+    pub message: String,
+    /// The agent involved, if any.
+    pub agent_id: Option<Uuid>,
+    /// The lease involved, if any.
+    pub lease_id: Option<Uuid>,
+    /// When it happened.
+    pub occurred_at_ms: i64,
+}
+
+/// A registered agent as the server sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentRecord {
+    /// Stable across sessions of the same (namespace, name).
+    pub id: Uuid,
+    /// The namespace it serves.
+    pub namespace: String,
+    /// Unique within the namespace.
+    pub name: String,
+    /// The merged document: agent tiers plus the operator tier.
+    pub document: Value,
+    /// Which tier each value of `document` came from.
+    pub provenance: Value,
+    /// Values the merge refused, with reasons.
+    pub rejections: Value,
+    /// The agent's own merged document before the operator tier.
+    pub reported: Value,
+    /// The operator tier.
+    pub operator_overrides: Value,
+    /// Bumped on every document change; compare-and-set guard for diffs.
+    pub generation: u64,
+    /// `ready`, `degraded`, `draining` or `offline`.
+    pub status: String,
+    /// Why the status is what it is.
+    pub status_reasons: Vec<String>,
+    /// Maximum concurrent leases.
+    pub capacity: u32,
+    /// Leases held now (GRANTED or ACTIVE), kept in the same transaction as
+    /// every grant and lease end so capacity checks are one row lock.
+    pub active_leases: u32,
+    /// An operator drain is in force.
+    pub drained: bool,
+    /// Labels set at registration.
+    pub labels: BTreeMap<String, String>,
+    /// What the agent runs as.
+    pub runner: String,
+    /// Bumped on every registration; a newer session supersedes older ones.
+    pub session_epoch: u64,
+    /// When the server last heard from the agent.
+    pub last_seen_at_ms: i64,
+    /// When the agent first registered.
+    pub registered_at_ms: i64,
+}
+
+/// What an agent registers with (an upsert on namespace and name).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentRegistration {
+    /// The namespace it serves.
+    pub namespace: String,
+    /// Unique within the namespace.
+    pub name: String,
+    /// The agent's own merged document.
+    pub reported: Value,
+    /// The merged document including the operator tier, computed by the
+    /// caller (the store does not merge).
+    pub document: Value,
+    /// Provenance of `document`.
+    pub provenance: Value,
+    /// Values the merge refused.
+    pub rejections: Value,
+    /// Maximum concurrent leases.
+    pub capacity: u32,
+    /// Labels for display and listing.
+    pub labels: BTreeMap<String, String>,
+    /// What the agent runs as.
+    pub runner: String,
+}
+
+/// Which tasks `list_tasks` returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    /// Only this namespace.
+    pub namespace: String,
+    /// Only these states; all when empty.
+    pub states: Vec<TaskState>,
+    /// Only this kind.
+    pub kind: Option<String>,
+}
+
+/// A page request for list methods.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Page {
+    /// At most this many rows (at least 1).
+    pub size: u32,
+    /// The opaque cursor a previous page returned.
+    pub after: Option<String>,
+}
+
+/// Asks to lease a task to an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantRequest {
+    /// The task to lease.
+    pub task_id: Uuid,
+    /// The agent to lease it to.
+    pub agent_id: Uuid,
+}
+
+/// Why a grant was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantRefusal {
+    /// Missing, no longer QUEUED, or being changed by another transaction.
+    TaskNotQueued,
+    /// The agent already holds `capacity` leases.
+    AgentAtCapacity,
+    /// No such agent.
+    AgentUnknown,
+    /// The task's `not_before` is in the future.
+    NotYet,
+}
+
+/// What became of one grant request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrantOutcome {
+    /// Leased: the new lease.
+    Granted(LeaseRecord),
+    /// Not leased, and why; nothing changed.
+    Refused(GrantRefusal),
+}
+
+/// How an attempt ended, as the agent reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CompletionOutcome {
+    /// The handler succeeded.
+    Succeeded {
+        /// Its output.
+        result: Value,
+    },
+    /// The handler failed.
+    Failed {
+        /// `{"message","code","retryable","details"}`.
+        error: Value,
+        /// False if a retry cannot succeed.
+        retryable: bool,
+    },
+    /// The agent hands the task back without running it to the end.
+    Released {
+        /// Why, for the history.
+        reason: String,
+    },
+}
+
+impl CompletionOutcome {
+    /// The name recorded on the lease, to recognise a repeated report.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Succeeded { .. } => "succeeded",
+            Self::Failed { .. } => "failed",
+            Self::Released { .. } => "released",
+        }
+    }
+}
+
+/// An agent's final report about one lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The lease the report is about.
+    pub lease_id: Uuid,
+    /// The task it leased.
+    pub task_id: Uuid,
+    /// The reporting agent.
+    pub agent_id: Uuid,
+    /// The token of the lease; an older one than the task's is refused.
+    pub fencing_token: u64,
+    /// How the attempt ended.
+    pub outcome: CompletionOutcome,
+}
+
+/// The result of an accepted completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionResult {
+    /// The task after the report.
+    pub task: TaskRecord,
+    /// The same final report was repeated: acknowledged, nothing changed.
+    pub duplicate: bool,
+}
+
+/// What the store tells every replica has happened, so dispatchers react
+/// without polling.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum StoreEvent {
+    /// A task was queued or re-queued (it may be leasable now or after its
+    /// `not_before`).
+    TaskQueued {
+        /// Its namespace.
+        namespace: String,
+        /// The task.
+        task_id: Uuid,
+    },
+    /// A task changed state.
+    TaskChanged {
+        /// The task.
+        task_id: Uuid,
+        /// Its new state.
+        state: TaskState,
+    },
+    /// An agent registered, changed its document, status or drain.
+    AgentChanged {
+        /// The agent.
+        agent_id: Uuid,
+    },
+    /// The holder of a lease must stop (cancel, or revocation by the server).
+    LeaseRevoked {
+        /// The lease.
+        lease_id: Uuid,
+        /// Its task.
+        task_id: Uuid,
+        /// The agent holding it.
+        agent_id: Uuid,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The first retry delay unless a store is configured otherwise.
+pub const DEFAULT_BACKOFF_BASE_MS: i64 = 1_000;
+
+/// The longest retry delay.
+pub const MAX_BACKOFF_MS: i64 = 5 * 60 * 1_000;
+
+/// The delay before retrying after `attempts` failed attempts: `base`,
+/// doubling each attempt, capped at five minutes.
+pub fn backoff_ms(base_ms: i64, attempts: u32) -> i64 {
+    let doublings = attempts.saturating_sub(1).min(30);
+    base_ms
+        .saturating_mul(1_i64 << doublings)
+        .min(MAX_BACKOFF_MS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_through_their_names() {
+        for state in [
+            TaskState::Queued,
+            TaskState::Leased,
+            TaskState::Running,
+            TaskState::Succeeded,
+            TaskState::Failed,
+            TaskState::Canceled,
+        ] {
+            assert_eq!(state.as_str().parse::<TaskState>(), Ok(state));
+        }
+        for state in [
+            LeaseState::Granted,
+            LeaseState::Active,
+            LeaseState::Completed,
+            LeaseState::Released,
+            LeaseState::Expired,
+        ] {
+            assert_eq!(state.as_str().parse::<LeaseState>(), Ok(state));
+        }
+        assert!("bogus".parse::<TaskState>().is_err());
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff_ms(1_000, 1), 1_000);
+        assert_eq!(backoff_ms(1_000, 2), 2_000);
+        assert_eq!(backoff_ms(1_000, 4), 8_000);
+        assert_eq!(backoff_ms(1_000, 40), MAX_BACKOFF_MS);
+    }
+}
