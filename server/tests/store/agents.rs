@@ -1,0 +1,186 @@
+//! Agent registration (upsert, epochs, generations), document
+//! compare-and-set, operator overrides, status, drain, last seen, listing.
+
+use serde_json::json;
+use switchyard_server::error::Error;
+use switchyard_server::store::Page;
+use uuid::Uuid;
+
+use crate::common::{Fixture, T0, agent};
+
+crate::both_backends!(
+    register_is_an_upsert_with_new_epoch,
+    document_generation_compare_and_set,
+    status_drain_touch_and_list,
+);
+
+async fn register_is_an_upsert_with_new_epoch(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let first = agent(store, "ns", "host-a", 4).await;
+    assert_eq!(first.id.get_version_num(), 7);
+    assert_eq!((first.session_epoch, first.generation), (1, 1));
+    assert_eq!(first.status, "ready");
+    assert_eq!(first.capacity, 4);
+    assert_eq!(first.operator_overrides, json!({}));
+    let again = agent(store, "ns", "host-a", 6).await;
+    assert_eq!(again.id, first.id);
+    assert_eq!((again.session_epoch, again.generation), (2, 2));
+    assert_eq!(again.capacity, 6);
+    let elsewhere = agent(store, "other", "host-a", 1).await;
+    assert_ne!(elsewhere.id, first.id);
+    assert_eq!(store.get_agent(first.id).await.unwrap(), again);
+    assert_eq!(store.all_agents().await.unwrap().len(), 2);
+    let missing = store.get_agent(Uuid::now_v7()).await.unwrap_err();
+    assert!(matches!(missing, Error::NotFound { what: "agent", .. }));
+}
+
+async fn document_generation_compare_and_set(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let a = agent(store, "ns", "host-a", 1).await;
+    let doc = json!({"tags": ["linux", "gpu"]});
+    let generation = store
+        .update_agent_document(
+            a.id,
+            a.generation,
+            doc.clone(),
+            doc.clone(),
+            json!({}),
+            json!([]),
+            T0 + 1,
+        )
+        .await
+        .unwrap();
+    assert_eq!(generation, a.generation + 1);
+    // A diff based on the old generation loses.
+    let err = store
+        .update_agent_document(
+            a.id,
+            a.generation,
+            json!({}),
+            json!({}),
+            json!({}),
+            json!([]),
+            T0 + 2,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::GenerationMismatch { held, expected } if held == generation && expected == a.generation),
+        "{err:?}"
+    );
+    let stored = store.get_agent(a.id).await.unwrap();
+    assert_eq!(stored.document, doc);
+    assert_eq!(stored.reported, doc);
+
+    let overridden = store
+        .set_operator_overrides(
+            a.id,
+            json!({"tags": ["blessed"]}),
+            json!({"tags": ["linux", "gpu", "blessed"]}),
+            json!({"tags": "operator"}),
+            T0 + 3,
+        )
+        .await
+        .unwrap();
+    assert_eq!(overridden.generation, generation + 1);
+    assert_eq!(overridden.operator_overrides, json!({"tags": ["blessed"]}));
+    assert_eq!(overridden.reported, doc);
+}
+
+async fn status_drain_touch_and_list(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let a = agent(store, "ns", "a", 1).await;
+    let b = agent(store, "ns", "b", 1).await;
+    let c = agent(store, "ns", "c", 1).await;
+    let reasons = vec!["capability ai.llm unhealthy".to_owned()];
+    assert!(
+        store
+            .set_agent_status(a.id, "degraded", &reasons, Some(a.session_epoch), T0)
+            .await
+            .unwrap()
+    );
+    // A stale session may not change the status.
+    assert!(
+        !store
+            .set_agent_status(a.id, "offline", &[], Some(a.session_epoch + 1), T0)
+            .await
+            .unwrap()
+    );
+    let stored = store.get_agent(a.id).await.unwrap();
+    assert_eq!(stored.status, "degraded");
+    assert_eq!(stored.status_reasons, reasons);
+
+    let drained = store.set_agent_drained(b.id, true, None, T0).await.unwrap();
+    assert!(drained.drained);
+    assert_eq!(drained.status, "draining");
+    assert_eq!(drained.status_reasons, ["drained by operator"]);
+    // Re-registering or reporting ready keeps the drain.
+    assert_eq!(agent(store, "ns", "b", 1).await.status, "draining");
+    store
+        .set_agent_status(b.id, "ready", &[], None, T0)
+        .await
+        .unwrap();
+    assert_eq!(store.get_agent(b.id).await.unwrap().status, "draining");
+    let undrained = store
+        .set_agent_drained(b.id, false, None, T0)
+        .await
+        .unwrap();
+    assert_eq!(undrained.status, "ready");
+
+    store.touch_agent(c.id, T0 + 5_000).await.unwrap();
+    assert_eq!(
+        store.get_agent(c.id).await.unwrap().last_seen_at_ms,
+        T0 + 5_000
+    );
+    assert!(matches!(
+        store.touch_agent(Uuid::now_v7(), T0).await,
+        Err(Error::NotFound { .. })
+    ));
+
+    let (page, next) = store
+        .list_agents(
+            "ns",
+            &[],
+            &Page {
+                size: 2,
+                after: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        page.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    let (page, next) = store
+        .list_agents(
+            "ns",
+            &[],
+            &Page {
+                size: 2,
+                after: next,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        page.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
+        ["c"]
+    );
+    assert_eq!(next, None);
+    let (page, _) = store
+        .list_agents(
+            "ns",
+            &["degraded".to_owned()],
+            &Page {
+                size: 10,
+                after: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        page.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
+        ["a"]
+    );
+}

@@ -1,0 +1,236 @@
+//! Shared helpers: a fresh store per test on either backend, and builders
+//! for tasks, agents and grants.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::json;
+use sqlx::Connection;
+use switchyard_server::store::{
+    self, AgentRecord, AgentRegistration, GrantOutcome, GrantRequest, LeaseRecord, NewTask, Store,
+    StoreOptions, TaskRecord,
+};
+use uuid::Uuid;
+
+/// The retry backoff base the suite's stores use (ms).
+pub const BACKOFF_BASE_MS: i64 = 100;
+
+/// A start time for tests' injected clock.
+pub const T0: i64 = 1_700_000_000_000;
+
+/// A store on a database of its own; call [`Fixture::finish`] at the end.
+pub struct Fixture {
+    pub store: Arc<dyn Store>,
+    pub url: String,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    Sqlite(#[allow(dead_code)] tempfile::TempDir),
+    Postgres { admin: String, name: String },
+    Done,
+}
+
+/// The PostgreSQL admin URL tests create their databases with.
+pub fn pg_admin_url() -> String {
+    std::env::var("SWITCHYARD_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+impl Fixture {
+    /// A migrated store on a new SQLite file.
+    pub async fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let url = format!("sqlite://{}", dir.path().join("store.db").display());
+        let store = open(&url).await;
+        Self {
+            store,
+            url,
+            cleanup: Cleanup::Sqlite(dir),
+        }
+    }
+
+    /// A migrated store on a new PostgreSQL database.
+    pub async fn postgres() -> Self {
+        let admin = pg_admin_url();
+        let name = format!("switchyard_test_{}", Uuid::new_v4().simple());
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("connect to the PostgreSQL admin URL");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut conn)
+            .await
+            .expect("create the test database");
+        conn.close().await.expect("close the admin connection");
+        let base = admin
+            .rsplit_once('/')
+            .map_or(admin.as_str(), |(base, _)| base);
+        let url = format!("{base}/{name}");
+        let store = open(&url).await;
+        Self {
+            store,
+            url,
+            cleanup: Cleanup::Postgres { admin, name },
+        }
+    }
+
+    /// Another store instance on the same database (a second replica).
+    pub async fn another_instance(&self) -> Arc<dyn Store> {
+        open(&self.url).await
+    }
+
+    /// Closes the store and opens it again on the same database.
+    pub async fn reopen(&mut self) {
+        self.store.close().await;
+        self.store = open(&self.url).await;
+    }
+
+    /// Closes the store and drops its database.
+    pub async fn finish(mut self) {
+        self.store.close().await;
+        if let Cleanup::Postgres { admin, name } = &self.cleanup {
+            drop_database(admin, name).await;
+        }
+        self.cleanup = Cleanup::Done;
+    }
+}
+
+impl Drop for Fixture {
+    /// A test that panicked before [`Fixture::finish`] still drops its
+    /// database (on a thread of its own: the test's runtime is unwinding).
+    fn drop(&mut self) {
+        if let Cleanup::Postgres { admin, name } =
+            std::mem::replace(&mut self.cleanup, Cleanup::Done)
+        {
+            let _ = std::thread::spawn(move || {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    rt.block_on(drop_database(&admin, &name));
+                }
+            })
+            .join();
+        }
+    }
+}
+
+async fn drop_database(admin: &str, name: &str) {
+    let mut conn = sqlx::PgConnection::connect(admin)
+        .await
+        .expect("connect to the PostgreSQL admin URL");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("drop the test database");
+}
+
+async fn open(url: &str) -> Arc<dyn Store> {
+    let store = store::open_with(
+        url,
+        StoreOptions {
+            backoff_base_ms: BACKOFF_BASE_MS,
+        },
+    )
+    .await
+    .expect("open the store");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+/// Generates `mod sqlite` and `mod postgres` tests calling each
+/// `async fn NAME(fx: &Fixture)` of the enclosing module.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let mut fx = $crate::common::Fixture::sqlite().await;
+                    super::$name(&mut fx).await;
+                    fx.finish().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let mut fx = $crate::common::Fixture::postgres().await;
+                    super::$name(&mut fx).await;
+                    fx.finish().await;
+                }
+            )*
+        }
+    };
+}
+
+/// A task of namespace `ns` with the given priority and attempt budget.
+pub fn task(ns: &str, priority: i32, max_attempts: u32) -> NewTask {
+    NewTask {
+        namespace: ns.to_owned(),
+        kind: "exec".to_owned(),
+        payload: json!({"cmd": "true"}),
+        placement: json!({"required_tags": []}),
+        priority,
+        max_attempts,
+        lease_ttl_ms: 30_000,
+        idempotency_key: None,
+        not_before_ms: None,
+        labels: BTreeMap::from([("team".to_owned(), "infra".to_owned())]),
+    }
+}
+
+/// Submits `task` at `now_ms` and returns the record.
+pub async fn submit(store: &dyn Store, task: NewTask, now_ms: i64) -> TaskRecord {
+    store.submit_task(task, now_ms).await.expect("submit").0
+}
+
+/// Registers an agent `name` in `ns` with `capacity`.
+pub async fn agent(store: &dyn Store, ns: &str, name: &str, capacity: u32) -> AgentRecord {
+    store
+        .register_agent(
+            &AgentRegistration {
+                namespace: ns.to_owned(),
+                name: name.to_owned(),
+                reported: json!({"tags": ["linux"]}),
+                document: json!({"tags": ["linux"]}),
+                provenance: json!({"tags": "agent"}),
+                rejections: json!([]),
+                capacity,
+                labels: BTreeMap::new(),
+                runner: "switchyard-agent/0.1.0 (rust)".to_owned(),
+            },
+            T0,
+        )
+        .await
+        .expect("register agent")
+}
+
+/// Grants one task to one agent and returns the lease, panicking if refused.
+pub async fn grant(store: &dyn Store, task_id: Uuid, agent_id: Uuid, now_ms: i64) -> LeaseRecord {
+    let outcomes = store
+        .grant_leases(&[GrantRequest { task_id, agent_id }], now_ms)
+        .await
+        .expect("grant");
+    match outcomes.as_slice() {
+        [GrantOutcome::Granted(lease)] => lease.clone(),
+        other => panic!("grant refused: {other:?}"),
+    }
+}
+
+/// A small deterministic pseudo-random sequence (no extra dependency).
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next(&mut self, below: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((self.0 >> 33) % below as u64) as usize
+    }
+}

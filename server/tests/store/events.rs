@@ -1,0 +1,64 @@
+//! Wake-ups: what a subscriber of the store hears when tasks are queued or
+//! change and agents change.
+
+use std::time::Duration;
+
+use switchyard_server::store::{StoreEvent, TaskState};
+use tokio::sync::broadcast;
+
+use crate::common::{Fixture, T0, agent, grant, submit, task};
+
+crate::both_backends!(subscribers_hear_queued_changed_and_agent_events);
+
+/// Waits (bounded) for the first event `want` accepts.
+pub async fn wait_for(
+    events: &mut broadcast::Receiver<StoreEvent>,
+    want: impl Fn(&StoreEvent) -> bool,
+) -> StoreEvent {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let event = events.recv().await.expect("event stream open");
+            if want(&event) {
+                return event;
+            }
+        }
+    })
+    .await
+    .expect("event within 10 s")
+}
+
+async fn subscribers_hear_queued_changed_and_agent_events(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let mut events = store.subscribe();
+    let t = submit(store, task("ns", 0, 3), T0).await;
+    let queued = wait_for(&mut events, |e| matches!(e, StoreEvent::TaskQueued { .. })).await;
+    assert_eq!(
+        queued,
+        StoreEvent::TaskQueued {
+            namespace: "ns".to_owned(),
+            task_id: t.id
+        }
+    );
+    let worker = agent(store, "ns", "w1", 1).await;
+    wait_for(&mut events, |e| {
+        *e == StoreEvent::AgentChanged {
+            agent_id: worker.id,
+        }
+    })
+    .await;
+    grant(store, t.id, worker.id, T0).await;
+    wait_for(&mut events, |e| {
+        *e == StoreEvent::TaskChanged {
+            task_id: t.id,
+            state: TaskState::Leased,
+        }
+    })
+    .await;
+    // An expiry re-queues: announced again.
+    store.expire_leases(T0 + 30_000, 10).await.unwrap();
+    wait_for(
+        &mut events,
+        |e| matches!(e, StoreEvent::TaskQueued { task_id, .. } if *task_id == t.id),
+    )
+    .await;
+}

@@ -1,0 +1,688 @@
+//! Grants, fencing, reports, completion, retry backoff, expiry, renewal,
+//! revocation of unacknowledged grants, and cancel.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::json;
+use switchyard_server::error::Error;
+use switchyard_server::store::{
+    Completion, CompletionOutcome, GrantOutcome, GrantRefusal, GrantRequest, LeaseState, Store,
+    TaskState,
+};
+use uuid::Uuid;
+
+use crate::common::{BACKOFF_BASE_MS, Fixture, Lcg, T0, agent, grant, submit, task};
+
+crate::both_backends!(
+    grant_refusals_and_monotonic_tokens,
+    concurrent_grants_never_double_lease_or_overfill,
+    stale_fencing_token_is_refused_and_changes_nothing,
+    start_and_complete_exactly_once,
+    batch_completion_refuses_only_the_stale_item,
+    failed_attempt_retries_after_backoff,
+    expiry_counts_attempts_then_fails,
+    renewal_extends_every_lease_of_the_agent,
+    unacknowledged_grants_are_revoked,
+    cancel_queued_and_leased_tasks,
+);
+
+fn completion(
+    lease: &switchyard_server::store::LeaseRecord,
+    outcome: CompletionOutcome,
+) -> Completion {
+    Completion {
+        lease_id: lease.id,
+        task_id: lease.task_id,
+        agent_id: lease.agent_id,
+        fencing_token: lease.fencing_token,
+        outcome,
+    }
+}
+
+fn succeeded() -> CompletionOutcome {
+    CompletionOutcome::Succeeded {
+        result: json!({"exit": 0}),
+    }
+}
+
+fn failed(retryable: bool) -> CompletionOutcome {
+    CompletionOutcome::Failed {
+        error: json!({"message": "exit 1", "code": "handler_error", "retryable": retryable, "details": {}}),
+        retryable,
+    }
+}
+
+async fn grant_refusals_and_monotonic_tokens(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let a = submit(store, task("ns", 0, 5), T0).await;
+    let b = submit(store, task("ns", 0, 5), T0).await;
+    let mut later = task("ns", 0, 5);
+    later.not_before_ms = Some(T0 + 1_000);
+    let c = submit(store, later, T0).await;
+    let worker = agent(store, "ns", "w1", 1).await;
+
+    let outcomes = store
+        .grant_leases(
+            &[
+                GrantRequest {
+                    task_id: a.id,
+                    agent_id: worker.id,
+                },
+                GrantRequest {
+                    task_id: a.id,
+                    agent_id: worker.id,
+                },
+                GrantRequest {
+                    task_id: b.id,
+                    agent_id: worker.id,
+                },
+                GrantRequest {
+                    task_id: c.id,
+                    agent_id: worker.id,
+                },
+                GrantRequest {
+                    task_id: b.id,
+                    agent_id: Uuid::now_v7(),
+                },
+                GrantRequest {
+                    task_id: Uuid::now_v7(),
+                    agent_id: worker.id,
+                },
+            ],
+            T0 + 1,
+        )
+        .await
+        .unwrap();
+    let GrantOutcome::Granted(lease) = &outcomes[0] else {
+        panic!("first grant refused: {outcomes:?}");
+    };
+    assert_eq!(lease.fencing_token, 1);
+    assert_eq!(lease.state, LeaseState::Granted);
+    assert_eq!(lease.expires_at_ms, T0 + 1 + 30_000);
+    assert_eq!(
+        outcomes[1..],
+        [
+            GrantOutcome::Refused(GrantRefusal::TaskNotQueued),
+            GrantOutcome::Refused(GrantRefusal::AgentAtCapacity),
+            GrantOutcome::Refused(GrantRefusal::NotYet),
+            GrantOutcome::Refused(GrantRefusal::AgentUnknown),
+            GrantOutcome::Refused(GrantRefusal::TaskNotQueued),
+        ]
+    );
+    let leased = store.get_task(a.id).await.unwrap();
+    assert_eq!(leased.state, TaskState::Leased);
+    assert_eq!(leased.lease_id, Some(lease.id));
+    assert_eq!(leased.agent_id, Some(worker.id));
+    assert_eq!(leased.lease_expires_at_ms, Some(lease.expires_at_ms));
+    assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 1);
+
+    // Each later grant of the same task gets a larger token.
+    store
+        .complete_leases(
+            &[completion(
+                lease,
+                CompletionOutcome::Released {
+                    reason: "shutdown".into(),
+                },
+            )],
+            T0 + 2,
+        )
+        .await
+        .unwrap();
+    let second = grant(store, a.id, worker.id, T0 + 3).await;
+    assert_eq!(second.fencing_token, 2);
+    store.expire_leases(T0 + 3 + 30_000, 10).await.unwrap();
+    let third = grant(store, a.id, worker.id, T0 + 40_000).await;
+    assert_eq!(third.fencing_token, 3);
+    assert_eq!(store.get_task(a.id).await.unwrap().fencing_token, 3);
+}
+
+async fn concurrent_grants_never_double_lease_or_overfill(fx: &mut Fixture) {
+    const TASKS: usize = 120;
+    const AGENTS: usize = 6;
+    const CAPACITY: u32 = 8;
+    let store: Arc<dyn Store> = fx.store.clone();
+    let mut task_ids = Vec::new();
+    for i in 0..TASKS {
+        task_ids.push(
+            submit(store.as_ref(), task("ns", 0, 3), T0 + i as i64)
+                .await
+                .id,
+        );
+    }
+    let mut agent_ids = Vec::new();
+    for i in 0..AGENTS {
+        agent_ids.push(
+            agent(store.as_ref(), "ns", &format!("w{i}"), CAPACITY)
+                .await
+                .id,
+        );
+    }
+    // Eight racers, each on its own connection, each trying every task with
+    // random agents in small batches.
+    let mut racers = Vec::new();
+    for seed in 0..8_u64 {
+        let store = store.clone();
+        let task_ids = task_ids.clone();
+        let agent_ids = agent_ids.clone();
+        racers.push(tokio::spawn(async move {
+            let mut rng = Lcg(seed + 1);
+            let mut granted = Vec::new();
+            for chunk in task_ids.chunks(5) {
+                let requests: Vec<GrantRequest> = chunk
+                    .iter()
+                    .map(|&task_id| GrantRequest {
+                        task_id,
+                        agent_id: agent_ids[rng.next(agent_ids.len())],
+                    })
+                    .collect();
+                for outcome in store.grant_leases(&requests, T0 + 1_000).await.unwrap() {
+                    if let GrantOutcome::Granted(lease) = outcome {
+                        granted.push(lease);
+                    }
+                }
+            }
+            granted
+        }));
+    }
+    let mut leases = Vec::new();
+    for racer in racers {
+        leases.extend(racer.await.unwrap());
+    }
+    let mut per_task: HashMap<Uuid, usize> = HashMap::new();
+    let mut per_agent: HashMap<Uuid, u32> = HashMap::new();
+    for lease in &leases {
+        *per_task.entry(lease.task_id).or_default() += 1;
+        *per_agent.entry(lease.agent_id).or_default() += 1;
+        assert_eq!(lease.fencing_token, 1);
+    }
+    assert!(
+        per_task.values().all(|&n| n == 1),
+        "a task was leased twice"
+    );
+    assert_eq!(
+        leases.len(),
+        AGENTS * CAPACITY as usize,
+        "total capacity is used"
+    );
+    for agent_id in agent_ids {
+        let record = store.get_agent(agent_id).await.unwrap();
+        let live = store.agent_leases(agent_id).await.unwrap().len() as u32;
+        assert!(record.active_leases <= CAPACITY);
+        assert_eq!(record.active_leases, live);
+        assert_eq!(per_agent.get(&agent_id).copied().unwrap_or(0), live);
+    }
+}
+
+async fn stale_fencing_token_is_refused_and_changes_nothing(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let t = submit(store, task("ns", 0, 5), T0).await;
+    let old_agent = agent(store, "ns", "old", 1).await;
+    let new_agent = agent(store, "ns", "new", 1).await;
+    let old = grant(store, t.id, old_agent.id, T0).await;
+    store
+        .report_started(old.id, t.id, old_agent.id, old.fencing_token, T0 + 1)
+        .await
+        .unwrap();
+    // The old agent goes silent; its lease expires; the task moves on.
+    assert_eq!(store.expire_leases(T0 + 31_000, 10).await.unwrap().len(), 1);
+    let new = grant(store, t.id, new_agent.id, T0 + 31_001).await;
+    assert_eq!(new.fencing_token, old.fencing_token + 1);
+    let before = store.get_task(t.id).await.unwrap();
+    let history = store.task_events(t.id, 0, 100).await.unwrap();
+
+    let results = store
+        .complete_leases(&[completion(&old, succeeded())], T0 + 31_002)
+        .await
+        .unwrap();
+    match &results[0] {
+        Err(Error::StaleFencingToken {
+            presented, current, ..
+        }) => {
+            assert_eq!((*presented, *current), (1, 2));
+        }
+        other => panic!("expected a stale token refusal, got {other:?}"),
+    }
+    let status: tonic::Status = match results.into_iter().next() {
+        Some(Err(err)) => err.into(),
+        _ => unreachable!(),
+    };
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    let err = store
+        .report_started(old.id, t.id, old_agent.id, 1, T0 + 31_003)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::StaleFencingToken { .. }), "{err:?}");
+    let err = store
+        .report_progress(
+            old.id,
+            t.id,
+            old_agent.id,
+            1,
+            json!({"percent": 50}),
+            T0 + 31_003,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::StaleFencingToken { .. }), "{err:?}");
+    // Right token, wrong holder.
+    let err = store
+        .report_started(new.id, t.id, old_agent.id, 2, T0 + 31_003)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseNotHeld { .. }), "{err:?}");
+
+    assert_eq!(store.get_task(t.id).await.unwrap(), before);
+    assert_eq!(store.task_events(t.id, 0, 100).await.unwrap(), history);
+    assert_eq!(
+        store.get_agent(new_agent.id).await.unwrap().active_leases,
+        1
+    );
+}
+
+async fn start_and_complete_exactly_once(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let t = submit(store, task("ns", 0, 3), T0).await;
+    let worker = agent(store, "ns", "w1", 2).await;
+    let lease = grant(store, t.id, worker.id, T0).await;
+    assert_eq!(
+        store
+            .ack_leases(worker.id, &[(lease.id, lease.fencing_token)], T0 + 1)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store.get_lease(lease.id).await.unwrap().state,
+        LeaseState::Active
+    );
+    let running = store
+        .report_started(lease.id, t.id, worker.id, 1, T0 + 2)
+        .await
+        .unwrap();
+    assert_eq!(running.state, TaskState::Running);
+    // Repeated: acknowledged, nothing new.
+    let again = store
+        .report_started(lease.id, t.id, worker.id, 1, T0 + 3)
+        .await
+        .unwrap();
+    assert_eq!(again, running);
+    let progressed = store
+        .report_progress(
+            lease.id,
+            t.id,
+            worker.id,
+            1,
+            json!({"percent": 40.0, "message": "compiling"}),
+            T0 + 4,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        progressed.progress,
+        Some(json!({"percent": 40.0, "message": "compiling"}))
+    );
+
+    let first = store
+        .complete_leases(&[completion(&lease, succeeded())], T0 + 5)
+        .await
+        .unwrap();
+    let first = first.into_iter().next().unwrap().unwrap();
+    assert!(!first.duplicate);
+    assert_eq!(first.task.state, TaskState::Succeeded);
+    assert_eq!(first.task.result, Some(json!({"exit": 0})));
+    assert_eq!(first.task.lease_id, None);
+    assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 0);
+    assert_eq!(
+        store.get_lease(lease.id).await.unwrap().state,
+        LeaseState::Completed
+    );
+    let history = store.task_events(t.id, 0, 100).await.unwrap();
+    let kinds: Vec<_> = history.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["submitted", "leased", "accepted", "started", "succeeded"]
+    );
+    assert!(
+        history
+            .windows(2)
+            .all(|w| w[1].sequence == w[0].sequence + 1)
+    );
+
+    // The same report again: acknowledged as a duplicate, nothing changed.
+    let repeat = store
+        .complete_leases(&[completion(&lease, succeeded())], T0 + 6)
+        .await
+        .unwrap();
+    let repeat = repeat.into_iter().next().unwrap().unwrap();
+    assert!(repeat.duplicate);
+    assert_eq!(repeat.task, first.task);
+    assert_eq!(store.task_events(t.id, 0, 100).await.unwrap(), history);
+    assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 0);
+    // A different final report for the same lease is refused.
+    let other = store
+        .complete_leases(&[completion(&lease, failed(true))], T0 + 7)
+        .await
+        .unwrap();
+    assert!(
+        matches!(other[0], Err(Error::LeaseNotHeld { .. })),
+        "{other:?}"
+    );
+    assert_eq!(store.get_task(t.id).await.unwrap(), first.task);
+}
+
+async fn batch_completion_refuses_only_the_stale_item(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w1", 3).await;
+    let mut leases = Vec::new();
+    for i in 0..3 {
+        let t = submit(store, task("ns", 0, 3), T0 + i).await;
+        leases.push(grant(store, t.id, worker.id, T0 + 10).await);
+    }
+    let mut stale = completion(&leases[1], succeeded());
+    stale.fencing_token = 0;
+    let results = store
+        .complete_leases(
+            &[
+                completion(&leases[0], succeeded()),
+                stale,
+                completion(&leases[2], failed(false)),
+            ],
+            T0 + 20,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        results[0].as_ref().unwrap().task.state,
+        TaskState::Succeeded
+    );
+    assert!(matches!(results[1], Err(Error::StaleFencingToken { .. })));
+    assert_eq!(results[2].as_ref().unwrap().task.state, TaskState::Failed);
+    assert_eq!(
+        store.get_task(leases[1].task_id).await.unwrap().state,
+        TaskState::Leased
+    );
+    assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 1);
+}
+
+async fn failed_attempt_retries_after_backoff(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let t = submit(store, task("ns", 0, 3), T0).await;
+    let worker = agent(store, "ns", "w1", 1).await;
+
+    let first = grant(store, t.id, worker.id, T0).await;
+    let done = store
+        .complete_leases(&[completion(&first, failed(true))], T0 + 10)
+        .await
+        .unwrap();
+    let retried = done.into_iter().next().unwrap().unwrap().task;
+    assert_eq!(retried.state, TaskState::Queued);
+    assert_eq!(retried.attempts, 1);
+    assert_eq!(retried.not_before_ms, T0 + 10 + BACKOFF_BASE_MS);
+    assert_eq!(retried.error.as_ref().unwrap()["code"], "handler_error");
+    assert!(
+        store
+            .queued_tasks(Some("ns"), T0 + 10 + BACKOFF_BASE_MS - 1, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let early = store
+        .grant_leases(
+            &[GrantRequest {
+                task_id: t.id,
+                agent_id: worker.id,
+            }],
+            T0 + 11,
+        )
+        .await
+        .unwrap();
+    assert_eq!(early, [GrantOutcome::Refused(GrantRefusal::NotYet)]);
+
+    // The second failure waits twice as long.
+    let now = T0 + 10 + BACKOFF_BASE_MS;
+    assert_eq!(
+        store.queued_tasks(Some("ns"), now, 10).await.unwrap().len(),
+        1
+    );
+    let second = grant(store, t.id, worker.id, now).await;
+    let done = store
+        .complete_leases(&[completion(&second, failed(true))], now + 5)
+        .await
+        .unwrap();
+    let retried = done.into_iter().next().unwrap().unwrap().task;
+    assert_eq!(retried.attempts, 2);
+    assert_eq!(retried.not_before_ms, now + 5 + 2 * BACKOFF_BASE_MS);
+
+    // The third uses the last attempt: FAILED.
+    let now = now + 5 + 2 * BACKOFF_BASE_MS;
+    let third = grant(store, t.id, worker.id, now).await;
+    let done = store
+        .complete_leases(&[completion(&third, failed(true))], now + 1)
+        .await
+        .unwrap();
+    let final_task = done.into_iter().next().unwrap().unwrap().task;
+    assert_eq!(final_task.state, TaskState::Failed);
+    assert_eq!(final_task.attempts, 3);
+
+    // A non-retryable failure fails at once.
+    let u = submit(store, task("ns", 0, 5), T0).await;
+    let lease = grant(store, u.id, worker.id, now + 2).await;
+    let done = store
+        .complete_leases(&[completion(&lease, failed(false))], now + 3)
+        .await
+        .unwrap();
+    let failed_now = done.into_iter().next().unwrap().unwrap().task;
+    assert_eq!(failed_now.state, TaskState::Failed);
+    assert_eq!(failed_now.attempts, 1);
+}
+
+async fn expiry_counts_attempts_then_fails(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let t = submit(store, task("ns", 0, 2), T0).await;
+    let worker = agent(store, "ns", "w1", 1).await;
+    let first = grant(store, t.id, worker.id, T0).await;
+    // Not yet due.
+    assert!(
+        store
+            .expire_leases(first.expires_at_ms - 1, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let expired = store.expire_leases(first.expires_at_ms, 10).await.unwrap();
+    assert_eq!(expired.len(), 1);
+    let (lease, task_after) = &expired[0];
+    assert_eq!(lease.state, LeaseState::Expired);
+    assert_eq!(task_after.state, TaskState::Queued);
+    assert_eq!(task_after.attempts, 1);
+    assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 0);
+    // Sweeping again finds nothing.
+    assert!(
+        store
+            .expire_leases(first.expires_at_ms + 1, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let second = grant(store, t.id, worker.id, first.expires_at_ms + 1).await;
+    let expired = store.expire_leases(second.expires_at_ms, 10).await.unwrap();
+    let (_, failed_task) = &expired[0];
+    assert_eq!(failed_task.state, TaskState::Failed);
+    assert_eq!(failed_task.attempts, 2);
+    let error = failed_task.error.as_ref().unwrap();
+    assert_eq!(error["message"], "lease lost 2 times");
+    assert_eq!(error["code"], "lease_lost");
+    let kinds: Vec<_> = store
+        .task_events(t.id, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        ["submitted", "leased", "lease_expired", "leased", "failed"]
+    );
+}
+
+async fn renewal_extends_every_lease_of_the_agent(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w1", 3).await;
+    let other = agent(store, "ns", "w2", 3).await;
+    let a = submit(store, task("ns", 0, 3), T0).await;
+    let mut short = task("ns", 0, 3);
+    short.lease_ttl_ms = 5_000;
+    let b = submit(store, short, T0).await;
+    let c = submit(store, task("ns", 0, 3), T0).await;
+    grant(store, a.id, worker.id, T0).await;
+    grant(store, b.id, worker.id, T0).await;
+    let untouched = grant(store, c.id, other.id, T0).await;
+
+    assert_eq!(store.renew_leases(worker.id, T0 + 28_000).await.unwrap(), 2);
+    let leases = store.agent_leases(worker.id).await.unwrap();
+    let mut expiries: Vec<_> = leases.iter().map(|l| l.expires_at_ms).collect();
+    expiries.sort_unstable();
+    assert_eq!(expiries, [T0 + 33_000, T0 + 58_000]);
+    assert_eq!(
+        store.get_task(b.id).await.unwrap().lease_expires_at_ms,
+        Some(T0 + 33_000)
+    );
+    assert_eq!(store.get_lease(untouched.id).await.unwrap(), untouched);
+    // At the old expiry only the other agent's lease lapses.
+    let expired = store.expire_leases(T0 + 30_000, 10).await.unwrap();
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0].0.id, untouched.id);
+}
+
+async fn unacknowledged_grants_are_revoked(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w1", 3).await;
+    let a = submit(store, task("ns", 0, 3), T0).await;
+    let b = submit(store, task("ns", 0, 3), T0).await;
+    let c = submit(store, task("ns", 0, 3), T0).await;
+    let unacked = grant(store, a.id, worker.id, T0).await;
+    let acked = grant(store, b.id, worker.id, T0).await;
+    let recent = grant(store, c.id, worker.id, T0 + 5_000).await;
+    store
+        .ack_leases(worker.id, &[(acked.id, acked.fencing_token)], T0 + 100)
+        .await
+        .unwrap();
+    let mut events = store.subscribe();
+
+    let revoked = store.revoke_unacked(T0 + 1_000, T0 + 6_000).await.unwrap();
+    assert_eq!(revoked.len(), 1);
+    let (lease, back) = &revoked[0];
+    assert_eq!(lease.id, unacked.id);
+    assert_eq!(lease.state, LeaseState::Released);
+    assert_eq!(back.state, TaskState::Queued);
+    assert_eq!(back.attempts, 0, "a revoked grant is not an attempt");
+    assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 2);
+    assert_eq!(
+        store.get_lease(recent.id).await.unwrap().state,
+        LeaseState::Granted
+    );
+    // The holder is told.
+    let deadline = std::time::Duration::from_secs(10);
+    loop {
+        let event = tokio::time::timeout(deadline, events.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        if let switchyard_server::store::StoreEvent::LeaseRevoked { lease_id, .. } = event {
+            assert_eq!(lease_id, unacked.id);
+            break;
+        }
+    }
+    // A late acknowledgement of the revoked grant is ignored.
+    assert_eq!(
+        store
+            .ack_leases(worker.id, &[(unacked.id, 1)], T0 + 7_000)
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+async fn cancel_queued_and_leased_tasks(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w1", 3).await;
+    let queued = submit(store, task("ns", 0, 3), T0).await;
+    let (canceled, revoke) = store
+        .cancel_task(queued.id, "user asked", T0 + 1)
+        .await
+        .unwrap();
+    assert_eq!(canceled.state, TaskState::Canceled);
+    assert!(revoke.is_none());
+    // Terminal: unchanged.
+    let (same, revoke) = store.cancel_task(queued.id, "again", T0 + 2).await.unwrap();
+    assert_eq!(same, canceled);
+    assert!(revoke.is_none());
+
+    // Leased: a revocation; CANCELED when the agent hands it back.
+    let leased = submit(store, task("ns", 0, 3), T0).await;
+    let lease = grant(store, leased.id, worker.id, T0).await;
+    let (pending, revoke) = store
+        .cancel_task(leased.id, "user asked", T0 + 3)
+        .await
+        .unwrap();
+    assert_eq!(pending.state, TaskState::Leased);
+    assert!(pending.cancel_requested);
+    assert_eq!(revoke.as_ref().map(|l| l.id), Some(lease.id));
+    let done = store
+        .complete_leases(
+            &[completion(
+                &lease,
+                CompletionOutcome::Released {
+                    reason: "canceled".into(),
+                },
+            )],
+            T0 + 4,
+        )
+        .await
+        .unwrap();
+    let done = done.into_iter().next().unwrap().unwrap().task;
+    assert_eq!(done.state, TaskState::Canceled);
+    assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 0);
+
+    // Running: CANCELED when the lease expires instead.
+    let running = submit(store, task("ns", 0, 3), T0).await;
+    let lease = grant(store, running.id, worker.id, T0).await;
+    store
+        .report_started(lease.id, running.id, worker.id, 1, T0 + 1)
+        .await
+        .unwrap();
+    store
+        .cancel_task(running.id, "user asked", T0 + 2)
+        .await
+        .unwrap();
+    let expired = store.expire_leases(lease.expires_at_ms, 10).await.unwrap();
+    assert_eq!(expired[0].1.state, TaskState::Canceled);
+    assert_eq!(expired[0].1.attempts, 1);
+
+    // A success reported after the cancel request still records the result.
+    let finishing = submit(store, task("ns", 0, 3), T0).await;
+    let lease = grant(store, finishing.id, worker.id, T0).await;
+    store
+        .cancel_task(finishing.id, "too late", T0 + 1)
+        .await
+        .unwrap();
+    let done = store
+        .complete_leases(&[completion(&lease, succeeded())], T0 + 2)
+        .await
+        .unwrap();
+    assert_eq!(done[0].as_ref().unwrap().task.state, TaskState::Succeeded);
+    let kinds: Vec<_> = store
+        .task_events(finishing.id, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        ["submitted", "leased", "cancel_requested", "succeeded"]
+    );
+}

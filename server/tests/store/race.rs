@@ -1,0 +1,145 @@
+//! PostgreSQL only: two store instances (two pools, as two replicas would
+//! have) on one database racing to grant 1,000 tasks to 50 agents, and
+//! LISTEN/NOTIFY carrying an event from one instance to the other.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use switchyard_server::store::{GrantOutcome, GrantRequest, Store, StoreEvent, TaskState};
+
+use crate::common::{Fixture, Lcg, T0, agent, submit, task};
+use crate::events::wait_for;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_grant_1000_tasks_to_50_agents_exactly_once() {
+    const TASKS: usize = 1_000;
+    const AGENTS: usize = 50;
+    const CAPACITY: u32 = 20;
+    const LOOPS_PER_REPLICA: u64 = 4;
+    let fx = Fixture::postgres().await;
+    let a: Arc<dyn Store> = fx.store.clone();
+    let b: Arc<dyn Store> = fx.another_instance().await;
+    for i in 0..TASKS {
+        submit(a.as_ref(), task("ns", (i % 3) as i32, 3), T0 + i as i64).await;
+    }
+    let mut agent_ids = Vec::new();
+    for i in 0..AGENTS {
+        agent_ids.push(
+            agent(a.as_ref(), "ns", &format!("agent-{i:02}"), CAPACITY)
+                .await
+                .id,
+        );
+    }
+
+    // Each loop acts like a dispatcher: read candidates, pick agents that
+    // look free, grant in batches, until nothing is queued.
+    let mut loops = Vec::new();
+    for (replica, store) in [a.clone(), b.clone()].into_iter().enumerate() {
+        for seed in 0..LOOPS_PER_REPLICA {
+            let store = store.clone();
+            let agent_ids = agent_ids.clone();
+            loops.push(tokio::spawn(async move {
+                let mut rng = Lcg(seed * 31 + replica as u64 + 7);
+                let mut granted = 0_usize;
+                let mut refused = 0_usize;
+                loop {
+                    let candidates = store
+                        .queued_tasks(Some("ns"), T0 + 10_000, 64)
+                        .await
+                        .unwrap();
+                    if candidates.is_empty() {
+                        break;
+                    }
+                    let free: Vec<_> = store
+                        .all_agents()
+                        .await
+                        .unwrap()
+                        .into_iter()
+                        .filter(|a| a.active_leases < a.capacity)
+                        .map(|a| a.id)
+                        .collect();
+                    let pool = if free.is_empty() { &agent_ids } else { &free };
+                    let requests: Vec<GrantRequest> = candidates
+                        .iter()
+                        .map(|t| GrantRequest {
+                            task_id: t.id,
+                            agent_id: pool[rng.next(pool.len())],
+                        })
+                        .collect();
+                    for outcome in store.grant_leases(&requests, T0 + 10_000).await.unwrap() {
+                        match outcome {
+                            GrantOutcome::Granted(_) => granted += 1,
+                            GrantOutcome::Refused(_) => refused += 1,
+                        }
+                    }
+                }
+                (granted, refused)
+            }));
+        }
+    }
+    let mut granted = 0;
+    for handle in loops {
+        granted += handle.await.unwrap().0;
+    }
+    assert_eq!(
+        granted, TASKS,
+        "every task granted once across both replicas"
+    );
+
+    let mut leased_tasks = HashSet::new();
+    for &agent_id in &agent_ids {
+        let record = b.get_agent(agent_id).await.unwrap();
+        let leases = b.agent_leases(agent_id).await.unwrap();
+        assert!(record.active_leases <= CAPACITY, "agent over capacity");
+        assert_eq!(record.active_leases as usize, leases.len());
+        for lease in leases {
+            assert_eq!(lease.fencing_token, 1, "a task was granted more than once");
+            assert!(
+                leased_tasks.insert(lease.task_id),
+                "a task has two live leases"
+            );
+        }
+    }
+    assert_eq!(leased_tasks.len(), TASKS);
+    for task_id in leased_tasks {
+        let t = a.get_task(task_id).await.unwrap();
+        assert_eq!(t.state, TaskState::Leased);
+        assert_eq!(t.fencing_token, 1);
+    }
+    b.close().await;
+    fx.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_from_one_replica_reaches_the_other() {
+    let fx = Fixture::postgres().await;
+    let other = fx.another_instance().await;
+    let mut heard_by_other = other.subscribe();
+    let mut heard_by_self = fx.store.subscribe();
+    let t = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    let expected = StoreEvent::TaskQueued {
+        namespace: "ns".to_owned(),
+        task_id: t.id,
+    };
+    assert_eq!(
+        wait_for(&mut heard_by_other, |e| *e == expected).await,
+        expected
+    );
+    assert_eq!(
+        wait_for(&mut heard_by_self, |e| *e == expected).await,
+        expected
+    );
+    let worker = agent(other.as_ref(), "ns", "w1", 1).await;
+    let expected = StoreEvent::AgentChanged {
+        agent_id: worker.id,
+    };
+    let mut heard = fx.store.subscribe();
+    // Subscribed after the change: nothing replayed, but the next change is heard.
+    other
+        .set_agent_drained(worker.id, true, None, T0)
+        .await
+        .unwrap();
+    assert_eq!(wait_for(&mut heard, |e| *e == expected).await, expected);
+    other.close().await;
+    fx.finish().await;
+}

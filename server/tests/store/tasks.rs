@@ -1,0 +1,228 @@
+//! Submitting, reading, listing and ordering tasks; idempotent submit; close
+//! and reopen with nothing lost.
+
+use serde_json::json;
+use switchyard_server::error::Error;
+use switchyard_server::store::{Page, TaskFilter, TaskState};
+use uuid::Uuid;
+
+use crate::common::{Fixture, T0, agent, grant, submit, task};
+
+crate::both_backends!(
+    submit_get_and_history,
+    idempotent_submit,
+    priority_then_fifo_and_not_before,
+    list_tasks_filters_and_pages,
+    close_and_reopen_loses_nothing,
+);
+
+async fn submit_get_and_history(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let (created, fresh) = store.submit_task(task("ns", 3, 2), T0).await.unwrap();
+    assert!(fresh);
+    assert_eq!(created.id.get_version_num(), 7);
+    assert_eq!(created.state, TaskState::Queued);
+    assert_eq!(created.attempts, 0);
+    assert_eq!(created.fencing_token, 0);
+    assert_eq!(created.not_before_ms, T0);
+    assert_eq!(created.created_at_ms, T0);
+    assert_eq!(created.payload, json!({"cmd": "true"}));
+    assert_eq!(
+        created.labels.get("team").map(String::as_str),
+        Some("infra")
+    );
+    assert_eq!(store.get_task(created.id).await.unwrap(), created);
+
+    let events = store.task_events(created.id, 0, 100).await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].sequence, 1);
+    assert_eq!(events[0].kind, "submitted");
+    assert_eq!(events[0].state, TaskState::Queued);
+
+    let missing = store.get_task(Uuid::now_v7()).await.unwrap_err();
+    assert!(
+        matches!(missing, Error::NotFound { what: "task", .. }),
+        "{missing:?}"
+    );
+}
+
+async fn idempotent_submit(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let mut keyed = task("ns", 0, 1);
+    keyed.idempotency_key = Some("order-42".to_owned());
+    let (first, created) = store.submit_task(keyed.clone(), T0).await.unwrap();
+    assert!(created);
+    let (again, created) = store.submit_task(keyed.clone(), T0 + 5).await.unwrap();
+    assert!(!created);
+    assert_eq!(again.id, first.id);
+    // The same key in another namespace is another task.
+    let mut other_ns = keyed.clone();
+    other_ns.namespace = "other".to_owned();
+    let (other, created) = store.submit_task(other_ns, T0).await.unwrap();
+    assert!(created);
+    assert_ne!(other.id, first.id);
+    // Still one history entry: the repeat changed nothing.
+    assert_eq!(store.task_events(first.id, 0, 10).await.unwrap().len(), 1);
+}
+
+async fn priority_then_fifo_and_not_before(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let low_a = submit(store, task("ns", 1, 1), T0).await;
+    let high = submit(store, task("ns", 9, 1), T0 + 1).await;
+    let low_b = submit(store, task("ns", 1, 1), T0 + 2).await;
+    let mut later = task("ns", 100, 1);
+    later.not_before_ms = Some(T0 + 60_000);
+    let delayed = submit(store, later, T0 + 3).await;
+    let _elsewhere = submit(store, task("other", 50, 1), T0 + 4).await;
+
+    let ids = |tasks: Vec<switchyard_server::store::TaskRecord>| {
+        tasks.into_iter().map(|t| t.id).collect::<Vec<_>>()
+    };
+    let queued = store.queued_tasks(Some("ns"), T0 + 10, 10).await.unwrap();
+    assert_eq!(ids(queued), vec![high.id, low_a.id, low_b.id]);
+    let queued = store
+        .queued_tasks(Some("ns"), T0 + 60_000, 10)
+        .await
+        .unwrap();
+    assert_eq!(ids(queued), vec![delayed.id, high.id, low_a.id, low_b.id]);
+    assert_eq!(
+        store.queued_tasks(None, T0 + 10, 10).await.unwrap().len(),
+        4
+    );
+
+    // A high-priority task no agent takes does not hide the others: the
+    // candidate list keeps offering them, and a lower one can be granted.
+    let worker = agent(store, "ns", "w1", 1).await;
+    grant(store, low_a.id, worker.id, T0 + 20).await;
+    let queued = store.queued_tasks(Some("ns"), T0 + 20, 10).await.unwrap();
+    assert_eq!(ids(queued), vec![high.id, low_b.id]);
+}
+
+async fn list_tasks_filters_and_pages(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let mut submitted = Vec::new();
+    for i in 0..5 {
+        let mut t = task("ns", 0, 1);
+        if i == 4 {
+            t.kind = "build".to_owned();
+        }
+        submitted.push(submit(store, t, T0 + i).await);
+    }
+    store
+        .cancel_task(submitted[0].id, "no longer needed", T0 + 10)
+        .await
+        .unwrap();
+
+    let filter = TaskFilter {
+        namespace: "ns".to_owned(),
+        ..TaskFilter::default()
+    };
+    let (page1, next) = store
+        .list_tasks(
+            &filter,
+            &Page {
+                size: 2,
+                after: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        page1.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![submitted[4].id, submitted[3].id]
+    );
+    let (page2, next) = store
+        .list_tasks(
+            &filter,
+            &Page {
+                size: 2,
+                after: next,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        page2.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![submitted[2].id, submitted[1].id]
+    );
+    let (page3, next) = store
+        .list_tasks(
+            &filter,
+            &Page {
+                size: 2,
+                after: next,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        page3.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![submitted[0].id]
+    );
+    assert_eq!(next, None);
+
+    let canceled = TaskFilter {
+        namespace: "ns".to_owned(),
+        states: vec![TaskState::Canceled],
+        kind: None,
+    };
+    let (only, _) = store
+        .list_tasks(
+            &canceled,
+            &Page {
+                size: 10,
+                after: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        only.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![submitted[0].id]
+    );
+    let builds = TaskFilter {
+        namespace: "ns".to_owned(),
+        states: vec![TaskState::Queued, TaskState::Leased],
+        kind: Some("build".to_owned()),
+    };
+    let (only, _) = store
+        .list_tasks(
+            &builds,
+            &Page {
+                size: 10,
+                after: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        only.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![submitted[4].id]
+    );
+}
+
+async fn close_and_reopen_loses_nothing(fx: &mut Fixture) {
+    let queued = submit(fx.store.as_ref(), task("ns", 0, 3), T0).await;
+    let leased = submit(fx.store.as_ref(), task("ns", 0, 3), T0).await;
+    let worker = agent(fx.store.as_ref(), "ns", "w1", 4).await;
+    let lease = grant(fx.store.as_ref(), leased.id, worker.id, T0 + 1).await;
+    let before_events = fx.store.task_events(leased.id, 0, 100).await.unwrap();
+
+    fx.reopen().await;
+    let store = fx.store.as_ref();
+    assert_eq!(store.get_task(queued.id).await.unwrap(), queued);
+    let after = store.get_task(leased.id).await.unwrap();
+    assert_eq!(after.state, TaskState::Leased);
+    assert_eq!(after.lease_id, Some(lease.id));
+    assert_eq!(store.get_lease(lease.id).await.unwrap(), lease);
+    assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 1);
+    assert_eq!(
+        store.task_events(leased.id, 0, 100).await.unwrap(),
+        before_events
+    );
+    // And it keeps working: the lease completes after the reopen.
+    store
+        .report_started(lease.id, leased.id, worker.id, lease.fencing_token, T0 + 2)
+        .await
+        .unwrap();
+}
