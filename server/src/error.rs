@@ -74,6 +74,15 @@ pub enum Error {
         /// The generation the caller based its change on.
         expected: u64,
     },
+    /// An input the store cannot accept (the API layer validates first and
+    /// reports field violations; this is the store's own guard).
+    #[error("invalid {field}: {reason}")]
+    InvalidArgument {
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// The database URL is not one the server can use.
     #[error("unsupported database url {0:?}: use sqlite://PATH or postgres://…")]
     UnsupportedDatabaseUrl(String),
@@ -103,6 +112,7 @@ impl From<Error> for Status {
             | Error::LeaseNotHeld { .. }
             | Error::InvalidTransition { .. }) => Status::failed_precondition(err.to_string()),
             err @ Error::GenerationMismatch { .. } => Status::aborted(err.to_string()),
+            err @ Error::InvalidArgument { .. } => Status::invalid_argument(err.to_string()),
             Error::UnsupportedDatabaseUrl(_) | Error::Transport(_) | Error::Reflection(_) => {
                 Status::internal("internal error")
             }

@@ -440,6 +440,18 @@ macro_rules! store_common {
             now_ms: i64,
             events: &mut Vec<StoreEvent>,
         ) -> __Result<(TaskRecord, bool)> {
+            if task.max_attempts == 0 {
+                return Err(__Error::InvalidArgument {
+                    field: "max_attempts",
+                    reason: "must be at least 1",
+                });
+            }
+            if task.lease_ttl_ms <= 0 {
+                return Err(__Error::InvalidArgument {
+                    field: "lease_ttl",
+                    reason: "must be positive",
+                });
+            }
             if let Some(existing) = task_by_key(conn, task).await? {
                 return Ok((existing, false));
             }

@@ -2,6 +2,17 @@
 //! trait with two implementations, chosen at start-up from the database URL
 //! and shared as `Arc<dyn Store>`: PostgreSQL for many replicas on one
 //! database, SQLite as the embedded default that needs nothing installed.
+//!
+//! # Layout
+//! - `model`: the records and inputs (plain Rust mirrors of the contract)
+//!   and [`StoreEvent`], the wake-ups every replica hears.
+//! - `common`: the transitions both backends share, written once as SQL
+//!   both understand, and the lock order that keeps them deadlock-free.
+//! - [`PgStore`]: PostgreSQL (set-based grants, `SKIP LOCKED` sweeps,
+//!   LISTEN/NOTIFY); [`SqliteStore`]: the embedded file (`BEGIN IMMEDIATE`
+//!   writes, an in-process channel for events).
+//! - Migrations: `server/migrations/{postgres,sqlite}/`, embedded with
+//!   `sqlx::migrate!` and run by [`Store::migrate`].
 
 mod common;
 mod model;

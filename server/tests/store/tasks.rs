@@ -39,6 +39,20 @@ async fn submit_get_and_history(fx: &mut Fixture) {
     assert_eq!(events[0].kind, "submitted");
     assert_eq!(events[0].state, TaskState::Queued);
 
+    let mut no_attempts = task("ns", 0, 0);
+    no_attempts.lease_ttl_ms = 1;
+    let invalid = store.submit_task(no_attempts, T0).await.unwrap_err();
+    assert!(
+        matches!(
+            invalid,
+            Error::InvalidArgument {
+                field: "max_attempts",
+                ..
+            }
+        ),
+        "{invalid:?}"
+    );
+
     let missing = store.get_task(Uuid::now_v7()).await.unwrap_err();
     assert!(
         matches!(missing, Error::NotFound { what: "task", .. }),
