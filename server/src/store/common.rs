@@ -18,7 +18,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use super::model::{GrantRefusal, GrantRequest, TaskState};
+use super::model::{
+    Completion, CompletionOutcome, GrantRefusal, GrantRequest, LeaseRecord, LeaseState, TaskRecord,
+    TaskState, backoff_ms,
+};
 use crate::error::{Error, Result};
 
 /// Wraps a driver error with what the store was doing.
@@ -137,6 +140,179 @@ pub(crate) fn plan_grants(
         .collect()
 }
 
+/// How an accepted final report changes its lease and task.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SettledAttempt {
+    /// The lease's end state (`completed` or `released`).
+    pub lease_state: LeaseState,
+    /// Recorded on the lease to recognise a repeated report.
+    pub outcome: &'static str,
+    /// The task's next state.
+    pub task_state: TaskState,
+    /// The task's attempts after the report.
+    pub attempts: u32,
+    /// The task's `not_before` after the report (the backoff of a retry).
+    pub not_before_ms: i64,
+    /// The handler's output, for a success.
+    pub result: Option<Value>,
+    /// The failure, for a failed attempt.
+    pub error: Option<Value>,
+    /// The history entry's kind.
+    pub event_kind: &'static str,
+    /// The history entry's message.
+    pub message: String,
+}
+
+/// What a final report does, decided from the task and lease read under
+/// lock.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum CompletionPlan {
+    /// The same final report again: acknowledge, change nothing.
+    Duplicate,
+    /// Accepted: end the lease and settle the task.
+    Settle(SettledAttempt),
+}
+
+/// Decides a final report. `lease` is the named lease with the outcome
+/// recorded on it, if it exists. Refusals (stale token, lease not held,
+/// lease already ended otherwise) change nothing.
+///
+/// A success or failure reported after a cancel was requested is still
+/// recorded, because the work did finish: a success makes the task
+/// SUCCEEDED with its result, a failure makes it CANCELED (with the error
+/// kept) rather than retrying work nobody wants.
+pub(crate) fn plan_completion(
+    task: &TaskRecord,
+    lease: Option<(&LeaseRecord, Option<&str>)>,
+    completion: &Completion,
+    backoff_base_ms: i64,
+    now_ms: i64,
+) -> Result<CompletionPlan> {
+    let lease = check_holder(
+        task,
+        lease.map(|(lease, _)| lease),
+        completion.lease_id,
+        completion.agent_id,
+        completion.fencing_token,
+    )
+    .map(|_| lease)?;
+    let Some((lease, recorded)) = lease else {
+        return Err(Error::LeaseNotHeld {
+            lease_id: completion.lease_id,
+            agent_id: completion.agent_id,
+        });
+    };
+    let outcome = completion.outcome.as_str();
+    if !lease.state.is_live() {
+        return if recorded == Some(outcome) {
+            Ok(CompletionPlan::Duplicate)
+        } else {
+            Err(Error::LeaseNotHeld {
+                lease_id: completion.lease_id,
+                agent_id: completion.agent_id,
+            })
+        };
+    }
+    let settled = match &completion.outcome {
+        CompletionOutcome::Succeeded { result } => SettledAttempt {
+            lease_state: LeaseState::Completed,
+            outcome,
+            task_state: TaskState::Succeeded,
+            attempts: task.attempts,
+            not_before_ms: task.not_before_ms,
+            result: Some(result.clone()),
+            error: None,
+            event_kind: "succeeded",
+            message: "the agent reported success".to_owned(),
+        },
+        CompletionOutcome::Failed { error, retryable } => {
+            let attempts = task.attempts.saturating_add(1);
+            let (task_state, not_before_ms, event_kind, message) = if task.cancel_requested {
+                (
+                    TaskState::Canceled,
+                    task.not_before_ms,
+                    "canceled",
+                    "the attempt failed after a cancel was requested".to_owned(),
+                )
+            } else if *retryable && attempts < task.max_attempts {
+                let delay = backoff_ms(backoff_base_ms, attempts);
+                (
+                    TaskState::Queued,
+                    now_ms.saturating_add(delay),
+                    "attempt_failed",
+                    format!("attempt {attempts} failed; retrying in {delay} ms"),
+                )
+            } else {
+                (
+                    TaskState::Failed,
+                    task.not_before_ms,
+                    "failed",
+                    format!("attempt {attempts} failed; no attempts left or not retryable"),
+                )
+            };
+            SettledAttempt {
+                lease_state: LeaseState::Completed,
+                outcome,
+                task_state,
+                attempts,
+                not_before_ms,
+                result: None,
+                error: Some(error.clone()),
+                event_kind,
+                message,
+            }
+        }
+        CompletionOutcome::Released { reason } => {
+            let (task_state, event_kind) = if task.cancel_requested {
+                (TaskState::Canceled, "canceled")
+            } else {
+                (TaskState::Queued, "released")
+            };
+            SettledAttempt {
+                lease_state: LeaseState::Released,
+                outcome,
+                task_state,
+                attempts: task.attempts,
+                not_before_ms: now_ms,
+                result: None,
+                error: None,
+                event_kind,
+                message: format!("the agent released the task: {reason}"),
+            }
+        }
+    };
+    Ok(CompletionPlan::Settle(settled))
+}
+
+/// Checks that a report comes from the task's live lease holder: the
+/// current token, the named lease of this task, held by the reporting agent.
+pub(crate) fn check_holder<'l>(
+    task: &TaskRecord,
+    lease: Option<&'l LeaseRecord>,
+    lease_id: Uuid,
+    agent_id: Uuid,
+    fencing_token: u64,
+) -> Result<&'l LeaseRecord> {
+    if fencing_token != task.fencing_token {
+        return Err(Error::StaleFencingToken {
+            task_id: task.id,
+            presented: fencing_token,
+            current: task.fencing_token,
+        });
+    }
+    match lease {
+        Some(lease)
+            if lease.id == lease_id
+                && lease.task_id == task.id
+                && lease.agent_id == agent_id
+                && lease.fencing_token == fencing_token =>
+        {
+            Ok(lease)
+        }
+        _ => Err(Error::LeaseNotHeld { lease_id, agent_id }),
+    }
+}
+
 /// Agent slots freed by a transaction, applied last in agent id order.
 pub(crate) type FreedSlots = BTreeMap<Uuid, i64>;
 
@@ -187,8 +363,9 @@ macro_rules! store_common {
 
         use $crate::error::{Error as __Error, Result as __Result};
         use $crate::store::common::{
-            FreedSlots, agent_columns, db, lease_columns, lease_lost_error, parse_task_cursor,
-            task_cursor, task_select, to_i64, to_u32, to_u64,
+            CompletionPlan, FreedSlots, SettledAttempt, agent_columns, check_holder, db,
+            lease_columns, lease_lost_error, parse_task_cursor, plan_completion, task_cursor,
+            task_select, to_i64, to_u32, to_u64,
         };
         use $crate::store::model::*;
 
@@ -611,32 +788,16 @@ macro_rules! store_common {
             rows.iter().map(task_from_row).collect()
         }
 
-        /// Checks that a report comes from the task's live lease: the
-        /// current token, the named lease, held by the reporting agent.
-        async fn check_holder(
+        /// Reads the named lease and checks the report comes from it.
+        async fn holder(
             conn: &mut $conn,
             task: &TaskRecord,
             lease_id: __Uuid,
             agent_id: __Uuid,
             fencing_token: u64,
         ) -> __Result<LeaseRecord> {
-            if fencing_token != task.fencing_token {
-                return Err(__Error::StaleFencingToken {
-                    task_id: task.id,
-                    presented: fencing_token,
-                    current: task.fencing_token,
-                });
-            }
-            match fetch_lease(conn, lease_id).await? {
-                Some(lease)
-                    if lease.task_id == task.id
-                        && lease.agent_id == agent_id
-                        && lease.fencing_token == fencing_token =>
-                {
-                    Ok(lease)
-                }
-                _ => Err(__Error::LeaseNotHeld { lease_id, agent_id }),
-            }
+            let lease = fetch_lease(conn, lease_id).await?;
+            check_holder(task, lease.as_ref(), lease_id, agent_id, fencing_token).cloned()
         }
 
         async fn ack_leases(
@@ -703,7 +864,7 @@ macro_rules! store_common {
             events: &mut Vec<StoreEvent>,
         ) -> __Result<TaskRecord> {
             let task = lock_task(conn, task_id).await?;
-            let lease = check_holder(conn, &task, lease_id, agent_id, fencing_token).await?;
+            let lease = holder(conn, &task, lease_id, agent_id, fencing_token).await?;
             if !lease.state.is_live() {
                 return Err(__Error::LeaseNotHeld { lease_id, agent_id });
             }
@@ -760,7 +921,7 @@ macro_rules! store_common {
             now_ms: i64,
         ) -> __Result<TaskRecord> {
             let task = lock_task(conn, task_id).await?;
-            let lease = check_holder(conn, &task, lease_id, agent_id, fencing_token).await?;
+            let lease = holder(conn, &task, lease_id, agent_id, fencing_token).await?;
             if !lease.state.is_live() {
                 return Err(__Error::LeaseNotHeld { lease_id, agent_id });
             }
@@ -854,6 +1015,76 @@ macro_rules! store_common {
             Ok(())
         }
 
+        /// Writes an accepted final report: the lease ends, the task
+        /// settles, the history grows.
+        async fn apply_settlement(
+            conn: &mut $conn,
+            task: &TaskRecord,
+            lease: &LeaseRecord,
+            settled: &SettledAttempt,
+            now_ms: i64,
+            freed: &mut FreedSlots,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<()> {
+            if !end_lease(conn, lease, settled.lease_state, Some(settled.outcome), now_ms, freed)
+                .await?
+            {
+                return Err(__Error::LeaseNotHeld {
+                    lease_id: lease.id,
+                    agent_id: lease.agent_id,
+                });
+            }
+            settle_task(
+                conn,
+                task,
+                settled.task_state,
+                settled.attempts,
+                settled.not_before_ms,
+                settled.result.as_ref(),
+                settled.error.as_ref(),
+                now_ms,
+                events,
+            )
+            .await?;
+            append_event(
+                conn,
+                task.id,
+                settled.event_kind,
+                settled.task_state,
+                &settled.message,
+                Some(lease.agent_id),
+                Some(lease.id),
+                now_ms,
+            )
+            .await
+        }
+
+        /// Reads a lease with the outcome recorded on it.
+        async fn fetch_lease_outcome(
+            conn: &mut $conn,
+            lease_id: __Uuid,
+        ) -> __Result<Option<(LeaseRecord, Option<String>)>> {
+            let row = sqlx::query(concat!(
+                "SELECT ",
+                lease_columns!(),
+                ", outcome FROM leases WHERE id = $1"
+            ))
+            .bind(lease_id)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db("reading a lease"))?;
+            match row {
+                Some(row) => {
+                    let outcome: Option<String> =
+                        row.try_get("outcome").map_err(db("reading a lease outcome"))?;
+                    Ok(Some((lease_from_row(&row)?, outcome)))
+                }
+                None => Ok(None),
+            }
+        }
+
+        /// One final report, row by row (the SQLite path).
+        #[allow(dead_code)]
         async fn complete_one(
             conn: &mut $conn,
             completion: &Completion,
@@ -862,131 +1093,30 @@ macro_rules! store_common {
             freed: &mut FreedSlots,
             events: &mut Vec<StoreEvent>,
         ) -> __Result<CompletionResult> {
-            let Completion {
-                lease_id,
-                task_id,
-                agent_id,
-                fencing_token,
-                outcome,
-            } = completion;
-            let (lease_id, task_id, agent_id) = (*lease_id, *task_id, *agent_id);
-            let task = lock_task(conn, task_id).await?;
-            let lease = check_holder(conn, &task, lease_id, agent_id, *fencing_token).await?;
-            if !lease.state.is_live() {
-                let outcome_row: Option<String> =
-                    sqlx::query_scalar("SELECT outcome FROM leases WHERE id = $1")
-                        .bind(lease_id)
-                        .fetch_one(&mut *conn)
-                        .await
-                        .map_err(db("reading a lease outcome"))?;
-                if outcome_row.as_deref() == Some(outcome.as_str()) {
-                    return Ok(CompletionResult {
-                        task,
-                        duplicate: true,
-                    });
-                }
-                return Err(__Error::LeaseNotHeld { lease_id, agent_id });
-            }
-            let (lease_state, kind) = match outcome {
-                CompletionOutcome::Released { .. } => (LeaseState::Released, "released"),
-                _ => (LeaseState::Completed, outcome.as_str()),
+            let task = lock_task(conn, completion.task_id).await?;
+            let lease = fetch_lease_outcome(conn, completion.lease_id).await?;
+            let plan = plan_completion(
+                &task,
+                lease.as_ref().map(|(lease, outcome)| (lease, outcome.as_deref())),
+                completion,
+                backoff_base_ms,
+                now_ms,
+            )?;
+            let (CompletionPlan::Settle(settled), Some((lease, _))) = (plan, lease) else {
+                return Ok(CompletionResult {
+                    task,
+                    duplicate: true,
+                });
             };
-            end_lease(conn, &lease, lease_state, Some(kind), now_ms, freed).await?;
-            let who = (Some(agent_id), Some(lease_id));
-            match outcome {
-                CompletionOutcome::Succeeded { result } => {
-                    // Work that finished is recorded even if a cancel was
-                    // requested meanwhile: the result exists.
-                    settle_task(
-                        conn,
-                        &task,
-                        TaskState::Succeeded,
-                        task.attempts,
-                        task.not_before_ms,
-                        Some(result),
-                        None,
-                        now_ms,
-                        events,
-                    )
-                    .await?;
-                    append_event(
-                        conn,
-                        task_id,
-                        "succeeded",
-                        TaskState::Succeeded,
-                        "the agent reported success",
-                        who.0,
-                        who.1,
-                        now_ms,
-                    )
-                    .await?;
-                }
-                CompletionOutcome::Failed { error, retryable } => {
-                    let attempts = task.attempts.saturating_add(1);
-                    let (state, not_before, kind, message) = if task.cancel_requested {
-                        (
-                            TaskState::Canceled,
-                            task.not_before_ms,
-                            "canceled",
-                            "the attempt failed after a cancel was requested".to_owned(),
-                        )
-                    } else if *retryable && attempts < task.max_attempts {
-                        let delay = backoff_ms(backoff_base_ms, attempts);
-                        (
-                            TaskState::Queued,
-                            now_ms.saturating_add(delay),
-                            "attempt_failed",
-                            format!("attempt {attempts} failed; retrying in {delay} ms"),
-                        )
-                    } else {
-                        (
-                            TaskState::Failed,
-                            task.not_before_ms,
-                            "failed",
-                            format!("attempt {attempts} failed; no attempts left or not retryable"),
-                        )
-                    };
-                    settle_task(
-                        conn,
-                        &task,
-                        state,
-                        attempts,
-                        not_before,
-                        None,
-                        Some(error),
-                        now_ms,
-                        events,
-                    )
-                    .await?;
-                    append_event(conn, task_id, kind, state, &message, who.0, who.1, now_ms)
-                        .await?;
-                }
-                CompletionOutcome::Released { reason } => {
-                    let state = if task.cancel_requested {
-                        TaskState::Canceled
-                    } else {
-                        TaskState::Queued
-                    };
-                    settle_task(
-                        conn, &task, state, task.attempts, now_ms, None, None, now_ms, events,
-                    )
-                    .await?;
-                    let kind = if task.cancel_requested {
-                        "canceled"
-                    } else {
-                        "released"
-                    };
-                    let message = format!("the agent released the task: {reason}");
-                    append_event(conn, task_id, kind, state, &message, who.0, who.1, now_ms)
-                        .await?;
-                }
-            }
+            apply_settlement(conn, &task, &lease, &settled, now_ms, freed, events).await?;
             Ok(CompletionResult {
-                task: must_fetch_task(conn, task_id).await?,
+                task: must_fetch_task(conn, task.id).await?,
                 duplicate: false,
             })
         }
 
+        /// Final reports row by row in task id order (the SQLite path).
+        #[allow(dead_code)]
         async fn complete_leases(
             conn: &mut $conn,
             completions: &[Completion],
