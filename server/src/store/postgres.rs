@@ -421,18 +421,225 @@ impl Store for PgStore {
         completions: &[Completion],
         now_ms: i64,
     ) -> __Result<Vec<__Result<CompletionResult>>> {
+        if completions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut task_ids: Vec<Uuid> = completions.iter().map(|c| c.task_id).collect();
+        task_ids.sort_unstable();
+        task_ids.dedup();
+        let lease_ids: Vec<Uuid> = completions.iter().map(|c| c.lease_id).collect();
         let mut tx = self.begin().await?;
+        // Every task of the batch, locked in id order (one round trip).
+        let rows = sqlx::query(concat!(
+            task_select!(),
+            "WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t"
+        ))
+        .bind(&task_ids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db("locking tasks to complete"))?;
+        let mut tasks: HashMap<Uuid, TaskRecord> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let task = task_from_row(row)?;
+            tasks.insert(task.id, task);
+        }
+        // Every named lease with its recorded outcome (one round trip).
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            lease_columns!(),
+            ", outcome FROM leases WHERE id = ANY($1)"
+        ))
+        .bind(&lease_ids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db("reading leases to complete"))?;
+        let mut leases: HashMap<Uuid, (LeaseRecord, Option<String>)> =
+            HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let outcome: Option<String> =
+                sqlx::Row::try_get(row, "outcome").map_err(db("reading a lease outcome"))?;
+            let lease = lease_from_row(row)?;
+            leases.insert(lease.id, (lease, outcome));
+        }
+
+        // Decide each report in order; a settled report ends its lease for
+        // the reports after it in the same batch.
+        let mut results: Vec<Option<__Result<CompletionResult>>> = Vec::new();
+        let mut settle: Vec<(usize, LeaseRecord, SettledAttempt)> = Vec::new();
+        for (i, completion) in completions.iter().enumerate() {
+            let Some(task) = tasks.get(&completion.task_id) else {
+                results.push(Some(Err(__Error::NotFound {
+                    what: "task",
+                    id: completion.task_id.to_string(),
+                })));
+                continue;
+            };
+            let lease = leases
+                .get(&completion.lease_id)
+                .map(|(lease, outcome)| (lease, outcome.as_deref()));
+            match plan_completion(
+                task,
+                lease,
+                completion,
+                self.options.backoff_base_ms,
+                now_ms,
+            ) {
+                Ok(CompletionPlan::Duplicate) => results.push(Some(Ok(CompletionResult {
+                    task: task.clone(),
+                    duplicate: true,
+                }))),
+                Ok(CompletionPlan::Settle(settled)) => {
+                    if let Some((lease, outcome)) = leases.get_mut(&completion.lease_id) {
+                        let before = lease.clone();
+                        lease.state = settled.lease_state;
+                        *outcome = Some(settled.outcome.to_owned());
+                        settle.push((i, before, settled));
+                    }
+                    results.push(None);
+                }
+                Err(err) => results.push(Some(Err(err))),
+            }
+        }
+
         let mut events = Vec::new();
-        let results = complete_leases(
-            &mut tx,
-            completions,
-            self.options.backoff_base_ms,
-            now_ms,
-            &mut events,
-        )
-        .await?;
+        if !settle.is_empty() {
+            let mut freed = FreedSlots::new();
+            let lease_ids: Vec<Uuid> = settle.iter().map(|(_, l, _)| l.id).collect();
+            let task_ids: Vec<Uuid> = settle.iter().map(|(_, l, _)| l.task_id).collect();
+            let agent_ids: Vec<Uuid> = settle.iter().map(|(_, l, _)| l.agent_id).collect();
+            let lease_states: Vec<&str> = settle
+                .iter()
+                .map(|(_, _, s)| s.lease_state.as_str())
+                .collect();
+            let outcomes: Vec<&str> = settle.iter().map(|(_, _, s)| s.outcome).collect();
+            let task_states: Vec<&str> = settle
+                .iter()
+                .map(|(_, _, s)| s.task_state.as_str())
+                .collect();
+            let attempts: Vec<i64> = settle
+                .iter()
+                .map(|(_, _, s)| i64::from(s.attempts))
+                .collect();
+            let not_before: Vec<i64> = settle.iter().map(|(_, _, s)| s.not_before_ms).collect();
+            let results_json: Vec<Option<String>> = settle
+                .iter()
+                .map(|(_, _, s)| s.result.as_ref().map(Value::to_string))
+                .collect();
+            let errors_json: Vec<Option<String>> = settle
+                .iter()
+                .map(|(_, _, s)| s.error.as_ref().map(Value::to_string))
+                .collect();
+            let kinds: Vec<&str> = settle.iter().map(|(_, _, s)| s.event_kind).collect();
+            let messages: Vec<&str> = settle.iter().map(|(_, _, s)| s.message.as_str()).collect();
+            // One round trip: end the leases, settle the tasks, append the
+            // history; the settled tasks come back.
+            let rows = sqlx::query(
+                "WITH c AS ( \
+                   SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
+                   $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
+                   $11::text[], $12::text[]) AS c(lease_id, task_id, agent_id, lease_state, \
+                   outcome, task_state, attempts, not_before_ms, result, error, event_kind, \
+                   message) \
+                 ), ended AS ( \
+                   UPDATE leases l SET state = c.lease_state, outcome = c.outcome, \
+                   ended_at_ms = $13 FROM c \
+                   WHERE l.id = c.lease_id AND l.state IN ('granted', 'active') RETURNING l.id \
+                 ), history AS ( \
+                   INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
+                   lease_id, occurred_at_ms) \
+                   SELECT c.task_id, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
+                   WHERE e.task_id = c.task_id), 0) + 1, c.event_kind, c.task_state, \
+                   c.message, c.agent_id, c.lease_id, $13 FROM c \
+                 ), settled AS ( \
+                   UPDATE tasks t SET state = c.task_state, attempts = c.attempts, \
+                   not_before_ms = c.not_before_ms, \
+                   result = COALESCE(c.result::jsonb, t.result), \
+                   error = COALESCE(c.error::jsonb, t.error), \
+                   lease_id = NULL, agent_id = NULL, updated_at_ms = $13 \
+                   FROM c WHERE t.id = c.task_id \
+                   RETURNING t.id, t.namespace, t.kind, t.payload, t.placement, t.priority, \
+                   t.state, t.attempts, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, \
+                   t.not_before_ms, t.result, t.error, t.fencing_token, t.lease_id, \
+                   t.agent_id, NULL::int8 AS lease_expires_at_ms, t.cancel_requested, \
+                   t.progress, t.labels, t.created_at_ms, t.updated_at_ms \
+                 ) \
+                 SELECT s.*, (SELECT COUNT(*) FROM ended) AS ended FROM settled s",
+            )
+            .bind(&lease_ids)
+            .bind(&task_ids)
+            .bind(&agent_ids)
+            .bind(&lease_states)
+            .bind(&outcomes)
+            .bind(&task_states)
+            .bind(&attempts)
+            .bind(&not_before)
+            .bind(&results_json)
+            .bind(&errors_json)
+            .bind(&kinds)
+            .bind(&messages)
+            .bind(now_ms)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db("completing leases"))?;
+            let mut settled_tasks: HashMap<Uuid, TaskRecord> = HashMap::new();
+            for row in &rows {
+                let ended: i64 =
+                    sqlx::Row::try_get(row, "ended").map_err(db("counting ended leases"))?;
+                if usize::try_from(ended).ok() != Some(settle.len()) {
+                    // The leases were read live under the task locks; refuse
+                    // to commit rather than miscount capacity.
+                    return Err(__Error::Corrupt {
+                        context: "completing leases",
+                        detail: format!("{ended} of {} live leases ended", settle.len()),
+                    });
+                }
+                let task = task_from_row(row)?;
+                settled_tasks.insert(task.id, task);
+            }
+            for (i, lease, settled) in &settle {
+                *freed.entry(lease.agent_id).or_default() += 1;
+                let Some(task) = settled_tasks.get(&lease.task_id) else {
+                    return Err(__Error::Corrupt {
+                        context: "completing leases",
+                        detail: format!("task {} was not settled", lease.task_id),
+                    });
+                };
+                if settled.task_state == TaskState::Queued {
+                    events.push(StoreEvent::TaskQueued {
+                        namespace: task.namespace.clone(),
+                        task_id: task.id,
+                    });
+                }
+                events.push(StoreEvent::TaskChanged {
+                    task_id: task.id,
+                    state: settled.task_state,
+                });
+                results[*i] = Some(Ok(CompletionResult {
+                    task: task.clone(),
+                    duplicate: false,
+                }));
+            }
+            // A repeat of a report settled earlier in this batch answers with
+            // the settled task.
+            for result in results.iter_mut().flatten().flatten() {
+                if result.duplicate
+                    && let Some(task) = settled_tasks.get(&result.task.id)
+                {
+                    result.task = task.clone();
+                }
+            }
+            free_slots(&mut tx, &freed).await?;
+        }
         self.commit(tx, events).await?;
-        Ok(results)
+        Ok(results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or(Err(__Error::Corrupt {
+                    context: "completing leases",
+                    detail: "an item was not decided".to_owned(),
+                }))
+            })
+            .collect())
     }
 
     async fn revoke_unacked(

@@ -20,6 +20,7 @@ crate::both_backends!(
     stale_fencing_token_is_refused_and_changes_nothing,
     start_and_complete_exactly_once,
     batch_completion_refuses_only_the_stale_item,
+    one_batch_completes_many_leases_and_a_repeat,
     failed_attempt_retries_after_backoff,
     expiry_counts_attempts_then_fails,
     renewal_extends_every_lease_of_the_agent,
@@ -685,4 +686,71 @@ async fn cancel_queued_and_leased_tasks(fx: &mut Fixture) {
         kinds,
         ["submitted", "leased", "cancel_requested", "succeeded"]
     );
+}
+
+async fn one_batch_completes_many_leases_and_a_repeat(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let first = agent(store, "ns", "w1", 25).await;
+    let second = agent(store, "ns", "w2", 25).await;
+    let mut requests = Vec::new();
+    for i in 0..50 {
+        let t = submit(store, task("ns", 0, 3), T0 + i).await;
+        let agent_id = if i % 2 == 0 { first.id } else { second.id };
+        requests.push(GrantRequest {
+            task_id: t.id,
+            agent_id,
+        });
+    }
+    let leases: Vec<_> = store
+        .grant_leases(&requests, T0 + 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|outcome| match outcome {
+            GrantOutcome::Granted(lease) => lease,
+            refused => panic!("{refused:?}"),
+        })
+        .collect();
+    let mut batch: Vec<Completion> = leases
+        .iter()
+        .enumerate()
+        .map(|(i, lease)| match i % 3 {
+            0 => completion(lease, succeeded()),
+            1 => completion(lease, failed(true)),
+            _ => completion(
+                lease,
+                CompletionOutcome::Released {
+                    reason: "draining".into(),
+                },
+            ),
+        })
+        .collect();
+    batch.push(completion(&leases[0], succeeded()));
+    let results = store.complete_leases(&batch, T0 + 200).await.unwrap();
+    assert_eq!(results.len(), 51);
+    for (i, result) in results.iter().take(50).enumerate() {
+        let result = result.as_ref().unwrap();
+        assert!(!result.duplicate);
+        let expected = match i % 3 {
+            0 => TaskState::Succeeded,
+            _ => TaskState::Queued,
+        };
+        assert_eq!(result.task.state, expected, "item {i}");
+        assert_eq!(
+            store.get_task(leases[i].task_id).await.unwrap(),
+            result.task
+        );
+    }
+    let repeat = results[50].as_ref().unwrap();
+    assert!(repeat.duplicate);
+    assert_eq!(repeat.task.state, TaskState::Succeeded);
+    assert_eq!(store.get_agent(first.id).await.unwrap().active_leases, 0);
+    assert_eq!(store.get_agent(second.id).await.unwrap().active_leases, 0);
+    let retried = store.get_task(leases[1].task_id).await.unwrap();
+    assert_eq!(
+        (retried.attempts, retried.not_before_ms),
+        (1, T0 + 200 + BACKOFF_BASE_MS)
+    );
+    let released = store.get_task(leases[2].task_id).await.unwrap();
+    assert_eq!((released.attempts, released.not_before_ms), (0, T0 + 200));
 }
