@@ -23,6 +23,7 @@ crate::both_backends!(
     one_batch_completes_many_leases_and_a_repeat,
     failed_attempt_retries_after_backoff,
     expiry_counts_attempts_then_fails,
+    concurrent_sweepers_expire_each_lease_once,
     renewal_extends_every_lease_of_the_agent,
     unacknowledged_grants_are_revoked,
     cancel_queued_and_leased_tasks,
@@ -753,4 +754,49 @@ async fn one_batch_completes_many_leases_and_a_repeat(fx: &mut Fixture) {
     );
     let released = store.get_task(leases[2].task_id).await.unwrap();
     assert_eq!((released.attempts, released.not_before_ms), (0, T0 + 200));
+}
+
+async fn concurrent_sweepers_expire_each_lease_once(fx: &mut Fixture) {
+    let worker = agent(fx.store.as_ref(), "ns", "w1", 40).await;
+    let mut requests = Vec::new();
+    for i in 0..40 {
+        let t = submit(fx.store.as_ref(), task("ns", 0, 3), T0 + i).await;
+        requests.push(GrantRequest {
+            task_id: t.id,
+            agent_id: worker.id,
+        });
+    }
+    fx.store.grant_leases(&requests, T0 + 100).await.unwrap();
+    // Two instances (two replicas on PostgreSQL), two sweepers each.
+    let replicas = [fx.store.clone(), fx.another_instance().await];
+    let mut sweepers = Vec::new();
+    for store in replicas.iter().chain(replicas.iter()) {
+        let store = store.clone();
+        sweepers.push(tokio::spawn(async move {
+            let mut swept = Vec::new();
+            loop {
+                let batch = store.expire_leases(T0 + 100_000, 7).await.unwrap();
+                if batch.is_empty() {
+                    break swept;
+                }
+                swept.extend(batch.into_iter().map(|(lease, _)| lease.id));
+            }
+        }));
+    }
+    let mut swept = Vec::new();
+    for sweeper in sweepers {
+        swept.extend(sweeper.await.unwrap());
+    }
+    let unique: std::collections::HashSet<_> = swept.iter().collect();
+    assert_eq!(swept.len(), 40, "every lease expired exactly once");
+    assert_eq!(unique.len(), 40);
+    for request in &requests {
+        let t = fx.store.get_task(request.task_id).await.unwrap();
+        assert_eq!((t.state, t.attempts), (TaskState::Queued, 1));
+    }
+    assert_eq!(
+        fx.store.get_agent(worker.id).await.unwrap().active_leases,
+        0
+    );
+    replicas[1].close().await;
 }
