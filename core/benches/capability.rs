@@ -1,0 +1,154 @@
+//! Criterion benchmarks for the core's hot paths: merging a SheetBot-shaped document's tiers,
+//! diffing two generations where only memory and load average changed, and selecting the best
+//! agent among 1,000 and 10,000 indexed agents (plus a full explanation for scale).
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use serde_json::{Value, json};
+use std::hint::black_box;
+use std::sync::Arc;
+use switchyard_core::diff;
+use switchyard_core::index::AgentIndex;
+use switchyard_core::limits::Limits;
+use switchyard_core::matcher::{self, AgentStatus, AgentView};
+use switchyard_core::placement::compile;
+use switchyard_core::selector;
+use switchyard_core::tier::{Tier, merge_tiers};
+
+const FIXTURE: &str = include_str!("sheetbot_tiers.json");
+
+fn tiers() -> Vec<(Tier, Value)> {
+    let all: Value = serde_json::from_str(FIXTURE).expect("fixture parses");
+    ["base", "static", "dynamic", "override"]
+        .into_iter()
+        .map(|t| (t.parse().expect("tier"), all[t].clone()))
+        .collect()
+}
+
+fn document() -> Value {
+    merge_tiers(&tiers(), &Limits::default()).document
+}
+
+/// A fleet of `n` agents derived from the SheetBot document, varied so that a typical placement
+/// is satisfied by about a third of them and some are busy.
+fn fleet(n: usize) -> Vec<AgentView> {
+    let base = document();
+    (0..n)
+        .map(|i| {
+            let mut doc = base.clone();
+            let node = ["18.19.0", "20.11.1", "22.3.0"][i % 3];
+            doc["software"]["node"] = switchyard_core::document::software_entry(node);
+            doc["tags"] = if i % 4 == 0 {
+                json!(["linux", "x86_64"])
+            } else {
+                json!(["linux", "docker", "x86_64"])
+            };
+            if i % 10 == 0 {
+                doc["tags"].as_array_mut().expect("tags").push(json!("gpu"));
+            }
+            doc["memory"]["total"] = json!(8192 * (1 + i % 8));
+            doc["memory"]["free"] = json!(1000 + i);
+            doc["hostname"] = json!(format!("build-{i:05}"));
+            AgentView {
+                agent_id: format!("agent-{i:05}"),
+                namespace: "default".into(),
+                status: if i % 50 == 0 {
+                    AgentStatus::Draining
+                } else {
+                    AgentStatus::Ready
+                },
+                capacity: 4,
+                active_leases: (i % 5) as u32,
+                last_granted_at_ms: Some(1_000_000 + (i as u64 * 7919) % 100_000),
+                document: Arc::new(doc),
+            }
+        })
+        .collect()
+}
+
+fn bench_merge(c: &mut Criterion) {
+    let tiers = tiers();
+    let limits = Limits::default();
+    c.bench_function("merge_sheetbot_tiers", |b| {
+        b.iter(|| merge_tiers(black_box(&tiers), &limits))
+    });
+}
+
+fn bench_diff(c: &mut Criterion) {
+    let a = document();
+    let mut b = a.clone();
+    b["memory"]["free"] = json!(9800);
+    b["memory"]["available"] = json!(18944);
+    b["loadavg"] = json!({"1min": 2.5, "5min": 1.75, "15min": 1.02});
+    let patch = diff::diff(&a, &b);
+    let full = serde_json::to_string(&b).expect("serializes").len();
+    eprintln!(
+        "diff size: {} bytes of {} ({:.2}%)",
+        diff::patch_len(&patch),
+        full,
+        100.0 * diff::patch_len(&patch) as f64 / full as f64
+    );
+    c.bench_function("diff_memory_loadavg", |bench| {
+        bench.iter(|| diff::diff(black_box(&a), black_box(&b)))
+    });
+    let limits = Limits::default();
+    c.bench_function("apply_memory_loadavg", |bench| {
+        bench.iter(|| diff::apply(black_box(&a), 1, 1, black_box(&patch), &limits))
+    });
+}
+
+fn bench_select(c: &mut Criterion) {
+    let typical = compile(
+        &selector::parse("linux, docker, software.node.version@^20, memory.total>=16384")
+            .expect("parses"),
+    )
+    .expect("compiles");
+    let preferring = compile(
+        &selector::parse("linux, docker, software.node.version@^20, prefer 5: gpu, prefer 1: memory.total>=32768")
+            .expect("parses"),
+    )
+    .expect("compiles");
+    let rare = compile(&selector::parse("gpu, software.node.version@^22").expect("parses"))
+        .expect("compiles");
+    for n in [1_000usize, 10_000] {
+        let agents = fleet(n);
+        let mut index = AgentIndex::new();
+        for a in &agents {
+            index.upsert(a.clone());
+        }
+        let expected = matcher::explain(&typical, "default", &agents)
+            .ranked
+            .first()
+            .cloned();
+        assert_eq!(
+            index.select_best(&typical, "default").map(|s| s.agent_id),
+            expected
+        );
+        let expected = matcher::explain(&preferring, "default", &agents)
+            .ranked
+            .first()
+            .cloned();
+        assert_eq!(
+            index
+                .select_best(&preferring, "default")
+                .map(|s| s.agent_id),
+            expected
+        );
+        c.bench_function(&format!("select_best_typical_{n}"), |b| {
+            b.iter(|| index.select_best(black_box(&typical), "default"))
+        });
+        c.bench_function(&format!("select_best_rare_{n}"), |b| {
+            b.iter(|| index.select_best(black_box(&rare), "default"))
+        });
+        c.bench_function(&format!("select_best_with_preferences_{n}"), |b| {
+            b.iter(|| index.select_best(black_box(&preferring), "default"))
+        });
+        if n == 1_000 {
+            c.bench_function("explain_all_1000", |b| {
+                b.iter(|| matcher::explain(black_box(&typical), "default", &agents))
+            });
+        }
+    }
+}
+
+criterion_group!(benches, bench_merge, bench_diff, bench_select);
+criterion_main!(benches);

@@ -1,0 +1,687 @@
+//! An incrementally maintained index of agents, so that choosing the best agent for a task among
+//! thousands does not evaluate every agent. It keeps, per namespace:
+//!
+//! - `available`: the agents that can take a lease now (READY or DEGRADED with a free slot),
+//!   ordered by the load part of the ranking (free capacity ratio, then longest since last grant,
+//!   then id) — the ranking of [`crate::matcher`] for agents with equal preference scores;
+//! - `paths`: for every dotted path present in a document, reached through objects only (arrays
+//!   are not descended into), the agents whose document has it;
+//! - `values`: for every scalar leaf reached through objects, and every scalar item of an array
+//!   of at most 64 items (under the array's path), the agents whose document holds that value
+//!   there — `tags` postings are `values["tags"]`. A path where some agent has a longer array is
+//!   marked partial and its value postings are not used to narrow.
+//!
+//! Requirement keys with an all-digit segment (which may index an array) are not used to narrow.
+//!
+//! [`AgentIndex::select_best`] derives from the placement the postings every satisfying agent
+//! must be in (a required tag, `key == scalar`, a key that must be present, a provided
+//! capability). If the smallest of them is small compared with the namespace's available agents
+//! (at most 1/32 of them), it evaluates just those candidates. Otherwise it walks `available` in
+//! rank order, skips agents missing from any required posting (set lookups, no evaluation), and
+//! stops at the first agent that satisfies the placement — or, with preferences, at the first
+//! that satisfies all of them (else after the walk).
+//!
+//! Complexity, with `n` agents in the namespace, `c` the candidate set, `k` the number of
+//! available agents visited before the first satisfying one, `k'` those of them in every
+//! required posting, and `e` the cost of evaluating one document: selection costs
+//! O(p + c · e) when it evaluates candidates and O(p + k · p log n + k' · e) when it walks, for
+//! `p` placement constraints; with preferences that no agent fully satisfies, the walk covers all
+//! available agents. Updating an agent's load
+//! costs O(log n); inserting, replacing or removing a document costs O(m log n) for `m` indexed
+//! paths and values.
+//!
+//! What callers must still check: the index holds the agent state as of the last update, so the
+//! store must re-check capacity (and fencing) atomically when it grants the lease; the caller
+//! must call [`AgentIndex::update_load`] after every grant and release and
+//! [`AgentIndex::upsert`] after every document or status change; and a `None` from
+//! `select_best` does not say why — call [`AgentIndex::explain`] (O(n · e)) to tell parked from
+//! waiting for capacity and to get reasons.
+
+use crate::matcher::{self, AgentStatus, AgentView, Availability, Explanation};
+use crate::placement::{CompiledPlacement, Operator, PreferenceCondition};
+use serde_json::Value;
+use std::cmp::Ordering;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// A scalar as a hashable posting key; numbers compare numerically (`1` and `1.0` are one key).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum ScalarKey {
+    Null,
+    Bool(bool),
+    Number(u64),
+    String(String),
+}
+
+impl ScalarKey {
+    fn of(value: &Value) -> Option<ScalarKey> {
+        Some(match value {
+            Value::Null => ScalarKey::Null,
+            Value::Bool(b) => ScalarKey::Bool(*b),
+            Value::Number(n) => {
+                let f = n.as_f64()?;
+                ScalarKey::Number(if f == 0.0 { 0 } else { f.to_bits() })
+            }
+            Value::String(s) => ScalarKey::String(s.clone()),
+            _ => return None,
+        })
+    }
+}
+
+/// An available agent's place in the rank order.
+#[derive(Debug, Clone)]
+struct RankedSlot {
+    availability: Availability,
+    agent_id: Arc<str>,
+}
+
+impl PartialEq for RankedSlot {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for RankedSlot {}
+impl PartialOrd for RankedSlot {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for RankedSlot {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.availability
+            .rank_cmp(&other.availability)
+            .then_with(|| self.agent_id.cmp(&other.agent_id))
+    }
+}
+
+type Posting = BTreeSet<Arc<str>>;
+
+#[derive(Debug, Default)]
+struct NamespacePostings {
+    /// Every agent of the namespace; the explain path walks it.
+    all: Posting,
+    /// Agents that can take a lease now, in load rank order.
+    available: BTreeSet<RankedSlot>,
+    /// Present dotted path → agents.
+    paths: HashMap<String, Posting>,
+    /// Dotted path → scalar → agents holding it there (or in the array there).
+    values: HashMap<String, HashMap<ScalarKey, Posting>>,
+    /// Paths where some agent has an array too long to value-index → how many agents; value
+    /// postings of these paths are incomplete and never used to narrow.
+    partial: HashMap<String, usize>,
+}
+
+#[derive(Debug)]
+struct IndexedAgent {
+    view: AgentView,
+    id: Arc<str>,
+}
+
+impl IndexedAgent {
+    fn slot(&self) -> Option<RankedSlot> {
+        let v = &self.view;
+        (v.status.takes_work() && v.active_leases < v.capacity).then(|| RankedSlot {
+            availability: v.availability(),
+            agent_id: self.id.clone(),
+        })
+    }
+}
+
+/// The best agent for a placement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    /// The chosen agent.
+    pub agent_id: String,
+    /// Its satisfied preference weight.
+    pub preference_score: u64,
+}
+
+/// Agents indexed by namespace, availability, present paths and scalar values.
+#[derive(Debug, Default)]
+pub struct AgentIndex {
+    agents: HashMap<Arc<str>, IndexedAgent>,
+    namespaces: HashMap<String, NamespacePostings>,
+}
+
+/// Arrays with more items than this are not value-indexed (their path is marked partial).
+const MAX_INDEXED_ARRAY_ITEMS: usize = 64;
+
+/// What one document is posted under.
+#[derive(Debug, Default)]
+struct DocumentPostings {
+    paths: Vec<String>,
+    values: Vec<(String, ScalarKey)>,
+    partial: Vec<String>,
+}
+
+impl DocumentPostings {
+    fn of(doc: &Value) -> Self {
+        let mut out = DocumentPostings::default();
+        out.collect(doc, &mut String::new());
+        out.paths.sort();
+        out.paths.dedup();
+        out.values.dedup();
+        out.partial.sort();
+        out.partial.dedup();
+        out
+    }
+
+    /// Walks objects only: arrays are value-indexed at their own path but not descended into.
+    fn collect(&mut self, value: &Value, path: &mut String) {
+        match value {
+            Value::Object(map) => {
+                for (k, child) in map {
+                    let len = path.len();
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    path.push_str(k);
+                    self.paths.push(path.clone());
+                    self.collect(child, path);
+                    path.truncate(len);
+                }
+            }
+            Value::Array(items) => {
+                if items.len() > MAX_INDEXED_ARRAY_ITEMS {
+                    self.partial.push(path.clone());
+                } else {
+                    self.values.extend(
+                        items
+                            .iter()
+                            .filter_map(ScalarKey::of)
+                            .map(|k| (path.clone(), k)),
+                    );
+                }
+            }
+            scalar => {
+                if let Some(key) = ScalarKey::of(scalar) {
+                    self.values.push((path.clone(), key));
+                }
+            }
+        }
+    }
+}
+
+/// Whether a requirement key may pass through an array (then it is not used to narrow).
+fn may_index_array(key: &str) -> bool {
+    key.split('.')
+        .any(|seg| !seg.is_empty() && seg.bytes().all(|b| b.is_ascii_digit()))
+}
+
+impl AgentIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many agents are indexed.
+    pub fn len(&self) -> usize {
+        self.agents.len()
+    }
+
+    /// Whether no agent is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.agents.is_empty()
+    }
+
+    /// The indexed view of an agent.
+    pub fn get(&self, agent_id: &str) -> Option<&AgentView> {
+        self.agents.get(agent_id).map(|a| &a.view)
+    }
+
+    /// Inserts an agent, or replaces it (document, status, namespace, load) if present.
+    pub fn upsert(&mut self, view: AgentView) {
+        self.remove(&view.agent_id);
+        let id: Arc<str> = Arc::from(view.agent_id.as_str());
+        let postings = DocumentPostings::of(&view.document);
+        let ns = self.namespaces.entry(view.namespace.clone()).or_default();
+        ns.all.insert(id.clone());
+        for p in postings.paths {
+            ns.paths.entry(p).or_default().insert(id.clone());
+        }
+        for (p, v) in postings.values {
+            ns.values
+                .entry(p)
+                .or_default()
+                .entry(v)
+                .or_default()
+                .insert(id.clone());
+        }
+        for p in postings.partial {
+            *ns.partial.entry(p).or_default() += 1;
+        }
+        let agent = IndexedAgent {
+            view,
+            id: id.clone(),
+        };
+        if let Some(slot) = agent.slot() {
+            ns.available.insert(slot);
+        }
+        self.agents.insert(id, agent);
+    }
+
+    /// Removes an agent; returns its last view.
+    pub fn remove(&mut self, agent_id: &str) -> Option<AgentView> {
+        let agent = self.agents.remove(agent_id)?;
+        let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) else {
+            return Some(agent.view);
+        };
+        let postings = DocumentPostings::of(&agent.view.document);
+        ns.all.remove(&agent.id);
+        if let Some(slot) = agent.slot() {
+            ns.available.remove(&slot);
+        }
+        for p in &postings.paths {
+            if let Some(set) = ns.paths.get_mut(p) {
+                set.remove(&agent.id);
+                if set.is_empty() {
+                    ns.paths.remove(p);
+                }
+            }
+        }
+        for (p, v) in &postings.values {
+            if let Some(by_value) = ns.values.get_mut(p) {
+                if let Some(set) = by_value.get_mut(v) {
+                    set.remove(&agent.id);
+                    if set.is_empty() {
+                        by_value.remove(v);
+                    }
+                }
+                if by_value.is_empty() {
+                    ns.values.remove(p);
+                }
+            }
+        }
+        for p in &postings.partial {
+            if let Some(n) = ns.partial.get_mut(p) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    ns.partial.remove(p);
+                }
+            }
+        }
+        if ns.all.is_empty() {
+            self.namespaces.remove(&agent.view.namespace);
+        }
+        Some(agent.view)
+    }
+
+    /// Records an agent's lease count and last grant time. Returns false for an unknown agent.
+    pub fn update_load(
+        &mut self,
+        agent_id: &str,
+        active_leases: u32,
+        last_granted_at_ms: Option<u64>,
+    ) -> bool {
+        self.update(agent_id, |v| {
+            v.active_leases = active_leases;
+            v.last_granted_at_ms = last_granted_at_ms;
+        })
+    }
+
+    /// Records an agent's status. Returns false for an unknown agent.
+    pub fn set_status(&mut self, agent_id: &str, status: AgentStatus) -> bool {
+        self.update(agent_id, |v| v.status = status)
+    }
+
+    fn update(&mut self, agent_id: &str, change: impl FnOnce(&mut AgentView)) -> bool {
+        let Some(agent) = self.agents.get_mut(agent_id) else {
+            return false;
+        };
+        let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) else {
+            return false;
+        };
+        if let Some(slot) = agent.slot() {
+            ns.available.remove(&slot);
+        }
+        change(&mut agent.view);
+        if let Some(slot) = agent.slot() {
+            ns.available.insert(slot);
+        }
+        true
+    }
+
+    /// The postings every satisfying agent must be in, smallest first; `None` when some required
+    /// posting is empty (no agent can satisfy the placement).
+    fn required_postings<'a>(
+        ns: &'a NamespacePostings,
+        placement: &CompiledPlacement,
+    ) -> Option<Vec<&'a Posting>> {
+        let mut required: Vec<&Posting> = Vec::new();
+        let value_posting = |path: &str, v: &Value| -> Option<&'a Posting> {
+            if ns.partial.contains_key(path) {
+                return ns.paths.get(path);
+            }
+            ns.values.get(path)?.get(&ScalarKey::of(v)?)
+        };
+        for tag in &placement.placement().required_tags {
+            required.push(value_posting("tags", &Value::String(tag.clone()))?);
+        }
+        for r in placement.requirements() {
+            let r = r.requirement();
+            if may_index_array(&r.key) {
+                continue;
+            }
+            match r.operator {
+                Operator::NotExists | Operator::NotIn => {}
+                Operator::Eq if r.values.first().and_then(ScalarKey::of).is_some() => {
+                    required.push(r.values.first().and_then(|v| value_posting(&r.key, v))?);
+                }
+                _ => required.push(ns.paths.get(r.key.as_str())?),
+            }
+        }
+        for c in &placement.placement().capabilities {
+            required.push(ns.paths.get(format!("provides.{}", c.name).as_str())?);
+        }
+        required.sort_by_key(|p| p.len());
+        Some(required)
+    }
+
+    /// Each preference's weight with the posting an agent must be in to satisfy it (`None`: any
+    /// agent may); preferences no agent can satisfy are left out.
+    fn preference_bounds<'a>(
+        ns: &'a NamespacePostings,
+        placement: &CompiledPlacement,
+    ) -> Vec<(u64, Option<&'a Posting>)> {
+        let empty: Option<&Posting> = None;
+        let value_posting = |path: &str, v: &Value| -> Option<Option<&'a Posting>> {
+            if ns.partial.contains_key(path) {
+                return ns.paths.get(path).map(Some);
+            }
+            ns.values.get(path)?.get(&ScalarKey::of(v)?).map(Some)
+        };
+        placement
+            .placement()
+            .preferences
+            .iter()
+            .filter_map(|p| {
+                let posting = match &p.condition {
+                    PreferenceCondition::Tag(t) => {
+                        value_posting("tags", &Value::String(t.clone()))?
+                    }
+                    PreferenceCondition::Capability(c) => {
+                        Some(ns.paths.get(format!("provides.{}", c.name).as_str())?)
+                    }
+                    PreferenceCondition::Requirement(r) => {
+                        if may_index_array(&r.key) {
+                            empty
+                        } else {
+                            match r.operator {
+                                Operator::NotExists | Operator::NotIn => empty,
+                                Operator::Eq
+                                    if r.values.first().and_then(ScalarKey::of).is_some() =>
+                                {
+                                    r.values.first().and_then(|v| value_posting(&r.key, v))?
+                                }
+                                _ => Some(ns.paths.get(r.key.as_str())?),
+                            }
+                        }
+                    }
+                };
+                Some((u64::from(p.weight), posting))
+            })
+            .collect()
+    }
+
+    /// The best eligible agent of `namespace` for `placement` under the matcher's ranking, or
+    /// `None` if no agent is eligible now. Equivalent to the first of
+    /// [`crate::matcher::explain`]'s `ranked` over the namespace's agents.
+    pub fn select_best(&self, placement: &CompiledPlacement, namespace: &str) -> Option<Selection> {
+        let ns = self.namespaces.get(namespace)?;
+        let required = Self::required_postings(ns, placement)?;
+        let max = placement.max_preference_score();
+        let mut best: Option<(u64, &IndexedAgent)> = None;
+        match required.first() {
+            Some(candidates) if candidates.len().saturating_mul(32) <= ns.available.len() => {
+                for id in *candidates {
+                    let Some(agent) = self.agents.get(id) else {
+                        continue;
+                    };
+                    if agent.slot().is_none() || !placement.satisfied_by(&agent.view.document) {
+                        continue;
+                    }
+                    let score = placement.preference_score(&agent.view.document);
+                    let better = best.is_none_or(|(s, b)| {
+                        matcher::rank_cmp(
+                            (score, &agent.view.availability(), &agent.view.agent_id),
+                            (s, &b.view.availability(), &b.view.agent_id),
+                        ) == Ordering::Less
+                    });
+                    if better {
+                        best = Some((score, agent));
+                    }
+                }
+            }
+            _ => {
+                let bounds = Self::preference_bounds(ns, placement);
+                for slot in &ns.available {
+                    if !required.iter().all(|p| p.contains(&slot.agent_id)) {
+                        continue;
+                    }
+                    // Skip agents that could not beat the best score so far even if they
+                    // satisfied every preference their postings allow.
+                    if let Some((s, _)) = best {
+                        let bound: u64 = bounds
+                            .iter()
+                            .filter(|(_, p)| p.is_none_or(|p| p.contains(&slot.agent_id)))
+                            .map(|(w, _)| *w)
+                            .sum();
+                        if bound <= s {
+                            continue;
+                        }
+                    }
+                    let Some(agent) = self.agents.get(&slot.agent_id) else {
+                        continue;
+                    };
+                    if !placement.satisfied_by(&agent.view.document) {
+                        continue;
+                    }
+                    let score = placement.preference_score(&agent.view.document);
+                    // Walking in load order, a strictly higher score is the only way to win.
+                    if best.is_none_or(|(s, _)| score > s) {
+                        best = Some((score, agent));
+                    }
+                    if score == max {
+                        break;
+                    }
+                }
+            }
+        }
+        best.map(|(preference_score, agent)| Selection {
+            agent_id: agent.view.agent_id.clone(),
+            preference_score,
+        })
+    }
+
+    /// Full explanation over every agent of every namespace (other namespaces appear as
+    /// ineligible), in agent id order. O(n · e).
+    pub fn explain(&self, placement: &CompiledPlacement, namespace: &str) -> Explanation {
+        let mut views: Vec<AgentView> = self.agents.values().map(|a| a.view.clone()).collect();
+        views.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+        matcher::explain(placement, namespace, &views)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::compile;
+    use crate::selector;
+    use serde_json::json;
+
+    fn view(id: &str, doc: Value) -> AgentView {
+        AgentView {
+            agent_id: id.into(),
+            namespace: "default".into(),
+            status: AgentStatus::Ready,
+            capacity: 2,
+            active_leases: 0,
+            last_granted_at_ms: None,
+            document: Arc::new(doc),
+        }
+    }
+
+    fn sel(text: &str) -> CompiledPlacement {
+        compile(&selector::parse(text).unwrap()).unwrap()
+    }
+
+    fn best(index: &AgentIndex, text: &str) -> Option<String> {
+        index.select_best(&sel(text), "default").map(|s| s.agent_id)
+    }
+
+    #[test]
+    fn selects_like_the_matcher() {
+        let mut index = AgentIndex::new();
+        for i in 0..40 {
+            let tags = if i % 10 == 0 {
+                json!(["linux", "gpu"])
+            } else {
+                json!(["linux"])
+            };
+            let mut v = view(
+                &format!("a{i:02}"),
+                json!({"tags": tags, "memory": {"total": 1024 * i}, "n": i}),
+            );
+            v.last_granted_at_ms = Some(1000 - i);
+            index.upsert(v);
+        }
+        for text in [
+            "linux",
+            "gpu",
+            "n=7",
+            "memory.total>=30000",
+            "linux, prefer 2: gpu",
+            "prefer: n=3",
+            "missing?",
+            "!gpu",
+            "n in (3, 4)",
+        ] {
+            let c = sel(text);
+            let expected = index.explain(&c, "default").ranked.first().cloned();
+            assert_eq!(best(&index, text), expected, "{text}");
+        }
+        assert_eq!(best(&index, "gpu"), Some("a30".into()));
+        assert_eq!(best(&index, "n=7.0"), Some("a07".into()));
+        assert_eq!(best(&index, "nothing"), None);
+    }
+
+    #[test]
+    fn candidate_scan_agrees_with_the_matcher() {
+        let mut index = AgentIndex::new();
+        for i in 0..300u64 {
+            let mut tags = vec!["linux"];
+            if i % 60 == 7 {
+                tags.push("rare");
+            }
+            if i % 2 == 0 {
+                tags.push("even");
+            }
+            let mut v = view(&format!("a{i:03}"), json!({"tags": tags, "n": i % 13}));
+            v.capacity = 3;
+            v.active_leases = u32::try_from(i % 4).unwrap();
+            v.last_granted_at_ms = Some((i * 37) % 11);
+            index.upsert(v);
+        }
+        for text in [
+            "rare",
+            "rare, prefer 2: even",
+            "rare, n=7",
+            "n=4, prefer: rare",
+            "rare, prefer 5: n>=10",
+            "even, prefer 9: rare",
+        ] {
+            let c = sel(text);
+            let expected = index.explain(&c, "default").ranked.first().cloned();
+            assert_eq!(best(&index, text), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn load_updates_change_the_choice() {
+        let mut index = AgentIndex::new();
+        index.upsert(view("a", json!({"tags": ["x"]})));
+        index.upsert(view("b", json!({"tags": ["x"]})));
+        assert_eq!(best(&index, "x"), Some("a".into()));
+        assert!(index.update_load("a", 1, Some(10)));
+        assert_eq!(best(&index, "x"), Some("b".into()));
+        assert!(index.update_load("b", 2, Some(20)));
+        assert_eq!(best(&index, "x"), Some("a".into()));
+        assert!(index.update_load("a", 2, Some(30)));
+        assert_eq!(best(&index, "x"), None);
+        assert!(index.update_load("b", 0, Some(20)));
+        assert!(index.set_status("b", AgentStatus::Draining));
+        assert_eq!(best(&index, "x"), None);
+        assert!(!index.update_load("nope", 0, None));
+    }
+
+    #[test]
+    fn upsert_replaces_and_remove_cleans_up() {
+        let mut index = AgentIndex::new();
+        index.upsert(view("a", json!({"tags": ["x"]})));
+        index.upsert(view("a", json!({"tags": ["y"]})));
+        assert_eq!(index.len(), 1);
+        assert_eq!(best(&index, "x"), None);
+        assert_eq!(best(&index, "y"), Some("a".into()));
+        assert!(index.remove("a").is_some());
+        assert!(index.is_empty());
+        assert!(index.namespaces.is_empty());
+        assert_eq!(best(&index, "y"), None);
+    }
+
+    #[test]
+    fn arrays_long_or_indexed_still_match() {
+        let mut index = AgentIndex::new();
+        let long: Vec<String> = (0..100).map(|i| format!("p{i}")).collect();
+        for i in 0..12 {
+            let doc = if i == 5 {
+                json!({"tags": long.clone(), "gpus": [{"model": "a100"}], "m": {"0": "zero"}})
+            } else {
+                json!({"tags": ["x"], "gpus": []})
+            };
+            index.upsert(view(&format!("a{i:02}"), doc));
+        }
+        assert_eq!(best(&index, "p77"), Some("a05".into()));
+        assert_eq!(best(&index, "gpus.0.model=a100"), Some("a05".into()));
+        assert_eq!(best(&index, "m.0=zero"), Some("a05".into()));
+        assert_eq!(best(&index, "x"), Some("a00".into()));
+        index.remove("a05");
+        assert!(index.namespaces["default"].partial.is_empty());
+        assert_eq!(best(&index, "p77"), None);
+    }
+
+    #[test]
+    fn namespaces_are_separate() {
+        let mut index = AgentIndex::new();
+        let mut other = view("b", json!({"tags": ["x"]}));
+        other.namespace = "prod".into();
+        index.upsert(other);
+        assert_eq!(best(&index, "x"), None);
+        assert_eq!(
+            index.select_best(&sel("x"), "prod").map(|s| s.agent_id),
+            Some("b".into())
+        );
+        assert_eq!(
+            index.explain(&sel("x"), "default").summary,
+            "0/1 agents eligible: 1 in other namespaces"
+        );
+    }
+
+    #[test]
+    fn capability_postings() {
+        let mut index = AgentIndex::new();
+        for i in 0..20 {
+            let doc = if i == 13 {
+                json!({"provides": {"ai.llm": {"version": "1.2.0"}}})
+            } else {
+                json!({})
+            };
+            index.upsert(view(&format!("a{i:02}"), doc));
+        }
+        assert_eq!(best(&index, "provides ai.llm@1"), Some("a13".into()));
+        assert_eq!(
+            best(&index, "provides.ai.llm.version@^1"),
+            Some("a13".into())
+        );
+        assert_eq!(best(&index, "provides ai.llm@2"), None);
+    }
+}

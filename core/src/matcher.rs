@@ -1,0 +1,543 @@
+//! Matching: an agent's [`Verdict`] for a compiled placement, and [`explain`], which ranks the
+//! eligible agents deterministically, gives every ineligible agent its reason, summarises them
+//! in one line, and tells "no agent could ever take this" ([`Outcome::Parked`]) apart from "the
+//! agents that could are busy" ([`Outcome::WaitingForCapacity`]).
+//!
+//! Definitions:
+//! - An agent *satisfies* a placement when it is in the task's namespace and its document meets
+//!   every hard constraint. A DEGRADED agent whose `provides.X.healthy` is false fails capability
+//!   refs to `X` (and only those), so it stays eligible for placements that do not need `X`.
+//! - It is *eligible* when it satisfies the placement, is READY or DEGRADED, and has a free slot
+//!   (`active_leases < capacity`).
+//! - It is *capable* (the proto's `AgentVerdict.capable`) when it satisfies the placement but is
+//!   not eligible: at capacity, draining or offline.
+//! - Ranking among eligible agents: higher satisfied preference weight, then higher free
+//!   capacity ratio (`(capacity - active) / capacity`, compared exactly), then longest since
+//!   last grant (never granted first), then agent id ascending.
+//! - Outcome: [`Outcome::Placeable`] if any agent is eligible; [`Outcome::WaitingForCapacity`]
+//!   if a READY or DEGRADED agent satisfies the placement but is at capacity; otherwise
+//!   [`Outcome::Parked`] — a DRAINING or OFFLINE agent that satisfies it does not count, since it
+//!   will not take new work until an operator or the agent changes its state.
+
+use crate::placement::{CompiledPlacement, Unmet};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// An agent's lifecycle state as the server tracks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AgentStatus {
+    /// Connected and taking work.
+    Ready,
+    /// Connected and taking work, but some named capability reports unhealthy.
+    Degraded,
+    /// Connected, finishing its leases, taking no new work.
+    Draining,
+    /// Not connected.
+    Offline,
+}
+
+impl AgentStatus {
+    /// The proto name without prefix (`READY`, `DEGRADED`, `DRAINING`, `OFFLINE`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentStatus::Ready => "READY",
+            AgentStatus::Degraded => "DEGRADED",
+            AgentStatus::Draining => "DRAINING",
+            AgentStatus::Offline => "OFFLINE",
+        }
+    }
+
+    /// Whether an agent in this state takes new leases.
+    pub fn takes_work(self) -> bool {
+        matches!(self, AgentStatus::Ready | AgentStatus::Degraded)
+    }
+}
+
+/// The name is not an agent status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown agent status `{0}`")]
+pub struct UnknownStatus(pub String);
+
+impl FromStr for AgentStatus {
+    type Err = UnknownStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bare = s.strip_prefix("AGENT_STATUS_").unwrap_or(s);
+        [
+            AgentStatus::Ready,
+            AgentStatus::Degraded,
+            AgentStatus::Draining,
+            AgentStatus::Offline,
+        ]
+        .into_iter()
+        .find(|st| st.as_str().eq_ignore_ascii_case(bare))
+        .ok_or_else(|| UnknownStatus(s.to_owned()))
+    }
+}
+
+/// What matching needs to know about one agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentView {
+    /// Stable agent id; the final ranking tiebreak.
+    pub agent_id: String,
+    /// The namespace the agent serves; tasks of other namespaces never go to it.
+    pub namespace: String,
+    /// Lifecycle state.
+    pub status: AgentStatus,
+    /// How many leases it may hold at once.
+    pub capacity: u32,
+    /// How many it holds now.
+    pub active_leases: u32,
+    /// When it was last granted a lease, in milliseconds; `None` if never.
+    pub last_granted_at_ms: Option<u64>,
+    /// Its merged, redacted capability document.
+    pub document: Arc<Value>,
+}
+
+impl AgentView {
+    /// How the agent's load ranks it among agents with equal preference scores.
+    pub fn availability(&self) -> Availability {
+        Availability {
+            free: self.capacity.saturating_sub(self.active_leases),
+            capacity: self.capacity,
+            last_granted_at_ms: self.last_granted_at_ms,
+        }
+    }
+}
+
+/// The load part of the ranking key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Availability {
+    /// Free slots.
+    pub free: u32,
+    /// Total slots.
+    pub capacity: u32,
+    /// Last grant time; `None` ranks as longest ago.
+    pub last_granted_at_ms: Option<u64>,
+}
+
+impl Availability {
+    /// `Less` when `self` ranks before `other`: higher free ratio, then longer since last grant.
+    pub fn rank_cmp(&self, other: &Availability) -> Ordering {
+        // free/capacity descending, exactly: compare other.free*self.cap with self.free*other.cap.
+        let mine = u64::from(self.free) * u64::from(other.capacity.max(1));
+        let theirs = u64::from(other.free) * u64::from(self.capacity.max(1));
+        theirs.cmp(&mine).then_with(
+            || match (self.last_granted_at_ms, other.last_granted_at_ms) {
+                (None, None) => Ordering::Equal,
+                (None, Some(_)) => Ordering::Less,
+                (Some(_), None) => Ordering::Greater,
+                (Some(a), Some(b)) => a.cmp(&b),
+            },
+        )
+    }
+}
+
+/// The full ranking order for eligible agents: `Less` ranks first.
+pub fn rank_cmp(a: (u64, &Availability, &str), b: (u64, &Availability, &str)) -> Ordering {
+    b.0.cmp(&a.0)
+        .then_with(|| a.1.rank_cmp(b.1))
+        .then_with(|| a.2.cmp(b.2))
+}
+
+/// Why an agent cannot take a task now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ineligibility {
+    /// The agent serves another namespace.
+    OtherNamespace {
+        /// The agent's namespace.
+        namespace: String,
+    },
+    /// Its document fails a hard constraint.
+    Unmet(Unmet),
+    /// It is offline.
+    Offline,
+    /// It is draining.
+    Draining,
+    /// Every slot is taken.
+    AtCapacity {
+        /// Leases held.
+        active: u32,
+        /// Slots.
+        capacity: u32,
+    },
+}
+
+impl fmt::Display for Ineligibility {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ineligibility::OtherNamespace { namespace } => write!(f, "in namespace {namespace}"),
+            Ineligibility::Unmet(u) => u.fmt(f),
+            Ineligibility::Offline => f.write_str("offline"),
+            Ineligibility::Draining => f.write_str("draining"),
+            Ineligibility::AtCapacity { active, capacity } => {
+                write!(f, "at capacity ({active}/{capacity})")
+            }
+        }
+    }
+}
+
+impl Ineligibility {
+    /// The phrase agents failing the same way share in the summary line.
+    pub fn summary(&self) -> String {
+        match self {
+            Ineligibility::OtherNamespace { .. } => "in other namespaces".to_owned(),
+            Ineligibility::Unmet(u) => u.summary(),
+            Ineligibility::Offline => "offline".to_owned(),
+            Ineligibility::Draining => "draining".to_owned(),
+            Ineligibility::AtCapacity { .. } => "at capacity".to_owned(),
+        }
+    }
+}
+
+/// One agent's fitness for a placement (mirrors `switchyard.v1.AgentVerdict`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// The agent.
+    pub agent_id: String,
+    /// Satisfies every hard constraint and can take a lease now.
+    pub eligible: bool,
+    /// Satisfies the placement but cannot take it now (at capacity, draining, offline).
+    pub capable: bool,
+    /// Why not; `None` when eligible.
+    pub reason: Option<Ineligibility>,
+    /// Satisfied preference weight (computed for agents that satisfy the placement).
+    pub preference_score: u64,
+    /// Rank among eligible agents from 1; 0 when not eligible or not ranked yet.
+    pub rank: u32,
+    /// The agent's status, kept for the outcome.
+    pub status: AgentStatus,
+}
+
+impl Verdict {
+    /// Whether the agent satisfies the placement, now or once it has room.
+    pub fn satisfies_placement(&self) -> bool {
+        self.eligible || self.capable
+    }
+
+    /// The reason as text (empty when eligible), as the proto carries it.
+    pub fn reason_text(&self) -> String {
+        self.reason
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    }
+}
+
+/// Evaluates one agent for a task of `namespace`. The verdict's rank is 0.
+pub fn evaluate(placement: &CompiledPlacement, namespace: &str, agent: &AgentView) -> Verdict {
+    let mut verdict = Verdict {
+        agent_id: agent.agent_id.clone(),
+        eligible: false,
+        capable: false,
+        reason: None,
+        preference_score: 0,
+        rank: 0,
+        status: agent.status,
+    };
+    if agent.namespace != namespace {
+        verdict.reason = Some(Ineligibility::OtherNamespace {
+            namespace: agent.namespace.clone(),
+        });
+        return verdict;
+    }
+    if let Some(unmet) = placement.unmet(&agent.document) {
+        verdict.reason = Some(Ineligibility::Unmet(unmet));
+        return verdict;
+    }
+    verdict.preference_score = placement.preference_score(&agent.document);
+    verdict.reason = match agent.status {
+        AgentStatus::Offline => Some(Ineligibility::Offline),
+        AgentStatus::Draining => Some(Ineligibility::Draining),
+        _ if agent.active_leases >= agent.capacity => Some(Ineligibility::AtCapacity {
+            active: agent.active_leases,
+            capacity: agent.capacity,
+        }),
+        _ => None,
+    };
+    verdict.eligible = verdict.reason.is_none();
+    verdict.capable = !verdict.eligible;
+    verdict
+}
+
+/// Why a placement has no agent that could ever take it as things stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParkedReason {
+    /// No agent serves the namespace at all.
+    NoAgents,
+    /// No agent of the namespace satisfies the placement.
+    NoCapableAgent,
+    /// Only draining or offline agents satisfy it.
+    CapableAgentsUnavailable,
+}
+
+/// What the scheduler should do with the task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Grant to the first ranked agent.
+    Placeable,
+    /// Agents that satisfy it are at capacity; retry when a lease ends.
+    WaitingForCapacity,
+    /// Park until the fleet changes (an agent registers, updates its document or changes state).
+    Parked(ParkedReason),
+}
+
+/// The result of matching a placement against a set of agents.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Explanation {
+    /// Eligible agent ids, best first.
+    pub ranked: Vec<String>,
+    /// Every agent's verdict, in the order the agents were given, with ranks filled in.
+    pub verdicts: Vec<Verdict>,
+    /// E.g. `0/12 agents eligible: 7 missing tag docker, 3 software.node.version not ^20, 2 at capacity`.
+    pub summary: String,
+    /// Placeable, waiting for capacity, or parked.
+    pub outcome: Outcome,
+}
+
+/// Evaluates every agent and ranks the eligible ones (see the module doc for the order).
+pub fn explain(
+    placement: &CompiledPlacement,
+    namespace: &str,
+    agents: &[AgentView],
+) -> Explanation {
+    let mut verdicts: Vec<Verdict> = agents
+        .iter()
+        .map(|a| evaluate(placement, namespace, a))
+        .collect();
+    let mut order: Vec<usize> = (0..agents.len())
+        .filter(|&i| verdicts[i].eligible)
+        .collect();
+    let avail: Vec<Availability> = agents.iter().map(AgentView::availability).collect();
+    order.sort_by(|&i, &j| {
+        rank_cmp(
+            (verdicts[i].preference_score, &avail[i], &agents[i].agent_id),
+            (verdicts[j].preference_score, &avail[j], &agents[j].agent_id),
+        )
+    });
+    for (rank, &i) in order.iter().enumerate() {
+        verdicts[i].rank = u32::try_from(rank + 1).unwrap_or(u32::MAX);
+    }
+    let ranked = order.iter().map(|&i| agents[i].agent_id.clone()).collect();
+    let summary = summarize(&verdicts);
+    let outcome = outcome_of(&verdicts, agents.iter().any(|a| a.namespace == namespace));
+    Explanation {
+        ranked,
+        verdicts,
+        summary,
+        outcome,
+    }
+}
+
+/// The outcome implied by a set of verdicts.
+pub fn outcome_of(verdicts: &[Verdict], namespace_has_agents: bool) -> Outcome {
+    if verdicts.iter().any(|v| v.eligible) {
+        Outcome::Placeable
+    } else if verdicts.iter().any(|v| v.capable && v.status.takes_work()) {
+        Outcome::WaitingForCapacity
+    } else if !namespace_has_agents {
+        Outcome::Parked(ParkedReason::NoAgents)
+    } else if verdicts.iter().any(|v| v.capable) {
+        Outcome::Parked(ParkedReason::CapableAgentsUnavailable)
+    } else {
+        Outcome::Parked(ParkedReason::NoCapableAgent)
+    }
+}
+
+/// `E/N agents eligible: <count> <phrase>, ...`, groups by descending count then phrase.
+pub fn summarize(verdicts: &[Verdict]) -> String {
+    let eligible = verdicts.iter().filter(|v| v.eligible).count();
+    let mut groups: BTreeMap<String, usize> = BTreeMap::new();
+    for reason in verdicts.iter().filter_map(|v| v.reason.as_ref()) {
+        *groups.entry(reason.summary()).or_default() += 1;
+    }
+    let mut line = format!("{eligible}/{} agents eligible", verdicts.len());
+    if !groups.is_empty() {
+        let mut groups: Vec<(String, usize)> = groups.into_iter().collect();
+        groups.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        line.push_str(": ");
+        line.push_str(
+            &groups
+                .iter()
+                .map(|(phrase, n)| format!("{n} {phrase}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::compile;
+    use crate::selector;
+    use serde_json::json;
+
+    fn agent(id: &str, doc: Value) -> AgentView {
+        AgentView {
+            agent_id: id.into(),
+            namespace: "default".into(),
+            status: AgentStatus::Ready,
+            capacity: 4,
+            active_leases: 0,
+            last_granted_at_ms: None,
+            document: Arc::new(doc),
+        }
+    }
+
+    fn placement(sel: &str) -> CompiledPlacement {
+        compile(&selector::parse(sel).unwrap()).unwrap()
+    }
+
+    fn node(version: &str) -> Value {
+        json!({"tags": ["linux", "docker"], "software": {"node": {"version": version}}})
+    }
+
+    #[test]
+    fn status_names() {
+        for s in [
+            AgentStatus::Ready,
+            AgentStatus::Degraded,
+            AgentStatus::Draining,
+            AgentStatus::Offline,
+        ] {
+            assert_eq!(s.as_str().parse::<AgentStatus>().unwrap(), s);
+        }
+        assert_eq!(
+            "AGENT_STATUS_READY".parse::<AgentStatus>().unwrap(),
+            AgentStatus::Ready
+        );
+    }
+
+    #[test]
+    fn reasons_and_summary() {
+        let mut agents = vec![
+            agent("a", json!({"tags": ["linux"]})),
+            agent("b", json!({"tags": ["linux"]})),
+            agent("c", node("18.19.0")),
+            agent("d", node("20.11.0")),
+            agent("e", node("20.11.0")),
+            agent("f", node("20.11.0")),
+            agent("g", node("20.11.0")),
+            agent("h", node("20.11.0")),
+        ];
+        agents[4].active_leases = 4;
+        agents[5].status = AgentStatus::Draining;
+        agents[6].status = AgentStatus::Offline;
+        agents[7].namespace = "other".into();
+        let e = explain(
+            &placement("docker, software.node.version@^20"),
+            "default",
+            &agents,
+        );
+        assert_eq!(e.ranked, vec!["d"]);
+        assert_eq!(e.outcome, Outcome::Placeable);
+        assert_eq!(e.verdicts[0].reason_text(), "missing tag docker");
+        assert_eq!(
+            e.verdicts[2].reason_text(),
+            "software.node.version VERSION ^20: have 18.19.0"
+        );
+        assert_eq!(e.verdicts[4].reason_text(), "at capacity (4/4)");
+        assert!(e.verdicts[4].capable && !e.verdicts[4].eligible);
+        assert_eq!(e.verdicts[5].reason_text(), "draining");
+        assert_eq!(e.verdicts[6].reason_text(), "offline");
+        assert_eq!(e.verdicts[7].reason_text(), "in namespace other");
+        assert!(!e.verdicts[7].capable);
+        assert_eq!(e.verdicts[3].rank, 1);
+        assert_eq!(
+            e.summary,
+            "1/8 agents eligible: 2 missing tag docker, 1 at capacity, 1 draining, 1 in other namespaces, 1 offline, 1 software.node.version not ^20"
+        );
+    }
+
+    #[test]
+    fn parked_versus_waiting() {
+        let busy = AgentView {
+            active_leases: 4,
+            ..agent("a", node("20.1.0"))
+        };
+        let p = placement("software.node.version@^20");
+        assert_eq!(
+            explain(&p, "default", std::slice::from_ref(&busy)).outcome,
+            Outcome::WaitingForCapacity
+        );
+        let draining = AgentView {
+            status: AgentStatus::Draining,
+            ..agent("a", node("20.1.0"))
+        };
+        assert_eq!(
+            explain(&p, "default", &[draining]).outcome,
+            Outcome::Parked(ParkedReason::CapableAgentsUnavailable)
+        );
+        let old = agent("b", node("18.0.0"));
+        let e = explain(&p, "default", &[old]);
+        assert_eq!(e.outcome, Outcome::Parked(ParkedReason::NoCapableAgent));
+        assert_eq!(
+            e.summary,
+            "0/1 agents eligible: 1 software.node.version not ^20"
+        );
+        assert_eq!(
+            explain(&p, "default", &[]).outcome,
+            Outcome::Parked(ParkedReason::NoAgents)
+        );
+        assert_eq!(explain(&p, "default", &[]).summary, "0/0 agents eligible");
+    }
+
+    #[test]
+    fn degraded_agent_only_fails_what_is_unhealthy() {
+        let doc = json!({"tags": ["linux"], "provides": {
+            "ai.llm": {"version": "1.0.0", "healthy": false, "reason": "missing parameter API_KEY"},
+            "comm.gateway": {"version": "1.2.0", "healthy": true}}});
+        let a = AgentView {
+            status: AgentStatus::Degraded,
+            ..agent("a", doc)
+        };
+        let v = evaluate(&placement("provides ai.llm@1"), "default", &a);
+        assert!(!v.eligible && !v.capable);
+        assert_eq!(
+            v.reason_text(),
+            "capability ai.llm@1 unhealthy: missing parameter API_KEY"
+        );
+        assert!(evaluate(&placement("linux, provides comm.gateway@1"), "default", &a).eligible);
+        assert!(evaluate(&placement("linux"), "default", &a).eligible);
+    }
+
+    #[test]
+    fn ranking_order() {
+        let mut agents = vec![
+            agent("z", json!({"tags": ["gpu"]})),
+            agent("y", json!({"tags": []})),
+            agent("x", json!({"tags": []})),
+            agent("w", json!({"tags": []})),
+            agent("v", json!({"tags": []})),
+        ];
+        agents[1].active_leases = 2; // ratio 2/4
+        agents[2].last_granted_at_ms = Some(100);
+        agents[3].last_granted_at_ms = Some(50);
+        agents[4].last_granted_at_ms = Some(50);
+        agents[4].capacity = 8; // ratio 8/8 == 4/4, same grant time as w; id breaks the tie
+        let e = explain(&placement("prefer 3: gpu"), "default", &agents);
+        assert_eq!(e.ranked, vec!["z", "v", "w", "x", "y"]);
+        assert_eq!(e.verdicts[0].preference_score, 3);
+    }
+
+    #[test]
+    fn zero_capacity_is_at_capacity() {
+        let a = AgentView {
+            capacity: 0,
+            ..agent("a", json!({}))
+        };
+        assert_eq!(
+            evaluate(&placement(""), "default", &a).reason_text(),
+            "at capacity (0/0)"
+        );
+    }
+}

@@ -1,0 +1,242 @@
+//! Secret redaction. Before a document leaves an agent, and again when the server receives one,
+//! every value under a key that looks sensitive is replaced by [`MARKER`]; the paths redacted are
+//! returned so the server can report them (never their values).
+//!
+//! A key is sensitive when one of its words, split at `_`, `-`, `.`, spaces and camelCase
+//! boundaries (`githubToken` → `github`, `token`; `X-Auth-Token` → `x`, `auth`, `token`;
+//! `APIKey` → `api`, `key`), is one of `token`, `secret`, `secrets`, `password`, `passwords`,
+//! `passwd`, `authorization`, `cookie`, `cookies`, `credential`, `credentials`, or when two
+//! adjacent words are `api key` or `private key` (also written `apikey`, `privatekey`). The plural
+//! `tokens` is deliberately **not** sensitive: it names counters such as `max_tokens` or
+//! `tokens_per_minute`, and a test pins this. Keys listed in the static tier's `sensitive` array
+//! are also sensitive; an entry matches a key name (ASCII case-insensitive) or a full dotted path.
+//!
+//! Every non-null value under a sensitive key is replaced, whatever its type; `null` is left
+//! alone (it holds no secret), as is a value that already is the marker, so redaction is
+//! idempotent and a second pass reports nothing.
+
+use crate::limits::join;
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+/// What a redacted value becomes.
+pub const MARKER: &str = "[redacted]";
+
+const SENSITIVE_WORDS: &[&str] = &[
+    "token",
+    "secret",
+    "secrets",
+    "password",
+    "passwords",
+    "passwd",
+    "authorization",
+    "cookie",
+    "cookies",
+    "credential",
+    "credentials",
+    "apikey",
+    "privatekey",
+];
+
+const SENSITIVE_PAIRS: &[(&str, &str)] = &[("api", "key"), ("private", "key")];
+
+/// Splits a key into lowercase words at separators and camelCase boundaries.
+pub fn key_words(key: &str) -> Vec<String> {
+    let chars: Vec<char> = key.chars().collect();
+    let mut words = Vec::new();
+    let mut current = String::new();
+    for (i, &c) in chars.iter().enumerate() {
+        if !c.is_alphanumeric() {
+            if !current.is_empty() {
+                words.push(std::mem::take(&mut current));
+            }
+            continue;
+        }
+        if c.is_uppercase() && !current.is_empty() {
+            let prev = chars[i - 1];
+            let next_is_lower = chars.get(i + 1).is_some_and(|n| n.is_lowercase());
+            // fooBar → foo|Bar ; APIKey → API|Key ; v2Token → v2|Token
+            if prev.is_lowercase()
+                || prev.is_ascii_digit()
+                || (prev.is_uppercase() && next_is_lower)
+            {
+                words.push(std::mem::take(&mut current));
+            }
+        }
+        current.extend(c.to_lowercase());
+    }
+    if !current.is_empty() {
+        words.push(current);
+    }
+    words
+}
+
+/// Whether `key` looks sensitive by its words (see the module doc).
+pub fn is_sensitive_key(key: &str) -> bool {
+    let words = key_words(key);
+    words.iter().any(|w| SENSITIVE_WORDS.contains(&w.as_str()))
+        || words
+            .windows(2)
+            .any(|p| SENSITIVE_PAIRS.contains(&(p[0].as_str(), p[1].as_str())))
+}
+
+/// The extra sensitive keys a static tier declares in its `sensitive` array of strings.
+pub fn declared_sensitive(static_tier: &Value) -> BTreeSet<String> {
+    static_tier
+        .get("sensitive")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_ascii_lowercase)
+        .collect()
+}
+
+/// Replaces every value under a sensitive key in `doc` with [`MARKER`] and returns the dotted
+/// paths it changed, in document order. `extra` holds lowercase key names or dotted paths (see
+/// [`declared_sensitive`]).
+pub fn redact(doc: &mut Value, extra: &BTreeSet<String>) -> Vec<String> {
+    let mut paths = Vec::new();
+    walk(doc, "", extra, &mut paths);
+    paths
+}
+
+/// [`redact`] on a copy; for callers that must keep the original.
+pub fn redacted(doc: &Value, extra: &BTreeSet<String>) -> (Value, Vec<String>) {
+    let mut copy = doc.clone();
+    let paths = redact(&mut copy, extra);
+    (copy, paths)
+}
+
+fn walk(value: &mut Value, path: &str, extra: &BTreeSet<String>, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map.iter_mut() {
+                let child_path = join(path, key);
+                let sensitive = is_sensitive_key(key)
+                    || (!extra.is_empty()
+                        && (extra.contains(&key.to_ascii_lowercase())
+                            || extra.contains(&child_path.to_ascii_lowercase())));
+                if sensitive {
+                    if !child.is_null() && child.as_str() != Some(MARKER) {
+                        *child = Value::String(MARKER.to_owned());
+                        out.push(child_path);
+                    }
+                } else {
+                    walk(child, &child_path, extra, out);
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, child) in items.iter_mut().enumerate() {
+                walk(child, &join(path, &i.to_string()), extra, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn words_split_on_case_and_separators() {
+        assert_eq!(key_words("githubToken"), vec!["github", "token"]);
+        assert_eq!(key_words("X-Auth-Token"), vec!["x", "auth", "token"]);
+        assert_eq!(key_words("db_password"), vec!["db", "password"]);
+        assert_eq!(key_words("APIKey"), vec!["api", "key"]);
+        assert_eq!(
+            key_words("HTTPServer2Port"),
+            vec!["http", "server2", "port"]
+        );
+    }
+
+    #[test]
+    fn sensitive_keys() {
+        for k in [
+            "token",
+            "githubToken",
+            "X-Auth-Token",
+            "db_password",
+            "apiKey",
+            "api_key",
+            "API_KEY",
+            "apikey",
+            "Authorization",
+            "cookie",
+            "set-cookie",
+            "private_key",
+            "privateKey",
+            "credentials",
+            "aws.credential",
+            "client_secret",
+            "passwd",
+            "secrets",
+            "SECRET",
+        ] {
+            assert!(is_sensitive_key(k), "{k} should be sensitive");
+        }
+    }
+
+    #[test]
+    fn plural_tokens_and_lookalikes_are_not_sensitive() {
+        for k in [
+            "max_tokens",
+            "tokens",
+            "tokensPerMinute",
+            "key",
+            "keyboard",
+            "public_key",
+            "monkey",
+            "secretary",
+            "author",
+        ] {
+            assert!(!is_sensitive_key(k), "{k} should not be sensitive");
+        }
+    }
+
+    #[test]
+    fn redacts_nested_and_in_arrays_reports_paths() {
+        let mut d = json!({
+            "os": "linux",
+            "github": {"token": "ghp_x", "user": "me"},
+            "registries": [{"url": "u", "password": "p"}],
+            "max_tokens": 4096,
+            "nested_secret": {"deep": 1},
+            "cookie": null,
+        });
+        let paths = redact(&mut d, &BTreeSet::new());
+        assert_eq!(
+            paths,
+            vec!["github.token", "nested_secret", "registries.0.password"]
+        );
+        assert_eq!(d["github"]["token"], json!(MARKER));
+        assert_eq!(d["nested_secret"], json!(MARKER));
+        assert_eq!(d["max_tokens"], json!(4096));
+        assert_eq!(d["cookie"], Value::Null);
+    }
+
+    #[test]
+    fn redaction_is_idempotent() {
+        let mut d = json!({"apiKey": "k", "x": {"password": ["a"]}});
+        let first = redact(&mut d, &BTreeSet::new());
+        let once = d.clone();
+        let second = redact(&mut d, &BTreeSet::new());
+        assert_eq!(first.len(), 2);
+        assert!(second.is_empty());
+        assert_eq!(d, once);
+    }
+
+    #[test]
+    fn declared_sensitive_keys_and_paths() {
+        let static_tier = json!({"sensitive": ["LicenseServer", "db.dsn", 3]});
+        let extra = declared_sensitive(&static_tier);
+        assert_eq!(extra.len(), 2);
+        let mut d = json!({"licenseserver": "s", "db": {"dsn": "postgres://", "host": "h"}, "other": {"dsn": "keep"}});
+        let paths = redact(&mut d, &extra);
+        assert_eq!(paths, vec!["db.dsn", "licenseserver"]);
+        assert_eq!(d["other"]["dsn"], json!("keep"));
+    }
+}

@@ -1,0 +1,199 @@
+//! Property-based laws: tier merges equal a fold of single-tier merges and agree with RFC 7386;
+//! `apply(a, diff(a, b)) == b`; redaction is idempotent and leaves no sensitive value; ranking
+//! is deterministic, never returns an agent failing a hard constraint, and the index picks the
+//! matcher's first choice.
+
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use switchyard_core::diff;
+use switchyard_core::index::AgentIndex;
+use switchyard_core::limits::Limits;
+use switchyard_core::matcher::{self, AgentStatus, AgentView};
+use switchyard_core::placement::compile;
+use switchyard_core::redact;
+use switchyard_core::selector;
+use switchyard_core::tier::{Merged, Tier, merge_tiers};
+
+fn key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("os".to_owned()),
+        Just("memory".to_owned()),
+        Just("tags".to_owned()),
+        Just("token".to_owned()),
+        Just("apiKey".to_owned()),
+        Just("max_tokens".to_owned()),
+        Just("a/b".to_owned()),
+        Just("m~n".to_owned()),
+        "[a-z]{1,3}",
+    ]
+}
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        (-1000i64..1000).prop_map(|n| json!(n)),
+        (-10.0f64..10.0).prop_map(|f| json!(f)),
+        "[a-z0-9.]{0,6}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 40, 5, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(key(), inner, 0..5)
+                .prop_map(|m| Value::Object(m.into_iter().collect::<Map<_, _>>())),
+        ]
+    })
+}
+
+fn object() -> impl Strategy<Value = Value> {
+    prop::collection::btree_map(key(), json_value(), 0..6)
+        .prop_map(|m| Value::Object(m.into_iter().collect()))
+}
+
+/// Removes nulls the way RFC 7386 does when a patch value is stored.
+fn strip_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), strip_nulls(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn has_sensitive_value(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => m.iter().any(|(k, v)| {
+            (redact::is_sensitive_key(k) && !v.is_null() && v != &json!(redact::MARKER))
+                || has_sensitive_value(v)
+        }),
+        Value::Array(items) => items.iter().any(has_sensitive_value),
+        _ => false,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn merging_tiers_equals_folding_single_merges(tiers in prop::collection::vec(object(), 0..5)) {
+        let tagged: Vec<(Tier, Value)> = tiers.iter().cloned().zip(Tier::ALL).map(|(v, t)| (t, v)).collect();
+        let limits = Limits::default();
+        let all = merge_tiers(&tagged, &limits);
+        let mut folded = Merged::default();
+        for (t, v) in &tagged {
+            folded.apply(*t, v, &limits);
+        }
+        prop_assert_eq!(&all, &folded);
+        // Within the limits, the document is the RFC 7386 merge.
+        let mut reference = json!({});
+        for (_, v) in &tagged {
+            json_patch::merge(&mut reference, v);
+        }
+        prop_assert_eq!(&all.document, &strip_nulls(&reference));
+        prop_assert!(all.rejections.is_empty());
+        // Provenance covers exactly the leaves.
+        let mut leaves = BTreeSet::new();
+        fn walk(v: &Value, path: String, out: &mut BTreeSet<String>) {
+            match v {
+                Value::Object(m) if !m.is_empty() => {
+                    for (k, c) in m {
+                        walk(c, if path.is_empty() { k.clone() } else { format!("{path}.{k}") }, out);
+                    }
+                }
+                _ => { out.insert(path); }
+            }
+        }
+        if let Value::Object(m) = &all.document {
+            for (k, c) in m { walk(c, k.clone(), &mut leaves); }
+        }
+        let keys: BTreeSet<String> = all.provenance.keys().cloned().collect();
+        prop_assert_eq!(keys, leaves);
+    }
+
+    #[test]
+    fn merged_documents_never_exceed_the_size_limit(tiers in prop::collection::vec(object(), 0..5), max in 2usize..200) {
+        let tagged: Vec<(Tier, Value)> = tiers.into_iter().zip(Tier::ALL).map(|(v, t)| (t, v)).collect();
+        let limits = Limits { max_serialized_bytes: max, ..Limits::default() };
+        let merged = merge_tiers(&tagged, &limits);
+        prop_assert!(serde_json::to_string(&merged.document).unwrap().len() <= max);
+        prop_assert!(merged.document.is_object());
+    }
+
+    #[test]
+    fn applying_a_diff_gives_the_target(a in object(), b in object(), generation in any::<u64>()) {
+        let patch = diff::diff(&a, &b);
+        let limits = Limits::default();
+        prop_assert_eq!(diff::apply(&a, generation, generation, &patch, &limits), Ok(b.clone()));
+        if a == b {
+            prop_assert!(patch.is_empty());
+        }
+    }
+
+    #[test]
+    fn redaction_is_idempotent_and_complete(doc in object()) {
+        let mut once = doc.clone();
+        let paths = redact::redact(&mut once, &BTreeSet::new());
+        prop_assert!(!has_sensitive_value(&once));
+        let mut twice = once.clone();
+        prop_assert!(redact::redact(&mut twice, &BTreeSet::new()).is_empty());
+        prop_assert_eq!(&once, &twice);
+        prop_assert_eq!(paths.is_empty(), once == doc);
+    }
+
+    #[test]
+    fn ranking_is_deterministic_sound_and_indexed(
+        specs in prop::collection::vec(
+            (prop::collection::btree_set(prop_oneof![Just("linux"), Just("docker"), Just("gpu")], 0..3),
+             0u32..3, 0u32..4, prop::option::of(0u64..5), 0usize..4, 0u32..40, any::<bool>()),
+            0..30),
+        sel in prop_oneof![
+            Just("linux"), Just("linux, docker"), Just("!gpu"), Just("n>=20"), Just("n=7"),
+            Just("linux, prefer 3: gpu"), Just("prefer 2: docker, prefer 1: n<10"), Just("v@^2"),
+            Just("provides ai.llm@1"), Just("prefer 4: provides ai.llm@1, docker"), Just(""),
+        ],
+    ) {
+        let agents: Vec<AgentView> = specs.iter().enumerate().map(|(i, (tags, cap, active, last, status, n, llm))| {
+            let mut doc = json!({"tags": tags, "n": n, "v": format!("{}.{}.0", n % 4, n)});
+            if *llm {
+                doc["provides"] = json!({"ai.llm": {"version": "1.0.0", "healthy": n % 3 != 0}});
+            }
+            AgentView {
+                agent_id: format!("a{:02}", (i * 7) % 31),
+                namespace: if i % 9 == 8 { "other".into() } else { "default".into() },
+                status: [AgentStatus::Ready, AgentStatus::Degraded, AgentStatus::Draining, AgentStatus::Offline][*status],
+                capacity: *cap,
+                active_leases: *active,
+                last_granted_at_ms: *last,
+                document: Arc::new(doc),
+            }
+        }).collect();
+        // Agent ids must be unique for a meaningful ranking.
+        let mut seen = BTreeSet::new();
+        let agents: Vec<AgentView> = agents.into_iter().filter(|a| seen.insert(a.agent_id.clone())).collect();
+        let placement = compile(&selector::parse(sel).unwrap()).unwrap();
+        let first = matcher::explain(&placement, "default", &agents);
+        let mut reversed = agents.clone();
+        reversed.reverse();
+        let second = matcher::explain(&placement, "default", &reversed);
+        prop_assert_eq!(&first.ranked, &second.ranked);
+        prop_assert_eq!(&first.summary, &second.summary);
+        for id in &first.ranked {
+            let a = agents.iter().find(|a| &a.agent_id == id).unwrap();
+            prop_assert!(placement.satisfied_by(&a.document));
+            prop_assert!(a.status.takes_work() && a.active_leases < a.capacity && a.namespace == "default");
+        }
+        let mut index = AgentIndex::new();
+        for a in &agents {
+            index.upsert(a.clone());
+        }
+        prop_assert_eq!(
+            index.select_best(&placement, "default").map(|s| s.agent_id),
+            first.ranked.first().cloned()
+        );
+    }
+}
