@@ -771,17 +771,23 @@ macro_rules! store_common {
             conn: &mut $conn,
             namespace: Option<&str>,
             now_ms: i64,
+            after: Option<&QueueCursor>,
             limit: u32,
         ) -> __Result<Vec<TaskRecord>> {
             let rows = sqlx::query(concat!(
                 task_select!(),
                 "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
                  AND ($2 IS NULL OR t.namespace = $2) \
+                 AND ($4 IS NULL OR t.priority < $4 OR (t.priority = $4 AND \
+                      (t.created_at_ms > $5 OR (t.created_at_ms = $5 AND t.id > $6)))) \
                  ORDER BY t.priority DESC, t.created_at_ms, t.id LIMIT $3"
             ))
             .bind(now_ms)
             .bind(namespace)
             .bind(i64::from(limit))
+            .bind(after.map(|c| c.priority))
+            .bind(after.map(|c| c.created_at_ms))
+            .bind(after.map(|c| c.task_id))
             .fetch_all(&mut *conn)
             .await
             .map_err(db("listing queued tasks"))?;

@@ -29,8 +29,8 @@ use uuid::Uuid;
 pub use model::{
     AgentRecord, AgentRegistration, Completion, CompletionOutcome, CompletionResult,
     DEFAULT_BACKOFF_BASE_MS, GrantOutcome, GrantRefusal, GrantRequest, LeaseRecord, LeaseState,
-    MAX_BACKOFF_MS, NewTask, Page, StoreEvent, TaskEventRecord, TaskFilter, TaskRecord, TaskState,
-    UnknownState, backoff_ms,
+    MAX_BACKOFF_MS, NewTask, Page, QueueCursor, StoreEvent, TaskEventRecord, TaskFilter,
+    TaskRecord, TaskState, UnknownState, backoff_ms,
 };
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -77,6 +77,7 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
         &self,
         namespace: Option<&str>,
         now_ms: i64,
+        after: Option<&QueueCursor>,
         limit: u32,
     ) -> Result<Vec<TaskRecord>>;
 

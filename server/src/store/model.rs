@@ -353,6 +353,29 @@ pub struct Page {
 }
 
 /// Asks to lease a task to an agent.
+/// Where a walk down the queue stopped: the last task seen, in queue order
+/// (priority descending, then submission order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueCursor {
+    /// The last task's priority.
+    pub priority: i32,
+    /// Its submission time.
+    pub created_at_ms: i64,
+    /// Its id (the final tiebreak).
+    pub task_id: Uuid,
+}
+
+impl QueueCursor {
+    /// The cursor just after `task`.
+    pub fn after(task: &TaskRecord) -> Self {
+        Self {
+            priority: task.priority,
+            created_at_ms: task.created_at_ms,
+            task_id: task.id,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GrantRequest {
     /// The task to lease.

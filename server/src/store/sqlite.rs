@@ -158,9 +158,10 @@ impl Store for SqliteStore {
         &self,
         namespace: Option<&str>,
         now_ms: i64,
+        after: Option<&QueueCursor>,
         limit: u32,
     ) -> __Result<Vec<TaskRecord>> {
-        queued_tasks(&mut *self.read().await?, namespace, now_ms, limit).await
+        queued_tasks(&mut *self.read().await?, namespace, now_ms, after, limit).await
     }
 
     async fn grant_leases(

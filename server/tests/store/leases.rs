@@ -425,7 +425,7 @@ async fn failed_attempt_retries_after_backoff(fx: &mut Fixture) {
     assert_eq!(retried.error.as_ref().unwrap()["code"], "handler_error");
     assert!(
         store
-            .queued_tasks(Some("ns"), T0 + 10 + BACKOFF_BASE_MS - 1, 10)
+            .queued_tasks(Some("ns"), T0 + 10 + BACKOFF_BASE_MS - 1, None, 10)
             .await
             .unwrap()
             .is_empty()
@@ -445,7 +445,11 @@ async fn failed_attempt_retries_after_backoff(fx: &mut Fixture) {
     // The second failure waits twice as long.
     let now = T0 + 10 + BACKOFF_BASE_MS;
     assert_eq!(
-        store.queued_tasks(Some("ns"), now, 10).await.unwrap().len(),
+        store
+            .queued_tasks(Some("ns"), now, None, 10)
+            .await
+            .unwrap()
+            .len(),
         1
     );
     let second = grant(store, t.id, worker.id, now).await;

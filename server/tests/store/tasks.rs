@@ -3,7 +3,7 @@
 
 use serde_json::json;
 use switchyard_server::error::Error;
-use switchyard_server::store::{Page, TaskFilter, TaskState};
+use switchyard_server::store::{Page, QueueCursor, TaskFilter, TaskState};
 use uuid::Uuid;
 
 use crate::common::{Fixture, T0, agent, grant, submit, task};
@@ -92,15 +92,22 @@ async fn priority_then_fifo_and_not_before(fx: &mut Fixture) {
     let ids = |tasks: Vec<switchyard_server::store::TaskRecord>| {
         tasks.into_iter().map(|t| t.id).collect::<Vec<_>>()
     };
-    let queued = store.queued_tasks(Some("ns"), T0 + 10, 10).await.unwrap();
+    let queued = store
+        .queued_tasks(Some("ns"), T0 + 10, None, 10)
+        .await
+        .unwrap();
     assert_eq!(ids(queued), vec![high.id, low_a.id, low_b.id]);
     let queued = store
-        .queued_tasks(Some("ns"), T0 + 60_000, 10)
+        .queued_tasks(Some("ns"), T0 + 60_000, None, 10)
         .await
         .unwrap();
     assert_eq!(ids(queued), vec![delayed.id, high.id, low_a.id, low_b.id]);
     assert_eq!(
-        store.queued_tasks(None, T0 + 10, 10).await.unwrap().len(),
+        store
+            .queued_tasks(None, T0 + 10, None, 10)
+            .await
+            .unwrap()
+            .len(),
         4
     );
 
@@ -108,8 +115,24 @@ async fn priority_then_fifo_and_not_before(fx: &mut Fixture) {
     // candidate list keeps offering them, and a lower one can be granted.
     let worker = agent(store, "ns", "w1", 1).await;
     grant(store, low_a.id, worker.id, T0 + 20).await;
-    let queued = store.queued_tasks(Some("ns"), T0 + 20, 10).await.unwrap();
+    let queued = store
+        .queued_tasks(Some("ns"), T0 + 20, None, 10)
+        .await
+        .unwrap();
     assert_eq!(ids(queued), vec![high.id, low_b.id]);
+
+    // The queue can be walked page by page from a cursor, in the same order.
+    let first = store
+        .queued_tasks(Some("ns"), T0 + 60_000, None, 2)
+        .await
+        .unwrap();
+    assert_eq!(ids(first.clone()), vec![delayed.id, high.id]);
+    let cursor = QueueCursor::after(first.last().unwrap());
+    let rest = store
+        .queued_tasks(Some("ns"), T0 + 60_000, Some(&cursor), 2)
+        .await
+        .unwrap();
+    assert_eq!(ids(rest), vec![low_b.id]);
 }
 
 async fn list_tasks_filters_and_pages(fx: &mut Fixture) {
