@@ -9,6 +9,8 @@
 //!   traits (`*_server`) of package `switchyard.v1`. Server traits have
 //!   default methods answering `UNIMPLEMENTED`, so a service implements only
 //!   what it serves.
+//! - [`convert`]: protobuf `Struct`/`Value`/time/patch types to JSON and
+//!   back, shared by the server and the agent.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptor set of the contract, for
 //!   gRPC server reflection (grpcurl `list` and `describe`).
 
@@ -17,6 +19,8 @@
 pub mod v1 {
     tonic::include_proto!("switchyard.v1");
 }
+
+pub mod convert;
 
 /// The encoded `FileDescriptorSet` of every `switchyard.v1` file, with source
 /// comments, for the reflection service.
