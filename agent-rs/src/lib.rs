@@ -1,5 +1,27 @@
-//! The Switchyard agent as a library.
+//! The Switchyard agent as a library: what people install on every machine
+//! of their fleet, and what a Rust program embeds to run its own handlers.
 //!
 //! # Layout
-//! (filled in by the agent work: capability tiers and detection, the session,
-//! task execution and handler packs.)
+//! - [`detect`]: built-in detection, the base tier (tool versions, OS,
+//!   memory, load, CPUs, GPUs, derived tags), each probe time-limited.
+//! - [`tiers`]: the agent directory's SheetBot tiers (`.capabilities.json`,
+//!   `.capabilities.dynamic.{sh,py,mjs,js,ts}`, `.capabilities.override.json`)
+//!   and their merge over the base tier.
+//! - [`capabilities`]: the live document: refreshed load, re-read tiers on
+//!   change, pack health.
+//! - [`handler`]: the `Handler` trait and handler packs (first registration
+//!   wins; missing required parameters make a capability unhealthy).
+//! - [`exec`]: the `exec` task kind (argv, env, cwd, timeout, process-group
+//!   kill), enabled with `--allow-exec`.
+//! - [`session`]: register, the `Connect` stream, heartbeats with diffs,
+//!   lease execution and reports, reconnect and resume, drain.
+
+pub mod capabilities;
+pub mod detect;
+pub mod exec;
+pub mod handler;
+pub mod session;
+pub mod tiers;
+
+pub use handler::{Handler, HandlerPack, Handlers, TaskContext, TaskFailure};
+pub use session::{AgentConfig, run};

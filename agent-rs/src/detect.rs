@@ -1,0 +1,252 @@
+//! Built-in detection: the base tier. Each probe is independent and
+//! time-limited (a missing or hanging tool only leaves its entry out): tool
+//! versions shaped `software.<tool>.{version, major_version, minor_version,
+//! patch_version}`, OS release and `/etc/os-release`, memory and load
+//! averages (sysinfo), CPUs, NVIDIA GPUs when `nvidia-smi` answers, and
+//! `tags` derived from what was found.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use switchyard_core::document::software_entry;
+use tokio::process::Command;
+
+/// The tools probed, with the arguments that print their version.
+pub const TOOLS: [(&str, &str, &[&str]); 15] = [
+    ("git", "git", &["--version"]),
+    ("clang", "clang", &["--version"]),
+    ("cmake", "cmake", &["--version"]),
+    ("node", "node", &["--version"]),
+    ("uv", "uv", &["--version"]),
+    ("scons", "scons", &["--version"]),
+    ("vboxmanage", "vboxmanage", &["--version"]),
+    ("deno", "deno", &["--version"]),
+    ("python3", "python3", &["--version"]),
+    ("docker", "docker", &["--version"]),
+    ("cargo", "cargo", &["--version"]),
+    ("rustc", "rustc", &["--version"]),
+    ("go", "go", &["version"]),
+    ("java", "java", &["-version"]),
+    ("gcc", "gcc", &["--version"]),
+];
+
+/// The first version-looking token of a tool's output (`git version
+/// 2.39.5` → `2.39.5`, `v20.11.1` → `20.11.1`, `go1.22.1` → `1.22.1`).
+pub fn version_in(output: &str) -> Option<String> {
+    let re = regex_lite_version();
+    output.lines().find_map(|line| {
+        line.split(|c: char| c.is_whitespace() || c == '"' || c == ',' || c == '(' || c == ')')
+            .filter_map(|tok| {
+                let t = tok.trim_start_matches('v').trim_start_matches("go");
+                re(t).then(|| {
+                    t.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+                        .to_owned()
+                })
+            })
+            .next()
+    })
+}
+
+/// A token is a version if it starts with digits and contains a dot.
+fn regex_lite_version() -> impl Fn(&str) -> bool {
+    |t: &str| {
+        let mut parts = t.split('.');
+        let first = parts.next().unwrap_or_default();
+        !first.is_empty() && first.chars().all(|c| c.is_ascii_digit()) && t.contains('.')
+    }
+}
+
+async fn probe(program: &str, args: &[&str], timeout: Duration) -> Option<String> {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(timeout, cmd.output())
+        .await
+        .ok()?
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    // Some tools (java) print their version on standard error.
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    version_in(&text)
+}
+
+/// Tool versions, probed concurrently (each with its own timeout).
+pub async fn software(timeout: Duration) -> Map<String, Value> {
+    let mut probes = tokio::task::JoinSet::new();
+    for (name, program, args) in TOOLS {
+        probes.spawn(async move { (name, probe(program, args, timeout).await) });
+    }
+    let mut out = Map::new();
+    while let Some(joined) = probes.join_next().await {
+        if let Ok((name, Some(version))) = joined {
+            out.insert(name.to_owned(), software_entry(&version));
+        }
+    }
+    out
+}
+
+/// `/etc/os-release` as SheetBot reports it.
+pub fn os_release(text: &str) -> Map<String, Value> {
+    let mut fields = std::collections::HashMap::new();
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            fields.insert(k.trim().to_owned(), v.trim().trim_matches('"').to_owned());
+        }
+    }
+    let mut out = Map::new();
+    if let Some(v) = fields.get("NAME") {
+        out.insert("name".into(), json!(v));
+    }
+    if let Some(v) = fields.get("PRETTY_NAME") {
+        out.insert("pretty_name".into(), json!(v));
+    }
+    if let Some(v) = fields.get("VERSION_CODENAME") {
+        out.insert("versionCodename".into(), json!(v));
+    }
+    if let Some(v) = fields.get("VERSION_ID") {
+        out.insert("versionId".into(), json!(v));
+        out.insert("release".into(), software_entry(v));
+    }
+    out
+}
+
+/// Memory in MB and load averages, cheap enough for every heartbeat.
+pub fn load_facts() -> Map<String, Value> {
+    let mut out = Map::new();
+    if let Ok(mut sys) = sysinfo::System::new_with_specifics(
+        sysinfo::RefreshKind::nothing()
+            .with_memory(sysinfo::MemoryRefreshKind::nothing().with_ram()),
+    ) {
+        sys.refresh_memory();
+        let mb = |b: u64| b / (1024 * 1024);
+        out.insert(
+            "memory".into(),
+            json!({"total": mb(sys.total_memory()), "free": mb(sys.free_memory()),
+                   "available": mb(sys.available_memory()), "unit": "MB"}),
+        );
+    }
+    if let Ok(l) = sysinfo::System::load_average() {
+        let round = |x: f64| (x * 100.0).round() / 100.0;
+        out.insert(
+            "loadavg".into(),
+            json!({"1min": round(l.one), "5min": round(l.five), "15min": round(l.fifteen)}),
+        );
+    }
+    out
+}
+
+/// Everything the agent knows about its machine: the base tier.
+pub async fn base(probe_timeout: Duration) -> Value {
+    let mut doc = Map::new();
+    let os = match std::env::consts::OS {
+        "macos" => "darwin",
+        other => other,
+    };
+    doc.insert("os".into(), json!(os));
+    doc.insert("arch".into(), json!(std::env::consts::ARCH));
+    if let Ok(host) = sysinfo::System::host_name() {
+        doc.insert("hostname".into(), json!(host));
+    }
+    if let Ok(release) = sysinfo::System::kernel_version() {
+        doc.insert("os_release".into(), software_entry(&release));
+    }
+    if let Ok(text) = std::fs::read_to_string("/etc/os-release") {
+        doc.insert("linux".into(), Value::Object(os_release(&text)));
+    }
+    if let Ok(sys) = sysinfo::System::new_with_specifics(
+        sysinfo::RefreshKind::nothing().with_cpu(sysinfo::CpuRefreshKind::nothing()),
+    ) {
+        let model = sys
+            .cpus()
+            .first()
+            .map(|c| c.brand().trim().to_owned())
+            .unwrap_or_default();
+        doc.insert(
+            "cpu".into(),
+            json!({"count": sys.cpus().len(), "model": model}),
+        );
+    }
+    doc.extend(load_facts());
+    let software = software(probe_timeout).await;
+    let gpus = nvidia_gpus(probe_timeout).await;
+    let mut tags = vec![os.to_owned(), std::env::consts::ARCH.to_owned()];
+    if software.contains_key("docker") {
+        tags.push("docker".into());
+    }
+    if !gpus.is_empty() {
+        tags.push("gpu".into());
+        tags.push("nvidia".into());
+        doc.insert("gpus".into(), Value::Array(gpus));
+    }
+    doc.insert("software".into(), Value::Object(software));
+    doc.insert("tags".into(), json!(tags));
+    Value::Object(doc)
+}
+
+/// NVIDIA GPUs from `nvidia-smi`, if it answers.
+async fn nvidia_gpus(timeout: Duration) -> Vec<Value> {
+    let mut cmd = Command::new("nvidia-smi");
+    cmd.args([
+        "--query-gpu=name,memory.total,driver_version",
+        "--format=csv,noheader,nounits",
+    ])
+    .stdin(std::process::Stdio::null())
+    .kill_on_drop(true);
+    let Ok(Ok(out)) = tokio::time::timeout(timeout, cmd.output()).await else {
+        return Vec::new();
+    };
+    if !out.status.success() {
+        return Vec::new();
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let parts: Vec<&str> = l.split(',').map(str::trim).collect();
+            (parts.len() == 3).then(|| {
+                json!({"name": parts[0], "memory_mb": parts[1].parse::<u64>().ok(), "driver": parts[2]})
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_found_in_tool_output() {
+        assert_eq!(version_in("git version 2.39.5").as_deref(), Some("2.39.5"));
+        assert_eq!(version_in("v20.11.1").as_deref(), Some("20.11.1"));
+        assert_eq!(
+            version_in("go version go1.22.1 linux/amd64").as_deref(),
+            Some("1.22.1")
+        );
+        assert_eq!(
+            version_in("openjdk version \"17.0.15\" 2025-04-15").as_deref(),
+            Some("17.0.15")
+        );
+        assert_eq!(
+            version_in("cargo 1.95.0 (f2d3ce0bd 2026-03-21)").as_deref(),
+            Some("1.95.0")
+        );
+        assert_eq!(version_in("Python 3.11.7").as_deref(), Some("3.11.7"));
+        assert_eq!(version_in("no version here"), None);
+    }
+
+    #[test]
+    fn os_release_is_shaped_like_sheetbot() {
+        let f = os_release(
+            "NAME=\"Debian GNU/Linux\"\nVERSION_ID=\"12\"\nVERSION_CODENAME=bookworm\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n",
+        );
+        assert_eq!(f["name"], json!("Debian GNU/Linux"));
+        assert_eq!(f["versionCodename"], json!("bookworm"));
+        assert_eq!(f["release"]["major_version"], json!(12));
+    }
+}

@@ -1,0 +1,155 @@
+//! The `exec` task kind: runs a command (argv, env, cwd, timeout) in its
+//! own process group, captures standard output and error up to a limit,
+//! reports the exit code, and kills the whole group on cancellation or
+//! timeout. Enabled only with `--allow-exec`.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Command;
+
+use crate::handler::{Handler, TaskContext, TaskFailure};
+
+/// Output kept per stream.
+pub const OUTPUT_LIMIT: usize = 64 * 1024;
+
+/// The `exec` handler.
+#[derive(Debug, Clone)]
+pub struct Exec {
+    /// Timeout when the payload gives none.
+    pub default_timeout: Duration,
+}
+
+impl Default for Exec {
+    fn default() -> Self {
+        Self {
+            default_timeout: Duration::from_secs(3600),
+        }
+    }
+}
+
+async fn read_limited(mut reader: impl AsyncRead + Unpin) -> (String, bool) {
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    let mut truncated = false;
+    loop {
+        match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = OUTPUT_LIMIT.saturating_sub(kept.len());
+                if n > room {
+                    truncated = true;
+                }
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    (String::from_utf8_lossy(&kept).into_owned(), truncated)
+}
+
+fn bad_payload(message: &str) -> TaskFailure {
+    TaskFailure {
+        retryable: false,
+        ..TaskFailure::new("bad_payload", message)
+    }
+}
+
+#[async_trait]
+impl Handler for Exec {
+    async fn run(&self, task: TaskContext) -> Result<Value, TaskFailure> {
+        let p = &task.payload;
+        let argv: Vec<String> = p
+            .get("argv")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let Some((program, args)) = argv.split_first() else {
+            return Err(bad_payload(
+                "payload.argv must be a non-empty array of strings",
+            ));
+        };
+        let timeout = p
+            .get("timeout_secs")
+            .and_then(Value::as_f64)
+            .filter(|t| *t > 0.0)
+            .map_or(self.default_timeout, Duration::from_secs_f64);
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(env) = p.get("env").and_then(Value::as_object) {
+            for (k, v) in env {
+                if let Some(v) = v.as_str() {
+                    cmd.env(k, v);
+                }
+            }
+        }
+        if let Some(cwd) = p.get("cwd").and_then(Value::as_str) {
+            cmd.current_dir(cwd);
+        }
+        let mut child = cmd.spawn().map_err(|err| {
+            TaskFailure::new("spawn_failed", format!("cannot start {program}: {err}"))
+        })?;
+        let pgid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw);
+        let stdout = child.stdout.take().map(|s| tokio::spawn(read_limited(s)));
+        let stderr = child.stderr.take().map(|s| tokio::spawn(read_limited(s)));
+        task.progress(-1.0, format!("running {program}"));
+        let kill_group = || {
+            if let Some(pgid) = pgid {
+                let _ = killpg(pgid, Signal::SIGKILL);
+            }
+        };
+        let status = tokio::select! {
+            status = child.wait() => status.map_err(|err| TaskFailure::new("wait_failed", err.to_string()))?,
+            () = task.cancel.cancelled() => {
+                kill_group();
+                let _ = child.wait().await;
+                return Err(TaskFailure { retryable: false, ..TaskFailure::new("canceled", "canceled; process group killed") });
+            }
+            () = tokio::time::sleep(timeout) => {
+                kill_group();
+                let _ = child.wait().await;
+                return Err(TaskFailure::new("timeout", format!("timed out after {}s; process group killed", timeout.as_secs_f64())));
+            }
+        };
+        let (out, out_truncated) = match stdout {
+            Some(h) => h.await.unwrap_or_default(),
+            None => Default::default(),
+        };
+        let (err, err_truncated) = match stderr {
+            Some(h) => h.await.unwrap_or_default(),
+            None => Default::default(),
+        };
+        let result = json!({
+            "exit_code": status.code(),
+            "stdout": out,
+            "stderr": err,
+            "truncated": out_truncated || err_truncated,
+        });
+        if status.success() {
+            Ok(result)
+        } else {
+            Err(TaskFailure {
+                message: format!("{program} exited with {status}"),
+                code: "exit_code".to_owned(),
+                retryable: true,
+                details: result,
+            })
+        }
+    }
+}

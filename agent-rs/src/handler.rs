@@ -1,0 +1,208 @@
+//! Handlers and handler packs: how a Rust program (and the agent binary)
+//! says which task kinds it runs. A pack names the capabilities it provides
+//! and the parameters they need; packs merge first-registration-wins with
+//! duplicates reported, never a panic (the core's `merge_packs`), and a
+//! capability whose required parameter is missing is reported unhealthy
+//! (the agent is DEGRADED for it) instead of the agent failing to start.
+//! Parameter values are resolved from the environment and never sent,
+//! logged or shown.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use switchyard_core::pack::{MergedPacks, Pack, PackRejection, merge_packs, resolve_params};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Why an attempt failed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskFailure {
+    /// For people.
+    pub message: String,
+    /// Machine-readable cause, e.g. `exit_code`, `timeout`, `handler_error`.
+    pub code: String,
+    /// False if a retry cannot help.
+    pub retryable: bool,
+    /// Handler detail (exit code, output tails).
+    pub details: Value,
+}
+
+impl TaskFailure {
+    /// A retryable failure with a message and code.
+    pub fn new(code: &str, message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            code: code.to_owned(),
+            retryable: true,
+            details: Value::Null,
+        }
+    }
+}
+
+/// A progress report from a running handler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    /// 0 to 100, or negative if unknown.
+    pub percent: f64,
+    /// A short status line.
+    pub message: String,
+}
+
+/// What a handler gets for one attempt.
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    /// The task's id.
+    pub task_id: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its payload.
+    pub payload: Value,
+    /// Cancelled when the server revokes the lease or the agent gives up.
+    pub cancel: CancellationToken,
+    progress: mpsc::UnboundedSender<Progress>,
+}
+
+impl TaskContext {
+    /// A context whose progress reports go to `progress`.
+    pub fn new(
+        task_id: String,
+        kind: String,
+        payload: Value,
+        cancel: CancellationToken,
+        progress: mpsc::UnboundedSender<Progress>,
+    ) -> Self {
+        Self {
+            task_id,
+            kind,
+            payload,
+            cancel,
+            progress,
+        }
+    }
+
+    /// Reports progress to the server (best effort).
+    pub fn progress(&self, percent: f64, message: impl Into<String>) {
+        let _ = self.progress.send(Progress {
+            percent,
+            message: message.into(),
+        });
+    }
+}
+
+/// Runs tasks of one kind.
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// Runs one attempt; the result becomes the task's result.
+    async fn run(&self, task: TaskContext) -> Result<Value, TaskFailure>;
+}
+
+/// A pack: its declaration and the handlers for the kinds it lists.
+#[derive(Clone)]
+pub struct HandlerPack {
+    /// Id, handled kinds, provided capabilities and their parameters.
+    pub pack: Pack,
+    /// The handler for each kind in `pack.handlers`.
+    pub handlers: BTreeMap<String, Arc<dyn Handler>>,
+}
+
+impl std::fmt::Debug for HandlerPack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandlerPack")
+            .field("pack", &self.pack)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The handlers an agent runs, merged from packs.
+#[derive(Clone, Default)]
+pub struct Handlers {
+    packs: Vec<HandlerPack>,
+    merged: MergedPacks,
+    by_kind: BTreeMap<String, Arc<dyn Handler>>,
+}
+
+impl std::fmt::Debug for Handlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handlers")
+            .field("kinds", &self.by_kind.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Handlers {
+    /// No handlers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a single handler as a pack of its own (id = the kind).
+    pub fn handler(self, kind: &str, handler: impl Handler) -> Self {
+        let pack = Pack {
+            id: kind.to_owned(),
+            handlers: vec![kind.to_owned()],
+            provides: BTreeMap::new(),
+        };
+        self.pack(HandlerPack {
+            pack,
+            handlers: BTreeMap::from([(kind.to_owned(), Arc::new(handler) as Arc<dyn Handler>)]),
+        })
+    }
+
+    /// Adds a pack; the first registration of a kind or capability wins.
+    pub fn pack(mut self, pack: HandlerPack) -> Self {
+        self.packs.push(pack);
+        let declarations: Vec<Pack> = self.packs.iter().map(|p| p.pack.clone()).collect();
+        self.merged = merge_packs(&declarations);
+        self.by_kind.clear();
+        for (kind, pack_id) in &self.merged.handlers {
+            let handler = self
+                .packs
+                .iter()
+                .find(|p| &p.pack.id == pack_id)
+                .and_then(|p| p.handlers.get(kind));
+            if let Some(h) = handler {
+                self.by_kind.insert(kind.clone(), h.clone());
+            }
+        }
+        self
+    }
+
+    /// The handler for a kind.
+    pub fn get(&self, kind: &str) -> Option<Arc<dyn Handler>> {
+        self.by_kind.get(kind).cloned()
+    }
+
+    /// The kinds handled.
+    pub fn kinds(&self) -> Vec<String> {
+        self.by_kind.keys().cloned().collect()
+    }
+
+    /// What the merge rejected (duplicate packs, kinds, capabilities).
+    pub fn rejections(&self) -> &[PackRejection] {
+        &self.merged.rejections
+    }
+
+    /// The `provides` subtree with health from resolved parameters, and the
+    /// reasons of unhealthy capabilities (for a DEGRADED status).
+    pub fn provides(&self, lookup: &dyn Fn(&str) -> Option<String>) -> (Value, Vec<String>) {
+        let provides = resolve_params(&self.merged, lookup);
+        let unhealthy = provides
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, c)| c.get("healthy") == Some(&Value::Bool(false)))
+                    .map(|(name, c)| {
+                        let reason = c
+                            .get("reason")
+                            .and_then(Value::as_str)
+                            .unwrap_or("unhealthy");
+                        format!("capability {name} unhealthy: {reason}")
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        (provides, unhealthy)
+    }
+}

@@ -1,0 +1,13 @@
+//! The agent binary end to end against a real server (started in-process on
+//! an ephemeral port over SQLite): an exec task runs and returns its output;
+//! editing `.capabilities.override.json` reaches the server as a diff and
+//! unparks a waiting task; the agent survives a server restart and its
+//! running lease still completes; SIGTERM drains.
+
+// Helpers and scenario functions are not `#[test]`s, so clippy's
+// allow-unwrap-in-tests does not reach them.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+mod session;
+mod tiers;
