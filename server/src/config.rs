@@ -64,6 +64,55 @@ pub struct ServerConfig {
         global = true
     )]
     pub log_format: LogFormat,
+
+    /// How often agents send heartbeats, in milliseconds; an agent silent for
+    /// three intervals is OFFLINE.
+    #[arg(
+        long,
+        env = "SWITCHYARD_HEARTBEAT_INTERVAL_MS",
+        default_value_t = 5_000,
+        global = true
+    )]
+    pub heartbeat_interval_ms: i64,
+
+    /// Lease lifetime without renewal for tasks that do not set one, in
+    /// milliseconds.
+    #[arg(
+        long,
+        env = "SWITCHYARD_LEASE_TTL_MS",
+        default_value_t = 30_000,
+        global = true
+    )]
+    pub lease_ttl_ms: i64,
+
+    /// A grant the agent does not acknowledge within this many milliseconds
+    /// is revoked and re-matched.
+    #[arg(
+        long,
+        env = "SWITCHYARD_ACK_WINDOW_MS",
+        default_value_t = 5_000,
+        global = true
+    )]
+    pub ack_window_ms: i64,
+
+    /// How often the sweeper expires leases, revokes unacknowledged grants
+    /// and closes silent sessions, in milliseconds.
+    #[arg(
+        long,
+        env = "SWITCHYARD_SWEEP_INTERVAL_MS",
+        default_value_t = 1_000,
+        global = true
+    )]
+    pub sweep_interval_ms: i64,
+
+    /// Attempts a task gets when its submit does not say.
+    #[arg(
+        long,
+        env = "SWITCHYARD_MAX_ATTEMPTS",
+        default_value_t = 3,
+        global = true
+    )]
+    pub max_attempts: u32,
 }
 
 impl ServerConfig {
@@ -73,6 +122,11 @@ impl ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             database_url: database_url.into(),
             log_format: LogFormat::Text,
+            heartbeat_interval_ms: 5_000,
+            lease_ttl_ms: 30_000,
+            ack_window_ms: 5_000,
+            sweep_interval_ms: 1_000,
+            max_attempts: 3,
         }
     }
 }

@@ -9,13 +9,20 @@
 //!   gRPC health, server reflection v1 and v1alpha) and serves it until the
 //!   shutdown signal.
 //! - [`api`]: the gRPC service implementations.
+//! - [`dispatch`]: matching queued tasks to connected agents, pushing
+//!   grants, sweeping expired and unacknowledged leases.
+//! - [`clock`]: the injected clock.
+//! - [`ctl`]: the `switchyard` operator CLI.
 //! - [`store`]: the task store, opened from a database URL (embedded SQLite by
 //!   default, PostgreSQL for many replicas).
 //! - [`error`]: the crate's error type and its one mapping to `tonic::Status`.
 //! - [`telemetry`]: tracing set-up (text or JSON logs).
 
 pub mod api;
+pub mod clock;
 pub mod config;
+pub mod ctl;
+pub mod dispatch;
 pub mod error;
 pub mod server;
 pub mod store;

@@ -1,7 +1,8 @@
 //! Builds the gRPC router and serves it: the three switchyard.v1 services,
 //! the standard health service (so load balancers and Kubernetes probes can
 //! ask), and server reflection in both v1 and v1alpha (grpcurl 1.8 speaks
-//! only v1alpha).
+//! only v1alpha). Also starts the dispatcher, and on shutdown drains the
+//! connected agents before the listener closes.
 
 use std::future::Future;
 
@@ -14,8 +15,10 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tracing::info;
 
-use crate::api::{AdminApi, AgentApi, Api, TaskApi};
+use crate::api::{AdminApi, AgentApi, Api, ApiSettings, TaskApi};
+use crate::clock::Clock;
 use crate::config::ServerConfig;
+use crate::dispatch::{DispatchSettings, Dispatcher};
 use crate::error::Result;
 use crate::store;
 
@@ -26,10 +29,39 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    run_with_clock(listener, config, Clock::system(), shutdown).await
+}
+
+/// [`run`] with an injected clock (tests move time by hand).
+pub async fn run_with_clock(
+    listener: TcpListener,
+    config: ServerConfig,
+    clock: Clock,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     let store = store::open(&config.database_url).await?;
     store.migrate().await?;
     info!(backend = store.backend(), "store ready");
-    let api = Api::new(store.clone());
+    let dispatcher = Dispatcher::new(
+        store.clone(),
+        clock,
+        DispatchSettings {
+            heartbeat_interval_ms: config.heartbeat_interval_ms,
+            ack_window_ms: config.ack_window_ms,
+            sweep_interval_ms: config.sweep_interval_ms,
+            ..DispatchSettings::default()
+        },
+    );
+    let workers = dispatcher.spawn();
+    let api = Api::new(
+        store.clone(),
+        dispatcher.clone(),
+        ApiSettings {
+            default_max_attempts: config.max_attempts,
+            default_lease_ttl_ms: config.lease_ttl_ms,
+            ..ApiSettings::default()
+        },
+    );
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<AgentServiceServer<AgentApi>>().await;
@@ -44,6 +76,14 @@ pub async fn run(
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
 
+    let draining = dispatcher.clone();
+    let shutdown = async move {
+        shutdown.await;
+        // Stop granting and send every agent elsewhere before the listener
+        // closes; in-flight RPCs then finish.
+        draining.drain_all("server shutting down");
+    };
+
     Server::builder()
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
@@ -54,6 +94,9 @@ pub async fn run(
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await?;
 
+    for worker in workers {
+        worker.abort();
+    }
     store.close().await;
     info!("server stopped");
     Ok(())

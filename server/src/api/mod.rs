@@ -1,28 +1,78 @@
 //! The gRPC service implementations of the switchyard.v1 contract. Each
-//! service is a cheap handle over the shared server state; RPCs that later
-//! work fills in answer `UNIMPLEMENTED` through the generated default
-//! methods.
+//! service is a cheap handle over the shared [`Api`] state (store,
+//! dispatcher, settings).
+//!
+//! # Layout
+//! - [`task`]: `TaskService` (submit, get, list, cancel, watch, explain,
+//!   history).
+//! - [`agent`]: `AgentService` (registration and the `Connect` session).
+//! - [`admin`]: `AgentAdminService` (fleet view and steering, simulation).
+//! - [`placement`]: wire placement to core placement, with field errors.
+//! - [`mapping`]: store records to wire types and matcher views.
+//! - [`convert`]: protobuf `Struct`/`Value`/time types to JSON and back.
+
+pub mod admin;
+pub mod agent;
+pub use switchyard_proto::convert;
+pub mod mapping;
+pub mod placement;
+pub mod task;
 
 use std::sync::Arc;
 
-use switchyard_proto::v1::{
-    agent_admin_service_server::AgentAdminService, agent_service_server::AgentService,
-    task_service_server::TaskService,
-};
+use switchyard_core::Limits;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+use uuid::Uuid;
 
+use crate::dispatch::Dispatcher;
 use crate::store::Store;
+
+/// Defaults and limits the API applies.
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    /// Attempts a task gets when the submit does not say.
+    pub default_max_attempts: u32,
+    /// Lease TTL when the submit does not say.
+    pub default_lease_ttl_ms: i64,
+    /// Capability document and patch limits (the core's).
+    pub document_limits: Limits,
+}
+
+impl Default for ApiSettings {
+    fn default() -> Self {
+        Self {
+            default_max_attempts: 3,
+            default_lease_ttl_ms: 30_000,
+            document_limits: Limits::default(),
+        }
+    }
+}
 
 /// State shared by every service.
 #[derive(Debug, Clone)]
 pub struct Api {
-    /// The task store; every service reads and writes through it.
+    /// Where everything is stored.
     pub store: Arc<dyn Store>,
+    /// Matching and lease pushing; also the session registry.
+    pub dispatcher: Dispatcher,
+    /// Defaults and limits.
+    pub settings: Arc<ApiSettings>,
 }
 
 impl Api {
-    /// A handle over the given store.
-    pub fn new(store: Arc<dyn Store>) -> Self {
-        Self { store }
+    /// A handle over the given parts.
+    pub fn new(store: Arc<dyn Store>, dispatcher: Dispatcher, settings: ApiSettings) -> Self {
+        Self {
+            store,
+            dispatcher,
+            settings: Arc::new(settings),
+        }
+    }
+
+    /// Now, from the injected clock.
+    pub fn now_ms(&self) -> i64 {
+        self.dispatcher.clock().now_ms()
     }
 }
 
@@ -30,8 +80,7 @@ impl Api {
 #[derive(Debug, Clone)]
 pub struct AgentApi(pub Api);
 
-/// `switchyard.v1.TaskService`: submit, read, watch, explain and cancel
-/// tasks.
+/// `switchyard.v1.TaskService`: submit, read, watch, explain and cancel tasks.
 #[derive(Debug, Clone)]
 pub struct TaskApi(pub Api);
 
@@ -39,6 +88,45 @@ pub struct TaskApi(pub Api);
 #[derive(Debug, Clone)]
 pub struct AdminApi(pub Api);
 
-impl AgentService for AgentApi {}
-impl TaskService for TaskApi {}
-impl AgentAdminService for AdminApi {}
+/// INVALID_ARGUMENT with a field violation naming `field` and what was
+/// wrong; the message says the same for clients that ignore details.
+pub fn invalid(field: &str, description: &str) -> Status {
+    Status::with_error_details(
+        Code::InvalidArgument,
+        format!("{field}: {description}"),
+        ErrorDetails::with_bad_request_violation(field, description),
+    )
+}
+
+/// Parses an id field.
+pub fn parse_id(field: &str, text: &str) -> Result<Uuid, Status> {
+    text.parse()
+        .map_err(|_| invalid(field, &format!("{text:?} is not a UUID")))
+}
+
+/// The namespace a request names (`default` if empty), validated.
+pub fn namespace(field: &str, text: &str) -> Result<String, Status> {
+    if text.is_empty() {
+        return Ok("default".to_owned());
+    }
+    let ok = text.len() <= 63
+        && text.chars().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_' || c == '.'
+        });
+    if !ok {
+        return Err(invalid(field, "use at most 63 of a-z, 0-9, '-', '_', '.'"));
+    }
+    Ok(text.to_owned())
+}
+
+/// Page size: default 100, at most 1000.
+pub fn page_size(field: &str, size: i32) -> Result<u32, Status> {
+    match size {
+        0 => Ok(100),
+        1..=1000 => Ok(u32::try_from(size).unwrap_or(100)),
+        _ => Err(invalid(
+            field,
+            "must be between 1 and 1000 (0 for the default of 100)",
+        )),
+    }
+}

@@ -1,41 +1,126 @@
-//! Shared helpers: a real server on an ephemeral port over a fresh store.
+//! Shared helpers: a real server on an ephemeral port over a fresh store
+//! (an SQLite file in a temporary directory, or a PostgreSQL database
+//! created for the test and dropped afterwards), and a scripted agent that
+//! speaks the real `Connect` protocol.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
+use serde_json::Value;
+use sqlx::Connection;
+use switchyard_proto::v1::{
+    self as pb, agent_admin_service_client::AgentAdminServiceClient,
+    agent_service_client::AgentServiceClient, connect_request::Message as Up,
+    connect_response::Message as Down, task_service_client::TaskServiceClient,
+};
 use switchyard_server::ServerConfig;
+use switchyard_server::api::convert::json_to_struct;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 
-/// A running server; dropping it does not stop it, call [`TestServer::stop`].
+/// Generous bound for "it happens promptly" (never a sleep).
+pub const PROMPT: Duration = Duration::from_secs(10);
+
+/// Which store a test server runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Runs each named `async fn(Backend)` once per store.
+#[macro_export]
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Backend::Postgres).await
+                }
+            )*
+        }
+    };
+}
+
+/// The admin URL tests create their PostgreSQL databases through.
+pub fn pg_admin_url() -> String {
+    std::env::var("SWITCHYARD_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A running server; call [`TestServer::stop`] at the end.
 pub struct TestServer {
     pub addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     handle: JoinHandle<switchyard_server::error::Result<()>>,
+    pg_database: Option<String>,
     _dir: tempfile::TempDir,
 }
 
 impl TestServer {
     /// Starts a server on an SQLite file in a fresh temporary directory.
     pub async fn start_sqlite() -> Self {
+        Self::start(Backend::Sqlite).await
+    }
+
+    /// Starts a server on a fresh store of the given backend.
+    pub async fn start(backend: Backend) -> Self {
+        Self::start_with(backend, |_| {}).await
+    }
+
+    /// Starts a server, letting the test adjust its configuration.
+    pub async fn start_with(backend: Backend, adjust: impl FnOnce(&mut ServerConfig)) -> Self {
         init_test_log();
         let dir = tempfile::tempdir().expect("temporary directory");
-        let url = format!("sqlite://{}", dir.path().join("switchyard.db").display());
+        let (url, pg_database) = match backend {
+            Backend::Sqlite => (
+                format!("sqlite://{}", dir.path().join("switchyard.db").display()),
+                None,
+            ),
+            Backend::Postgres => {
+                let name = format!("sy_api_{}", uuid::Uuid::new_v4().simple());
+                let admin = pg_admin_url();
+                let mut conn = sqlx::PgConnection::connect(&admin)
+                    .await
+                    .expect("connect to PostgreSQL");
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&mut conn)
+                    .await
+                    .expect("create database");
+                conn.close().await.ok();
+                let base = admin
+                    .rsplit_once('/')
+                    .map(|(b, _)| b.to_owned())
+                    .expect("admin url has a database");
+                (format!("{base}/{name}"), Some(name))
+            }
+        };
+        let mut config = ServerConfig::for_tests(url.clone());
+        config.sweep_interval_ms = 50;
+        adjust(&mut config);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let (tx, rx) = oneshot::channel::<()>();
-        let handle = tokio::spawn(switchyard_server::run(
-            listener,
-            ServerConfig::for_tests(url),
-            async {
-                let _ = rx.await;
-            },
-        ));
+        let handle = tokio::spawn(switchyard_server::run(listener, config, async {
+            let _ = rx.await;
+        }));
         Self {
             addr,
             shutdown: Some(tx),
             handle,
+            pg_database,
             _dir: dir,
         }
     }
@@ -49,13 +134,33 @@ impl TestServer {
             .expect("connect to the test server")
     }
 
-    /// Signals shutdown and waits for the server to return.
+    /// A task client.
+    pub async fn tasks(&self) -> TaskServiceClient<Channel> {
+        TaskServiceClient::new(self.channel().await)
+    }
+
+    /// An admin client.
+    pub async fn admin(&self) -> AgentAdminServiceClient<Channel> {
+        AgentAdminServiceClient::new(self.channel().await)
+    }
+
+    /// Signals shutdown, waits for the server to return, drops the database.
     pub async fn stop(mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        self.handle
-            .await
+        let result = tokio::time::timeout(PROMPT, &mut self.handle).await;
+        if let Some(name) = self.pg_database.take()
+            && let Ok(mut conn) = sqlx::PgConnection::connect(&pg_admin_url()).await
+        {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+            )))
+            .execute(&mut conn)
+            .await;
+        }
+        result
+            .expect("server stops promptly")
             .expect("server task")
             .expect("server result");
     }
@@ -66,4 +171,295 @@ fn init_test_log() {
     if std::env::var_os("TEST_LOG").is_some() {
         switchyard_server::telemetry::init(switchyard_server::telemetry::LogFormat::Text);
     }
+}
+
+/// Submits a task with a selector; returns it.
+pub async fn submit(server: &TestServer, kind: &str, selector: &str) -> pb::Task {
+    submit_request(
+        server,
+        pb::SubmitTaskRequest {
+            kind: kind.into(),
+            placement: Some(pb::Placement {
+                selector: selector.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// Submits a task request; returns it.
+pub async fn submit_request(server: &TestServer, request: pb::SubmitTaskRequest) -> pb::Task {
+    server
+        .tasks()
+        .await
+        .submit_task(request)
+        .await
+        .expect("submit")
+        .into_inner()
+        .task
+        .expect("task")
+}
+
+/// Reads a task.
+pub async fn get_task(server: &TestServer, task_id: &str) -> pb::Task {
+    server
+        .tasks()
+        .await
+        .get_task(pb::GetTaskRequest {
+            task_id: task_id.into(),
+        })
+        .await
+        .expect("get task")
+        .into_inner()
+        .task
+        .expect("task")
+}
+
+/// Waits (through WatchTask, not by polling) until the task is in `state`.
+pub async fn wait_for_state(server: &TestServer, task_id: &str, state: pb::TaskState) -> pb::Task {
+    let mut stream = server
+        .tasks()
+        .await
+        .watch_task(pb::WatchTaskRequest {
+            task_id: task_id.into(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let found = tokio::time::timeout(PROMPT, async {
+        while let Some(item) = stream.next().await {
+            let task = item.expect("watch item").task.expect("task");
+            if task.state() == state {
+                return Some(task);
+            }
+        }
+        None
+    })
+    .await
+    .unwrap_or_else(|_| panic!("task {task_id} did not reach {state:?} in time"));
+    found.unwrap_or_else(|| panic!("watch of {task_id} ended before {state:?}"))
+}
+
+/// A scripted agent speaking the real protocol.
+pub struct TestAgent {
+    pub agent_id: String,
+    pub generation: u64,
+    pub welcome: pb::Welcome,
+    document: Value,
+    sequence: u64,
+    tx: mpsc::Sender<pb::ConnectRequest>,
+    rx: tonic::Streaming<pb::ConnectResponse>,
+    /// Messages read while looking for something else.
+    backlog: std::collections::VecDeque<Down>,
+}
+
+impl TestAgent {
+    /// Registers `name` with `document` and `capacity`, then connects.
+    pub async fn start(server: &TestServer, name: &str, document: Value, capacity: u32) -> Self {
+        let reg = Self::register(server, name, document.clone(), capacity).await;
+        Self::connect(server, &reg, document, Vec::new()).await
+    }
+
+    /// Registers only.
+    pub async fn register(
+        server: &TestServer,
+        name: &str,
+        document: Value,
+        capacity: u32,
+    ) -> pb::RegisterAgentResponse {
+        AgentServiceClient::new(server.channel().await)
+            .register_agent(pb::RegisterAgentRequest {
+                name: name.into(),
+                namespace: String::new(),
+                capabilities: Some(json_to_struct(&document)),
+                capacity,
+                runner: "test".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("register")
+            .into_inner()
+    }
+
+    /// Opens a session for a registration, resuming `held` leases.
+    pub async fn connect(
+        server: &TestServer,
+        reg: &pb::RegisterAgentResponse,
+        document: Value,
+        held: Vec<pb::HeldLease>,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(64);
+        tx.send(pb::ConnectRequest {
+            sequence: 1,
+            message: Some(Up::Hello(pb::Hello {
+                agent_id: reg.agent_id.clone(),
+                session_epoch: reg.session_epoch,
+                held_leases: held,
+            })),
+        })
+        .await
+        .expect("queue hello");
+        let mut stream = AgentServiceClient::new(server.channel().await)
+            .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("connect")
+            .into_inner();
+        let first = tokio::time::timeout(PROMPT, stream.next())
+            .await
+            .expect("welcome in time")
+            .expect("a message")
+            .expect("welcome ok");
+        let Some(Down::Welcome(welcome)) = first.message else {
+            panic!("expected welcome, got {first:?}")
+        };
+        Self {
+            agent_id: reg.agent_id.clone(),
+            generation: welcome.capability_generation,
+            welcome,
+            document,
+            sequence: 1,
+            tx,
+            rx: stream,
+            backlog: Default::default(),
+        }
+    }
+
+    /// Sends a message; returns its sequence number.
+    pub async fn send(&mut self, message: Up) -> u64 {
+        self.sequence += 1;
+        self.tx
+            .send(pb::ConnectRequest {
+                sequence: self.sequence,
+                message: Some(message),
+            })
+            .await
+            .expect("send on the session");
+        self.sequence
+    }
+
+    /// Waits for a message matching `pick`, keeping the others for later.
+    pub async fn expect<T>(&mut self, what: &str, mut pick: impl FnMut(&Down) -> Option<T>) -> T {
+        let mut skipped = Vec::new();
+        let found = loop {
+            let m = match self.backlog.pop_front() {
+                Some(m) => m,
+                None => match tokio::time::timeout(PROMPT, self.rx.next()).await {
+                    Ok(Some(Ok(m))) => match m.message {
+                        Some(m) => m,
+                        None => continue,
+                    },
+                    Ok(_) => panic!("stream ended while waiting for {what}"),
+                    Err(_) => panic!("no {what} in time; skipped {skipped:?}"),
+                },
+            };
+            if let Some(t) = pick(&m) {
+                break t;
+            }
+            skipped.push(m);
+        };
+        for m in skipped.into_iter().rev() {
+            self.backlog.push_front(m);
+        }
+        found
+    }
+
+    /// The next lease grant.
+    pub async fn grant(&mut self) -> pb::LeaseGrant {
+        self.expect("lease grant", |m| match m {
+            Down::LeaseGrant(g) => Some(g.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    /// The ack of message `sequence`.
+    pub async fn ack(&mut self, sequence: u64) -> pb::Ack {
+        self.expect(&format!("ack {sequence}"), |m| match m {
+            Down::Ack(a) if a.sequence == sequence => Some(a.clone()),
+            _ => None,
+        })
+        .await
+    }
+
+    /// A lease update for `grant`; returns the server's ack.
+    pub async fn update(
+        &mut self,
+        grant: &pb::LeaseGrant,
+        update: pb::lease_update::Update,
+    ) -> pb::Ack {
+        let task_id = grant
+            .task
+            .as_ref()
+            .map(|t| t.task_id.clone())
+            .unwrap_or_default();
+        let seq = self
+            .send(Up::LeaseUpdate(pb::LeaseUpdate {
+                lease_id: grant.lease_id.clone(),
+                task_id,
+                fencing_token: grant.fencing_token,
+                update: Some(update),
+            }))
+            .await;
+        self.ack(seq).await
+    }
+
+    /// Accepts, starts and succeeds a grant with `result`.
+    pub async fn run_to_success(&mut self, grant: &pb::LeaseGrant, result: Value) {
+        use pb::lease_update::Update;
+        assert_eq!(
+            self.update(grant, Update::Accepted(pb::LeaseAccepted {}))
+                .await
+                .code,
+            0
+        );
+        assert_eq!(
+            self.update(grant, Update::Started(pb::LeaseStarted {}))
+                .await
+                .code,
+            0
+        );
+        let ack = self
+            .update(
+                grant,
+                Update::Succeeded(pb::LeaseSucceeded {
+                    result: Some(json_to_struct(&result)),
+                }),
+            )
+            .await;
+        assert_eq!(ack.code, 0, "{}", ack.message);
+    }
+
+    /// Sends a heartbeat with status and, if the document changed, the diff
+    /// from the last one; returns the ack.
+    pub async fn heartbeat(
+        &mut self,
+        status: pb::AgentStatus,
+        reasons: &[&str],
+        document: Option<Value>,
+    ) -> pb::Ack {
+        let diff = document.map(|next| {
+            let patch = json_patch::diff(&self.document, &next);
+            self.document = next;
+            pb::CapabilityDiff {
+                base_generation: self.generation,
+                operations: switchyard_proto::convert::patch_to_proto(&patch),
+            }
+        });
+        let seq = self
+            .send(Up::Heartbeat(pb::Heartbeat {
+                status: status as i32,
+                status_reasons: reasons.iter().map(|r| (*r).to_owned()).collect(),
+                load: None,
+                capability_diff: diff,
+            }))
+            .await;
+        let ack = self.ack(seq).await;
+        self.generation = ack.capability_generation;
+        ack
+    }
+
+    /// Closes the agent's half of the stream.
+    pub fn hang_up(self) {}
 }

@@ -2,5 +2,12 @@
 //! on `127.0.0.1:0` (the same `run` the binary calls), drives it through the
 //! generated clients, and shuts it down.
 
+// Helpers and scenario functions are not `#[test]`s, so clippy's
+// allow-unwrap-in-tests does not reach them.
+#![allow(clippy::unwrap_used)]
+
+mod cli;
 mod common;
+mod explain;
 mod health;
+mod session;

@@ -1,0 +1,231 @@
+//! `AgentAdminService`: operators see the fleet (documents with the tier
+//! of every value, leases) and steer it (drain, undrain, operator tier),
+//! and ask what-if questions without changing anything.
+
+use std::collections::BTreeMap;
+
+use switchyard_core::matcher;
+use switchyard_core::placement::{self as core_placement, Placement};
+use switchyard_proto::v1::{self as pb, agent_admin_service_server::AgentAdminService};
+use tonic::{Request, Response, Status};
+use tracing::{info, instrument};
+
+use super::agent::effective_document;
+use super::convert::struct_to_json;
+use super::task::verdicts;
+use super::{AdminApi, invalid, mapping, namespace, page_size, parse_id};
+use crate::store::{Page, TaskState};
+
+#[tonic::async_trait]
+impl AgentAdminService for AdminApi {
+    async fn list_agents(
+        &self,
+        request: Request<pb::ListAgentsRequest>,
+    ) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        let req = request.into_inner();
+        let ns = namespace("namespace", &req.namespace)?;
+        let statuses = req
+            .statuses
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match pb::AgentStatus::try_from(*s) {
+                Ok(pb::AgentStatus::Unspecified) | Err(_) => Err(invalid(
+                    &format!("statuses[{i}]"),
+                    &format!("unknown agent status {s}"),
+                )),
+                Ok(status) => Ok(status
+                    .as_str_name()
+                    .trim_start_matches("AGENT_STATUS_")
+                    .to_ascii_lowercase()),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let page = Page {
+            size: page_size("page_size", req.page_size)?,
+            after: (!req.page_token.is_empty()).then_some(req.page_token),
+        };
+        let (agents, next) = self.0.store.list_agents(&ns, &statuses, &page).await?;
+        Ok(Response::new(pb::ListAgentsResponse {
+            agents: agents.iter().map(|a| mapping::agent(a, false)).collect(),
+            next_page_token: next.unwrap_or_default(),
+        }))
+    }
+
+    #[instrument(skip_all, fields(agent = %request.get_ref().agent_id))]
+    async fn get_agent(
+        &self,
+        request: Request<pb::GetAgentRequest>,
+    ) -> Result<Response<pb::GetAgentResponse>, Status> {
+        let id = parse_id("agent_id", &request.get_ref().agent_id)?;
+        let record = self.0.store.get_agent(id).await?;
+        let leases = self.0.store.agent_leases(id).await?;
+        Ok(Response::new(pb::GetAgentResponse {
+            agent: Some(mapping::agent(&record, true)),
+            leases: leases.iter().map(mapping::lease).collect(),
+        }))
+    }
+
+    #[instrument(skip_all, fields(agent = %request.get_ref().agent_id))]
+    async fn drain_agent(
+        &self,
+        request: Request<pb::DrainAgentRequest>,
+    ) -> Result<Response<pb::DrainAgentResponse>, Status> {
+        let req = request.into_inner();
+        let id = parse_id("agent_id", &req.agent_id)?;
+        let reason = if req.reason.is_empty() {
+            "drained by operator".to_owned()
+        } else {
+            req.reason
+        };
+        let record = self
+            .0
+            .store
+            .set_agent_drained(id, true, Some(reason), self.0.now_ms())
+            .await?;
+        info!(agent = %id, "agent drained");
+        self.0.dispatcher.refresh_agent(id).await;
+        Ok(Response::new(pb::DrainAgentResponse {
+            agent: Some(mapping::agent(&record, false)),
+        }))
+    }
+
+    #[instrument(skip_all, fields(agent = %request.get_ref().agent_id))]
+    async fn undrain_agent(
+        &self,
+        request: Request<pb::UndrainAgentRequest>,
+    ) -> Result<Response<pb::UndrainAgentResponse>, Status> {
+        let id = parse_id("agent_id", &request.get_ref().agent_id)?;
+        let record = self
+            .0
+            .store
+            .set_agent_drained(id, false, None, self.0.now_ms())
+            .await?;
+        info!(agent = %id, "agent undrained");
+        self.0.dispatcher.refresh_agent(id).await;
+        Ok(Response::new(pb::UndrainAgentResponse {
+            agent: Some(mapping::agent(&record, false)),
+        }))
+    }
+
+    #[instrument(skip_all, fields(agent = %request.get_ref().agent_id))]
+    async fn set_agent_overrides(
+        &self,
+        request: Request<pb::SetAgentOverridesRequest>,
+    ) -> Result<Response<pb::SetAgentOverridesResponse>, Status> {
+        let req = request.into_inner();
+        let id = parse_id("agent_id", &req.agent_id)?;
+        let overrides = match &req.overrides {
+            Some(s) => struct_to_json(s)
+                .map_err(|e| invalid(&format!("overrides.{}", e.path), e.reason))?,
+            None => serde_json::json!({}),
+        };
+        if let Some(v) = self
+            .0
+            .settings
+            .document_limits
+            .violations(&overrides)
+            .first()
+        {
+            return Err(invalid(&format!("overrides.{}", v.path), &v.reason));
+        }
+        let record = self.0.store.get_agent(id).await?;
+        // The agent's own provenance: recover it from the stored effective one.
+        let (document, provenance) =
+            effective_document(&record.reported, &record.provenance, &overrides);
+        let record = self
+            .0
+            .store
+            .set_operator_overrides(id, overrides, document, provenance, self.0.now_ms())
+            .await?;
+        info!(agent = %id, generation = record.generation, "operator tier set");
+        self.0.dispatcher.refresh_agent(id).await;
+        Ok(Response::new(pb::SetAgentOverridesResponse {
+            agent: Some(mapping::agent(&record, true)),
+        }))
+    }
+
+    async fn simulate_placement(
+        &self,
+        request: Request<pb::SimulatePlacementRequest>,
+    ) -> Result<Response<pb::SimulatePlacementResponse>, Status> {
+        let req = request.into_inner();
+        let ns = namespace("namespace", &req.namespace)?;
+        let api = &self.0;
+        let mut summary = String::new();
+        let mut wire_verdicts = Vec::new();
+        if req.placement.is_some() {
+            let placement = super::placement::from_proto(req.placement.as_ref())?;
+            let compiled = core_placement::compile(&placement)
+                .map_err(|err| invalid(&format!("placement.{}", err.field), &err.message))?;
+            let mut names = BTreeMap::new();
+            let mut fleet = Vec::new();
+            let mut page = Page {
+                size: 1000,
+                after: None,
+            };
+            loop {
+                let (agents, next) = api.store.list_agents(&ns, &[], &page).await?;
+                for a in &agents {
+                    names.insert(a.id.to_string(), a.name.clone());
+                    fleet.push(mapping::agent_view(a));
+                }
+                match next {
+                    Some(token) => page.after = Some(token),
+                    None => break,
+                }
+            }
+            let explanation = matcher::explain(&compiled, &ns, &fleet);
+            summary = explanation.summary.clone();
+            wire_verdicts = verdicts(&explanation, &names);
+        }
+        let mut placeable = Vec::new();
+        if let Some(doc) = &req.hypothetical_capabilities {
+            let doc = struct_to_json(doc)
+                .map_err(|e| invalid(&format!("hypothetical_capabilities.{}", e.path), e.reason))?;
+            let agent = matcher::AgentView {
+                agent_id: "hypothetical".to_owned(),
+                namespace: ns.clone(),
+                status: matcher::AgentStatus::Ready,
+                capacity: 1,
+                active_leases: 0,
+                last_granted_at_ms: None,
+                document: std::sync::Arc::new(doc),
+            };
+            let filter = crate::store::TaskFilter {
+                namespace: ns.clone(),
+                states: vec![TaskState::Queued],
+                kind: None,
+            };
+            let mut page = Page {
+                size: 1000,
+                after: None,
+            };
+            'pages: loop {
+                let (tasks, next) = api.store.list_tasks(&filter, &page).await?;
+                for task in &tasks {
+                    let Ok(placement) = serde_json::from_value::<Placement>(task.placement.clone())
+                    else {
+                        continue;
+                    };
+                    let Ok(compiled) = core_placement::compile(&placement) else {
+                        continue;
+                    };
+                    if matcher::evaluate(&compiled, &ns, &agent).eligible {
+                        placeable.push(mapping::task(task));
+                        if placeable.len() >= 1000 {
+                            break 'pages;
+                        }
+                    }
+                }
+                match next {
+                    Some(token) => page.after = Some(token),
+                    None => break,
+                }
+            }
+        }
+        Ok(Response::new(pb::SimulatePlacementResponse {
+            summary,
+            verdicts: wire_verdicts,
+            placeable_tasks: placeable,
+        }))
+    }
+}

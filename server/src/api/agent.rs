@@ -1,0 +1,668 @@
+//! `AgentService`: registration and the one `Connect` stream per agent
+//! session. The stream's reader applies heartbeats (lease renewal, status,
+//! capability diffs against the generation the server holds), lease reports
+//! (accepted, started, progress, succeeded, failed, released — each checked
+//! against the fencing token) and snapshots; its writer is the bounded queue
+//! the dispatcher pushes grants, revocations, acks, resync requests and
+//! drains into.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Value, json};
+use switchyard_core::diff;
+use switchyard_core::redact;
+use switchyard_core::tier::{Tier, merge_tiers};
+use switchyard_proto::v1::{
+    self as pb, agent_service_server::AgentService, connect_request::Message as Up,
+};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tonic::codegen::BoxStream;
+use tonic::{Code, Request, Response, Status, Streaming};
+use tracing::{Instrument, debug, info, info_span, warn};
+use uuid::Uuid;
+
+use super::convert::{duration, struct_to_json, timestamp};
+use super::{AgentApi, Api, invalid, mapping, namespace, parse_id};
+use crate::error::Error;
+use crate::store::{AgentRegistration, Completion, CompletionOutcome};
+
+/// The agent's document with the operator tier merged over it, and the
+/// provenance of every leaf: the agent's own (tiers it reported; unknown
+/// leaves count as dynamic) overridden by the operator tier's.
+pub(crate) fn effective_document(
+    reported: &Value,
+    agent_provenance: &Value,
+    operator: &Value,
+) -> (Value, Value) {
+    let merged = merge_tiers(
+        &[
+            (Tier::Dynamic, reported.clone()),
+            (Tier::Operator, operator.clone()),
+        ],
+        &switchyard_core::Limits::default(),
+    );
+    let mut provenance = serde_json::Map::new();
+    for (path, tier) in merged.provenance_entries() {
+        let name = if tier == Tier::Operator {
+            Tier::Operator.as_str().to_owned()
+        } else {
+            agent_provenance
+                .get(path)
+                .and_then(Value::as_str)
+                .unwrap_or(Tier::Dynamic.as_str())
+                .to_owned()
+        };
+        provenance.insert(path.to_owned(), Value::String(name));
+    }
+    (merged.document, Value::Object(provenance))
+}
+
+/// What the server does with a reported document before storing it: the
+/// limits (INVALID_ARGUMENT naming `field`), and redaction of anything
+/// sensitive-looking (reported as rejections, never stored).
+fn accept_document(
+    api: &Api,
+    field: &str,
+    doc: &prost_types::Struct,
+) -> Result<(Value, Vec<Value>), Status> {
+    let mut value =
+        struct_to_json(doc).map_err(|e| invalid(&format!("{field}.{}", e.path), e.reason))?;
+    if let Some(v) = api.settings.document_limits.violations(&value).first() {
+        let path = if v.path.is_empty() {
+            field.to_owned()
+        } else {
+            format!("{field}.{}", v.path)
+        };
+        return Err(invalid(&path, &v.reason));
+    }
+    let redacted = redact::redact(&mut value, &BTreeSet::new());
+    let rejections = redacted
+        .into_iter()
+        .map(|path| json!({"tier": "", "path": path, "reason": "sensitive value redacted by the server"}))
+        .collect();
+    Ok((value, rejections))
+}
+
+fn provenance_json(entries: &[pb::ProvenanceEntry]) -> Value {
+    Value::Object(
+        entries
+            .iter()
+            .filter_map(|e| {
+                let tier = mapping::core_tier(pb::Tier::try_from(e.tier).ok()?)?;
+                Some((e.path.clone(), Value::String(tier.as_str().to_owned())))
+            })
+            .collect(),
+    )
+}
+
+fn rejections_json(rejections: &[pb::Rejection], mut extra: Vec<Value>) -> Value {
+    let mut all: Vec<Value> = rejections
+        .iter()
+        .map(|r| {
+            let tier = pb::Tier::try_from(r.tier)
+                .ok()
+                .and_then(mapping::core_tier)
+                .map(Tier::as_str)
+                .unwrap_or("");
+            json!({"tier": tier, "path": r.path, "reason": r.reason})
+        })
+        .collect();
+    all.append(&mut extra);
+    Value::Array(all)
+}
+
+fn ack(sequence: u64, code: Code, message: &str, generation: u64) -> pb::ConnectResponse {
+    pb::ConnectResponse {
+        message: Some(pb::connect_response::Message::Ack(pb::Ack {
+            sequence,
+            code: code as i32,
+            message: message.to_owned(),
+            capability_generation: generation,
+            leases_expire_at: None,
+        })),
+    }
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentApi {
+    async fn register_agent(
+        &self,
+        request: Request<pb::RegisterAgentRequest>,
+    ) -> Result<Response<pb::RegisterAgentResponse>, Status> {
+        let api = &self.0;
+        let req = request.into_inner();
+        let namespace = namespace("namespace", &req.namespace)?;
+        if req.name.trim().is_empty() || req.name.len() > 253 {
+            return Err(invalid("name", "is required, at most 253 bytes"));
+        }
+        if req.capacity == 0 || req.capacity > 10_000 {
+            return Err(invalid("capacity", "must be between 1 and 10000"));
+        }
+        let doc = req.capabilities.unwrap_or_default();
+        let (reported, server_rejections) = accept_document(api, "capabilities", &doc)?;
+        let provenance = provenance_json(&req.provenance);
+        let rejections = rejections_json(&req.rejections, server_rejections.clone());
+        // The operator tier survives re-registration: merge it over the new report.
+        let registration = AgentRegistration {
+            namespace,
+            name: req.name,
+            reported: reported.clone(),
+            document: reported.clone(),
+            provenance: provenance.clone(),
+            rejections,
+            capacity: req.capacity,
+            labels: req.labels.into_iter().collect(),
+            runner: req.runner,
+        };
+        let mut record = api
+            .store
+            .register_agent(&registration, api.now_ms())
+            .await?;
+        if record
+            .operator_overrides
+            .as_object()
+            .is_some_and(|m| !m.is_empty())
+        {
+            let (document, provenance) =
+                effective_document(&reported, &provenance, &record.operator_overrides);
+            record = api
+                .store
+                .set_operator_overrides(
+                    record.id,
+                    record.operator_overrides.clone(),
+                    document,
+                    provenance,
+                    api.now_ms(),
+                )
+                .await?;
+        }
+        info!(agent = %record.id, name = %record.name, epoch = record.session_epoch, "agent registered");
+        let settings = api.dispatcher.settings();
+        Ok(Response::new(pb::RegisterAgentResponse {
+            agent_id: record.id.to_string(),
+            session_epoch: record.session_epoch,
+            heartbeat_interval: Some(duration(settings.heartbeat_interval_ms)),
+            lease_ttl: Some(duration(api.settings.default_lease_ttl_ms)),
+            capability_generation: record.generation,
+            rejections: server_rejections
+                .iter()
+                .map(|r| pb::Rejection {
+                    tier: pb::Tier::Unspecified as i32,
+                    path: r["path"].as_str().unwrap_or_default().to_owned(),
+                    reason: r["reason"].as_str().unwrap_or_default().to_owned(),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::ConnectRequest>>,
+    ) -> Result<Response<BoxStream<pb::ConnectResponse>>, Status> {
+        let api = self.0.clone();
+        let mut inbound = request.into_inner();
+        if api.dispatcher.stopping() {
+            return Err(Status::unavailable(
+                "server is shutting down; connect to another replica",
+            ));
+        }
+        // The first message must be Hello.
+        let first = inbound
+            .next()
+            .await
+            .ok_or_else(|| Status::invalid_argument("stream closed before hello"))??;
+        let Some(Up::Hello(hello)) = first.message else {
+            return Err(invalid(
+                "message",
+                "the first message on a Connect stream must be hello",
+            ));
+        };
+        let agent_id = parse_id("hello.agent_id", &hello.agent_id)?;
+        let record = api.store.get_agent(agent_id).await?;
+        if hello.session_epoch != record.session_epoch {
+            return Err(Status::failed_precondition(format!(
+                "session epoch {} is not the agent's current epoch {}; register again",
+                hello.session_epoch, record.session_epoch
+            )));
+        }
+        let epoch = record.session_epoch;
+        let now = api.now_ms();
+
+        // Resume what the agent still holds, if the store agrees.
+        let mut resumed = Vec::new();
+        let mut revoked = Vec::new();
+        for held in &hello.held_leases {
+            let lease = match parse_id("hello.held_leases.lease_id", &held.lease_id) {
+                Ok(id) => api.store.get_lease(id).await.ok(),
+                Err(_) => None,
+            };
+            let valid = lease.as_ref().is_some_and(|l| {
+                l.agent_id == agent_id
+                    && l.fencing_token == held.fencing_token
+                    && matches!(
+                        l.state,
+                        crate::store::LeaseState::Granted | crate::store::LeaseState::Active
+                    )
+                    && l.expires_at_ms > now
+            });
+            if valid {
+                resumed.push(held.lease_id.clone());
+            } else {
+                revoked.push(pb::LeaseRevocation {
+                    lease_id: held.lease_id.clone(),
+                    task_id: held.task_id.clone(),
+                    reason: pb::RevocationReason::UnknownLease as i32,
+                    message: "the server no longer holds this lease for the agent".to_owned(),
+                });
+            }
+        }
+        if !resumed.is_empty() {
+            let acks: Vec<(Uuid, u64)> = hello
+                .held_leases
+                .iter()
+                .filter(|h| resumed.contains(&h.lease_id))
+                .filter_map(|h| Some((h.lease_id.parse().ok()?, h.fencing_token)))
+                .collect();
+            api.store.ack_leases(agent_id, &acks, now).await?;
+            api.store.renew_leases(agent_id, now).await?;
+        }
+        api.store
+            .set_agent_status(agent_id, "ready", &[], Some(epoch), now)
+            .await?;
+        let record = api.store.get_agent(agent_id).await?;
+
+        let (tx, rx) = mpsc::channel(api.dispatcher.settings().stream_queue);
+        let welcome = pb::ConnectResponse {
+            message: Some(pb::connect_response::Message::Welcome(pb::Welcome {
+                capability_generation: record.generation,
+                resumed_lease_ids: resumed,
+                revoked,
+                heartbeat_interval: Some(duration(api.dispatcher.settings().heartbeat_interval_ms)),
+            })),
+        };
+        tx.try_send(Ok(welcome))
+            .map_err(|_| Status::internal("session queue"))?;
+        let close = std::sync::Arc::new(tokio::sync::Notify::new());
+        if !api.dispatcher.attach(
+            agent_id,
+            epoch,
+            tx.clone(),
+            close.clone(),
+            mapping::agent_view(&record),
+        ) {
+            return Err(Status::failed_precondition(
+                "a newer session of this agent is connected",
+            ));
+        }
+        info!(agent = %agent_id, epoch, "agent connected");
+
+        let span = info_span!("session", agent = %agent_id, epoch);
+        tokio::spawn(
+            async move {
+                let mut session = Session {
+                    api: api.clone(),
+                    agent_id,
+                    epoch,
+                    tx,
+                    generation: record.generation,
+                };
+                loop {
+                    let message = tokio::select! {
+                        message = inbound.next() => match message {
+                            Some(message) => message,
+                            None => break,
+                        },
+                        () = close.notified() => break,
+                    };
+                    if !api.dispatcher.is_current(agent_id, epoch) {
+                        break;
+                    }
+                    match message {
+                        Ok(message) => {
+                            api.dispatcher.touch(agent_id);
+                            if let Err(err) = session.handle(message).await {
+                                warn!(cause = %err, "session message failed");
+                            }
+                        }
+                        Err(status) => {
+                            debug!(%status, "agent stream ended with an error");
+                            break;
+                        }
+                    }
+                }
+                if api.dispatcher.detach(agent_id, epoch) {
+                    let _ = api
+                        .store
+                        .set_agent_status(agent_id, "offline", &[], Some(epoch), api.now_ms())
+                        .await;
+                    info!("agent disconnected; offline (its leases run out their TTL)");
+                }
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+/// One agent session's inbound handling.
+struct Session {
+    api: Api,
+    agent_id: Uuid,
+    epoch: u64,
+    tx: crate::dispatch::SessionSender,
+    /// The generation of the document the server holds for this agent.
+    generation: u64,
+}
+
+impl Session {
+    async fn send(&self, message: pb::ConnectResponse) {
+        // A full queue means the agent is not reading; the message is
+        // dropped and the sweeper's timeouts take over.
+        let _ = self.tx.try_send(Ok(message));
+    }
+
+    async fn handle(&mut self, request: pb::ConnectRequest) -> Result<(), Error> {
+        let sequence = request.sequence;
+        let now = self.api.now_ms();
+        let reply = match request.message {
+            None => ack(
+                sequence,
+                Code::InvalidArgument,
+                "message: empty",
+                self.generation,
+            ),
+            Some(Up::Hello(_)) => ack(
+                sequence,
+                Code::InvalidArgument,
+                "message: hello is only the first message",
+                self.generation,
+            ),
+            Some(Up::Heartbeat(heartbeat)) => self.heartbeat(sequence, heartbeat, now).await?,
+            Some(Up::LeaseUpdate(update)) => self.lease_update(sequence, update, now).await,
+            Some(Up::CapabilitySnapshot(snapshot)) => {
+                self.snapshot(sequence, snapshot, now).await?
+            }
+        };
+        self.send(reply).await;
+        Ok(())
+    }
+
+    async fn heartbeat(
+        &mut self,
+        sequence: u64,
+        hb: pb::Heartbeat,
+        now: i64,
+    ) -> Result<pb::ConnectResponse, Error> {
+        let store = self.api.store.clone();
+        store.renew_leases(self.agent_id, now).await?;
+        let status = match pb::AgentStatus::try_from(hb.status) {
+            Ok(pb::AgentStatus::Degraded) => "degraded",
+            Ok(pb::AgentStatus::Draining) => "draining",
+            Ok(pb::AgentStatus::Ready | pb::AgentStatus::Unspecified) => "ready",
+            Ok(pb::AgentStatus::Offline) | Err(_) => {
+                return Ok(ack(
+                    sequence,
+                    Code::InvalidArgument,
+                    "heartbeat.status: must be READY, DEGRADED or DRAINING",
+                    self.generation,
+                ));
+            }
+        };
+        let record = store.get_agent(self.agent_id).await?;
+        if record.status != status || record.status_reasons != hb.status_reasons {
+            store
+                .set_agent_status(
+                    self.agent_id,
+                    status,
+                    &hb.status_reasons,
+                    Some(self.epoch),
+                    now,
+                )
+                .await?;
+        } else {
+            store.touch_agent(self.agent_id, now).await?;
+        }
+        if let Some(d) = hb.capability_diff
+            && let Some(resync) = self.apply_diff(&record, d, now).await?
+        {
+            self.send(resync).await;
+        }
+        let record = store.get_agent(self.agent_id).await?;
+        if let Some(mut view) = self.api.dispatcher.view(self.agent_id) {
+            let fresh = mapping::agent_view(&record);
+            view.document = fresh.document;
+            view.status = fresh.status;
+            view.namespace = fresh.namespace;
+            view.capacity = fresh.capacity;
+            self.api.dispatcher.update_view(view);
+        }
+        let mut reply = ack(sequence, Code::Ok, "", self.generation);
+        if let Some(pb::connect_response::Message::Ack(a)) = &mut reply.message {
+            a.leases_expire_at = Some(timestamp(now + self.api.settings.default_lease_ttl_ms));
+        }
+        Ok(reply)
+    }
+
+    /// Applies a diff; returns a resync request when it does not apply.
+    async fn apply_diff(
+        &mut self,
+        record: &crate::store::AgentRecord,
+        d: pb::CapabilityDiff,
+        now: i64,
+    ) -> Result<Option<pb::ConnectResponse>, Error> {
+        let resync = |reason: String, generation: u64| {
+            Some(pb::ConnectResponse {
+                message: Some(pb::connect_response::Message::ResyncRequest(
+                    pb::ResyncRequest {
+                        server_generation: generation,
+                        reason,
+                    },
+                )),
+            })
+        };
+        let patch = match super::convert::patch_from_proto(&d.operations) {
+            Ok(p) => p,
+            Err(reason) => return Ok(resync(reason, record.generation)),
+        };
+        let next = match diff::apply(
+            &record.reported,
+            record.generation,
+            d.base_generation,
+            &patch,
+            &self.api.settings.document_limits,
+        ) {
+            Ok(next) => next,
+            Err(err) => return Ok(resync(err.to_string(), record.generation)),
+        };
+        let mut next = next;
+        let redacted = redact::redact(&mut next, &BTreeSet::new());
+        if !redacted.is_empty() {
+            warn!(paths = ?redacted, "sensitive values in a capability diff were redacted");
+        }
+        let (document, provenance) =
+            effective_document(&next, &record.provenance, &record.operator_overrides);
+        match self
+            .api
+            .store
+            .update_agent_document(
+                self.agent_id,
+                record.generation,
+                next,
+                document,
+                provenance,
+                record.rejections.clone(),
+                now,
+            )
+            .await
+        {
+            Ok(generation) => {
+                self.generation = generation;
+                Ok(None)
+            }
+            Err(err) => Ok(resync(
+                format!("document changed concurrently: {err}"),
+                record.generation,
+            )),
+        }
+    }
+
+    async fn snapshot(
+        &mut self,
+        sequence: u64,
+        s: pb::CapabilitySnapshot,
+        now: i64,
+    ) -> Result<pb::ConnectResponse, Error> {
+        let doc = s.capabilities.unwrap_or_default();
+        let (reported, server_rejections) =
+            match accept_document(&self.api, "capability_snapshot.capabilities", &doc) {
+                Ok(x) => x,
+                Err(status) => {
+                    return Ok(ack(
+                        sequence,
+                        Code::InvalidArgument,
+                        status.message(),
+                        self.generation,
+                    ));
+                }
+            };
+        let record = self.api.store.get_agent(self.agent_id).await?;
+        let provenance = provenance_json(&s.provenance);
+        let (document, effective_provenance) =
+            effective_document(&reported, &provenance, &record.operator_overrides);
+        let generation = self
+            .api
+            .store
+            .update_agent_document(
+                self.agent_id,
+                record.generation,
+                reported,
+                document,
+                effective_provenance,
+                rejections_json(&s.rejections, server_rejections),
+                now,
+            )
+            .await?;
+        self.generation = generation;
+        let record = self.api.store.get_agent(self.agent_id).await?;
+        if let Some(mut view) = self.api.dispatcher.view(self.agent_id) {
+            view.document = mapping::agent_view(&record).document;
+            self.api.dispatcher.update_view(view);
+        }
+        Ok(ack(sequence, Code::Ok, "", generation))
+    }
+
+    async fn lease_update(
+        &mut self,
+        sequence: u64,
+        u: pb::LeaseUpdate,
+        now: i64,
+    ) -> pb::ConnectResponse {
+        match self.apply_lease_update(u, now).await {
+            Ok(()) => ack(sequence, Code::Ok, "", self.generation),
+            Err(status) => ack(sequence, status.code(), status.message(), self.generation),
+        }
+    }
+
+    async fn apply_lease_update(&mut self, u: pb::LeaseUpdate, now: i64) -> Result<(), Status> {
+        use pb::lease_update::Update;
+        let lease_id = parse_id("lease_update.lease_id", &u.lease_id)?;
+        let task_id = parse_id("lease_update.task_id", &u.task_id)?;
+        let store = &self.api.store;
+        let token = u.fencing_token;
+        let outcome = match u.update {
+            None => return Err(invalid("lease_update.update", "empty")),
+            Some(Update::Accepted(_)) => {
+                if store
+                    .ack_leases(self.agent_id, &[(lease_id, token)], now)
+                    .await?
+                    == 0
+                {
+                    // Nothing changed: fine if already acknowledged, refused otherwise.
+                    let lease = store.get_lease(lease_id).await?;
+                    let held = lease.agent_id == self.agent_id
+                        && lease.fencing_token == token
+                        && lease.acked
+                        && matches!(lease.state, crate::store::LeaseState::Active);
+                    if !held {
+                        return Err(Status::failed_precondition(format!(
+                            "lease {lease_id} is no longer held by this agent with token {token}"
+                        )));
+                    }
+                }
+                return Ok(());
+            }
+            Some(Update::Started(_)) => {
+                store
+                    .report_started(lease_id, task_id, self.agent_id, token, now)
+                    .await?;
+                return Ok(());
+            }
+            Some(Update::Progress(p)) => {
+                let progress =
+                    json!({"percent": p.percent, "message": p.message, "reported_at_ms": now});
+                store
+                    .report_progress(lease_id, task_id, self.agent_id, token, progress, now)
+                    .await?;
+                return Ok(());
+            }
+            Some(Update::Succeeded(s)) => {
+                let result = match &s.result {
+                    Some(r) => struct_to_json(r).map_err(|e| {
+                        invalid(
+                            &format!("lease_update.succeeded.result.{}", e.path),
+                            e.reason,
+                        )
+                    })?,
+                    None => json!({}),
+                };
+                if let Some(v) = self
+                    .api
+                    .settings
+                    .document_limits
+                    .violations(&result)
+                    .first()
+                {
+                    return Err(invalid(
+                        &format!("lease_update.succeeded.result.{}", v.path),
+                        &v.reason,
+                    ));
+                }
+                CompletionOutcome::Succeeded { result }
+            }
+            Some(Update::Failed(f)) => {
+                let e = f.error.unwrap_or_default();
+                let details = match &e.details {
+                    Some(d) => struct_to_json(d)
+                        .map_err(|err| invalid("lease_update.failed.error.details", err.reason))?,
+                    None => Value::Null,
+                };
+                let error = json!({"message": e.message, "code": e.code, "retryable": e.retryable, "details": details});
+                CompletionOutcome::Failed {
+                    error,
+                    retryable: e.retryable,
+                }
+            }
+            Some(Update::Released(r)) => CompletionOutcome::Released { reason: r.reason },
+        };
+        let completion = Completion {
+            lease_id,
+            task_id,
+            agent_id: self.agent_id,
+            fencing_token: token,
+            outcome,
+        };
+        let mut results = store
+            .complete_leases(std::slice::from_ref(&completion), now)
+            .await?;
+        let result = results
+            .pop()
+            .ok_or_else(|| Status::internal("no completion result"))??;
+        if !result.duplicate {
+            self.api.dispatcher.lease_ended(self.agent_id);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,417 @@
+//! `TaskService`: submitters and operators put tasks in and follow them.
+//! Submit validates everything before anything is stored (a bad field is
+//! INVALID_ARGUMENT naming it, and nothing is written), stores the task and
+//! wakes the dispatcher; reads compute a queued task's reason (parked,
+//! waiting for capacity, backing off) from the current fleet.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+
+use switchyard_core::matcher::{self, Outcome};
+use switchyard_core::placement::{self as core_placement, Placement};
+use switchyard_proto::v1::{self as pb, task_service_server::TaskService};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use super::convert::{duration_ms, struct_to_json, timestamp_ms};
+use super::{Api, TaskApi, invalid, mapping, namespace, page_size, parse_id};
+use crate::store::{NewTask, Page, TaskFilter, TaskRecord, TaskState};
+
+/// Longest accepted kind, idempotency key and label.
+const MAX_NAME: usize = 256;
+
+impl Api {
+    /// Every agent of `namespace` as the matcher sees it (from the store, so
+    /// agents connected to other replicas count too).
+    pub(crate) async fn fleet(
+        &self,
+        namespace: &str,
+    ) -> Result<Vec<switchyard_core::matcher::AgentView>, Status> {
+        let mut views = Vec::new();
+        let mut page = Page {
+            size: 1000,
+            after: None,
+        };
+        loop {
+            let (agents, next) = self.store.list_agents(namespace, &[], &page).await?;
+            views.extend(agents.iter().map(mapping::agent_view));
+            match next {
+                Some(token) => page.after = Some(token),
+                None => return Ok(views),
+            }
+        }
+    }
+
+    /// A task on the wire, with its queued reason when it is queued.
+    pub(crate) async fn task_with_reason(&self, record: &TaskRecord) -> Result<pb::Task, Status> {
+        let mut task = mapping::task(record);
+        if record.state == TaskState::Queued {
+            let reason = if record.not_before_ms > self.now_ms() {
+                pb::QueuedReason::Backoff
+            } else {
+                let explanation = self.explain(record).await?;
+                match explanation.outcome {
+                    Outcome::Parked(_) => pb::QueuedReason::Parked,
+                    // A placeable task is about to be granted; until then it waits.
+                    Outcome::WaitingForCapacity | Outcome::Placeable => {
+                        pb::QueuedReason::WaitingForCapacity
+                    }
+                }
+            };
+            task.queued_reason = reason as i32;
+        }
+        Ok(task)
+    }
+
+    async fn explain(&self, record: &TaskRecord) -> Result<matcher::Explanation, Status> {
+        let placement: Placement = serde_json::from_value(record.placement.clone())
+            .map_err(|_| Status::internal("stored placement is unreadable"))?;
+        let compiled = core_placement::compile(&placement)
+            .map_err(|_| Status::internal("stored placement does not compile"))?;
+        let fleet = self.fleet(&record.namespace).await?;
+        Ok(matcher::explain(&compiled, &record.namespace, &fleet))
+    }
+}
+
+/// The wire verdicts of an explanation, eligible first in rank order, with
+/// agent names.
+pub(crate) fn verdicts(
+    explanation: &matcher::Explanation,
+    names: &BTreeMap<String, String>,
+) -> Vec<pb::AgentVerdict> {
+    let mut verdicts: Vec<pb::AgentVerdict> = explanation
+        .verdicts
+        .iter()
+        .map(|v| pb::AgentVerdict {
+            agent_id: v.agent_id.clone(),
+            agent_name: names.get(&v.agent_id).cloned().unwrap_or_default(),
+            eligible: v.eligible,
+            capable: v.capable,
+            reason: v.reason_text(),
+            preference_score: u32::try_from(v.preference_score).unwrap_or(u32::MAX),
+            rank: v.rank,
+        })
+        .collect();
+    verdicts.sort_by(|a, b| {
+        (!a.eligible, a.rank, &a.agent_name, &a.agent_id).cmp(&(
+            !b.eligible,
+            b.rank,
+            &b.agent_name,
+            &b.agent_id,
+        ))
+    });
+    verdicts
+}
+
+fn check_name(field: &str, value: &str, required: bool) -> Result<(), Status> {
+    if required && value.trim().is_empty() {
+        return Err(invalid(field, "is required"));
+    }
+    if value.len() > MAX_NAME {
+        return Err(invalid(
+            field,
+            &format!("is {} bytes, at most {MAX_NAME} allowed", value.len()),
+        ));
+    }
+    Ok(())
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchTaskResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl TaskService for TaskApi {
+    #[instrument(skip_all, fields(kind = %request.get_ref().kind))]
+    async fn submit_task(
+        &self,
+        request: Request<pb::SubmitTaskRequest>,
+    ) -> Result<Response<pb::SubmitTaskResponse>, Status> {
+        let api = &self.0;
+        let req = request.into_inner();
+        let namespace = namespace("namespace", &req.namespace)?;
+        check_name("kind", &req.kind, true)?;
+        check_name("idempotency_key", &req.idempotency_key, false)?;
+        for (k, v) in &req.labels {
+            check_name(&format!("labels.{k}"), v, false)?;
+        }
+        let payload = match &req.payload {
+            Some(p) => {
+                struct_to_json(p).map_err(|e| invalid(&format!("payload.{}", e.path), e.reason))?
+            }
+            None => serde_json::json!({}),
+        };
+        if let Some(v) = api.settings.document_limits.violations(&payload).first() {
+            return Err(invalid(&format!("payload.{}", v.path), &v.reason));
+        }
+        let placement = super::placement::from_proto(req.placement.as_ref())?;
+        let max_attempts = match req.max_attempts {
+            0 => api.settings.default_max_attempts,
+            n @ 1..=100 => n,
+            _ => {
+                return Err(invalid(
+                    "max_attempts",
+                    "must be between 1 and 100 (0 for the default)",
+                ));
+            }
+        };
+        let lease_ttl_ms = match &req.lease_ttl {
+            None => api.settings.default_lease_ttl_ms,
+            Some(d) => match duration_ms(d) {
+                Some(ms @ 1_000..=86_400_000) => ms,
+                _ => return Err(invalid("lease_ttl", "must be between 1s and 24h")),
+            },
+        };
+        let task = NewTask {
+            namespace,
+            kind: req.kind,
+            payload,
+            placement: serde_json::to_value(&placement)
+                .map_err(|_| Status::internal("placement encoding"))?,
+            priority: req.priority,
+            max_attempts,
+            lease_ttl_ms,
+            idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
+            not_before_ms: req.not_before.as_ref().map(timestamp_ms),
+            labels: req.labels.into_iter().collect(),
+        };
+        let (record, created) = api.store.submit_task(task, api.now_ms()).await?;
+        tracing::info!(task = %record.id, created, "task submitted");
+        if created {
+            api.dispatcher.wake();
+        }
+        let task = api.task_with_reason(&record).await?;
+        Ok(Response::new(pb::SubmitTaskResponse {
+            task: Some(task),
+            created,
+        }))
+    }
+
+    #[instrument(skip_all, fields(task = %request.get_ref().task_id))]
+    async fn get_task(
+        &self,
+        request: Request<pb::GetTaskRequest>,
+    ) -> Result<Response<pb::GetTaskResponse>, Status> {
+        let id = parse_id("task_id", &request.get_ref().task_id)?;
+        let record = self.0.store.get_task(id).await?;
+        let task = self.0.task_with_reason(&record).await?;
+        Ok(Response::new(pb::GetTaskResponse { task: Some(task) }))
+    }
+
+    async fn list_tasks(
+        &self,
+        request: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        let req = request.into_inner();
+        let states = req
+            .states
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                pb::TaskState::try_from(*s)
+                    .ok()
+                    .and_then(mapping::store_task_state)
+                    .ok_or_else(|| {
+                        invalid(&format!("states[{i}]"), &format!("unknown task state {s}"))
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let filter = TaskFilter {
+            namespace: namespace("namespace", &req.namespace)?,
+            states,
+            kind: (!req.kind.is_empty()).then_some(req.kind),
+        };
+        let page = Page {
+            size: page_size("page_size", req.page_size)?,
+            after: (!req.page_token.is_empty()).then_some(req.page_token),
+        };
+        let (tasks, next) = self.0.store.list_tasks(&filter, &page).await?;
+        Ok(Response::new(pb::ListTasksResponse {
+            tasks: tasks.iter().map(mapping::task).collect(),
+            next_page_token: next.unwrap_or_default(),
+        }))
+    }
+
+    #[instrument(skip_all, fields(task = %request.get_ref().task_id))]
+    async fn cancel_task(
+        &self,
+        request: Request<pb::CancelTaskRequest>,
+    ) -> Result<Response<pb::CancelTaskResponse>, Status> {
+        let req = request.into_inner();
+        let id = parse_id("task_id", &req.task_id)?;
+        let reason = if req.reason.is_empty() {
+            "canceled"
+        } else {
+            req.reason.as_str()
+        };
+        let (record, lease) = self
+            .0
+            .store
+            .cancel_task(id, reason, self.0.now_ms())
+            .await?;
+        if let Some(lease) = &lease {
+            // Local agents hear it now; agents on other replicas through the
+            // store's LeaseRevoked event.
+            self.0
+                .dispatcher
+                .revoke(lease, pb::RevocationReason::Canceled, reason);
+        }
+        Ok(Response::new(pb::CancelTaskResponse {
+            task: Some(mapping::task(&record)),
+        }))
+    }
+
+    #[instrument(skip_all, fields(task = %request.get_ref().task_id))]
+    async fn watch_task(
+        &self,
+        request: Request<pb::WatchTaskRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
+        let id = parse_id("task_id", &request.get_ref().task_id)?;
+        let api = self.0.clone();
+        // Subscribe before the first read so no change falls in between.
+        let mut changes = api.dispatcher.watch_tasks();
+        let record = api.store.get_task(id).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut last_sequence = 0;
+            let mut record = record;
+            loop {
+                // Everything in the history since the last message, then the task.
+                let events = match api.store.task_events(id, last_sequence, 1000).await {
+                    Ok(events) => events,
+                    Err(err) => {
+                        let _ = tx.send(Err(Status::from(err))).await;
+                        return;
+                    }
+                };
+                let task = match api.task_with_reason(&record).await {
+                    Ok(task) => task,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                if events.is_empty()
+                    && last_sequence == 0
+                    && tx
+                        .send(Ok(pb::WatchTaskResponse {
+                            event: None,
+                            task: Some(task.clone()),
+                        }))
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
+                for event in &events {
+                    last_sequence = event.sequence;
+                    let item = pb::WatchTaskResponse {
+                        event: Some(mapping::event(event)),
+                        task: Some(task.clone()),
+                    };
+                    if tx.send(Ok(item)).await.is_err() {
+                        return;
+                    }
+                }
+                if record.state.is_terminal() {
+                    return;
+                }
+                // Wait for this task to change (on any replica).
+                loop {
+                    match changes.recv().await {
+                        Ok(changed) if changed == id => break,
+                        Ok(_) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+                record = match api.store.get_task(id).await {
+                    Ok(r) => r,
+                    Err(err) => {
+                        let _ = tx.send(Err(Status::from(err))).await;
+                        return;
+                    }
+                };
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    #[instrument(skip_all, fields(task = %request.get_ref().task_id))]
+    async fn explain_task(
+        &self,
+        request: Request<pb::ExplainTaskRequest>,
+    ) -> Result<Response<pb::ExplainTaskResponse>, Status> {
+        let id = parse_id("task_id", &request.get_ref().task_id)?;
+        let api = &self.0;
+        let record = api.store.get_task(id).await?;
+        let placement: Placement = serde_json::from_value(record.placement.clone())
+            .map_err(|_| Status::internal("stored placement is unreadable"))?;
+        let compiled = core_placement::compile(&placement)
+            .map_err(|_| Status::internal("stored placement does not compile"))?;
+        let mut names = BTreeMap::new();
+        let mut fleet = Vec::new();
+        let mut page = Page {
+            size: 1000,
+            after: None,
+        };
+        loop {
+            let (agents, next) = api.store.list_agents(&record.namespace, &[], &page).await?;
+            for a in &agents {
+                names.insert(a.id.to_string(), a.name.clone());
+                fleet.push(mapping::agent_view(a));
+            }
+            match next {
+                Some(token) => page.after = Some(token),
+                None => break,
+            }
+        }
+        let explanation = matcher::explain(&compiled, &record.namespace, &fleet);
+        let mut summary = explanation.summary.clone();
+        match record.state {
+            TaskState::Queued if record.not_before_ms > api.now_ms() => {
+                summary = format!("backing off until {} ms; {summary}", record.not_before_ms);
+            }
+            TaskState::Queued => {}
+            state => summary = format!("task is {}; {summary}", state.as_str()),
+        }
+        let task = api.task_with_reason(&record).await?;
+        Ok(Response::new(pb::ExplainTaskResponse {
+            task: Some(task),
+            summary,
+            verdicts: verdicts(&explanation, &names),
+        }))
+    }
+
+    async fn list_task_events(
+        &self,
+        request: Request<pb::ListTaskEventsRequest>,
+    ) -> Result<Response<pb::ListTaskEventsResponse>, Status> {
+        let req = request.into_inner();
+        let id = parse_id("task_id", &req.task_id)?;
+        let size = page_size("page_size", req.page_size)?;
+        let after = if req.page_token.is_empty() {
+            0
+        } else {
+            req.page_token
+                .parse()
+                .map_err(|_| invalid("page_token", "not a token this server issued"))?
+        };
+        // Existence check: an unknown task is NOT_FOUND, not an empty page.
+        self.0.store.get_task(id).await?;
+        let events = self.0.store.task_events(id, after, size).await?;
+        let next = if events.len() == size as usize {
+            events
+                .last()
+                .map(|e| e.sequence.to_string())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::ListTaskEventsResponse {
+            events: events.iter().map(mapping::event).collect(),
+            next_page_token: next,
+        }))
+    }
+}

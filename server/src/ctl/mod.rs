@@ -1,0 +1,536 @@
+//! `switchyard`, the operator and submitter CLI: submit, get, list, cancel,
+//! watch and explain tasks; list, show, drain and undrain agents; simulate a
+//! placement. It talks to any replica over the same gRPC contract as
+//! grpcurl, prints text for people or JSON (`--output json`) for scripts,
+//! and exits with a code a script can branch on (see [`ExitCode`]).
+
+mod render;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::Value;
+use switchyard_proto::v1::{
+    self as pb, agent_admin_service_client::AgentAdminServiceClient,
+    task_service_client::TaskServiceClient,
+};
+use tokio_stream::StreamExt;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+use crate::api::convert;
+
+/// Switchyard CLI: submit and follow tasks, see and steer agents.
+#[derive(Debug, Parser)]
+#[command(name = "switchyard", version, about, long_about = None)]
+pub struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Connection and output settings shared by every command.
+#[derive(Debug, Args)]
+struct Global {
+    /// The server to talk to (any replica).
+    #[arg(
+        long,
+        env = "SWITCHYARD_SERVER",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
+    server: String,
+    /// Bearer token (submitter or operator); never printed.
+    #[arg(long, env = "SWITCHYARD_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
+    /// The namespace to work in.
+    #[arg(
+        long,
+        env = "SWITCHYARD_NAMESPACE",
+        default_value = "default",
+        global = true
+    )]
+    namespace: String,
+    /// Output for people (text) or for scripts (json, one document per line).
+    #[arg(
+        long,
+        env = "SWITCHYARD_OUTPUT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    output: Output,
+}
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Submit a task.
+    Submit(SubmitArgs),
+    /// Show one task.
+    Get {
+        /// The task's id.
+        task_id: String,
+    },
+    /// List tasks, newest first.
+    List {
+        /// Only these states (queued, leased, running, succeeded, failed, canceled); repeatable.
+        #[arg(long = "state")]
+        states: Vec<String>,
+        /// Only this kind.
+        #[arg(long)]
+        kind: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: i32,
+    },
+    /// Cancel a task.
+    Cancel {
+        /// The task's id.
+        task_id: String,
+        /// Why (recorded in the task's history).
+        #[arg(long, default_value = "canceled from the CLI")]
+        reason: String,
+    },
+    /// Follow a task's state changes until it is terminal.
+    Watch {
+        /// The task's id.
+        task_id: String,
+    },
+    /// Explain why a task is where it is, agent by agent.
+    Explain {
+        /// The task's id.
+        task_id: String,
+    },
+    /// See and steer agents.
+    #[command(subcommand)]
+    Agents(AgentsCommand),
+    /// Which agents would take a placement now?
+    Simulate {
+        /// The placement as selector text, e.g. `linux, docker, memory.total>=16384`.
+        #[arg(long = "require", default_value = "")]
+        selector: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct SubmitArgs {
+    /// The task kind agents dispatch on (e.g. `exec`).
+    kind: String,
+    /// What the task needs, as selector text, e.g. `linux, docker, software.node.version@^20`.
+    #[arg(long = "require", default_value = "")]
+    selector: String,
+    /// The payload: a JSON object in a file, or `-` for standard input.
+    #[arg(long)]
+    payload: Option<String>,
+    /// Higher runs first.
+    #[arg(long, default_value_t = 0)]
+    priority: i32,
+    /// Attempts before the task fails (0: the server's default).
+    #[arg(long, default_value_t = 0)]
+    max_attempts: u32,
+    /// Lease lifetime in seconds without renewal (0: the server's default).
+    #[arg(long, default_value_t = 0)]
+    lease_ttl_secs: u64,
+    /// Makes the submit idempotent within the namespace.
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// A label `key=value`; repeatable.
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// Wait for the task to finish, printing its progress; exit 0 only if it succeeded.
+    #[arg(long)]
+    wait: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum AgentsCommand {
+    /// List agents.
+    List,
+    /// Show one agent: its document with the tier of every value, and its leases.
+    Show {
+        /// The agent's id.
+        agent_id: String,
+    },
+    /// Stop new leases to an agent.
+    Drain {
+        /// The agent's id.
+        agent_id: String,
+        /// Why.
+        #[arg(long, default_value = "drained from the CLI")]
+        reason: String,
+    },
+    /// Let a drained agent take leases again.
+    Undrain {
+        /// The agent's id.
+        agent_id: String,
+    },
+}
+
+/// What the process exits with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitCode {
+    /// Done (with `--wait`: the task succeeded).
+    Ok = 0,
+    /// With `--wait` or `watch`: the task failed or was canceled.
+    TaskUnsuccessful = 1,
+    /// Bad arguments or input (clap's usage errors also exit 2).
+    Usage = 2,
+    /// The task or agent does not exist.
+    NotFound = 3,
+    /// Not allowed (token missing, wrong role or namespace).
+    Denied = 4,
+    /// The server refused the request (invalid, precondition, limits).
+    Refused = 5,
+    /// The server could not be reached or failed.
+    Unavailable = 6,
+}
+
+/// Runs the CLI with the given arguments and returns the exit code.
+pub async fn run(cli: Cli) -> ExitCode {
+    let output = cli.global.output;
+    match execute(cli).await {
+        Ok(code) => code,
+        Err(failure) => {
+            match output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::json!({"error": failure.message, "code": failure.code_name})
+                ),
+                Output::Text => eprintln!("switchyard: {}", failure.message),
+            }
+            failure.exit
+        }
+    }
+}
+
+/// A failed command: what to print and what to exit with.
+#[derive(Debug)]
+struct Failure {
+    message: String,
+    code_name: &'static str,
+    exit: ExitCode,
+}
+
+impl Failure {
+    fn usage(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            code_name: "usage",
+            exit: ExitCode::Usage,
+        }
+    }
+}
+
+impl From<Status> for Failure {
+    fn from(status: Status) -> Self {
+        let exit = match status.code() {
+            Code::NotFound => ExitCode::NotFound,
+            Code::Unauthenticated | Code::PermissionDenied => ExitCode::Denied,
+            Code::InvalidArgument
+            | Code::FailedPrecondition
+            | Code::ResourceExhausted
+            | Code::AlreadyExists
+            | Code::OutOfRange => ExitCode::Refused,
+            _ => ExitCode::Unavailable,
+        };
+        Self {
+            message: status.message().to_owned(),
+            code_name: code_name(status.code()),
+            exit,
+        }
+    }
+}
+
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::NotFound => "not_found",
+        Code::Unauthenticated => "unauthenticated",
+        Code::PermissionDenied => "permission_denied",
+        Code::InvalidArgument => "invalid_argument",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::ResourceExhausted => "resource_exhausted",
+        Code::Unavailable => "unavailable",
+        Code::Unimplemented => "unimplemented",
+        _ => "error",
+    }
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("label {text:?} is not key=value"))
+}
+
+/// Attaches the bearer token, if any, to every request.
+#[derive(Clone)]
+struct Auth(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Auth {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Intercepted = tonic::service::interceptor::InterceptedService<Channel, Auth>;
+
+struct Clients {
+    tasks: TaskServiceClient<Intercepted>,
+    agents: AgentAdminServiceClient<Intercepted>,
+}
+
+async fn connect(global: &Global) -> Result<Clients, Failure> {
+    let endpoint = Endpoint::from_shared(global.server.clone())
+        .map_err(|_| Failure::usage(format!("--server {:?} is not a URL", global.server)))?;
+    let channel = endpoint.connect().await.map_err(|err| Failure {
+        message: format!("cannot reach {}: {err}", global.server),
+        code_name: "unavailable",
+        exit: ExitCode::Unavailable,
+    })?;
+    let auth = match &global.token {
+        Some(token) => Some(
+            format!("Bearer {token}")
+                .parse()
+                .map_err(|_| Failure::usage("--token has characters a header cannot carry"))?,
+        ),
+        None => None,
+    };
+    Ok(Clients {
+        tasks: TaskServiceClient::with_interceptor(channel.clone(), Auth(auth.clone())),
+        agents: AgentAdminServiceClient::with_interceptor(channel, Auth(auth)),
+    })
+}
+
+fn placement(selector: &str) -> Option<pb::Placement> {
+    (!selector.trim().is_empty()).then(|| pb::Placement {
+        selector: selector.to_owned(),
+        ..Default::default()
+    })
+}
+
+fn read_payload(source: Option<&str>) -> Result<prost_types::Struct, Failure> {
+    let Some(source) = source else {
+        return Ok(prost_types::Struct::default());
+    };
+    let mut text = String::new();
+    if source == "-" {
+        std::io::stdin().read_to_string(&mut text).map_err(|err| {
+            Failure::usage(format!("reading the payload from standard input: {err}"))
+        })?;
+    } else {
+        text = std::fs::read_to_string(source)
+            .map_err(|err| Failure::usage(format!("reading the payload from {source}: {err}")))?;
+    }
+    let value: Value = serde_json::from_str(&text)
+        .map_err(|err| Failure::usage(format!("the payload is not JSON: {err}")))?;
+    if !value.is_object() {
+        return Err(Failure::usage("the payload must be a JSON object"));
+    }
+    Ok(convert::json_to_struct(&value))
+}
+
+fn parse_state(text: &str) -> Result<i32, Failure> {
+    let name = format!("TASK_STATE_{}", text.to_ascii_uppercase());
+    pb::TaskState::from_str_name(&name)
+        .map(|s| s as i32)
+        .ok_or_else(|| Failure::usage(format!("unknown state {text:?}")))
+}
+
+async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
+    let global = cli.global;
+    let mut clients = connect(&global).await?;
+    let out = Printer(global.output);
+    match cli.command {
+        Command::Submit(args) => {
+            let request = pb::SubmitTaskRequest {
+                namespace: global.namespace.clone(),
+                kind: args.kind,
+                payload: Some(read_payload(args.payload.as_deref())?),
+                placement: placement(&args.selector),
+                priority: args.priority,
+                max_attempts: args.max_attempts,
+                lease_ttl: (args.lease_ttl_secs > 0).then(|| prost_types::Duration {
+                    seconds: i64::try_from(args.lease_ttl_secs).unwrap_or(i64::MAX),
+                    nanos: 0,
+                }),
+                idempotency_key: args.idempotency_key.unwrap_or_default(),
+                not_before: None,
+                labels: args
+                    .labels
+                    .into_iter()
+                    .collect::<BTreeMap<_, _>>()
+                    .into_iter()
+                    .collect(),
+            };
+            let reply = clients.tasks.submit_task(request).await?.into_inner();
+            let task = reply.task.unwrap_or_default();
+            out.task(
+                &task,
+                if reply.created {
+                    "submitted"
+                } else {
+                    "existing (idempotency key)"
+                },
+            );
+            if args.wait {
+                return follow(&mut clients, &out, &task.task_id).await;
+            }
+            Ok(ExitCode::Ok)
+        }
+        Command::Get { task_id } => {
+            let task = clients
+                .tasks
+                .get_task(pb::GetTaskRequest { task_id })
+                .await?
+                .into_inner()
+                .task;
+            out.task(&task.unwrap_or_default(), "");
+            Ok(ExitCode::Ok)
+        }
+        Command::List {
+            states,
+            kind,
+            limit,
+        } => {
+            let states = states
+                .iter()
+                .map(|s| parse_state(s))
+                .collect::<Result<Vec<_>, _>>()?;
+            let reply = clients
+                .tasks
+                .list_tasks(pb::ListTasksRequest {
+                    namespace: global.namespace.clone(),
+                    states,
+                    kind: kind.unwrap_or_default(),
+                    page_size: limit,
+                    page_token: String::new(),
+                })
+                .await?
+                .into_inner();
+            out.task_list(&reply.tasks);
+            Ok(ExitCode::Ok)
+        }
+        Command::Cancel { task_id, reason } => {
+            let task = clients
+                .tasks
+                .cancel_task(pb::CancelTaskRequest { task_id, reason })
+                .await?
+                .into_inner()
+                .task;
+            out.task(&task.unwrap_or_default(), "cancel requested");
+            Ok(ExitCode::Ok)
+        }
+        Command::Watch { task_id } => follow(&mut clients, &out, &task_id).await,
+        Command::Explain { task_id } => {
+            let reply = clients
+                .tasks
+                .explain_task(pb::ExplainTaskRequest { task_id })
+                .await?
+                .into_inner();
+            out.explanation(reply.task.as_ref(), &reply.summary, &reply.verdicts);
+            Ok(ExitCode::Ok)
+        }
+        Command::Simulate { selector } => {
+            let reply = clients
+                .agents
+                .simulate_placement(pb::SimulatePlacementRequest {
+                    namespace: global.namespace.clone(),
+                    placement: Some(placement(&selector).unwrap_or_default()),
+                    hypothetical_capabilities: None,
+                })
+                .await?
+                .into_inner();
+            out.explanation(None, &reply.summary, &reply.verdicts);
+            Ok(ExitCode::Ok)
+        }
+        Command::Agents(command) => agents(&mut clients, &out, &global, command).await,
+    }
+}
+
+async fn agents(
+    clients: &mut Clients,
+    out: &Printer,
+    global: &Global,
+    command: AgentsCommand,
+) -> Result<ExitCode, Failure> {
+    match command {
+        AgentsCommand::List => {
+            let reply = clients
+                .agents
+                .list_agents(pb::ListAgentsRequest {
+                    namespace: global.namespace.clone(),
+                    statuses: Vec::new(),
+                    page_size: 1000,
+                    page_token: String::new(),
+                })
+                .await?
+                .into_inner();
+            out.agent_list(&reply.agents);
+        }
+        AgentsCommand::Show { agent_id } => {
+            let reply = clients
+                .agents
+                .get_agent(pb::GetAgentRequest { agent_id })
+                .await?
+                .into_inner();
+            out.agent(&reply.agent.unwrap_or_default(), &reply.leases);
+        }
+        AgentsCommand::Drain { agent_id, reason } => {
+            let reply = clients
+                .agents
+                .drain_agent(pb::DrainAgentRequest { agent_id, reason })
+                .await?
+                .into_inner();
+            out.agent(&reply.agent.unwrap_or_default(), &[]);
+        }
+        AgentsCommand::Undrain { agent_id } => {
+            let reply = clients
+                .agents
+                .undrain_agent(pb::UndrainAgentRequest { agent_id })
+                .await?
+                .into_inner();
+            out.agent(&reply.agent.unwrap_or_default(), &[]);
+        }
+    }
+    Ok(ExitCode::Ok)
+}
+
+/// Streams a task's changes until it is terminal; the exit code says how it
+/// ended.
+async fn follow(clients: &mut Clients, out: &Printer, task_id: &str) -> Result<ExitCode, Failure> {
+    let mut stream = clients
+        .tasks
+        .watch_task(pb::WatchTaskRequest {
+            task_id: task_id.to_owned(),
+        })
+        .await?
+        .into_inner();
+    let mut last_state = pb::TaskState::Unspecified;
+    while let Some(item) = stream.next().await {
+        let item = item?;
+        let task = item.task.unwrap_or_default();
+        out.watch_line(item.event.as_ref(), &task);
+        last_state = task.state();
+    }
+    Ok(match last_state {
+        pb::TaskState::Succeeded => ExitCode::Ok,
+        pb::TaskState::Failed | pb::TaskState::Canceled => ExitCode::TaskUnsuccessful,
+        _ => ExitCode::Unavailable,
+    })
+}
+
+/// Prints results as text or JSON.
+struct Printer(Output);

@@ -1,0 +1,622 @@
+//! The dispatcher: where tasks and agents meet. It keeps an in-memory index
+//! of the agents connected to this replica (the core's [`AgentIndex`]) and
+//! their session streams; whenever a task is queued or re-queued, an agent
+//! connects, frees capacity or changes its capabilities, it matches waiting
+//! tasks against the index, writes the grants to the store in one batch,
+//! and pushes each grant down its agent's stream at once.
+//!
+//! Every replica runs one. It grants only to agents connected to itself;
+//! the store's conditional grant makes sure two replicas never lease one
+//! task twice. The index and session table sit behind one `std` mutex that
+//! is never held across an `.await`, and each agent stream has a bounded
+//! queue, so a slow agent cannot stall dispatch to the others: a grant that
+//! cannot be queued is left unacknowledged and revoked by the sweeper.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use switchyard_core::index::AgentIndex;
+use switchyard_core::matcher::{AgentStatus, AgentView};
+use switchyard_core::placement::{self, CompiledPlacement, Placement};
+use switchyard_proto::v1 as pb;
+use tokio::sync::{Notify, broadcast, mpsc};
+use tonic::Status;
+use tracing::{debug, info, warn};
+use uuid::Uuid;
+
+use crate::api::mapping;
+use crate::clock::Clock;
+use crate::error::Result;
+use crate::store::{
+    GrantOutcome, GrantRequest, LeaseRecord, QueueCursor, Store, StoreEvent, TaskRecord,
+};
+
+/// How the dispatcher behaves; defaults suit production, tests shorten them.
+#[derive(Debug, Clone)]
+pub struct DispatchSettings {
+    /// How often agents heartbeat; three silent intervals make an agent OFFLINE.
+    pub heartbeat_interval_ms: i64,
+    /// A grant not acknowledged within this window is revoked and re-matched.
+    pub ack_window_ms: i64,
+    /// How many queued tasks one dispatch round considers per store read.
+    pub batch_size: u32,
+    /// How often the sweeper expires leases and revokes unacknowledged grants.
+    pub sweep_interval_ms: i64,
+    /// Capacity of each agent stream's outbound queue.
+    pub stream_queue: usize,
+}
+
+impl Default for DispatchSettings {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval_ms: 5_000,
+            ack_window_ms: 5_000,
+            batch_size: 256,
+            sweep_interval_ms: 1_000,
+            stream_queue: 256,
+        }
+    }
+}
+
+/// Outbound half of one agent session.
+pub type SessionSender = mpsc::Sender<Result<pb::ConnectResponse, Status>>;
+
+/// One live session on this replica.
+#[derive(Debug, Clone)]
+struct Session {
+    /// The epoch the session was opened with; a newer one replaces it.
+    epoch: u64,
+    /// Where grants, revocations, acks and drains for the agent go.
+    tx: SessionSender,
+    /// Last time the agent said anything, for OFFLINE detection.
+    last_seen_ms: i64,
+    /// Tells the session's reader to stop (superseded, silent, shutdown).
+    close: Arc<Notify>,
+}
+
+/// What the dispatcher guards with its one lock.
+#[derive(Debug, Default)]
+struct State {
+    /// Agents with a live session here, as the matcher sees them.
+    index: AgentIndex,
+    /// Live sessions by agent id.
+    sessions: HashMap<Uuid, Session>,
+    /// Compiled placements by task id, so a waiting task is compiled once.
+    placements: HashMap<Uuid, Arc<CompiledPlacement>>,
+}
+
+/// The dispatcher handle; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Dispatcher {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// Where tasks, leases and agents live.
+    store: Arc<dyn Store>,
+    /// Injected time.
+    clock: Clock,
+    /// Tunables.
+    settings: DispatchSettings,
+    /// Sessions, index and placement cache.
+    state: Mutex<State>,
+    /// Wakes the dispatch loop: something may now be placeable.
+    wake: Notify,
+    /// Set on shutdown: no new grants.
+    stopping: AtomicBool,
+    /// Task state changes, for WatchTask (fed from the store's events, so
+    /// changes made through other replicas arrive too).
+    task_changes: broadcast::Sender<Uuid>,
+}
+
+impl Dispatcher {
+    /// A dispatcher over `store`; call [`Dispatcher::spawn`] to start it.
+    pub fn new(store: Arc<dyn Store>, clock: Clock, settings: DispatchSettings) -> Self {
+        let (task_changes, _) = broadcast::channel(1024);
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                clock,
+                settings,
+                state: Mutex::new(State::default()),
+                wake: Notify::new(),
+                stopping: AtomicBool::new(false),
+                task_changes,
+            }),
+        }
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &DispatchSettings {
+        &self.shared.settings
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.shared.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Clock {
+        &self.shared.clock
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A poisoned lock means a panic elsewhere; the state is still usable.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts the dispatch loop, the sweeper and the store-event listener.
+    pub fn spawn(&self) -> Vec<tokio::task::JoinHandle<()>> {
+        let events = self.shared.store.subscribe();
+        vec![
+            tokio::spawn(self.clone().dispatch_loop()),
+            tokio::spawn(self.clone().sweep_loop()),
+            tokio::spawn(self.clone().event_loop(events)),
+        ]
+    }
+
+    /// Asks the dispatch loop to run a round soon.
+    pub fn wake(&self) {
+        self.shared.wake.notify_one();
+    }
+
+    /// Subscribes to task-change notifications (task ids).
+    pub fn watch_tasks(&self) -> broadcast::Receiver<Uuid> {
+        self.shared.task_changes.subscribe()
+    }
+
+    /// Stops granting and tells every connected agent to reconnect
+    /// elsewhere; used on shutdown.
+    pub fn drain_all(&self, reason: &str) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let sessions: Vec<Session> = self.state().sessions.drain().map(|(_, s)| s).collect();
+        for session in sessions {
+            let _ = session.tx.try_send(Ok(drain_message(reason, 1_000)));
+            // The queued Drain is still delivered before the stream ends.
+            session.close.notify_one();
+        }
+    }
+
+    /// Whether the dispatcher is shutting down.
+    pub fn stopping(&self) -> bool {
+        self.shared.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Registers a live session, closing an older one of the same agent
+    /// (with a Drain saying why). Returns false if a newer epoch is already
+    /// connected here (the caller must refuse this one).
+    pub fn attach(
+        &self,
+        agent_id: Uuid,
+        epoch: u64,
+        tx: SessionSender,
+        close: Arc<Notify>,
+        view: AgentView,
+    ) -> bool {
+        let now = self.shared.clock.now_ms();
+        let mut state = self.state();
+        if let Some(existing) = state.sessions.get(&agent_id) {
+            if existing.epoch > epoch {
+                return false;
+            }
+            let _ = existing.tx.try_send(Ok(drain_message(
+                &format!("superseded by session epoch {epoch}"),
+                0,
+            )));
+            existing.close.notify_one();
+        }
+        state.sessions.insert(
+            agent_id,
+            Session {
+                epoch,
+                tx,
+                last_seen_ms: now,
+                close,
+            },
+        );
+        state.index.upsert(view);
+        drop(state);
+        self.wake();
+        true
+    }
+
+    /// Removes a session if it is still the given epoch.
+    pub fn detach(&self, agent_id: Uuid, epoch: u64) -> bool {
+        let mut state = self.state();
+        if state
+            .sessions
+            .get(&agent_id)
+            .is_some_and(|s| s.epoch == epoch)
+        {
+            if let Some(session) = state.sessions.remove(&agent_id) {
+                session.close.notify_one();
+            }
+            state.index.remove(&agent_id.to_string());
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether this epoch is still the agent's live session here.
+    pub fn is_current(&self, agent_id: Uuid, epoch: u64) -> bool {
+        self.state()
+            .sessions
+            .get(&agent_id)
+            .is_some_and(|s| s.epoch == epoch)
+    }
+
+    /// Records that the agent was heard from.
+    pub fn touch(&self, agent_id: Uuid) {
+        let now = self.shared.clock.now_ms();
+        if let Some(s) = self.state().sessions.get_mut(&agent_id) {
+            s.last_seen_ms = now;
+        }
+    }
+
+    /// Replaces the agent's view in the index (document, status or load
+    /// changed) and wakes dispatch.
+    pub fn update_view(&self, view: AgentView) {
+        let id: Uuid = match view.agent_id.parse() {
+            Ok(id) => id,
+            Err(_) => return,
+        };
+        let mut state = self.state();
+        if state.sessions.contains_key(&id) {
+            state.index.upsert(view);
+        }
+        drop(state);
+        self.wake();
+    }
+
+    /// The agent's view in the index, if connected here.
+    pub fn view(&self, agent_id: Uuid) -> Option<AgentView> {
+        self.state().index.get(&agent_id.to_string()).cloned()
+    }
+
+    /// A lease of the agent ended: one more free slot.
+    pub fn lease_ended(&self, agent_id: Uuid) {
+        let mut state = self.state();
+        let key = agent_id.to_string();
+        if let Some(view) = state.index.get(&key) {
+            let active = view.active_leases.saturating_sub(1);
+            let last = view.last_granted_at_ms;
+            state.index.update_load(&key, active, last);
+        }
+        drop(state);
+        self.wake();
+    }
+
+    /// Sends a message to the agent if it is connected here; false if not
+    /// connected or its queue is full.
+    pub fn send(&self, agent_id: Uuid, message: pb::ConnectResponse) -> bool {
+        let tx = self.state().sessions.get(&agent_id).map(|s| s.tx.clone());
+        tx.is_some_and(|tx| tx.try_send(Ok(message)).is_ok())
+    }
+
+    /// Tells the agent holding `lease` to stop, if it is connected here.
+    pub fn revoke(&self, lease: &LeaseRecord, reason: pb::RevocationReason, message: &str) -> bool {
+        self.send(
+            lease.agent_id,
+            pb::ConnectResponse {
+                message: Some(pb::connect_response::Message::LeaseRevocation(
+                    pb::LeaseRevocation {
+                        lease_id: lease.id.to_string(),
+                        task_id: lease.task_id.to_string(),
+                        reason: reason as i32,
+                        message: message.to_owned(),
+                    },
+                )),
+            },
+        )
+    }
+
+    /// The compiled placement of a task (cached).
+    fn compiled(&self, task: &TaskRecord) -> Option<Arc<CompiledPlacement>> {
+        if let Some(c) = self.state().placements.get(&task.id) {
+            return Some(c.clone());
+        }
+        let placement: Placement = match serde_json::from_value(task.placement.clone()) {
+            Ok(p) => p,
+            Err(err) => {
+                warn!(task = %task.id, cause = %err, "stored placement does not parse; task cannot be placed");
+                return None;
+            }
+        };
+        let compiled = match placement::compile(&placement) {
+            Ok(c) => Arc::new(c),
+            Err(err) => {
+                warn!(task = %task.id, cause = %err, "stored placement does not compile");
+                return None;
+            }
+        };
+        self.state().placements.insert(task.id, compiled.clone());
+        Some(compiled)
+    }
+
+    async fn dispatch_loop(self) {
+        loop {
+            if self.stopping() {
+                return;
+            }
+            match self.dispatch_round().await {
+                // A full batch was granted: there may be more right away.
+                Ok(granted) if granted > 0 => continue,
+                Ok(_) => {}
+                Err(err) => warn!(cause = %err, "dispatch round failed"),
+            }
+            // The safety sweep: also re-check now and then (not-before
+            // times passing, missed notifications).
+            let _ = tokio::time::timeout(Duration::from_millis(1_000), self.shared.wake.notified())
+                .await;
+        }
+    }
+
+    /// Whether some connected agent could take a lease now.
+    fn any_free_slot(&self) -> bool {
+        let state = self.state();
+        state.sessions.keys().any(|id| {
+            state
+                .index
+                .get(&id.to_string())
+                .is_some_and(|v| v.status.takes_work() && v.active_leases < v.capacity)
+        })
+    }
+
+    /// One round: walk the queue in priority order, page by page, matching
+    /// each task against the connected agents, until no agent has room or
+    /// the queue ends. A parked task is skipped, never a blocker: the walk
+    /// goes on to lower priorities. Returns how many leases were granted.
+    pub async fn dispatch_round(&self) -> Result<usize> {
+        /// Pages one round reads at most; the next wake continues.
+        const MAX_PAGES: usize = 64;
+        if self.stopping() || self.state().sessions.is_empty() {
+            return Ok(0);
+        }
+        let now = self.shared.clock.now_ms();
+        let batch = self.shared.settings.batch_size;
+        let mut cursor: Option<QueueCursor> = None;
+        let mut granted = 0;
+        for _ in 0..MAX_PAGES {
+            if !self.any_free_slot() {
+                break;
+            }
+            let tasks = self
+                .shared
+                .store
+                .queued_tasks(None, now, cursor.as_ref(), batch)
+                .await?;
+            let Some(last) = tasks.last() else { break };
+            cursor = Some(QueueCursor::after(last));
+            granted += self.grant_page(&tasks, now).await?;
+            if tasks.len() < batch as usize {
+                break;
+            }
+        }
+        Ok(granted)
+    }
+
+    /// Matches one page of queued tasks and grants in one batch.
+    async fn grant_page(&self, tasks: &[TaskRecord], now: i64) -> Result<usize> {
+        let mut requests = Vec::new();
+        let mut picked: Vec<&TaskRecord> = Vec::new();
+        for task in tasks {
+            let Some(compiled) = self.compiled(task) else {
+                continue;
+            };
+            let mut state = self.state();
+            let Some(selection) = state.index.select_best(&compiled, &task.namespace) else {
+                continue;
+            };
+            // Reserve the slot so the next task of this round sees it taken.
+            if let Some(view) = state.index.get(&selection.agent_id) {
+                let active = view.active_leases + 1;
+                state
+                    .index
+                    .update_load(&selection.agent_id, active, u64::try_from(now).ok());
+            }
+            drop(state);
+            let Ok(agent_id) = selection.agent_id.parse::<Uuid>() else {
+                continue;
+            };
+            requests.push(GrantRequest {
+                task_id: task.id,
+                agent_id,
+            });
+            picked.push(task);
+        }
+        if requests.is_empty() {
+            return Ok(0);
+        }
+        let outcomes = self.shared.store.grant_leases(&requests, now).await?;
+        let mut granted = 0;
+        for ((request, task), outcome) in requests.iter().zip(picked).zip(outcomes) {
+            match outcome {
+                GrantOutcome::Granted(lease) => {
+                    granted += 1;
+                    self.state().placements.remove(&task.id);
+                    let grant = pb::ConnectResponse {
+                        message: Some(pb::connect_response::Message::LeaseGrant(pb::LeaseGrant {
+                            lease_id: lease.id.to_string(),
+                            fencing_token: lease.fencing_token,
+                            task: Some(mapping::granted_task(task, &lease)),
+                            expires_at: Some(crate::api::convert::timestamp(lease.expires_at_ms)),
+                        })),
+                    };
+                    if !self.send(request.agent_id, grant) {
+                        // Left unacknowledged: the sweeper revokes and re-matches it.
+                        debug!(lease = %lease.id, agent = %request.agent_id, "grant not queued to the agent stream");
+                    }
+                    let _ = self.shared.task_changes.send(task.id);
+                }
+                GrantOutcome::Refused(refusal) => {
+                    debug!(task = %task.id, agent = %request.agent_id, ?refusal, "grant refused");
+                    self.lease_ended(request.agent_id);
+                }
+            }
+        }
+        Ok(granted)
+    }
+
+    async fn sweep_loop(self) {
+        let period = Duration::from_millis(
+            u64::try_from(self.shared.settings.sweep_interval_ms).unwrap_or(1_000),
+        );
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            if self.stopping() {
+                return;
+            }
+            if let Err(err) = self.sweep().await {
+                warn!(cause = %err, "sweep failed");
+            }
+        }
+    }
+
+    /// Expires lapsed leases, revokes grants nobody acknowledged, and closes
+    /// sessions that went silent. Safe on every replica at once.
+    pub async fn sweep(&self) -> Result<()> {
+        let now = self.shared.clock.now_ms();
+        let expired = self.shared.store.expire_leases(now, 500).await?;
+        for (lease, task) in &expired {
+            info!(lease = %lease.id, task = %task.id, agent = %lease.agent_id, state = task.state.as_str(), "lease expired");
+            self.revoke(
+                lease,
+                pb::RevocationReason::Expired,
+                "lease expired before it was renewed",
+            );
+            self.lease_ended(lease.agent_id);
+            let _ = self.shared.task_changes.send(task.id);
+        }
+        let cutoff = now - self.shared.settings.ack_window_ms;
+        let unacked = self.shared.store.revoke_unacked(cutoff, now).await?;
+        for (lease, task) in &unacked {
+            info!(lease = %lease.id, task = %task.id, agent = %lease.agent_id, "grant not acknowledged in time; revoked");
+            self.revoke(
+                lease,
+                pb::RevocationReason::Unacknowledged,
+                "grant not acknowledged in time",
+            );
+            self.lease_ended(lease.agent_id);
+            let _ = self.shared.task_changes.send(task.id);
+        }
+        // Sessions silent for three heartbeat intervals: close them; the
+        // agent is OFFLINE and its leases run out their TTL.
+        let silent_before = now - 3 * self.shared.settings.heartbeat_interval_ms;
+        let silent: Vec<(Uuid, u64)> = self
+            .state()
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.last_seen_ms < silent_before)
+            .map(|(id, s)| (*id, s.epoch))
+            .collect();
+        for (agent_id, epoch) in silent {
+            if self.detach(agent_id, epoch) {
+                info!(agent = %agent_id, "agent silent for three heartbeat intervals: offline");
+                self.shared
+                    .store
+                    .set_agent_status(agent_id, "offline", &[], Some(epoch), now)
+                    .await?;
+            }
+        }
+        if !expired.is_empty() || !unacked.is_empty() {
+            self.wake();
+        }
+        Ok(())
+    }
+
+    async fn event_loop(self, mut events: broadcast::Receiver<StoreEvent>) {
+        loop {
+            match events.recv().await {
+                Ok(StoreEvent::TaskQueued { .. }) => self.wake(),
+                Ok(StoreEvent::TaskChanged { task_id, .. }) => {
+                    let _ = self.shared.task_changes.send(task_id);
+                }
+                Ok(StoreEvent::AgentChanged { agent_id }) => {
+                    self.refresh_agent(agent_id).await;
+                }
+                Ok(StoreEvent::LeaseRevoked {
+                    lease_id,
+                    task_id,
+                    agent_id,
+                    reason,
+                }) => {
+                    if let Ok(lease) = self.shared.store.get_lease(lease_id).await {
+                        self.revoke(&lease, pb::RevocationReason::Canceled, &reason);
+                    } else {
+                        let lease = LeaseRecord {
+                            id: lease_id,
+                            task_id,
+                            agent_id,
+                            fencing_token: 0,
+                            state: crate::store::LeaseState::Released,
+                            granted_at_ms: 0,
+                            acked: false,
+                            expires_at_ms: 0,
+                        };
+                        self.revoke(&lease, pb::RevocationReason::Canceled, &reason);
+                    }
+                    let _ = self.shared.task_changes.send(task_id);
+                }
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    warn!(missed, "store events lagged; re-dispatching");
+                    self.wake();
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+
+    /// Reloads a connected agent's document and status from the store (an
+    /// operator changed it, possibly through another replica).
+    pub async fn refresh_agent(&self, agent_id: Uuid) {
+        if !self.state().sessions.contains_key(&agent_id) {
+            return;
+        }
+        match self.shared.store.get_agent(agent_id).await {
+            Ok(record) => {
+                let mut view = mapping::agent_view(&record);
+                // The index knows load the store has not committed yet
+                // (reservations of a round in flight) and when it last granted.
+                if let Some(current) = self.view(agent_id) {
+                    view.active_leases = view.active_leases.max(current.active_leases);
+                    view.last_granted_at_ms = current.last_granted_at_ms;
+                }
+                self.update_view(view);
+            }
+            Err(err) => warn!(agent = %agent_id, cause = %err, "cannot refresh agent"),
+        }
+    }
+}
+
+/// A Drain message.
+pub fn drain_message(reason: &str, reconnect_after_ms: i64) -> pb::ConnectResponse {
+    pb::ConnectResponse {
+        message: Some(pb::connect_response::Message::Drain(pb::Drain {
+            reason: reason.to_owned(),
+            reconnect_after: Some(crate::api::convert::duration(reconnect_after_ms)),
+        })),
+    }
+}
+
+/// The status an agent record's text maps to.
+pub fn status_of(text: &str, drained: bool) -> AgentStatus {
+    if drained {
+        return AgentStatus::Draining;
+    }
+    match text {
+        "ready" => AgentStatus::Ready,
+        "degraded" => AgentStatus::Degraded,
+        "draining" => AgentStatus::Draining,
+        _ => AgentStatus::Offline,
+    }
+}

@@ -1,0 +1,152 @@
+//! The `switchyard` CLI binary against a real server: submit with `--wait`
+//! while an agent runs the task, JSON output, explain, agents, and the exit
+//! codes scripts branch on.
+
+use std::process::Stdio;
+
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+use crate::common::{PROMPT, TestAgent, TestServer};
+
+fn cli(server: &TestServer) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+    cmd.env_clear()
+        .env("SWITCHYARD_SERVER", format!("http://{}", server.addr))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn run(mut cmd: Command) -> (i32, String, String) {
+    let out = tokio::time::timeout(PROMPT, cmd.output())
+        .await
+        .expect("cli in time")
+        .expect("cli runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_wait_get_explain_and_exit_codes() {
+    let server = TestServer::start_sqlite().await;
+    let mut agent = TestAgent::start(
+        &server,
+        "alpha",
+        json!({"os": "linux", "tags": ["linux"]}),
+        1,
+    )
+    .await;
+
+    // submit --wait: the CLI follows the task while the agent runs it.
+    let mut submit = cli(&server);
+    submit
+        .args([
+            "--output",
+            "json",
+            "submit",
+            "echo",
+            "--require",
+            "linux",
+            "--payload",
+            "-",
+            "--wait",
+        ])
+        .stdin(Stdio::piped());
+    let mut child = submit.spawn().expect("spawn cli");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(br#"{"message": "hi"}"#)
+        .await
+        .expect("write payload");
+    drop(stdin);
+    let grant = agent.grant().await;
+    let task = grant.task.clone().expect("task");
+    assert_eq!(
+        task.payload.expect("payload").fields["message"],
+        switchyard_server::api::convert::json_to_value(&json!("hi"))
+    );
+    agent.run_to_success(&grant, json!({"echo": "hi"})).await;
+    let out = tokio::time::timeout(PROMPT, child.wait_with_output())
+        .await
+        .expect("cli ends")
+        .expect("cli output");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    assert_eq!(lines[0]["task_id"], json!(task.task_id));
+    let last = lines.last().expect("a last line");
+    assert_eq!(last["task"]["state"], json!("succeeded"));
+    assert_eq!(last["task"]["result"], json!({"echo": "hi"}));
+
+    // get, as JSON.
+    let mut get = cli(&server);
+    get.args(["get", &task.task_id, "--output", "json"]);
+    let (code, stdout, _) = run(get).await;
+    assert_eq!(code, 0);
+    let got: Value = serde_json::from_str(stdout.trim()).expect("json");
+    assert_eq!(got["state"], json!("succeeded"));
+
+    // Unknown task: exit 3.
+    let mut missing = cli(&server);
+    missing.args(["get", &uuid::Uuid::now_v7().to_string()]);
+    let (code, _, stderr) = run(missing).await;
+    assert_eq!(code, 3, "{stderr}");
+
+    // A bad selector: refused (exit 5), naming the field.
+    let mut bad = cli(&server);
+    bad.args(["submit", "echo", "--require", "memory.total>="]);
+    let (code, _, stderr) = run(bad).await;
+    assert_eq!(code, 5, "{stderr}");
+    assert!(stderr.contains("placement.selector"), "{stderr}");
+
+    // A parked task, explained.
+    let mut parked = cli(&server);
+    parked.args(["--output", "json", "submit", "train", "--require", "gpu"]);
+    let (code, stdout, _) = run(parked).await;
+    assert_eq!(code, 0);
+    let parked: Value = serde_json::from_str(stdout.trim()).expect("json");
+    assert_eq!(parked["queued_reason"], json!("parked"));
+    let mut explain = cli(&server);
+    explain.args(["explain", parked["task_id"].as_str().expect("id")]);
+    let (code, stdout, _) = run(explain).await;
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("0/1 agents eligible: 1 missing tag gpu"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("alpha"), "{stdout}");
+
+    // agents list.
+    let mut agents = cli(&server);
+    agents.args(["agents", "list"]);
+    let (code, stdout, _) = run(agents).await;
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("alpha") && stdout.contains("ready"),
+        "{stdout}"
+    );
+
+    // No server: exit 6.
+    let mut unreachable = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+    unreachable
+        .env_clear()
+        .args(["--server", "http://127.0.0.1:1", "list"]);
+    let (code, _, _) = run(unreachable).await;
+    assert_eq!(code, 6);
+
+    server.stop().await;
+}

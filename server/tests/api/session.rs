@@ -1,0 +1,386 @@
+//! Agent sessions and dispatch end to end, over real gRPC, on both stores:
+//! register, lease, complete; parking and unparking by a capability diff;
+//! DEGRADED routing; drain; the deaf agent; reconnect and resume; session
+//! supersession; stale fencing; cancel reaching a running agent.
+
+use serde_json::json;
+use switchyard_proto::v1::{self as pb, connect_response::Message as Down, lease_update::Update};
+
+use crate::common::{Backend, PROMPT, TestAgent, TestServer, get_task, submit, wait_for_state};
+use crate::on_both_stores;
+
+fn linux(node: &str) -> serde_json::Value {
+    json!({"os": "linux", "arch": "x86_64", "tags": ["linux"], "software": {"node": {"version": node}},
+           "memory": {"total": 16384, "free": 8000, "unit": "MB"}, "loadavg": {"1min": 0.5}})
+}
+
+async fn register_lease_complete(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut agent = TestAgent::start(&server, "build-1", linux("20.11.1"), 2).await;
+    let task = submit(&server, "echo", "linux, software.node.version@^20").await;
+    let grant = agent.grant().await;
+    assert_eq!(grant.task.as_ref().unwrap().task_id, task.task_id);
+    assert_eq!(grant.fencing_token, 1);
+    agent.run_to_success(&grant, json!({"out": "hello"})).await;
+    let done = wait_for_state(&server, &task.task_id, pb::TaskState::Succeeded).await;
+    assert_eq!(
+        done.result.unwrap().fields["out"],
+        switchyard_server::api::convert::json_to_value(&json!("hello"))
+    );
+    // The same final report again is acknowledged and changes nothing.
+    let again = agent
+        .update(
+            &grant,
+            Update::Succeeded(pb::LeaseSucceeded { result: None }),
+        )
+        .await;
+    assert_eq!(again.code, 0, "{}", again.message);
+    assert_eq!(
+        get_task(&server, &task.task_id).await.state(),
+        pb::TaskState::Succeeded
+    );
+    server.stop().await;
+}
+
+async fn parked_task_unparks_on_diff(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut agent = TestAgent::start(&server, "build-1", linux("18.19.0"), 1).await;
+    let task = submit(&server, "echo", "software.node.version@^20").await;
+    let parked = get_task(&server, &task.task_id).await;
+    assert_eq!(parked.state(), pb::TaskState::Queued);
+    assert_eq!(parked.queued_reason(), pb::QueuedReason::Parked);
+    let explain = server
+        .tasks()
+        .await
+        .explain_task(pb::ExplainTaskRequest {
+            task_id: task.task_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        explain.verdicts[0].reason,
+        "software.node.version VERSION ^20: have 18.19.0"
+    );
+    // The agent upgrades node: one diff later the task is leased.
+    let ack = agent
+        .heartbeat(pb::AgentStatus::Ready, &[], Some(linux("20.1.0")))
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    let grant = agent.grant().await;
+    assert_eq!(grant.task.unwrap().task_id, task.task_id);
+    server.stop().await;
+}
+
+async fn degraded_capability_stops_only_what_needs_it(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut doc = linux("20.0.0");
+    doc["provides"] = json!({"ai.llm": {"version": "1.2.0", "healthy": false, "reason": "missing parameter API_KEY"}});
+    let mut agent = TestAgent::start(&server, "llm-1", doc, 2).await;
+    agent
+        .heartbeat(
+            pb::AgentStatus::Degraded,
+            &["capability ai.llm unhealthy: missing parameter API_KEY"],
+            None,
+        )
+        .await;
+    let needs_llm = submit(&server, "chat", "provides ai.llm@1").await;
+    let plain = submit(&server, "echo", "linux").await;
+    let grant = agent.grant().await;
+    assert_eq!(
+        grant.task.unwrap().task_id,
+        plain.task_id,
+        "the plain task runs on the degraded agent"
+    );
+    let parked = get_task(&server, &needs_llm.task_id).await;
+    assert_eq!(parked.queued_reason(), pb::QueuedReason::Parked);
+    server.stop().await;
+}
+
+async fn drained_agent_gets_nothing_until_undrained(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut agent = TestAgent::start(&server, "build-1", linux("20.0.0"), 1).await;
+    let mut admin = server.admin().await;
+    let drained = admin
+        .drain_agent(pb::DrainAgentRequest {
+            agent_id: agent.agent_id.clone(),
+            reason: "maintenance".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    assert_eq!(drained.status(), pb::AgentStatus::Draining);
+    let task = submit(&server, "echo", "linux").await;
+    assert_eq!(
+        get_task(&server, &task.task_id).await.queued_reason(),
+        pb::QueuedReason::Parked
+    );
+    admin
+        .undrain_agent(pb::UndrainAgentRequest {
+            agent_id: agent.agent_id.clone(),
+        })
+        .await
+        .unwrap();
+    let grant = agent.grant().await;
+    assert_eq!(grant.task.unwrap().task_id, task.task_id);
+    server.stop().await;
+}
+
+async fn deaf_agent_loses_its_grant_to_a_listening_one(backend: Backend) {
+    let server = TestServer::start_with(backend, |c| c.ack_window_ms = 300).await;
+    let mut deaf = TestAgent::start(&server, "deaf", linux("20.0.0"), 1).await;
+    let task = submit(&server, "echo", "linux").await;
+    let first = deaf.grant().await;
+    // The deaf agent never acknowledges; a second, attentive agent appears.
+    let mut attentive = TestAgent::start(&server, "attentive", linux("20.0.0"), 1).await;
+    let revocation = deaf
+        .expect("revocation", |m| match m {
+            Down::LeaseRevocation(r) => Some(r.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(revocation.lease_id, first.lease_id);
+    assert_eq!(revocation.reason(), pb::RevocationReason::Unacknowledged);
+    // Whoever gets it next holds a newer token; the deaf agent's report is refused.
+    let stale = deaf
+        .update(&first, Update::Accepted(pb::LeaseAccepted {}))
+        .await;
+    assert_eq!(
+        stale.code,
+        tonic::Code::FailedPrecondition as i32,
+        "{}",
+        stale.message
+    );
+    let second = attentive.grant().await;
+    assert_eq!(second.task.as_ref().unwrap().task_id, task.task_id);
+    // Token 2 if the attentive agent was connected when the grant was
+    // revoked; higher if the deaf agent got (and lost) it again first.
+    assert!(second.fencing_token > first.fencing_token);
+    attentive.run_to_success(&second, json!({})).await;
+    wait_for_state(&server, &task.task_id, pb::TaskState::Succeeded).await;
+    server.stop().await;
+}
+
+async fn reconnect_resumes_held_leases(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let reg = TestAgent::register(&server, "build-1", linux("20.0.0"), 1).await;
+    let mut agent = TestAgent::connect(&server, &reg, linux("20.0.0"), Vec::new()).await;
+    let task = submit(&server, "echo", "linux").await;
+    let grant = agent.grant().await;
+    assert_eq!(
+        agent
+            .update(&grant, Update::Accepted(pb::LeaseAccepted {}))
+            .await
+            .code,
+        0
+    );
+    assert_eq!(
+        agent
+            .update(&grant, Update::Started(pb::LeaseStarted {}))
+            .await
+            .code,
+        0
+    );
+    agent.hang_up();
+    // Re-register (new epoch) and resume the held lease.
+    let reg2 = TestAgent::register(&server, "build-1", linux("20.0.0"), 1).await;
+    assert_eq!(reg2.agent_id, reg.agent_id, "same identity");
+    assert!(reg2.session_epoch > reg.session_epoch);
+    let held = vec![pb::HeldLease {
+        lease_id: grant.lease_id.clone(),
+        task_id: task.task_id.clone(),
+        fencing_token: grant.fencing_token,
+    }];
+    let mut again = TestAgent::connect(&server, &reg2, linux("20.0.0"), held).await;
+    assert_eq!(
+        again.welcome.resumed_lease_ids,
+        vec![grant.lease_id.clone()]
+    );
+    let ack = again
+        .update(
+            &grant,
+            Update::Succeeded(pb::LeaseSucceeded { result: None }),
+        )
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    wait_for_state(&server, &task.task_id, pb::TaskState::Succeeded).await;
+    server.stop().await;
+}
+
+async fn newer_session_closes_the_older(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let reg = TestAgent::register(&server, "build-1", linux("20.0.0"), 1).await;
+    let mut old = TestAgent::connect(&server, &reg, linux("20.0.0"), Vec::new()).await;
+    let reg2 = TestAgent::register(&server, "build-1", linux("20.0.0"), 1).await;
+    let _new = TestAgent::connect(&server, &reg2, linux("20.0.0"), Vec::new()).await;
+    let drain = old
+        .expect("drain", |m| match m {
+            Down::Drain(d) => Some(d.clone()),
+            _ => None,
+        })
+        .await;
+    assert!(drain.reason.contains("superseded"), "{}", drain.reason);
+    // Connecting with the old epoch is now refused.
+    let stale = tokio::time::timeout(PROMPT, async {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(pb::ConnectRequest {
+            sequence: 1,
+            message: Some(pb::connect_request::Message::Hello(pb::Hello {
+                agent_id: reg.agent_id.clone(),
+                session_epoch: reg.session_epoch,
+                held_leases: vec![],
+            })),
+        })
+        .await
+        .unwrap();
+        switchyard_proto::v1::agent_service_client::AgentServiceClient::new(server.channel().await)
+            .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    })
+    .await
+    .unwrap();
+    assert_eq!(stale.unwrap_err().code(), tonic::Code::FailedPrecondition);
+    server.stop().await;
+}
+
+async fn cancel_reaches_the_running_agent(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut agent = TestAgent::start(&server, "build-1", linux("20.0.0"), 1).await;
+    let task = submit(&server, "sleep", "linux").await;
+    let grant = agent.grant().await;
+    assert_eq!(
+        agent
+            .update(&grant, Update::Accepted(pb::LeaseAccepted {}))
+            .await
+            .code,
+        0
+    );
+    assert_eq!(
+        agent
+            .update(&grant, Update::Started(pb::LeaseStarted {}))
+            .await
+            .code,
+        0
+    );
+    let canceled = server
+        .tasks()
+        .await
+        .cancel_task(pb::CancelTaskRequest {
+            task_id: task.task_id.clone(),
+            reason: "not needed".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .task
+        .unwrap();
+    assert!(canceled.cancel_requested);
+    let revocation = agent
+        .expect("revocation", |m| match m {
+            Down::LeaseRevocation(r) => Some(r.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(revocation.reason(), pb::RevocationReason::Canceled);
+    let ack = agent
+        .update(
+            &grant,
+            Update::Released(pb::LeaseReleased {
+                reason: "canceled".into(),
+            }),
+        )
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    wait_for_state(&server, &task.task_id, pb::TaskState::Canceled).await;
+    server.stop().await;
+}
+
+async fn bad_input_is_invalid_argument_naming_the_field(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut tasks = server.tasks().await;
+    let err = tasks
+        .submit_task(pb::SubmitTaskRequest {
+            kind: "echo".into(),
+            placement: Some(pb::Placement {
+                selector: "linux, memory.total>=".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("placement.selector:"),
+        "{}",
+        err.message()
+    );
+    let err = tasks
+        .submit_task(pb::SubmitTaskRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().starts_with("kind:"), "{}", err.message());
+    let err = tasks
+        .get_task(pb::GetTaskRequest {
+            task_id: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    let err = tasks
+        .get_task(pb::GetTaskRequest {
+            task_id: uuid::Uuid::now_v7().to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    // Nothing was stored by the refused submits.
+    let list = tasks
+        .list_tasks(pb::ListTasksRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(list.tasks.is_empty());
+    server.stop().await;
+}
+
+async fn parked_high_priority_tasks_never_block_runnable_ones(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut tasks = server.tasks().await;
+    // More parked high-priority tasks than one page of the queue holds.
+    for _ in 0..300 {
+        tasks
+            .submit_task(pb::SubmitTaskRequest {
+                kind: "train".into(),
+                priority: 10,
+                placement: Some(pb::Placement {
+                    selector: "gpu".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let runnable = submit(&server, "echo", "linux").await;
+    let mut agent = TestAgent::start(&server, "build-1", linux("20.0.0"), 1).await;
+    let grant = agent.grant().await;
+    assert_eq!(grant.task.unwrap().task_id, runnable.task_id);
+    server.stop().await;
+}
+
+on_both_stores!(
+    register_lease_complete,
+    parked_high_priority_tasks_never_block_runnable_ones,
+    parked_task_unparks_on_diff,
+    degraded_capability_stops_only_what_needs_it,
+    drained_agent_gets_nothing_until_undrained,
+    deaf_agent_loses_its_grant_to_a_listening_one,
+    reconnect_resumes_held_leases,
+    newer_session_closes_the_older,
+    cancel_reaches_the_running_agent,
+    bad_input_is_invalid_argument_naming_the_field,
+);
