@@ -1,0 +1,18 @@
+"""The capability core, ported from the Rust ``switchyard-core`` crate (pure, no IO).
+
+Layout:
+- ``limits``: the document limits (size, depth, key length, array length) and their violations.
+- ``tier``: the tier merge (RFC 7386) with provenance and rejections.
+- ``redact``: secret redaction by key words and declared sensitive keys.
+- ``diff``: JSON Patch (RFC 6902) diffs between generations, and their checked application.
+- ``pack``: handler packs merged first-registration-wins, and parameter resolution.
+- ``version``: lenient version parsing, as pack validation needs it.
+
+Every function here matches its Rust counterpart on the shared conformance vectors in
+``tests/conformance/``.
+"""
+
+from switchyard.core.limits import Limits, Violation
+from switchyard.core.tier import Merged, Rejection, Tier, merge_tiers
+
+__all__ = ["Limits", "Merged", "Rejection", "Tier", "Violation", "merge_tiers"]
