@@ -1,7 +1,28 @@
-"""Switchyard for Python.
+"""Switchyard for Python: the generated stubs and the agent runner.
 
 Layout:
-- ``switchyard.v1``: the generated switchyard.v1 messages and gRPC stubs
-  (``*_pb2``, ``*_pb2_grpc``), from ``scripts/gen-stubs``.
-- ``switchyard.health.v1``: the generated gRPC health-check stubs.
+- ``switchyard.runner``: :class:`Runner` and :class:`RunnerConfig`, the session with the server.
+- ``switchyard.handlers``: :class:`TaskContext`, :class:`TaskFailure`, :class:`HandlerPack`.
+- ``switchyard.capabilities``: the runner's capability document (base facts and the tiers).
+- ``switchyard.tiers``: reading an agent directory's tiers (SheetBot's conventions).
+- ``switchyard.detect``: base facts (os, arch, hostname, memory, load).
+- ``switchyard.core``: the capability core (merge, redaction, diffs, packs), no IO.
+- ``switchyard.convert``: JSON to and from protobuf types.
+- ``switchyard.v1``, ``switchyard.health.v1``: the generated messages and gRPC stubs
+  (from ``scripts/gen-stubs``; do not edit).
+- ``python -m switchyard``: ``capabilities [--explain]`` and ``run``.
 """
+
+from switchyard.core.pack import Param, ProvidedCapability
+from switchyard.handlers import HandlerPack, TaskContext, TaskFailure
+from switchyard.runner import Runner, RunnerConfig
+
+__all__ = [
+    "HandlerPack",
+    "Param",
+    "ProvidedCapability",
+    "Runner",
+    "RunnerConfig",
+    "TaskContext",
+    "TaskFailure",
+]

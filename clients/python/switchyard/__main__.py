@@ -1,0 +1,73 @@
+"""``python -m switchyard``: print the capability document a runner would report, or run one.
+
+``capabilities --dir D [--explain]`` prints the merged, redacted document (``--explain``: every
+leaf with its tier, then every rejection), in the Rust agent's formats. ``run`` connects a runner
+with no handlers (it reports capabilities and releases whatever it is granted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+
+from switchyard.capabilities import Capabilities
+from switchyard.core.json_util import compact, lookup
+
+
+def _explain_lines(caps: Capabilities) -> list[str]:
+    merged = caps.merged
+    lines = []
+    for path, tier in merged.provenance_entries():
+        found, value = lookup(merged.document, path)
+        text = compact(value) if found else ""
+        lines.append(f"{path:<40} {text:<32} [{tier.label}]")
+    for r in merged.rejections:
+        tier = r.tier.label if r.tier else "-"
+        lines.append(f"rejected [{tier}] {r.path or '(whole tier)'}: {r.reason}")
+    return lines
+
+
+async def _capabilities(directory: str, explain: bool, script_timeout: float) -> int:
+    caps = await Capabilities(directory, script_timeout).load()
+    if explain:
+        print("\n".join(_explain_lines(caps)))
+    else:
+        print(json.dumps(caps.document, indent=2, ensure_ascii=False))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line entry point."""
+    parser = argparse.ArgumentParser(prog="python -m switchyard", description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default=os.environ.get("SWITCHYARD_AGENT_DIR", "."), help="the agent directory holding the capability tiers")
+    parser.add_argument(
+        "--script-timeout-secs", type=float, default=float(os.environ.get("SWITCHYARD_SCRIPT_TIMEOUT_SECS", "10")),
+        help="how long the dynamic capability script may run",
+    )
+    sub = parser.add_subparsers(dest="command")
+    caps = sub.add_parser("capabilities", help="print the capability document this runner would report")
+    caps.add_argument("--dir", dest="sub_dir", help="the agent directory (as above)")
+    caps.add_argument("--explain", action="store_true", help="show every value with its tier, and every rejection")
+    run = sub.add_parser("run", help="connect to the server (no handlers: capabilities only)")
+    run.add_argument("--dir", dest="sub_dir", help="the agent directory (as above)")
+    run.add_argument("--server", default=os.environ.get("SWITCHYARD_SERVER", "127.0.0.1:50051"))
+    args = parser.parse_args(argv)
+    directory = getattr(args, "sub_dir", None) or args.dir
+    if args.command == "capabilities":
+        return asyncio.run(_capabilities(directory, args.explain, args.script_timeout_secs))
+    if args.command == "run":
+        from switchyard.runner import Runner, RunnerConfig
+
+        logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"), stream=sys.stderr)
+        Runner(RunnerConfig.from_env(server=args.server, directory=directory, script_timeout=args.script_timeout_secs)).run_forever()
+        return 0
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Conversions between JSON values and the protobuf types the contract uses (Struct, Value,
+PatchOperation, ProvenanceEntry, Rejection)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from google.protobuf import struct_pb2
+
+from switchyard.core.json_util import JSON
+from switchyard.core.tier import Merged
+from switchyard.v1 import capability_pb2
+
+_OPS = {
+    "add": capability_pb2.PATCH_OP_ADD,
+    "remove": capability_pb2.PATCH_OP_REMOVE,
+    "replace": capability_pb2.PATCH_OP_REPLACE,
+    "move": capability_pb2.PATCH_OP_MOVE,
+    "copy": capability_pb2.PATCH_OP_COPY,
+    "test": capability_pb2.PATCH_OP_TEST,
+}
+
+
+def to_value(value: JSON) -> struct_pb2.Value:
+    """A JSON value as a ``google.protobuf.Value``."""
+    out = struct_pb2.Value()
+    if value is None:
+        out.null_value = struct_pb2.NULL_VALUE
+    elif isinstance(value, bool):
+        out.bool_value = value
+    elif isinstance(value, (int, float)):
+        out.number_value = float(value)
+    elif isinstance(value, str):
+        out.string_value = value
+    elif isinstance(value, list):
+        out.list_value.values.extend(to_value(v) for v in value)
+    elif isinstance(value, dict):
+        out.struct_value.CopyFrom(to_struct(value))
+    else:
+        raise TypeError(f"{type(value).__name__} is not JSON")
+    return out
+
+
+def to_struct(value: dict) -> struct_pb2.Struct:
+    """A JSON object as a ``google.protobuf.Struct``."""
+    out = struct_pb2.Struct()
+    for key, item in value.items():
+        out.fields[key].CopyFrom(to_value(item))
+    return out
+
+
+def from_value(value: struct_pb2.Value) -> JSON:
+    """A ``google.protobuf.Value`` as JSON; integral numbers become ints."""
+    which = value.WhichOneof("kind")
+    if which == "number_value":
+        n = value.number_value
+        return int(n) if math.isfinite(n) and n.is_integer() and abs(n) < 2**53 else n
+    if which == "string_value":
+        return value.string_value
+    if which == "bool_value":
+        return value.bool_value
+    if which == "struct_value":
+        return from_struct(value.struct_value)
+    if which == "list_value":
+        return [from_value(v) for v in value.list_value.values]
+    return None
+
+
+def from_struct(value: struct_pb2.Struct | None) -> dict:
+    """A ``google.protobuf.Struct`` as a JSON object."""
+    if value is None:
+        return {}
+    return {key: from_value(item) for key, item in value.fields.items()}
+
+
+def patch_to_proto(patch: list[dict]) -> list[capability_pb2.PatchOperation]:
+    """RFC 6902 operations (JSON form) as ``PatchOperation`` messages."""
+    out = []
+    for op in patch:
+        message = capability_pb2.PatchOperation(op=_OPS[op["op"]], path=op["path"])
+        if "from" in op:
+            setattr(message, "from", op["from"])
+        if op["op"] in ("add", "replace", "test"):
+            message.value.CopyFrom(to_value(op.get("value")))
+        out.append(message)
+    return out
+
+
+def provenance_entries(merged: Merged) -> list[capability_pb2.ProvenanceEntry]:
+    """The merge's provenance, sorted by path."""
+    return [capability_pb2.ProvenanceEntry(path=p, tier=int(t)) for p, t in merged.provenance_entries()]
+
+
+def rejections(merged: Merged) -> list[capability_pb2.Rejection]:
+    """The merge's rejections."""
+    return [
+        capability_pb2.Rejection(tier=int(r.tier) if r.tier else 0, path=r.path, reason=r.reason)
+        for r in merged.rejections
+    ]
+
+
+def duration_seconds(duration: Any, default: float) -> float:
+    """A ``google.protobuf.Duration`` in seconds, or ``default`` when unset."""
+    if duration is None or (duration.seconds == 0 and duration.nanos == 0):
+        return default
+    return duration.seconds + duration.nanos / 1e9

@@ -1,0 +1,648 @@
+"""The Python runner: register, hold one ``Connect`` stream, heartbeat with JSON-Patch diffs of the
+capability document, run what it is leased, and report (the Rust agent's ``session.rs``).
+
+The session flow is the one ``AgentService``'s comment describes. Each session registers, sends
+Hello (with the leases still held, so running handlers keep running across a reconnect), then
+one loop handles everything from one inbox: server messages, heartbeat ticks, handler outcomes,
+progress, and shutdown. When the stream breaks the runner reconnects with jittered exponential
+backoff and re-sends final reports not yet acknowledged (the server takes a repeated final report
+idempotently). ``stop()`` (SIGTERM under :meth:`Runner.run_forever`) drains: a DRAINING heartbeat,
+new grants are released, running handlers get the grace period to finish, the rest are
+cancelled and released, and :meth:`Runner.run` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+import os
+import random
+import signal
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import grpc
+
+from switchyard import convert
+from switchyard.capabilities import Capabilities
+from switchyard.core.diff import diff
+from switchyard.core.json_util import json_equal
+from switchyard.core.pack import PackRejection
+from switchyard.handlers import Handler, HandlerPack, Handlers, TaskContext, TaskFailure
+from switchyard.v1 import agent_pb2, agent_service_pb2 as pb, agent_service_pb2_grpc, capability_pb2, task_pb2
+
+log = logging.getLogger("switchyard.runner")
+
+RUNNER_VERSION = "0.1.0"
+
+
+@dataclass
+class RunnerConfig:
+    """How a runner connects and behaves. Every field also reads a ``SWITCHYARD_*`` variable
+    (see :meth:`from_env`)."""
+
+    server: str = "127.0.0.1:50051"
+    """The server (any replica), ``host:port`` (an ``http://`` prefix is accepted)."""
+    name: str | None = None
+    """The agent's name, unique in its namespace; default the hostname."""
+    namespace: str = "default"
+    """The namespace to serve."""
+    directory: str | os.PathLike | None = None
+    """The agent directory with the capability tiers; ``None`` for base facts only."""
+    capacity: int | None = None
+    """Maximum concurrent leases; default ``max_concurrent_tasks`` from the document, else 1."""
+    token: str | None = field(default=None, repr=False)
+    """Bearer token (agent role); never printed."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels sent at registration."""
+    refresh_interval: float = 30.0
+    """Seconds between refreshes of memory/load and checks of the tier files."""
+    script_timeout: float = 10.0
+    """Seconds the dynamic capability script may run."""
+    grace_period: float = 30.0
+    """Seconds running handlers get to finish after ``stop()`` before they are released."""
+    backoff_initial: float = 0.25
+    """First reconnect delay in seconds (jittered 0.5x to 1.5x, doubling)."""
+    backoff_max: float = 30.0
+    """Longest reconnect delay in seconds."""
+    params: Callable[[str], str | None] = field(default=os.environ.get, repr=False)
+    """Looks up pack parameter values by name (default: the environment). Values are never sent."""
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> RunnerConfig:
+        """A config from ``SWITCHYARD_SERVER``, ``SWITCHYARD_AGENT_NAME``, ``SWITCHYARD_NAMESPACE``,
+        ``SWITCHYARD_AGENT_DIR``, ``SWITCHYARD_CAPACITY``, ``SWITCHYARD_TOKEN``,
+        ``SWITCHYARD_REFRESH_SECS``, ``SWITCHYARD_SCRIPT_TIMEOUT_SECS`` and ``SWITCHYARD_GRACE_SECS``,
+        then ``overrides``."""
+        env = os.environ.get
+        config = cls()
+        values: dict[str, Any] = {
+            "server": env("SWITCHYARD_SERVER", config.server),
+            "name": env("SWITCHYARD_AGENT_NAME"),
+            "namespace": env("SWITCHYARD_NAMESPACE", config.namespace),
+            "directory": env("SWITCHYARD_AGENT_DIR"),
+            "capacity": int(env("SWITCHYARD_CAPACITY")) if env("SWITCHYARD_CAPACITY") else None,
+            "token": env("SWITCHYARD_TOKEN"),
+            "refresh_interval": float(env("SWITCHYARD_REFRESH_SECS", config.refresh_interval)),
+            "script_timeout": float(env("SWITCHYARD_SCRIPT_TIMEOUT_SECS", config.script_timeout)),
+            "grace_period": float(env("SWITCHYARD_GRACE_SECS", config.grace_period)),
+        }
+        values.update(overrides)
+        return replace(config, **values)
+
+
+@dataclass
+class _Running:
+    """A lease being worked on."""
+
+    task_id: str
+    fencing_token: int
+    context: TaskContext
+    job: asyncio.Task | None = None
+    canceled: bool = False
+    """The server revoked it for cancellation: report ``released``."""
+    shut_down: bool = False
+    """The grace period ran out: report ``released``."""
+
+
+class _Reconnect(Exception):
+    def __init__(self, after: float):
+        super().__init__(f"reconnect after {after}s")
+        self.after = after
+
+
+class Runner:
+    """A Switchyard runner: capabilities from an agent directory, handlers by task kind.
+
+    >>> runner = Runner(server="127.0.0.1:50051", directory=".")
+    >>> @runner.handler("echo")
+    ... async def echo(task: TaskContext) -> dict:
+    ...     return {"echo": task.payload}
+    >>> runner.run_forever()  # doctest: +SKIP
+    """
+
+    def __init__(self, config: RunnerConfig | None = None, **overrides: Any):
+        self.config = replace(config or RunnerConfig(), **overrides)
+        """The configuration."""
+        self.handlers = Handlers()
+        """The handlers and packs."""
+        self.capabilities = Capabilities(self.config.directory, self.config.script_timeout)
+        """The capability document (loaded by :meth:`run`)."""
+        self.agent_id: str | None = None
+        """The id the server gave this agent (after the first registration)."""
+        self.connected = asyncio.Event()
+        """Set while a session is welcomed; cleared when it ends."""
+        self._running: dict[str, _Running] = {}
+        self._unacked_finals: dict[str, pb.LeaseUpdate] = {}
+        self._inbox: asyncio.Queue | None = None
+        self._session_id = 0
+        self._draining = False
+        self._grace_deadline: float | None = None
+        self._wake = asyncio.Event()
+        self._unhealthy: list[str] = []
+        self._stopped = asyncio.Event()
+
+    # ----- registration ------------------------------------------------------------------
+
+    def handler(self, kind: str) -> Callable[[Handler], Handler]:
+        """Decorator: ``@runner.handler("kind")`` registers a handler as a pack of its own (id = kind)."""
+
+        def register(fn: Handler) -> Handler:
+            self.add_handler(kind, fn)
+            return fn
+
+        return register
+
+    def add_handler(self, kind: str, fn: Handler) -> None:
+        """Registers ``fn`` for ``kind``; a kind already claimed is reported, not raised."""
+        self.pack(HandlerPack(id=kind, handlers={kind: fn}))
+
+    def pack(self, pack: HandlerPack) -> None:
+        """Adds a handler pack; the first registration of a pack id, kind or capability wins."""
+        self.handlers.add(pack)
+        for r in self.handlers.rejections:
+            log.debug("pack %s: %s %s rejected: %s", r.pack, r.kind, r.id, r.reason)
+        self._update_provides()
+
+    @property
+    def rejections(self) -> list[PackRejection]:
+        """What the pack merge rejected."""
+        return self.handlers.rejections
+
+    def _update_provides(self) -> None:
+        provides, self._unhealthy = self.handlers.provides(self.config.params)
+        self.capabilities.provides = provides
+        self.capabilities.merge()
+
+    @property
+    def unhealthy(self) -> list[str]:
+        """Why the runner is DEGRADED (unhealthy capabilities), if it is."""
+        return list(self._unhealthy)
+
+    # ----- capabilities ------------------------------------------------------------------
+
+    def set_capabilities(self, values: dict) -> None:
+        """Merges ``values`` (RFC 7386; ``None`` deletes) into the dynamic tier and sends the diff
+        with the next heartbeat, which is sent at once."""
+        self.capabilities.set_runtime(values)
+        self._post(("tick", None))
+
+    async def refresh_capabilities(self, force: bool = True) -> None:
+        """Re-reads the tier files (all of them when ``force``) and heartbeats any change at once."""
+        if await self.capabilities.refresh(force):
+            self._post(("tick", None))
+
+    # ----- lifecycle ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Begins draining: DRAINING heartbeat, no new leases, running handlers get the grace period."""
+        if self._draining:
+            return
+        log.info("shutting down: draining %d running lease(s)", len(self._running))
+        self._draining = True
+        self._grace_deadline = time.monotonic() + self.config.grace_period
+        self._wake.set()
+        self._post(("stop", None))
+
+    def run_forever(self) -> None:
+        """Runs until SIGTERM or SIGINT, then drains and returns (exit status 0)."""
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    loop.add_signal_handler(sig, self.stop)
+                except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
+                    pass
+            await self.run()
+
+        asyncio.run(main())
+
+    async def run(self) -> None:
+        """Runs the runner until :meth:`stop` and the drain finish."""
+        self._inbox = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._update_provides()
+        await self.capabilities.load()
+        refresher = asyncio.create_task(self._refresh_loop())
+        grace = asyncio.create_task(self._grace_watch())
+        backoff = self.config.backoff_initial
+        try:
+            while True:
+                if self._finished():
+                    return
+                try:
+                    await self._session()
+                    return
+                except _Reconnect as r:
+                    backoff = self.config.backoff_initial
+                    log.info("server asked us to reconnect in %.2fs", r.after)
+                    await self._sleep_or_wake(r.after)
+                except (grpc.RpcError, ConnectionError, OSError, asyncio.TimeoutError, _StreamEnded) as err:
+                    if self._finished():
+                        return
+                    if self._hard_deadline_passed():
+                        log.warning("gave up reporting %d lease(s) after shutdown", len(self._unacked_finals))
+                        return
+                    wait = backoff * random.uniform(0.5, 1.5)
+                    log.warning("session ended (%s); reconnecting in %.2fs", _describe(err), wait)
+                    await self._sleep_or_wake(wait)
+                    backoff = min(backoff * 2, self.config.backoff_max)
+        finally:
+            self.connected.clear()
+            refresher.cancel()
+            grace.cancel()
+            for running in list(self._running.values()):
+                if running.job is not None:
+                    running.job.cancel()
+            self._stopped.set()
+
+    def _finished(self) -> bool:
+        return self._draining and not self._running and not self._unacked_finals
+
+    def _hard_deadline_passed(self) -> bool:
+        # After the grace period, a few more seconds to deliver the releases.
+        return self._grace_deadline is not None and time.monotonic() > self._grace_deadline + 5.0
+
+    async def _sleep_or_wake(self, seconds: float) -> None:
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    async def wait_connected(self, timeout: float = 10.0) -> None:
+        """Waits until a session is welcomed."""
+        await asyncio.wait_for(self.connected.wait(), timeout)
+
+    def _post(self, event: tuple) -> None:
+        if self._inbox is not None:
+            self._inbox.put_nowait(event)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.refresh_interval)
+            try:
+                if await self.capabilities.refresh():
+                    log.debug("capability document changed")
+            except Exception:  # a refresh never stops the runner
+                log.exception("refreshing capabilities failed")
+
+    async def _grace_watch(self) -> None:
+        while self._grace_deadline is None:
+            await self._wake.wait()
+            await asyncio.sleep(0)
+        await asyncio.sleep(max(0.0, self._grace_deadline - time.monotonic()))
+        if self._running:
+            log.warning("grace period over: releasing %d running lease(s)", len(self._running))
+        for running in list(self._running.values()):
+            running.shut_down = True
+            running.context.cancelled.set()
+            if running.job is not None:
+                running.job.cancel()
+
+    # ----- the session -------------------------------------------------------------------
+
+    def _target(self) -> str:
+        server = self.config.server
+        for prefix in ("http://", "https://", "grpc://"):
+            server = server.removeprefix(prefix)
+        return server.rstrip("/")
+
+    def _metadata(self) -> tuple:
+        return (("authorization", f"Bearer {self.config.token}"),) if self.config.token else ()
+
+    def _capacity(self) -> int:
+        if self.config.capacity:
+            return max(1, self.config.capacity)
+        n = self.capabilities.document.get("max_concurrent_tasks")
+        return max(1, n) if isinstance(n, int) and not isinstance(n, bool) else 1
+
+    def _name(self) -> str:
+        host = self.capabilities.document.get("hostname")
+        return self.config.name or (host if isinstance(host, str) and host else socket.gethostname() or "runner")
+
+    def _status(self) -> tuple[int, list[str]]:
+        if self._draining:
+            return agent_pb2.AGENT_STATUS_DRAINING, ["agent shutting down"]
+        if self._unhealthy:
+            return agent_pb2.AGENT_STATUS_DEGRADED, list(self._unhealthy)
+        return agent_pb2.AGENT_STATUS_READY, []
+
+    async def _session(self) -> None:
+        """One session: register, connect, serve until it ends (returns when drained)."""
+        assert self._inbox is not None
+        self._session_id += 1
+        sid = self._session_id
+        metadata = self._metadata()
+        channel = grpc.aio.insecure_channel(self._target())
+        tasks: list[asyncio.Task] = []
+        outbound: asyncio.Queue = asyncio.Queue()
+        call = None
+        try:
+            stub = agent_service_pb2_grpc.AgentServiceStub(channel)
+            await self.capabilities.refresh()
+            merged = self.capabilities.merged
+            reg = await stub.RegisterAgent(
+                pb.RegisterAgentRequest(
+                    name=self._name(),
+                    namespace=self.config.namespace,
+                    capabilities=convert.to_struct(merged.document),
+                    capacity=self._capacity(),
+                    labels=dict(self.config.labels),
+                    provenance=convert.provenance_entries(merged),
+                    rejections=convert.rejections(merged),
+                    runner=f"switchyard-runner/{RUNNER_VERSION} (python)",
+                ),
+                timeout=10,
+                metadata=metadata,
+            )
+            self.agent_id = reg.agent_id
+            generation = reg.capability_generation
+            sent_doc = copy.deepcopy(merged.document)
+            interval = max(0.1, convert.duration_seconds(reg.heartbeat_interval, 5.0))
+
+            sequence = 0
+
+            def send(**message: Any) -> int:
+                nonlocal sequence
+                sequence += 1
+                outbound.put_nowait(pb.ConnectRequest(sequence=sequence, **message))
+                return sequence
+
+            async def requests():
+                while True:
+                    item = await outbound.get()
+                    if item is None:
+                        return
+                    yield item
+
+            held = [
+                pb.HeldLease(lease_id=lease_id, task_id=r.task_id, fencing_token=r.fencing_token)
+                for lease_id, r in self._running.items()
+            ] + [
+                pb.HeldLease(lease_id=lease_id, task_id=u.task_id, fencing_token=u.fencing_token)
+                for lease_id, u in self._unacked_finals.items()
+                if lease_id not in self._running
+            ]
+            send(hello=pb.Hello(agent_id=reg.agent_id, session_epoch=reg.session_epoch, held_leases=held))
+            call = stub.Connect(requests(), metadata=metadata)
+            tasks.append(asyncio.create_task(self._read(call, sid)))
+            tasks.append(asyncio.create_task(self._tick(interval, sid)))
+            log.info("registered as %s (epoch %d)", reg.agent_id, reg.session_epoch)
+
+            final_seqs: dict[int, str] = {}
+            sent_finals: set[str] = set()
+            for lease_id, update in list(self._unacked_finals.items()):
+                final_seqs[send(lease_update=update)] = lease_id
+                sent_finals.add(lease_id)
+            if self._draining:
+                send(heartbeat=self._heartbeat(None))
+            pending_doc: tuple[int, dict] | None = None
+
+            while True:
+                if self._finished():
+                    log.info("drained: nothing left to run or report")
+                    outbound.put_nowait(None)
+                    return
+                event = await self._inbox.get()
+                what, event_sid = event[0], event[1]
+                if event_sid is not None and event_sid != sid:
+                    continue  # from an earlier session
+                if what == "down":
+                    message: pb.ConnectResponse = event[2]
+                    kind = message.WhichOneof("message")
+                    if kind == "welcome":
+                        generation = message.welcome.capability_generation
+                        for revoked in message.welcome.revoked:
+                            running = self._running.pop(revoked.lease_id, None)
+                            if running is not None:
+                                log.warning("server no longer knows lease %s; stopping it", revoked.lease_id)
+                                self._cancel(running)
+                        self.connected.set()
+                    elif kind == "lease_grant":
+                        self._grant(message.lease_grant, send)
+                    elif kind == "lease_revocation":
+                        self._revoke(message.lease_revocation)
+                    elif kind == "ack":
+                        ack = message.ack
+                        if pending_doc is not None and pending_doc[0] == ack.sequence:
+                            if ack.code == 0 and ack.capability_generation != generation:
+                                generation = ack.capability_generation
+                                sent_doc = pending_doc[1]
+                            pending_doc = None
+                        lease_id = final_seqs.pop(ack.sequence, None)
+                        if lease_id is not None:
+                            if ack.code != 0:
+                                log.warning("final report for %s refused: %s", lease_id, ack.message)
+                            self._unacked_finals.pop(lease_id, None)
+                        elif ack.code != 0:
+                            log.debug("message %d refused (%d): %s", ack.sequence, ack.code, ack.message)
+                    elif kind == "resync_request":
+                        log.info("server asked for the full document: %s", message.resync_request.reason)
+                        merged = self.capabilities.merged
+                        doc = copy.deepcopy(merged.document)
+                        seq = send(
+                            capability_snapshot=pb.CapabilitySnapshot(
+                                capabilities=convert.to_struct(doc),
+                                provenance=convert.provenance_entries(merged),
+                                rejections=convert.rejections(merged),
+                            )
+                        )
+                        generation = message.resync_request.server_generation
+                        pending_doc = (seq, doc)
+                    elif kind == "drain":
+                        after = convert.duration_seconds(message.drain.reconnect_after, 1.0)
+                        if not message.drain.HasField("reconnect_after"):
+                            after = 1.0
+                        log.info("server drained this session: %s", message.drain.reason)
+                        raise _Reconnect(after)
+                elif what == "closed":
+                    raise _StreamEnded(event[2])
+                elif what == "tick":
+                    diff_message = None
+                    doc = self.capabilities.document
+                    if pending_doc is None and not json_equal(doc, sent_doc):
+                        doc = copy.deepcopy(doc)
+                        diff_message = capability_pb2.CapabilityDiff(
+                            base_generation=generation, operations=convert.patch_to_proto(diff(sent_doc, doc))
+                        )
+                    seq = send(heartbeat=self._heartbeat(diff_message))
+                    if diff_message is not None:
+                        pending_doc = (seq, doc)
+                elif what == "stop":
+                    send(heartbeat=self._heartbeat(None))
+                elif what == "progress":
+                    lease_id, percent, text = event[2:]
+                    running = self._running.get(lease_id)
+                    if running is not None:
+                        send(
+                            lease_update=pb.LeaseUpdate(
+                                lease_id=lease_id,
+                                task_id=running.task_id,
+                                fencing_token=running.fencing_token,
+                                progress=task_pb2.TaskProgress(percent=percent, message=text),
+                            )
+                        )
+                elif what == "final":
+                    lease_id = event[2]
+                    update = self._unacked_finals.get(lease_id)
+                    if update is not None and lease_id not in sent_finals:
+                        final_seqs[send(lease_update=update)] = lease_id
+                        sent_finals.add(lease_id)
+        finally:
+            self.connected.clear()
+            outbound.put_nowait(None)
+            for task in tasks:
+                task.cancel()
+            if call is not None:
+                call.cancel()
+            await channel.close(grace=None)
+
+    def _heartbeat(self, capability_diff: capability_pb2.CapabilityDiff | None) -> pb.Heartbeat:
+        status, reasons = self._status()
+        load = self.capabilities.document.get("loadavg", {})
+        one = load.get("1min", 0.0) if isinstance(load, dict) else 0.0
+        heartbeat = pb.Heartbeat(
+            status=status,
+            status_reasons=reasons,
+            load=pb.AgentLoad(running_leases=len(self._running), load_average=float(one or 0.0)),
+        )
+        if capability_diff is not None:
+            heartbeat.capability_diff.CopyFrom(capability_diff)
+        return heartbeat
+
+    async def _read(self, call: Any, sid: int) -> None:
+        assert self._inbox is not None
+        try:
+            async for message in call:
+                self._inbox.put_nowait(("down", sid, message))
+            self._inbox.put_nowait(("closed", sid, "server closed the session stream"))
+        except grpc.RpcError as err:
+            self._inbox.put_nowait(("closed", sid, f"session stream failed: {_describe(err)}"))
+
+    async def _tick(self, interval: float, sid: int) -> None:
+        assert self._inbox is not None
+        while True:
+            await asyncio.sleep(interval)
+            self._inbox.put_nowait(("tick", sid))
+
+    # ----- leases ------------------------------------------------------------------------
+
+    def _grant(self, grant: pb.LeaseGrant, send: Callable[..., int]) -> None:
+        task = grant.task
+        reason = None
+        if self._draining:
+            reason = "agent is draining"
+        elif len(self._running) >= self._capacity():
+            reason = "agent at capacity"
+        elif self.handlers.get(task.kind) is None:
+            reason = f"no handler for kind {task.kind}"
+        ids = {"lease_id": grant.lease_id, "task_id": task.task_id, "fencing_token": grant.fencing_token}
+        if reason is not None:
+            log.debug("releasing grant %s: %s", grant.lease_id, reason)
+            send(lease_update=pb.LeaseUpdate(**ids, released=pb.LeaseReleased(reason=reason)))
+            return
+        send(lease_update=pb.LeaseUpdate(**ids, accepted=pb.LeaseAccepted()))
+        send(lease_update=pb.LeaseUpdate(**ids, started=pb.LeaseStarted()))
+        lease_id = grant.lease_id
+        context = TaskContext(
+            task_id=task.task_id,
+            kind=task.kind,
+            payload=convert.from_struct(task.payload),
+            lease_id=lease_id,
+            attempt=task.attempts,
+            task=task,
+            _progress=lambda percent, text: self._post(("progress", None, lease_id, float(percent), text)),
+        )
+        running = _Running(task_id=task.task_id, fencing_token=grant.fencing_token, context=context)
+        self._running[lease_id] = running
+        running.job = asyncio.create_task(self._work(lease_id, running, self.handlers.get(task.kind)))
+
+    def _revoke(self, revocation: pb.LeaseRevocation) -> None:
+        running = self._running.get(revocation.lease_id)
+        if running is None:
+            return
+        canceled = revocation.reason == pb.REVOCATION_REASON_CANCELED
+        log.info("lease %s revoked (%s); stopping its work", revocation.lease_id, pb.RevocationReason.Name(revocation.reason))
+        if canceled:
+            running.canceled = True
+        else:  # expired or superseded: nothing to report
+            del self._running[revocation.lease_id]
+        self._cancel(running)
+
+    @staticmethod
+    def _cancel(running: _Running) -> None:
+        running.context.cancelled.set()
+        if running.job is not None:
+            running.job.cancel()
+
+    async def _work(self, lease_id: str, running: _Running, handler: Handler | None) -> None:
+        outcome: tuple[str, Any]
+        try:
+            if handler is None:
+                raise TaskFailure(f"no handler for kind {running.context.kind}")
+            if inspect.iscoroutinefunction(handler):
+                result = await handler(running.context)
+            else:
+                result = await asyncio.to_thread(handler, running.context)
+                if inspect.isawaitable(result):
+                    result = await result
+            outcome = ("succeeded", result)
+        except asyncio.CancelledError:
+            outcome = ("cancelled", None)
+        except TaskFailure as failure:
+            outcome = ("failed", failure)
+        except Exception as err:  # a handler's exception is a failed attempt, never a crash
+            log.info("handler for %s raised %s", lease_id, type(err).__name__, exc_info=True)
+            outcome = ("failed", TaskFailure(str(err) or type(err).__name__, code="handler_error", retryable=True))
+        self._finish(lease_id, running, outcome)
+
+    def _finish(self, lease_id: str, running: _Running, outcome: tuple[str, Any]) -> None:
+        if self._running.get(lease_id) is not running:
+            return  # revoked without a report
+        del self._running[lease_id]
+        ids = {"lease_id": lease_id, "task_id": running.task_id, "fencing_token": running.fencing_token}
+        what, value = outcome
+        if running.canceled:
+            update = pb.LeaseUpdate(**ids, released=pb.LeaseReleased(reason="canceled by the server"))
+        elif running.shut_down:
+            update = pb.LeaseUpdate(**ids, released=pb.LeaseReleased(reason="agent shut down"))
+        elif what == "cancelled":
+            update = pb.LeaseUpdate(**ids, released=pb.LeaseReleased(reason="handler was cancelled"))
+        elif what == "succeeded":
+            result = value if isinstance(value, dict) else ({} if value is None else {"result": value})
+            try:
+                update = pb.LeaseUpdate(**ids, succeeded=pb.LeaseSucceeded(result=convert.to_struct(result)))
+            except (TypeError, ValueError) as err:
+                failure = TaskFailure(f"handler result is not JSON: {err}", code="handler_error", retryable=False)
+                update = _failed(ids, failure)
+        else:
+            update = _failed(ids, value)
+        self._unacked_finals[lease_id] = update
+        self._post(("final", None, lease_id))
+
+
+def _failed(ids: dict, failure: TaskFailure) -> pb.LeaseUpdate:
+    error = task_pb2.TaskError(message=failure.message, code=failure.code, retryable=failure.retryable)
+    if isinstance(failure.details, dict):
+        error.details.CopyFrom(convert.to_struct(failure.details))
+    return pb.LeaseUpdate(**ids, failed=pb.LeaseFailed(error=error))
+
+
+class _StreamEnded(Exception):
+    """The session stream ended or failed."""
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, grpc.RpcError) and hasattr(err, "code"):
+        try:
+            return f"{err.code().name}: {err.details()}"
+        except Exception:  # pragma: no cover
+            pass
+    return str(err) or type(err).__name__
