@@ -52,7 +52,7 @@ class TaskContext:
     lease_id: str
     """The lease this attempt runs under."""
     attempt: int
-    """The attempt number (1 for the first)."""
+    """The attempt number: 1 for the first, one more after each unsuccessful attempt."""
     task: Any
     """The full ``switchyard.v1.Task`` message."""
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)

@@ -556,7 +556,7 @@ class Runner:
             kind=task.kind,
             payload=convert.from_struct(task.payload),
             lease_id=lease_id,
-            attempt=task.attempts,
+            attempt=task.attempts + 1,
             task=task,
             _progress=lambda percent, text: self._post(("progress", None, lease_id, float(percent), text)),
         )

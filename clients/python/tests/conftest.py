@@ -1,7 +1,9 @@
 """Test fixtures: a real switchyard-server on an ephemeral port.
 
 The server binary is ``$SWITCHYARD_SERVER_BIN`` or the workspace's
-``target/debug/switchyard-server`` (built by ``cargo build``).
+``target/debug/switchyard-server`` (built by ``cargo build``); the Rust agent is
+``$SWITCHYARD_AGENT_BIN`` or ``target/debug/switchyard-agent``. Server logs show when ``TEST_LOG``
+is set.
 """
 
 from __future__ import annotations
@@ -26,28 +28,67 @@ def server_binary() -> pathlib.Path:
     return path
 
 
-@pytest.fixture
-def server_address() -> Iterator[str]:
-    """Starts switchyard-server on SQLite in a temporary directory; yields host:port."""
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.Popen(
+class ServerProcess:
+    """A switchyard-server child process on SQLite; can be killed and restarted on the same port
+    and database file."""
+
+    def __init__(self, directory: str):
+        self.database = f"sqlite://{directory}/switchyard.db"
+        self.address = "127.0.0.1:0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> str:
+        """Starts the server; returns host:port (the same port on a restart)."""
+        self.proc = subprocess.Popen(
             [
                 str(server_binary()),
-                "--listen",
-                "127.0.0.1:0",
-                "--database-url",
-                f"sqlite://{tmp}/switchyard.db",
+                "--listen", self.address,
+                "--database-url", self.database,
+                "--heartbeat-interval-ms", "200",
+                "--sweep-interval-ms", "100",
+                "--ack-window-ms", "2000",
             ],
             stdout=subprocess.PIPE,
             stderr=None if os.environ.get("TEST_LOG") else subprocess.DEVNULL,
             text=True,
         )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        match = re.search(r"listening on (\S+)", line)
+        assert match, f"unexpected first line from the server: {line!r}"
+        self.address = match.group(1)
+        return self.address
+
+    def kill(self) -> None:
+        """Kills the server at once (no graceful drain)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Terminates the server."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def server() -> Iterator[ServerProcess]:
+    """A started server that a test may kill and restart."""
+    with tempfile.TemporaryDirectory() as tmp:
+        process = ServerProcess(tmp)
+        process.start()
         try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            match = re.search(r"listening on (\S+)", line)
-            assert match, f"unexpected first line from the server: {line!r}"
-            yield match.group(1)
+            yield process
         finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+            process.stop()
+
+
+@pytest.fixture
+def server_address(server: ServerProcess) -> str:
+    """Starts switchyard-server on SQLite in a temporary directory; yields host:port."""
+    return server.address

@@ -1,0 +1,223 @@
+"""The runner against the real server: register, lease and complete, retries, unparking on a
+capability diff, cancellation, DEGRADED packs, and resuming a lease across a server restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from helpers import Client, running
+from switchyard import HandlerPack, Param, ProvidedCapability, Runner, TaskContext
+from switchyard.v1 import agent_pb2, task_pb2
+
+SUCCEEDED = (task_pb2.TASK_STATE_SUCCEEDED,)
+
+
+def make_runner(address: str, directory: pathlib.Path | None = None, **overrides) -> Runner:
+    """A runner tuned for tests: fast refresh and reconnects, a short grace period."""
+    settings = dict(
+        server=address, name=f"py-{id(overrides)}", directory=directory, refresh_interval=0.2,
+        backoff_initial=0.05, backoff_max=0.5, grace_period=5.0, params=lambda name: None,
+    )
+    settings.update(overrides)
+    return Runner(**settings)
+
+
+@pytest.fixture
+async def client(server_address: str) -> AsyncIterator[Client]:
+    c = Client(server_address)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_registers_with_its_document(server_address: str, client: Client, tmp_path: pathlib.Path) -> None:
+    (tmp_path / ".capabilities.json").write_text(json.dumps({"environment": "test", "db_password": "hunter2"}))
+    async with running(make_runner(server_address, tmp_path)) as runner:
+        agent = await client.agent(runner.agent_id)
+        assert agent.runner.startswith("switchyard-runner/") and agent.runner.endswith("(python)")
+        doc = agent.capabilities.document
+        assert doc["environment"] == "test"
+        assert doc["db_password"] == "[redacted]"
+        assert doc["os"] and doc["arch"]
+        tiers = {p.path: p.tier for p in agent.capabilities.provenance}
+        assert tiers["environment"] == 2 and tiers["os"] == 1
+
+
+async def test_lease_and_complete(server_address: str, client: Client) -> None:
+    runner = make_runner(server_address)
+    progress: list[int] = []
+
+    @runner.handler("echo")
+    async def echo(task: TaskContext) -> dict:
+        task.progress(50, "half way")
+        progress.append(task.attempt)
+        return {"echo": task.payload}
+
+    async with running(runner):
+        task = await client.submit("echo", {"n": 3, "s": "hi"})
+        done = await client.wait_for(task.task_id, SUCCEEDED)
+        assert dict(done.result)["echo"]["s"] == "hi"
+        assert done.result["echo"]["n"] == 3
+        assert done.attempts == 0
+        assert progress == [1]
+
+
+async def test_handler_exception_is_a_failed_attempt_then_retried(server_address: str, client: Client) -> None:
+    runner = make_runner(server_address)
+    calls: list[int] = []
+
+    @runner.handler("flaky")
+    def flaky(task: TaskContext) -> dict:  # a plain function runs in a thread
+        calls.append(task.attempt)
+        if len(calls) == 1:
+            raise RuntimeError("first attempt fails")
+        return {"ok": True}
+
+    async with running(runner):
+        task = await client.submit("flaky", max_attempts=2)
+        done = await client.wait_for(task.task_id, SUCCEEDED, timeout=20)
+        assert done.state == task_pb2.TASK_STATE_SUCCEEDED
+        assert done.attempts == 1
+        assert calls == [1, 2]
+
+
+async def test_capability_diff_unparks_a_task(server_address: str, client: Client, tmp_path: pathlib.Path) -> None:
+    override = tmp_path / ".capabilities.override.json"
+    override.write_text(json.dumps({"environment": "test"}))
+    runner = make_runner(server_address, tmp_path)
+
+    @runner.handler("needs-gpu")
+    async def needs_gpu(task: TaskContext) -> dict:
+        return {}
+
+    async with running(runner):
+        task = await client.submit("needs-gpu", required_tags=["pytest-gpu"])
+        parked = await client.get(task.task_id)
+        assert parked.state == task_pb2.TASK_STATE_QUEUED
+        assert parked.queued_reason == task_pb2.QUEUED_REASON_PARKED
+        # The override file changes; the refresh notices and the heartbeat carries the diff.
+        override.write_text(json.dumps({"environment": "test", "tags": ["linux", "pytest-gpu"]}))
+        await client.wait_for(task.task_id, SUCCEEDED)
+        agent = await client.agent(runner.agent_id)
+        assert list(agent.capabilities.document["tags"]) == ["linux", "pytest-gpu"]
+
+
+async def test_set_capabilities_unparks_a_task(server_address: str, client: Client) -> None:
+    runner = make_runner(server_address, refresh_interval=60)
+
+    @runner.handler("needs-tool")
+    async def needs_tool(task: TaskContext) -> dict:
+        return {}
+
+    async with running(runner):
+        task = await client.submit("needs-tool", required_tags=["pytest-tool"])
+        assert (await client.get(task.task_id)).queued_reason == task_pb2.QUEUED_REASON_PARKED
+        runner.set_capabilities({"tags": ["pytest-tool"], "tool": {"version": "1.2.3"}})
+        await client.wait_for(task.task_id, SUCCEEDED)
+
+
+async def test_cancel_reaches_a_running_handler(server_address: str, client: Client) -> None:
+    runner = make_runner(server_address)
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    @runner.handler("forever")
+    async def forever(task: TaskContext) -> dict:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+        return {}
+
+    async with running(runner):
+        task = await client.submit("forever")
+        await asyncio.wait_for(started.wait(), 10)
+        from switchyard.v1 import task_service_pb2
+
+        await client.tasks.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task.task_id, reason="test"), timeout=5)
+        await asyncio.wait_for(stopped.wait(), 10)
+        done = await client.wait_for(task.task_id, (task_pb2.TASK_STATE_CANCELED,))
+        assert done.state == task_pb2.TASK_STATE_CANCELED
+        assert not runner._running
+
+
+async def test_missing_required_parameter_degrades_not_stops(server_address: str, client: Client) -> None:
+    runner = make_runner(server_address, params={"LLM_URL": "http://x"}.get)
+    llm = ProvidedCapability("1.2.0", {"API_KEY": Param("the key", sensitive=True), "LLM_URL": Param("endpoint")})
+    runner.pack(HandlerPack("llm", handlers={"chat": lambda task: {"reply": "hi"}}, provides={"ai.llm": llm}))
+    runner.pack(HandlerPack("llm", handlers={"other": lambda task: {}}))  # duplicate id: reported, not raised
+    assert [(r.kind, r.id) for r in runner.rejections] == [("pack", "llm")]
+
+    async with running(runner):
+        task = await client.submit("chat")
+        await client.wait_for(task.task_id, SUCCEEDED)
+
+        async def degraded():
+            while True:
+                agent = await client.agent(runner.agent_id)
+                if agent.status == agent_pb2.AGENT_STATUS_DEGRADED:
+                    return agent
+                await asyncio.sleep(0.05)  # nothing to await: the status is only visible by polling
+
+        agent = await asyncio.wait_for(degraded(), 10)
+        assert list(agent.status_reasons) == ["capability ai.llm unhealthy: missing parameter API_KEY"]
+        provides = agent.capabilities.document["provides"]["ai.llm"]
+        assert provides["healthy"] is False and provides["version"] == "1.2.0"
+        assert "http://x" not in str(agent.capabilities.document)
+
+
+async def test_running_lease_survives_a_server_restart(server, client: Client) -> None:
+    runner = make_runner(server.address)
+    started, release = asyncio.Event(), asyncio.Event()
+    leases: list[str] = []
+
+    @runner.handler("long")
+    async def long(task: TaskContext) -> dict:
+        leases.append(task.lease_id)
+        started.set()
+        await release.wait()
+        return {"done": True}
+
+    async with running(runner):
+        task = await client.submit("long")
+        await asyncio.wait_for(started.wait(), 10)
+        server.kill()
+        await asyncio.wait_for(_disconnected(runner), 10)
+        await asyncio.to_thread(server.start)
+        await runner.wait_connected(15)
+        release.set()
+        done = await client.wait_for(task.task_id, SUCCEEDED, timeout=20)
+        assert done.attempts == 0
+        assert leases == [leases[0]], "the task was not leased again"
+
+
+async def _disconnected(runner: Runner) -> None:
+    while runner.connected.is_set():
+        await asyncio.sleep(0.02)  # the runner exposes no disconnect event; poll its flag
+
+
+async def test_stop_drains_running_handlers(server_address: str, client: Client) -> None:
+    runner = make_runner(server_address)
+    started = asyncio.Event()
+
+    @runner.handler("slow")
+    async def slow(task: TaskContext) -> dict:
+        started.set()
+        await asyncio.sleep(0.5)
+        return {"finished": True}
+
+    job = asyncio.create_task(runner.run())
+    await runner.wait_connected(10)
+    task = await client.submit("slow")
+    await asyncio.wait_for(started.wait(), 10)
+    runner.stop()
+    await asyncio.wait_for(job, 10)
+    done = await client.wait_for(task.task_id, SUCCEEDED)
+    assert done.result["finished"] is True
