@@ -135,6 +135,9 @@ class Replica:
         log(f"replica {self.name} killed with SIGKILL")
 
     def stop(self) -> None:
+        # Close our own connection first: the server's graceful shutdown
+        # waits for open client connections.
+        self.channel.close()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -142,7 +145,6 @@ class Replica:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.channel.close()
 
 
 # --- tasks ----------------------------------------------------------------
@@ -290,6 +292,8 @@ class ProtocolAgent:
         self._pending_final: dict[int, str] = {}
         self._stop = threading.Event()
         self._address = ""
+        self._welcomed = False
+        self._call: grpc.Future | None = None
         self._thread = threading.Thread(target=self._run, name=f"agent-{name}", daemon=True)
 
     def start(self) -> ProtocolAgent:
@@ -301,6 +305,8 @@ class ProtocolAgent:
         with self._lock:
             if self._outbox is not None:
                 self._outbox.put(None)
+            if self._call is not None:
+                self._call.cancel()
         self._thread.join(timeout=5)
 
     # -- sending
@@ -359,12 +365,15 @@ class ProtocolAgent:
 
     def _run(self) -> None:
         attempt = 0
+        backoff = 0.05
         while not self._stop.is_set():
             address = self.addresses[attempt % len(self.addresses)]
+            self._welcomed = False
             try:
                 self._session(address)
             except grpc.RpcError as err:
-                log(f"agent {self.name}: session with {address} ended: {err.code().name}")
+                if self._welcomed and not self._stop.is_set():  # say so once per lost session, not per retry
+                    log(f"agent {self.name}: session with {address} ended: {err.code().name}")
             except Exception as err:  # noqa: BLE001 - keep the agent alive, say why
                 log(f"agent {self.name}: session with {address} failed: {err!r}")
             with self._lock:
@@ -372,8 +381,12 @@ class ProtocolAgent:
             self.connected.clear()
             if self._stop.is_set():
                 return
+            if self._welcomed:
+                backoff = 0.05
             attempt += 1  # the next replica
-            time.sleep(0.05)
+            # Back off while no replica answers (up to 1 s), like a real agent.
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
 
     def _session(self, address: str) -> None:
         channel = grpc.insecure_channel(address)
@@ -414,6 +427,8 @@ class ProtocolAgent:
                 agent_id=reg.agent_id, session_epoch=reg.session_epoch, held_leases=held
             ))
             responses = stub.Connect(requests())
+            with self._lock:
+                self._call = responses
             beat_stop = threading.Event()
             beats = threading.Thread(target=self._heartbeats, args=(interval, beat_stop), daemon=True)
             beats.start()
@@ -459,6 +474,7 @@ class ProtocolAgent:
                     f"agent {self.name} at {address}: resumed {list(welcome.resumed_lease_ids)}, "
                     f"revoked {[r.lease_id for r in welcome.revoked]}"
                 )
+            self._welcomed = True
             self.connected.set()
             for lease in resumed:
                 if lease.done:
