@@ -10,6 +10,8 @@
 import { EventEmitter } from "node:events";
 import { hostname } from "node:os";
 import { resolve } from "node:path";
+import { fromJson } from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { AgentService, RevocationReason } from "./gen/switchyard/v1/agent_service_pb.js";
@@ -485,7 +487,8 @@ export class Runner extends EventEmitter {
           op: WIRE_OP[op.op],
           path: op.path,
           from: op.from ?? "",
-          value: op.value === undefined ? undefined : plainJson(op.value),
+          // google.protobuf.Value is not unboxed by protobuf-es (Struct is): convert explicitly.
+          value: op.value === undefined ? undefined : fromJson(ValueSchema, plainJson(op.value)),
         })),
       };
       body.doc = doc;
@@ -501,6 +504,7 @@ export class Runner extends EventEmitter {
 
   #onMessage(s, res) {
     const m = res.message;
+    this.log.debug(`received ${m.case}`);
     switch (m.case) {
       case "welcome": {
         const w = m.value;
@@ -567,6 +571,7 @@ export class Runner extends EventEmitter {
         });
         s.generation = m.value.serverGeneration;
         s.pendingDoc = { seq, doc };
+        this.emit("resync", { reason: m.value.reason, serverGeneration: m.value.serverGeneration });
         break;
       }
       case "drain": {

@@ -121,6 +121,8 @@ test("a capability diff unparks a task", async () => {
   const { runner: r, dir } = await runner((x) => x.handler("late", async () => ({ done: 1 })), {
     ".capabilities.json": { tags: ["before"] },
   });
+  let drops = 0;
+  r.on("disconnected", () => drops++);
   const { task } = await api.tasks.submitTask({ kind: "late", ...tag("arrived-later") });
   const parked = await watch(api.tasks, task.taskId, (t) => t.queuedReason === QueuedReason.PARKED, 5_000);
   assert.equal(TaskState[parked.state], "QUEUED");
@@ -130,6 +132,27 @@ test("a capability diff unparks a task", async () => {
   assert.equal(TaskState[done.state], "SUCCEEDED");
   const { agent } = await api.admin.getAgent({ agentId: r.agentId });
   assert.deepEqual(agent.capabilities.document.tags, ["before", "arrived-later"]);
+  assert.equal(drops, 0, "the diff travelled on the open session (no re-registration)");
+});
+
+test("a diff against a generation the server no longer holds is answered with a snapshot", async () => {
+  const { runner: r, dir } = await runner(() => {}, { ".capabilities.json": { tags: ["resync-tag"], level: 1 } });
+  // The operator tier moves the server's generation past the one the runner diffs against.
+  await api.admin.setAgentOverrides({ agentId: r.agentId, overrides: { pinned: true } });
+  let drops = 0;
+  r.on("disconnected", () => drops++);
+  const resynced = once(r, "resync");
+  writeFileSync(join(dir, ".capabilities.override.json"), JSON.stringify({ level: 2 }));
+  assert.equal(await r.refreshCapabilities(), true);
+  const [{ reason }] = await within(resynced, 10_000, "a ResyncRequest");
+  assert.match(reason, /generation/);
+  const { agent } = await poll(
+    () => api.admin.getAgent({ agentId: r.agentId }),
+    (res) => res.agent.capabilities.document.level === 2,
+  );
+  assert.equal(agent.capabilities.document.level, 2);
+  assert.equal(agent.capabilities.document.pinned, true);
+  assert.equal(drops, 0);
 });
 
 test("cancel reaches a running handler through its AbortSignal", async () => {
@@ -290,6 +313,33 @@ test("the runner survives a server restart and its running lease completes", asy
     assert.equal(TaskState[done.state], "SUCCEEDED");
     assert.deepEqual(done.result, { survived: true });
     assert.equal(done.attempts, 0);
+
+    // A final report made while the server is down is sent again after the reconnect.
+    const started2 = deferred();
+    const gate2 = deferred();
+    r.handler("long2", async () => {
+      started2.resolve();
+      await gate2.promise;
+      return { reported: "later" };
+    });
+    const { tasks: tasks2 } = clients(current.address);
+    const { task: second } = await tasks2.submitTask({ kind: "long2", ...tag("restart-tag") });
+    await within(started2.promise, 10_000, "the second handler to start");
+    const down = once(r, "disconnected");
+    await current.kill("SIGKILL");
+    await within(down, 10_000, "the runner to notice the server is gone again");
+    gate2.resolve();
+    await new Promise((res) => setImmediate(res));
+    assert.equal(r.unackedFinals.size, 1, "the final report waits for a session");
+    const reported = once(r, "reported");
+    const back = once(r, "connected");
+    current = await startServer({ args: FAST, listen: first.address, dir: dirKeep });
+    await within(back, 15_000, "the runner to reconnect again");
+    const done2 = await watch(clients(current.address).tasks, second.taskId);
+    assert.equal(TaskState[done2.state], "SUCCEEDED");
+    assert.deepEqual(done2.result, { reported: "later" });
+    await within(reported, 10_000, "the re-sent final report's ack");
+    assert.equal(r.unackedFinals.size, 0);
   } finally {
     await within(r.stop(), 10_000, "the runner to stop");
     await current.kill();
