@@ -135,6 +135,7 @@ export declare class Runner extends EventEmitter {
   on(event: "revoked", listener: (e: { leaseId: string; taskId: string; reason: number }) => void): this;
   on(event: "reported", listener: (e: { leaseId: string; code: number }) => void): this;
   on(event: "resync", listener: (e: { reason: string; serverGeneration: bigint }) => void): this;
+  on(event: "drain", listener: (e: { reason: string; reconnectAfterMs: number }) => void): this;
   on(event: "stopped", listener: () => void): this;
   on(event: string | symbol, listener: (...args: any[]) => void): this;
 }

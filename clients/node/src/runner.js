@@ -576,7 +576,9 @@ export class Runner extends EventEmitter {
       }
       case "drain": {
         this.log.info(`server drained this session: ${m.value.reason}`);
-        s.finish({ reconnectAfterMs: durationMs(m.value.reconnectAfter, 1_000) });
+        const reconnectAfterMs = durationMs(m.value.reconnectAfter, 1_000);
+        this.emit("drain", { reason: m.value.reason, reconnectAfterMs });
+        s.finish({ reconnectAfterMs });
         break;
       }
       default:

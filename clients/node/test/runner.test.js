@@ -347,3 +347,28 @@ test("the runner survives a server restart and its running lease completes", asy
     d.remove();
   }
 });
+
+test("a Drain from a stopping server is followed: the runner reconnects after the given delay", async () => {
+  const first = await startServer({ args: FAST });
+  let current = first;
+  const d = runnerDir({ ".capabilities.json": { tags: ["drain-msg-tag"] } });
+  const { runner: r } = await startRunner(first.address, d.dir, (x) => x.handler("after", async () => ({ ok: 1 })));
+  try {
+    const drained = once(r, "drain");
+    await first.kill("SIGTERM");
+    const [drain] = await within(drained, 10_000, "the server's Drain");
+    assert.match(drain.reason, /shut/);
+    assert.equal(drain.reconnectAfterMs, 1_000);
+    const reconnected = once(r, "connected");
+    current = await startServer({ args: FAST, listen: first.address, dir: first.dir });
+    await within(reconnected, 15_000, "the runner to reconnect");
+    const { tasks } = clients(current.address);
+    const { task } = await tasks.submitTask({ kind: "after", ...tag("drain-msg-tag") });
+    assert.equal(TaskState[(await watch(tasks, task.taskId)).state], "SUCCEEDED");
+  } finally {
+    await within(r.stop(), 10_000, "the runner to stop");
+    await current.kill();
+    await first.stop();
+    d.remove();
+  }
+});
