@@ -3,7 +3,9 @@
 // Memory and load are refreshed on every `refresh`; the tier files are re-read when they
 // change on disk (or when forced).
 import { baseFacts, loadFacts } from "./base.js";
-import { DEFAULT_LIMITS, jsonEqual, Merged } from "./core/index.js";
+import { jsonEqual } from "./core/json.js";
+import { DEFAULT_LIMITS } from "./core/limits.js";
+import { Merged } from "./core/tier.js";
 import { mergeDirectory, readDirectory, stamps } from "./tiers.js";
 
 export class Capabilities {

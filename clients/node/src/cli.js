@@ -8,7 +8,7 @@
 import { parseArgs } from "node:util";
 import { resolve } from "node:path";
 import { Capabilities } from "./capabilities.js";
-import { canonical } from "./core/index.js";
+import { canonical } from "./core/json.js";
 
 const USAGE = "usage: switchyard-node capabilities [--dir DIR] [--explain] [--script-timeout-secs N]";
 

@@ -7,7 +7,10 @@
 import { spawn } from "node:child_process";
 import { readFileSync, statSync } from "node:fs";
 import { basename, join } from "node:path";
-import { DEFAULT_LIMITS, declaredSensitive, isObject, kind, mergeTiers, redact } from "./core/index.js";
+import { isObject, kind } from "./core/json.js";
+import { DEFAULT_LIMITS } from "./core/limits.js";
+import { declaredSensitive, redact } from "./core/redact.js";
+import { mergeTiers } from "./core/tier.js";
 
 /** The dynamic-script extensions, in the order they are looked for. */
 export const DYNAMIC_EXTENSIONS = Object.freeze(["sh", "py", "mjs", "js", "ts"]);
