@@ -19,11 +19,14 @@ export function serverBinary() {
   return bin;
 }
 
-export async function startServer() {
-  const dir = mkdtempSync(join(tmpdir(), "switchyard-node-"));
+// Options: `args` (extra server flags), `listen` (default `127.0.0.1:0`) and `dir` (an existing
+// directory whose switchyard.db to reuse; the caller then owns it). `kill()` stops the server
+// without removing its directory, so a test can restart it on the same port and database.
+export async function startServer({ args = [], listen = "127.0.0.1:0", dir: keepDir } = {}) {
+  const dir = keepDir ?? mkdtempSync(join(tmpdir(), "switchyard-node-"));
   const child = spawn(
     serverBinary(),
-    ["--listen", "127.0.0.1:0", "--database-url", `sqlite://${dir}/switchyard.db`],
+    ["--listen", listen, "--database-url", `sqlite://${dir}/switchyard.db`, ...args],
     { stdio: ["ignore", "pipe", process.env.TEST_LOG ? "inherit" : "ignore"] },
   );
   const lines = createInterface({ input: child.stdout });
@@ -35,16 +38,21 @@ export async function startServer() {
       else reject(new Error(`unexpected first line from the server: ${line}`));
     });
   });
+  const kill = async (signal = "SIGTERM") => {
+    lines.close();
+    if (child.exitCode === null && child.signalCode === null) {
+      const exited = new Promise((r) => child.once("exit", r));
+      child.kill(signal);
+      await exited;
+    }
+  };
   return {
     address,
+    dir,
+    kill,
     async stop() {
-      lines.close();
-      if (child.exitCode === null) {
-        const exited = new Promise((r) => child.once("exit", r));
-        child.kill("SIGTERM");
-        await exited;
-      }
-      rmSync(dir, { recursive: true, force: true });
+      await kill();
+      if (!keepDir) rmSync(dir, { recursive: true, force: true });
     },
   };
 }

@@ -1,0 +1,12 @@
+// The capability core in JavaScript: the same merge, redaction, diff, limit and pack rules
+// as the Rust `switchyard-core`, checked against the shared conformance vectors.
+//
+// Layout: `json.js` (ordering, safe keys, sizes), `limits.js` (document limits), `tier.js`
+// (tier merge with provenance and rejections), `redact.js` (secret redaction), `diff.js`
+// (JSON Patch diffs and their checked application), `pack.js` (handler packs and parameters).
+export * from "./json.js";
+export * from "./limits.js";
+export * from "./tier.js";
+export * from "./redact.js";
+export * from "./diff.js";
+export * from "./pack.js";

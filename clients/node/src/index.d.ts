@@ -1,0 +1,173 @@
+// Types for @switchyard/runner.
+import { EventEmitter } from "node:events";
+import type {
+  JsonObject,
+  JsonValue,
+  Limits,
+  Merged,
+  PackRejection,
+  ProvidedCapability,
+  Rejection,
+} from "./core/index.js";
+
+export type { JsonObject, JsonValue, Limits, Merged, PackRejection, ProvidedCapability, Rejection };
+export * as core from "./core/index.js";
+
+export interface RunnerOptions {
+  /** Server URL; default `$SWITCHYARD_SERVER` or `http://127.0.0.1:50051`. */
+  server?: string;
+  /** Unique within the namespace; default `$SWITCHYARD_AGENT_NAME` or the hostname. */
+  name?: string;
+  /** Default `$SWITCHYARD_NAMESPACE` or `default`. */
+  namespace?: string;
+  /** Directory with `.capabilities.json`, `.capabilities.dynamic.*`, `.capabilities.override.json`; default `$SWITCHYARD_AGENT_DIR` or `.`. */
+  dir?: string;
+  /** Maximum concurrent leases; default the document's `max_concurrent_tasks`, else 1. */
+  capacity?: number;
+  /** Labels sent at registration. */
+  labels?: Record<string, string>;
+  /** Bearer token (agent role); default `$SWITCHYARD_TOKEN`. Never logged. */
+  token?: string;
+  /** Pack parameter values by name (then the environment). Never sent or logged. */
+  params?: Record<string, string>;
+  /** How long a dynamic capability script may run (ms); default 10000. */
+  scriptTimeoutMs?: number;
+  /** How long running handlers may finish after stop()/SIGTERM (ms); default 30000. */
+  graceMs?: number;
+  /** How often memory/load are refreshed and the tier files checked (ms); default 30000. */
+  refreshMs?: number;
+  /** Reconnect backoff: jittered, doubling from `initialMs` (250) to `maxMs` (30000). */
+  backoff?: { initialMs?: number; maxMs?: number };
+  /** Where the runner logs; default warnings and errors to stderr. */
+  logger?: Logger;
+}
+
+export interface Logger {
+  debug(...args: unknown[]): void;
+  info(...args: unknown[]): void;
+  warn(...args: unknown[]): void;
+  error(...args: unknown[]): void;
+}
+
+/** The task a handler runs. */
+export interface TaskInput {
+  id: string;
+  kind: string;
+  payload: JsonObject;
+  /** Attempts that ended without success so far. */
+  attempts: number;
+  maxAttempts: number;
+  labels: Record<string, string>;
+  priority: number;
+}
+
+/** What a handler gets besides its task. */
+export interface TaskContext {
+  leaseId: string;
+  taskId: string;
+  fencingToken: bigint;
+  /** Aborted when the lease is revoked (cancel, expiry, superseded) or the drain's grace period ends. */
+  signal: AbortSignal;
+  /** Reports progress (best effort). */
+  progress(percent: number, message?: string): void;
+  log: Logger;
+}
+
+/**
+ * Runs one attempt. The resolved value becomes the task's result (an object as is, anything
+ * else as `{value}`); a thrown error is a failed attempt (`handler_error`, retryable) unless
+ * it is a TaskFailure.
+ */
+export type Handler = (task: TaskInput, ctx: TaskContext) => unknown | Promise<unknown>;
+
+export interface HandlerPack {
+  id: string;
+  handlers?: Record<string, Handler>;
+  provides?: Record<string, ProvidedCapability>;
+}
+
+/** A failed attempt with a chosen code, retryability and details. */
+export declare class TaskFailure extends Error {
+  constructor(message: string, options?: { code?: string; retryable?: boolean; details?: JsonObject });
+  code: string;
+  retryable: boolean;
+  details?: JsonObject;
+}
+
+export declare class Runner extends EventEmitter {
+  constructor(options?: RunnerOptions);
+  readonly server: string;
+  readonly name: string;
+  readonly namespace: string;
+  readonly dir: string;
+  /** The id the server gave this runner (after the first registration). */
+  readonly agentId: string | undefined;
+  /** True once stop() began. */
+  readonly draining: boolean;
+  /** Leases being worked on, by lease id. */
+  readonly running: ReadonlyMap<string, { taskId: string; fencingToken: bigint }>;
+  /** Registers a handler for one kind (a pack whose id is the kind). First registration wins. */
+  handler(kind: string, fn: Handler): this;
+  /** Registers a handler pack. First registration wins; rejections are reported, never thrown. */
+  pack(pack: HandlerPack): this;
+  /** What the pack merge rejected. */
+  readonly packRejections: readonly PackRejection[];
+  /** The kinds handled. */
+  readonly kinds: string[];
+  /** Reasons the runner is DEGRADED (unhealthy capabilities). */
+  readonly unhealthy: string[];
+  /** Loads (once) and returns the merged capability document with provenance and rejections. */
+  capabilities(): Promise<Merged>;
+  /** Refreshes memory/load and re-reads changed tier files (all with `force`); true if the document changed. */
+  refreshCapabilities(options?: { force?: boolean }): Promise<boolean>;
+  /**
+   * Runs until stopped. With `handleSignals` (default true) SIGTERM and SIGINT drain, and then
+   * the process exits 0 unless `exitOnSignal` is false.
+   */
+  run(options?: { handleSignals?: boolean; exitOnSignal?: boolean }): Promise<void>;
+  /** Drains: DRAINING, nothing new accepted, running handlers get the grace period, the rest are released. */
+  stop(): Promise<void>;
+
+  on(event: "registered", listener: (e: { agentId: string; sessionEpoch: bigint }) => void): this;
+  on(event: "connected", listener: (e: { agentId: string; resumed: string[] }) => void): this;
+  on(event: "disconnected", listener: (error: unknown) => void): this;
+  on(event: "lease", listener: (e: { leaseId: string; taskId: string; kind: string }) => void): this;
+  on(event: "revoked", listener: (e: { leaseId: string; taskId: string; reason: number }) => void): this;
+  on(event: "reported", listener: (e: { leaseId: string; code: number }) => void): this;
+  on(event: "resync", listener: (e: { reason: string; serverGeneration: bigint }) => void): this;
+  on(event: "drain", listener: (e: { reason: string; reconnectAfterMs: number }) => void): this;
+  on(event: "stopped", listener: () => void): this;
+  on(event: string | symbol, listener: (...args: any[]) => void): this;
+}
+
+/** The capability document a runner reports: base facts, then the directory's tiers. */
+export declare class Capabilities {
+  constructor(options: {
+    dir: string;
+    scriptTimeoutMs?: number;
+    limits?: Limits;
+    provides?: () => Record<string, JsonValue>;
+  });
+  load(): Promise<this>;
+  refresh(force?: boolean): Promise<boolean>;
+  readonly document: JsonObject;
+  merged: Merged;
+}
+
+export interface DirectoryTiers {
+  static?: JsonValue;
+  dynamic?: JsonObject;
+  override?: JsonValue;
+  rejections: Rejection[];
+}
+export declare const DYNAMIC_EXTENSIONS: readonly string[];
+export declare function readDirectory(dir: string, scriptTimeoutMs?: number): Promise<DirectoryTiers>;
+export declare function mergeDirectory(base: JsonObject, tiers: DirectoryTiers, limits?: Limits): Merged;
+export declare function runDynamic(
+  dir: string,
+  script: string,
+  staticTier: JsonValue,
+  timeoutMs: number,
+): Promise<{ value?: JsonObject; rejection?: Rejection }>;
+export declare function baseFacts(): JsonObject;
+export declare function loadFacts(): JsonObject;

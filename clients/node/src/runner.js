@@ -1,0 +1,699 @@
+// The Node runner's life with the server, matching the Rust agent (`agent-rs/src/session.rs`):
+// register, hold one `Connect` stream, heartbeat at the server's interval with JSON-Patch
+// diffs of the capability document against the generation the server holds (a ResyncRequest
+// is answered with a CapabilitySnapshot), acknowledge each grant at once, report started,
+// progress and exactly one final report, and stop a handler (its AbortSignal) when its lease is
+// revoked. When the stream breaks it reconnects with jittered exponential backoff and resumes
+// the leases it still holds (running handlers keep running); final reports not yet
+// acknowledged are sent again. `stop()` (and SIGTERM) drains: a DRAINING heartbeat, nothing
+// new accepted, running handlers get a grace period, the rest are released.
+import { EventEmitter } from "node:events";
+import { hostname } from "node:os";
+import { resolve } from "node:path";
+import { fromJson } from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import { AgentService, RevocationReason } from "./gen/switchyard/v1/agent_service_pb.js";
+import { AgentStatus } from "./gen/switchyard/v1/agent_pb.js";
+import { PatchOp, Tier } from "./gen/switchyard/v1/capability_pb.js";
+import { Capabilities } from "./capabilities.js";
+import { clone, diff, isObject, jsonEqual, mergePacks, resolveParams, unhealthyReasons } from "./core/index.js";
+
+const VERSION = "0.1.0";
+
+/** A handler failure with a chosen code, retryability and details (any other error is `handler_error`, retryable). */
+export class TaskFailure extends Error {
+  /**
+   * @param {string} message
+   * @param {{code?: string, retryable?: boolean, details?: Record<string, unknown>}} [options]
+   */
+  constructor(message, { code = "handler_error", retryable = true, details } = {}) {
+    super(message);
+    this.name = "TaskFailure";
+    this.code = code;
+    this.retryable = retryable;
+    this.details = details;
+  }
+}
+
+const WIRE_TIER = {
+  base: Tier.BASE,
+  static: Tier.STATIC,
+  dynamic: Tier.DYNAMIC,
+  override: Tier.OVERRIDE,
+  operator: Tier.OPERATOR,
+};
+const WIRE_OP = {
+  add: PatchOp.ADD,
+  remove: PatchOp.REMOVE,
+  replace: PatchOp.REPLACE,
+  move: PatchOp.MOVE,
+  copy: PatchOp.COPY,
+  test: PatchOp.TEST,
+};
+
+const durationMs = (d, fallback) =>
+  d ? Number(d.seconds) * 1000 + Math.floor(d.nanos / 1e6) : fallback;
+
+/** A resolved JSON copy (drops `undefined`, functions, ...), as a Struct can carry it. */
+const plainJson = (v) => (v === undefined ? undefined : JSON.parse(JSON.stringify(v)));
+
+function toStruct(result) {
+  if (result === undefined || result === null) return {};
+  const json = plainJson(result);
+  return isObject(json) ? json : { value: json };
+}
+
+function sleep(ms, signal) {
+  return new Promise((resolveSleep) => {
+    if (signal?.aborted) return resolveSleep();
+    const timer = setTimeout(done, ms);
+    function done() {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolveSleep();
+    }
+    signal?.addEventListener("abort", done, { once: true });
+  });
+}
+
+/** A push-fed async iterable: the request side of the session stream. */
+class Outbox {
+  #items = [];
+  #wake = null;
+  #closed = false;
+  push(item) {
+    if (this.#closed) return;
+    this.#items.push(item);
+    this.#notify();
+  }
+  close() {
+    this.#closed = true;
+    this.#notify();
+  }
+  #notify() {
+    const wake = this.#wake;
+    this.#wake = null;
+    wake?.();
+  }
+  async *[Symbol.asyncIterator]() {
+    for (;;) {
+      if (this.#items.length > 0) yield this.#items.shift();
+      else if (this.#closed) return;
+      else await new Promise((r) => (this.#wake = r));
+    }
+  }
+}
+
+const quietLogger = {
+  debug() {},
+  info() {},
+  warn: (...a) => console.error("[switchyard-runner]", ...a),
+  error: (...a) => console.error("[switchyard-runner]", ...a),
+};
+
+/**
+ * A Switchyard runner. See `index.d.ts` for the options and the handler signature.
+ */
+export class Runner extends EventEmitter {
+  /** @param {import("./index.js").RunnerOptions} [options] */
+  constructor(options = {}) {
+    super();
+    const o = options;
+    /** The server's base URL. */
+    this.server = o.server ?? process.env.SWITCHYARD_SERVER ?? "http://127.0.0.1:50051";
+    this.name = o.name ?? process.env.SWITCHYARD_AGENT_NAME ?? hostname();
+    this.namespace = o.namespace ?? process.env.SWITCHYARD_NAMESPACE ?? "default";
+    this.dir = resolve(o.dir ?? process.env.SWITCHYARD_AGENT_DIR ?? ".");
+    /** Maximum concurrent leases; defaults to the document's `max_concurrent_tasks`, else 1. */
+    this.capacity = o.capacity;
+    this.labels = o.labels ?? {};
+    /** Bearer token; kept off the instance's enumerable fields so it is never logged. */
+    Object.defineProperty(this, "token", { value: o.token ?? process.env.SWITCHYARD_TOKEN, enumerable: false });
+    this.graceMs = o.graceMs ?? 30_000;
+    this.refreshMs = o.refreshMs ?? 30_000;
+    this.backoff = { initialMs: 250, maxMs: 30_000, ...(o.backoff ?? {}) };
+    this.log = o.logger ?? quietLogger;
+    /** Parameter values for packs: the `params` option, then the environment; never sent or logged. */
+    const params = o.params ?? {};
+    Object.defineProperty(this, "lookup", {
+      value: (name) => (Object.hasOwn(params, name) ? params[name] : process.env[name]),
+      enumerable: false,
+    });
+    /** Packs as registered: declaration and handler functions. */
+    this.packs = [];
+    /** The pack merge (first registration wins). */
+    this.mergedPacks = mergePacks([]);
+    /** Task kind → handler function, from the pack that won it. */
+    this.byKind = new Map();
+    this.caps = new Capabilities({
+      dir: this.dir,
+      scriptTimeoutMs: o.scriptTimeoutMs ?? 10_000,
+      provides: () => this.#provides().provides,
+    });
+
+    /** Leases being worked on, by lease id: {taskId, fencingToken, abort, canceled}. */
+    this.running = new Map();
+    /** Final reports not yet acknowledged, by lease id (re-sent after a reconnect). */
+    this.unackedFinals = new Map();
+    /** True once stop() began: take nothing new. */
+    this.draining = false;
+    /** The agent id the server gave us. */
+    this.agentId = undefined;
+    this.#session = null;
+    this.#wake = new AbortController();
+    this.#loaded = null;
+  }
+
+  #session;
+  #wake;
+  #loaded;
+  #runPromise = null;
+  #graceTimer = null;
+  #hardDeadline = 0;
+  #refreshing = Promise.resolve(false);
+
+  /** Registers a handler for one task kind (a pack of its own whose id is the kind). */
+  handler(kind, fn) {
+    return this.pack({ id: kind, handlers: { [kind]: fn } });
+  }
+
+  /**
+   * Registers a handler pack: `{id, handlers: {kind: fn}, provides: {name: {version, params}}}`.
+   * First registration wins; what is rejected is reported (`packRejections`, a warning), never thrown.
+   */
+  pack(pack) {
+    const handlers = isObject(pack?.handlers) ? pack.handlers : {};
+    const declaration = { id: pack?.id ?? "", handlers: Object.keys(handlers), provides: pack?.provides ?? {} };
+    this.packs.push({ declaration, handlers });
+    const before = this.mergedPacks.rejections.length;
+    this.mergedPacks = mergePacks(this.packs.map((p) => p.declaration));
+    for (const r of this.mergedPacks.rejections.slice(before)) {
+      this.log.warn(`pack ${r.pack}: ${r.kind} ${r.id} rejected: ${r.reason}`);
+    }
+    this.byKind.clear();
+    for (const [kind, packId] of this.mergedPacks.handlers) {
+      const owner = this.packs.find((p) => p.declaration.id === packId);
+      const fn = owner?.handlers[kind];
+      if (typeof fn === "function") this.byKind.set(kind, fn);
+    }
+    return this;
+  }
+
+  /** What the pack merge rejected (duplicate packs, kinds, capabilities). */
+  get packRejections() {
+    return this.mergedPacks.rejections;
+  }
+
+  /** The kinds this runner handles. */
+  get kinds() {
+    return [...this.byKind.keys()];
+  }
+
+  #provides() {
+    const provides = resolveParams(this.mergedPacks, this.lookup);
+    return { provides, unhealthy: unhealthyReasons(provides) };
+  }
+
+  /** Why the runner is DEGRADED (unhealthy capabilities), if it is. */
+  get unhealthy() {
+    return this.#provides().unhealthy;
+  }
+
+  /** Loads the capability document (once); resolves to the merge `{document, provenance, rejections}`. */
+  async capabilities() {
+    this.#loaded ??= this.caps.load();
+    await this.#loaded;
+    return this.caps.merged;
+  }
+
+  /** Refreshes memory/load and re-reads changed tier files (all with `force`); true if the document changed. */
+  refreshCapabilities({ force = false } = {}) {
+    this.#refreshing = this.#refreshing.then(
+      () => this.caps.refresh(force),
+      () => this.caps.refresh(force),
+    );
+    return this.#refreshing;
+  }
+
+  /**
+   * Runs until stopped: connects, serves leases, reconnects. Resolves when drained.
+   * @param {{handleSignals?: boolean, exitOnSignal?: boolean}} [options]
+   */
+  run({ handleSignals = true, exitOnSignal = true } = {}) {
+    this.#runPromise ??= this.#run(handleSignals, exitOnSignal);
+    return this.#runPromise;
+  }
+
+  async #run(handleSignals, exitOnSignal) {
+    let signaled = false;
+    const onSignal = (sig) => {
+      signaled = true;
+      this.log.info(`${sig}: draining`);
+      void this.stop();
+    };
+    if (handleSignals) {
+      process.on("SIGTERM", onSignal);
+      process.on("SIGINT", onSignal);
+    }
+    await this.capabilities();
+    const refresher = setInterval(() => void this.refreshCapabilities().catch(() => {}), this.refreshMs);
+    refresher.unref();
+    let backoff = this.backoff.initialMs;
+    try {
+      for (;;) {
+        if (this.#finished()) return;
+        let end;
+        try {
+          end = await this.#runSession();
+        } catch (err) {
+          end = { error: err };
+        }
+        if (end.stopped || this.#finished()) return;
+        if (end.reconnectAfterMs !== undefined) {
+          backoff = this.backoff.initialMs;
+          this.log.info(`server asked us to reconnect after ${end.reconnectAfterMs}ms`);
+          await sleep(end.reconnectAfterMs, this.#wake.signal);
+          continue;
+        }
+        const wait = Math.round(backoff * (0.5 + Math.random()));
+        this.log.warn(`session ended (${end.error?.message ?? end.error}); reconnecting in ${wait}ms`);
+        this.emit("disconnected", end.error);
+        await sleep(wait, this.#wake.signal);
+        backoff = Math.min(backoff * 2, this.backoff.maxMs);
+      }
+    } finally {
+      clearInterval(refresher);
+      clearTimeout(this.#graceTimer);
+      if (handleSignals) {
+        process.off("SIGTERM", onSignal);
+        process.off("SIGINT", onSignal);
+      }
+      this.emit("stopped");
+      if (signaled && exitOnSignal) process.exit(0);
+    }
+  }
+
+  /** Whether a drain is complete (or out of time). */
+  #finished() {
+    if (!this.draining) return false;
+    if (this.running.size === 0 && this.unackedFinals.size === 0) return true;
+    return Date.now() >= this.#hardDeadline;
+  }
+
+  /** Drains: DRAINING, nothing new, running handlers get `graceMs`, the rest are released. Resolves when done. */
+  async stop() {
+    if (!this.draining) {
+      this.draining = true;
+      this.#hardDeadline = Date.now() + this.graceMs + 5_000;
+      this.log.info(`draining with ${this.running.size} running`);
+      const s = this.#session;
+      if (s) {
+        s.send({ case: "heartbeat", value: this.#heartbeatBody(s, false) });
+      }
+      this.#graceTimer = setTimeout(() => this.#releaseAll("agent shut down"), this.graceMs);
+      this.#graceTimer.unref();
+      // A hard stop in case the server is gone and nothing can be reported.
+      setTimeout(() => this.#checkDrained(true), this.graceMs + 5_000).unref();
+      this.#checkDrained();
+    }
+    if (this.#runPromise) await this.#runPromise;
+  }
+
+  #releaseAll(reason) {
+    for (const [leaseId, r] of this.running) {
+      r.abort.abort(new Error(reason));
+      this.running.delete(leaseId);
+      this.#final(leaseId, r, { case: "released", value: { reason } });
+    }
+    this.#checkDrained();
+  }
+
+  /** Ends a reconnect wait now (each wait gets a fresh signal, so a wake-up never turns into a busy loop). */
+  #wakeUp() {
+    const wake = this.#wake;
+    this.#wake = new AbortController();
+    wake.abort();
+  }
+
+  #checkDrained(force = false) {
+    if (!this.draining) return;
+    if (force || (this.running.size === 0 && this.unackedFinals.size === 0)) {
+      if (this.#session) this.#session.finish({ stopped: true });
+      this.#wakeUp();
+    }
+  }
+
+  #document() {
+    return this.caps.document;
+  }
+
+  #provenance() {
+    return [...this.caps.merged.provenance.entries()]
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+      .map(([path, tier]) => ({ path, tier: WIRE_TIER[tier] }));
+  }
+
+  #rejections() {
+    return this.caps.merged.rejections.map((r) => ({
+      tier: r.tier ? WIRE_TIER[r.tier] : Tier.UNSPECIFIED,
+      path: r.path,
+      reason: r.reason,
+    }));
+  }
+
+  #capacity() {
+    if (this.capacity !== undefined) return Math.max(1, this.capacity);
+    const fromDoc = this.#document().max_concurrent_tasks;
+    return Number.isInteger(fromDoc) && fromDoc > 0 ? fromDoc : 1;
+  }
+
+  #headers() {
+    return this.token ? { authorization: `Bearer ${this.token}` } : {};
+  }
+
+  async #runSession() {
+    const sessionManager = new Http2SessionManager(this.server, { pingIntervalMs: 10_000 });
+    const transport = createGrpcTransport({ baseUrl: this.server, sessionManager });
+    const client = createClient(AgentService, transport);
+    const abort = new AbortController();
+    const outbox = new Outbox();
+    const timers = [];
+    /** The session: what one Connect stream needs to remember. */
+    const s = {
+      sequence: 0n,
+      generation: 0n,
+      /** The document the server holds (the last one it acknowledged). */
+      sentDoc: {},
+      /** A diff or snapshot in flight: {seq, doc}. */
+      pendingDoc: null,
+      /** Final reports in flight: sequence → lease id. */
+      finalSeqs: new Map(),
+      finish: () => {},
+      send: (message) => {
+        s.sequence += 1n;
+        outbox.push({ sequence: s.sequence, message });
+        return s.sequence;
+      },
+    };
+    const ended = new Promise((r) => (s.finish = r));
+    try {
+      await this.refreshCapabilities();
+      const reg = await client.registerAgent(
+        {
+          name: this.name,
+          namespace: this.namespace,
+          capabilities: this.#document(),
+          capacity: this.#capacity(),
+          labels: this.labels,
+          provenance: this.#provenance(),
+          rejections: this.#rejections(),
+          runner: `switchyard-runner-node/${VERSION} (node ${process.versions.node})`,
+        },
+        { headers: this.#headers(), timeoutMs: 10_000, signal: abort.signal },
+      );
+      this.agentId = reg.agentId;
+      s.generation = reg.capabilityGeneration;
+      s.sentDoc = clone(this.#document());
+      this.emit("registered", { agentId: reg.agentId, sessionEpoch: reg.sessionEpoch });
+      s.send({
+        case: "hello",
+        value: {
+          agentId: reg.agentId,
+          sessionEpoch: reg.sessionEpoch,
+          heldLeases: [...this.running].map(([leaseId, r]) => ({
+            leaseId,
+            taskId: r.taskId,
+            fencingToken: r.fencingToken,
+          })),
+        },
+      });
+      const stream = client.connect(outbox, { headers: this.#headers(), signal: abort.signal });
+      this.#session = s;
+      // Re-send final reports the previous session did not see acknowledged.
+      for (const [leaseId, update] of this.unackedFinals) {
+        s.finalSeqs.set(s.send({ case: "leaseUpdate", value: update }), leaseId);
+      }
+      const startTicker = (ms) => {
+        clearInterval(timers[0]);
+        timers[0] = setInterval(() => this.#heartbeat(s), Math.max(ms, 50));
+        s.intervalMs = ms;
+      };
+      startTicker(durationMs(reg.heartbeatInterval, 5_000));
+      s.startTicker = startTicker;
+      if (this.draining) s.send({ case: "heartbeat", value: this.#heartbeatBody(s, false) });
+      const reading = (async () => {
+        for await (const res of stream) this.#onMessage(s, res);
+        return { error: new Error("server closed the session stream") };
+      })().catch((err) => ({ error: err }));
+      this.#checkDrained();
+      const end = await Promise.race([ended, reading]);
+      if (end.stopped) {
+        // Half-close so what we queued is flushed, and give the server a moment to close its side.
+        outbox.close();
+        await Promise.race([reading, sleep(1_000)]);
+      }
+      return end;
+    } finally {
+      clearInterval(timers[0]);
+      if (this.#session === s) this.#session = null;
+      outbox.close();
+      abort.abort();
+      sessionManager.abort();
+    }
+  }
+
+  #heartbeatBody(s, withDiff) {
+    const unhealthy = this.unhealthy;
+    const status = this.draining
+      ? AgentStatus.DRAINING
+      : unhealthy.length > 0
+        ? AgentStatus.DEGRADED
+        : AgentStatus.READY;
+    const body = {
+      status,
+      statusReasons: this.draining ? ["agent shutting down"] : unhealthy,
+      load: {
+        runningLeases: this.running.size,
+        loadAverage: Number(this.#document().loadavg?.["1min"] ?? 0) || 0,
+      },
+    };
+    if (withDiff && !s.pendingDoc && !jsonEqual(this.#document(), s.sentDoc)) {
+      const doc = clone(this.#document());
+      body.capabilityDiff = {
+        baseGeneration: s.generation,
+        operations: diff(s.sentDoc, doc).map((op) => ({
+          op: WIRE_OP[op.op],
+          path: op.path,
+          from: op.from ?? "",
+          // google.protobuf.Value is not unboxed by protobuf-es (Struct is): convert explicitly.
+          value: op.value === undefined ? undefined : fromJson(ValueSchema, plainJson(op.value)),
+        })),
+      };
+      body.doc = doc;
+    }
+    return body;
+  }
+
+  #heartbeat(s) {
+    const { doc, ...body } = this.#heartbeatBody(s, true);
+    const seq = s.send({ case: "heartbeat", value: body });
+    if (doc) s.pendingDoc = { seq, doc };
+  }
+
+  #onMessage(s, res) {
+    const m = res.message;
+    this.log.debug(`received ${m.case}`);
+    switch (m.case) {
+      case "welcome": {
+        const w = m.value;
+        s.generation = w.capabilityGeneration;
+        for (const r of w.revoked) {
+          const running = this.running.get(r.leaseId);
+          if (running) {
+            this.log.warn(`lease ${r.leaseId}: the server no longer knows it; stopping its work`);
+            this.running.delete(r.leaseId);
+            running.abort.abort(new Error(r.message || "lease revoked"));
+          }
+        }
+        const ms = durationMs(w.heartbeatInterval, s.intervalMs);
+        if (ms !== s.intervalMs) s.startTicker(ms);
+        this.emit("connected", { agentId: this.agentId, resumed: w.resumedLeaseIds });
+        this.#checkDrained();
+        break;
+      }
+      case "leaseGrant":
+        this.#onGrant(s, m.value);
+        break;
+      case "leaseRevocation": {
+        const rev = m.value;
+        const running = this.running.get(rev.leaseId);
+        if (running) {
+          const canceled = rev.reason === RevocationReason.CANCELED;
+          this.log.info(`lease ${rev.leaseId} revoked (${RevocationReason[rev.reason]}); stopping its work`);
+          running.canceled = canceled;
+          // Expired or superseded: nothing to report; canceled: `released` once the handler returns.
+          if (!canceled) this.running.delete(rev.leaseId);
+          running.abort.abort(new Error(rev.message || `lease revoked: ${RevocationReason[rev.reason]}`));
+          this.emit("revoked", { leaseId: rev.leaseId, taskId: rev.taskId, reason: rev.reason });
+        }
+        this.#checkDrained();
+        break;
+      }
+      case "ack": {
+        const ack = m.value;
+        if (s.pendingDoc && s.pendingDoc.seq === ack.sequence) {
+          if (ack.code === 0 && ack.capabilityGeneration !== s.generation) {
+            s.generation = ack.capabilityGeneration;
+            s.sentDoc = s.pendingDoc.doc;
+          }
+          s.pendingDoc = null;
+        }
+        const leaseId = s.finalSeqs.get(ack.sequence);
+        if (leaseId !== undefined) {
+          s.finalSeqs.delete(ack.sequence);
+          if (ack.code !== 0) this.log.warn(`lease ${leaseId}: final report refused (${ack.code}: ${ack.message})`);
+          this.unackedFinals.delete(leaseId);
+          this.emit("reported", { leaseId, code: ack.code });
+          this.#checkDrained();
+        } else if (ack.code !== 0) {
+          this.log.debug(`message ${ack.sequence} refused (${ack.code}: ${ack.message})`);
+        }
+        break;
+      }
+      case "resyncRequest": {
+        this.log.info(`server asked for the full document: ${m.value.reason}`);
+        const doc = clone(this.#document());
+        const seq = s.send({
+          case: "capabilitySnapshot",
+          value: { capabilities: doc, provenance: this.#provenance(), rejections: this.#rejections() },
+        });
+        s.generation = m.value.serverGeneration;
+        s.pendingDoc = { seq, doc };
+        this.emit("resync", { reason: m.value.reason, serverGeneration: m.value.serverGeneration });
+        break;
+      }
+      case "drain": {
+        this.log.info(`server drained this session: ${m.value.reason}`);
+        const reconnectAfterMs = durationMs(m.value.reconnectAfter, 1_000);
+        this.emit("drain", { reason: m.value.reason, reconnectAfterMs });
+        s.finish({ reconnectAfterMs });
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  #onGrant(s, grant) {
+    const task = grant.task;
+    if (!task) return;
+    const update = (u) =>
+      s.send({
+        case: "leaseUpdate",
+        value: { leaseId: grant.leaseId, taskId: task.taskId, fencingToken: grant.fencingToken, update: u },
+      });
+    if (this.running.has(grant.leaseId)) {
+      update({ case: "accepted", value: {} });
+      return;
+    }
+    let refuse;
+    if (this.draining) refuse = "agent is draining";
+    else if (this.running.size >= this.#capacity()) refuse = "agent at capacity";
+    else if (!this.byKind.has(task.kind)) refuse = `no handler for kind ${task.kind}`;
+    if (refuse) {
+      this.log.debug(`releasing grant ${grant.leaseId}: ${refuse}`);
+      update({ case: "released", value: { reason: refuse } });
+      return;
+    }
+    update({ case: "accepted", value: {} });
+    update({ case: "started", value: {} });
+    this.#start(grant, task);
+  }
+
+  #start(grant, task) {
+    const fn = this.byKind.get(task.kind);
+    const abort = new AbortController();
+    const entry = { taskId: task.taskId, fencingToken: grant.fencingToken, abort, canceled: false };
+    this.running.set(grant.leaseId, entry);
+    const leaseId = grant.leaseId;
+    const ctx = {
+      leaseId,
+      taskId: task.taskId,
+      fencingToken: grant.fencingToken,
+      signal: abort.signal,
+      log: this.log,
+      progress: (percent, message = "") => {
+        const s = this.#session;
+        if (!s || this.running.get(leaseId) !== entry) return;
+        s.send({
+          case: "leaseUpdate",
+          value: {
+            leaseId,
+            taskId: entry.taskId,
+            fencingToken: entry.fencingToken,
+            update: { case: "progress", value: { percent, message } },
+          },
+        });
+      },
+    };
+    const input = {
+      id: task.taskId,
+      kind: task.kind,
+      payload: task.payload ?? {},
+      attempts: task.attempts,
+      maxAttempts: task.maxAttempts,
+      labels: { ...task.labels },
+      priority: task.priority,
+    };
+    this.emit("lease", { leaseId, taskId: task.taskId, kind: task.kind });
+    Promise.resolve()
+      .then(() => fn(input, ctx))
+      .then(
+        (result) => this.#done(leaseId, entry, { ok: true, result }),
+        (error) => this.#done(leaseId, entry, { ok: false, error }),
+      );
+  }
+
+  #done(leaseId, entry, outcome) {
+    if (this.running.get(leaseId) !== entry) return; // revoked meanwhile: nothing to report
+    this.running.delete(leaseId);
+    let update;
+    if (entry.canceled) {
+      update = { case: "released", value: { reason: "canceled by the server" } };
+    } else if (outcome.ok) {
+      let result;
+      try {
+        result = toStruct(outcome.result);
+      } catch (err) {
+        outcome = { ok: false, error: new Error(`the handler's result is not JSON: ${err.message}`) };
+      }
+      if (outcome.ok) update = { case: "succeeded", value: { result } };
+    }
+    if (!update) {
+      const err = outcome.error;
+      const failure = err instanceof TaskFailure;
+      update = {
+        case: "failed",
+        value: {
+          error: {
+            message: String(err?.message ?? err),
+            code: failure ? err.code : "handler_error",
+            retryable: failure ? err.retryable : true,
+            details: failure && isObject(err.details) ? plainJson(err.details) : undefined,
+          },
+        },
+      };
+    }
+    this.#final(leaseId, entry, update);
+    this.#checkDrained();
+  }
+
+  #final(leaseId, entry, update) {
+    const report = { leaseId, taskId: entry.taskId, fencingToken: entry.fencingToken, update };
+    this.unackedFinals.set(leaseId, report);
+    const s = this.#session;
+    if (s) s.finalSeqs.set(s.send({ case: "leaseUpdate", value: report }), leaseId);
+  }
+}

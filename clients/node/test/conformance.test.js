@@ -1,0 +1,105 @@
+// Runs every case of the shared conformance vectors this runner must pass:
+// tests/conformance/{merge,diff,redaction,packs}.json at the repository root.
+import { describe, test } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import {
+  applyDiff,
+  clone,
+  DiffError,
+  diff,
+  limitsFrom,
+  mergePacks,
+  mergeTiers,
+  redact,
+  resolveParams,
+} from "../src/core/index.js";
+
+const repo = resolve(dirname(fileURLToPath(import.meta.url)), "../../..");
+const vectors = (name) =>
+  JSON.parse(readFileSync(join(repo, "tests", "conformance", `${name}.json`), "utf8"));
+
+describe("merge.json", () => {
+  for (const c of vectors("merge")) {
+    test(c.name, () => {
+      const merged = mergeTiers(
+        c.tiers.map((t) => [t.tier, t.value]),
+        limitsFrom(c.limits),
+      );
+      assert.deepEqual(merged.document, c.expected.document);
+      assert.deepEqual(merged.provenanceObject(), c.expected.provenance);
+      assert.deepEqual(
+        merged.rejections.map((r) => ({ tier: r.tier, path: r.path })),
+        c.expected.rejections,
+      );
+    });
+  }
+});
+
+describe("diff.json", () => {
+  for (const c of vectors("diff")) {
+    test(c.name, () => {
+      if (c.kind === "round_trip") {
+        const patch = diff(c.a, c.b);
+        if (JSON.stringify(c.a) === JSON.stringify(c.b)) assert.deepEqual(patch, []);
+        assert.deepEqual(applyDiff(c.a, 0, 0, patch, limitsFrom()), c.b);
+        return;
+      }
+      const base = clone(c.base);
+      const run = () =>
+        applyDiff(c.base, c.held_generation, c.base_generation, c.patch, limitsFrom(c.limits));
+      if (c.error) {
+        assert.throws(run, (err) => {
+          assert.ok(err instanceof DiffError, String(err));
+          assert.equal(err.code, c.error, err.message);
+          if (c.error_index !== undefined) assert.equal(err.index, c.error_index);
+          return true;
+        });
+      } else {
+        assert.deepEqual(run(), c.expected);
+      }
+      assert.deepEqual(c.base, base, "the held document is never modified");
+    });
+  }
+});
+
+describe("redaction.json", () => {
+  for (const c of vectors("redaction")) {
+    test(c.name, () => {
+      const doc = clone(c.document);
+      const extra = new Set((c.sensitive ?? []).map((s) => s.replace(/[A-Z]/g, (x) => x.toLowerCase())));
+      const paths = redact(doc, extra);
+      assert.deepEqual(doc, c.expected);
+      assert.deepEqual([...paths].sort(), [...c.redacted_paths].sort());
+      const again = clone(c.expected);
+      assert.deepEqual(redact(again, extra), []);
+      assert.deepEqual(again, c.expected);
+    });
+  }
+});
+
+describe("packs.json", () => {
+  for (const c of vectors("packs")) {
+    test(c.name, () => {
+      const merged = mergePacks(c.packs);
+      assert.deepEqual(merged.packs, c.expected.packs);
+      assert.deepEqual(Object.fromEntries(merged.handlers), c.expected.handlers);
+      assert.deepEqual(
+        Object.fromEntries([...merged.provides].map(([k, v]) => [k, v.pack])),
+        c.expected.provided_by,
+      );
+      assert.deepEqual(
+        merged.rejections.map(({ pack, kind, id }) => ({ pack, kind, id })),
+        c.expected.rejections,
+      );
+      const params = c.params ?? {};
+      const provides = resolveParams(merged, (name) => params[name]);
+      assert.deepEqual(provides, c.expected.provides);
+      for (const value of Object.values(params)) {
+        if (value !== "") assert.ok(!JSON.stringify(provides).includes(JSON.stringify(value)));
+      }
+    });
+  }
+});
