@@ -99,6 +99,9 @@ struct AgentState {
     work_tx: mpsc::UnboundedSender<WorkEvent>,
     work_rx: mpsc::UnboundedReceiver<WorkEvent>,
     draining: bool,
+    /// When running leases must be released (set when draining begins,
+    /// whether connected or not).
+    grace_deadline: Option<tokio::time::Instant>,
 }
 
 async fn run_with_token(state: &mut AgentState, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -121,10 +124,26 @@ async fn run_with_token(state: &mut AgentState, shutdown: CancellationToken) -> 
                 let jitter = rand::rng().random_range(0.5..1.5);
                 let wait = backoff.mul_f64(jitter);
                 warn!(cause = %format!("{err:#}"), retry_in_ms = wait.as_millis() as u64, "session ended; reconnecting");
+                if state
+                    .grace_deadline
+                    .is_some_and(|d| d <= tokio::time::Instant::now())
+                {
+                    // Out of grace and no server to report to: stop the work;
+                    // the server expires the leases and retries the tasks.
+                    warn!(
+                        running = state.running.len(),
+                        "grace period over while disconnected; stopping"
+                    );
+                    for (_, r) in state.running.drain() {
+                        r.cancel.cancel();
+                    }
+                    return Ok(());
+                }
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
                     () = shutdown.cancelled(), if !state.draining => {
                         state.draining = true;
+                        state.grace_deadline = Some(tokio::time::Instant::now() + state.config.grace);
                         if state.running.is_empty() { return Ok(()); }
                     }
                 }
@@ -151,6 +170,7 @@ pub async fn run(
         work_tx,
         work_rx,
         draining: false,
+        grace_deadline: None,
     };
     let token = CancellationToken::new();
     let trigger = token.clone();
@@ -319,9 +339,15 @@ async fn session(
     refresh.tick().await;
     // A diff or snapshot in flight: (sequence, the document it carries).
     let mut pending_doc: Option<(u64, Value)> = None;
-    let mut grace_deadline: Option<tokio::time::Instant> = None;
     let grace_sleep = tokio::time::sleep(Duration::from_secs(86_400));
     tokio::pin!(grace_sleep);
+    if let Some(deadline) = state.grace_deadline {
+        grace_sleep.as_mut().reset(deadline);
+    }
+    // After the grace period: how long releases get to be acknowledged.
+    let mut releasing = false;
+    let give_up = tokio::time::sleep(Duration::from_secs(86_400));
+    tokio::pin!(give_up);
 
     loop {
         if state.draining && state.running.is_empty() && state.unacked_finals.is_empty() {
@@ -333,16 +359,25 @@ async fn session(
                 info!(running = state.running.len(), "shutting down: draining");
                 state.draining = true;
                 let deadline = tokio::time::Instant::now() + state.config.grace;
-                grace_deadline = Some(deadline);
+                state.grace_deadline = Some(deadline);
                 grace_sleep.as_mut().reset(deadline);
                 send(Up::Heartbeat(pb::Heartbeat { status: pb::AgentStatus::Draining as i32, status_reasons: vec!["agent shutting down".into()], load: None, capability_diff: None })).await;
             }
-            () = &mut grace_sleep, if grace_deadline.is_some() => {
+            () = &mut grace_sleep, if state.grace_deadline.is_some() && !releasing => {
                 warn!(running = state.running.len(), "grace period over: releasing what is still running");
                 for (lease_id, r) in state.running.drain() {
                     r.cancel.cancel();
-                    send(Up::LeaseUpdate(pb::LeaseUpdate { lease_id, task_id: r.task_id, fencing_token: r.fencing_token, update: Some(Update::Released(pb::LeaseReleased { reason: "agent shut down".into() })) })).await;
+                    let report = pb::LeaseUpdate { lease_id: lease_id.clone(), task_id: r.task_id, fencing_token: r.fencing_token, update: Some(Update::Released(pb::LeaseReleased { reason: "agent shut down".into() })) };
+                    state.unacked_finals.insert(lease_id.clone(), report.clone());
+                    let seq = send(Up::LeaseUpdate(report)).await;
+                    final_seqs.insert(seq, lease_id);
                 }
+                // Wait (bounded) for the releases to be acknowledged.
+                releasing = true;
+                give_up.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(3));
+            }
+            () = &mut give_up, if releasing => {
+                warn!(unacknowledged = state.unacked_finals.len(), "releases not acknowledged in time; stopping");
                 return Ok(SessionEnd::Stopped);
             }
             _ = refresh.tick() => {
