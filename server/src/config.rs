@@ -26,6 +26,27 @@ pub enum Command {
     Serve,
     /// Run the database migrations and exit.
     Migrate,
+    /// Manage bearer tokens stored in the database.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+/// Token subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token bound to a namespace and a role; prints it once (only
+    /// its SHA-256 is stored).
+    Create {
+        /// A label for people, unique in the namespace (e.g. `ci`, `build-fleet`).
+        #[arg(long)]
+        name: String,
+        /// The namespace the token is bound to.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// agent, submitter or operator.
+        #[arg(long)]
+        role: String,
+    },
 }
 
 /// Everything the server needs to run, from flags or `SWITCHYARD_*`
@@ -113,9 +134,96 @@ pub struct ServerConfig {
         global = true
     )]
     pub max_attempts: u32,
+
+    /// A JSON file of bearer tokens: `[{"name", "namespace", "role":
+    /// "agent"|"submitter"|"operator", "token" or "sha256"}]`. With no tokens
+    /// here or in the database the server is open (loopback only).
+    #[arg(long, env = "SWITCHYARD_TOKENS_FILE", global = true)]
+    pub tokens_file: Option<std::path::PathBuf>,
+
+    /// Serve without tokens on a non-loopback address (never in production).
+    #[arg(long, env = "SWITCHYARD_INSECURE", global = true)]
+    pub insecure: bool,
+
+    /// TLS certificate chain (PEM) for the gRPC port; with --tls-key.
+    #[arg(long, env = "SWITCHYARD_TLS_CERT", requires = "tls_key", global = true)]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// TLS private key (PEM) for the gRPC port.
+    #[arg(long, env = "SWITCHYARD_TLS_KEY", requires = "tls_cert", global = true)]
+    pub tls_key: Option<std::path::PathBuf>,
+
+    /// CA bundle (PEM) that client certificates must chain to (mTLS).
+    #[arg(
+        long,
+        env = "SWITCHYARD_TLS_CLIENT_CA",
+        requires = "tls_cert",
+        global = true
+    )]
+    pub tls_client_ca: Option<std::path::PathBuf>,
+
+    /// Address for Prometheus metrics over HTTP (`/metrics`); off if unset.
+    #[arg(long, env = "SWITCHYARD_METRICS_LISTEN", global = true)]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// Largest gRPC message accepted, in bytes.
+    #[arg(long, env = "SWITCHYARD_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024, global = true)]
+    pub max_message_bytes: usize,
+
+    /// Unary requests taking longer than this many milliseconds are cut off
+    /// with DEADLINE_EXCEEDED (streams are not limited).
+    #[arg(
+        long,
+        env = "SWITCHYARD_REQUEST_TIMEOUT_MS",
+        default_value_t = 30_000,
+        global = true
+    )]
+    pub request_timeout_ms: u64,
+
+    /// Requests served at once on one connection; more wait.
+    #[arg(
+        long,
+        env = "SWITCHYARD_CONCURRENCY_PER_CONNECTION",
+        default_value_t = 256,
+        global = true
+    )]
+    pub concurrency_per_connection: usize,
+
+    /// Most queued tasks one namespace may hold (0: no limit).
+    #[arg(
+        long,
+        env = "SWITCHYARD_MAX_QUEUED_TASKS_PER_NAMESPACE",
+        default_value_t = 100_000,
+        global = true
+    )]
+    pub max_queued_tasks_per_namespace: u64,
+
+    /// Most agents one namespace may register (0: no limit).
+    #[arg(
+        long,
+        env = "SWITCHYARD_MAX_AGENTS_PER_NAMESPACE",
+        default_value_t = 20_000,
+        global = true
+    )]
+    pub max_agents_per_namespace: u64,
+
+    /// On SIGTERM, how long in-flight requests and streams get to finish
+    /// after agents were told to reconnect elsewhere, in milliseconds.
+    #[arg(
+        long,
+        env = "SWITCHYARD_SHUTDOWN_GRACE_MS",
+        default_value_t = 10_000,
+        global = true
+    )]
+    pub shutdown_grace_ms: u64,
 }
 
 impl ServerConfig {
+    /// Whether the gRPC address is a loopback one (open mode is allowed).
+    pub fn is_loopback(&self) -> bool {
+        self.listen.ip().is_loopback()
+    }
+
     /// Settings for tests: an ephemeral loopback port and the given store.
     pub fn for_tests(database_url: impl Into<String>) -> Self {
         Self {
@@ -127,6 +235,18 @@ impl ServerConfig {
             ack_window_ms: 5_000,
             sweep_interval_ms: 1_000,
             max_attempts: 3,
+            tokens_file: None,
+            insecure: false,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            metrics_listen: None,
+            max_message_bytes: 4 * 1024 * 1024,
+            request_timeout_ms: 30_000,
+            concurrency_per_connection: 256,
+            max_queued_tasks_per_namespace: 100_000,
+            max_agents_per_namespace: 20_000,
+            shutdown_grace_ms: 2_000,
         }
     }
 }

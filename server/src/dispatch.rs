@@ -107,6 +107,8 @@ struct Shared {
     wake: Notify,
     /// Set on shutdown: no new grants.
     stopping: AtomicBool,
+    /// Tells streams (WatchTask) that the server is shutting down.
+    stopped: tokio::sync::watch::Sender<bool>,
     /// Task state changes, for WatchTask (fed from the store's events, so
     /// changes made through other replicas arrive too).
     task_changes: broadcast::Sender<Uuid>,
@@ -124,6 +126,7 @@ impl Dispatcher {
                 state: Mutex::new(State::default()),
                 wake: Notify::new(),
                 stopping: AtomicBool::new(false),
+                stopped: tokio::sync::watch::channel(false).0,
                 task_changes,
             }),
         }
@@ -176,12 +179,19 @@ impl Dispatcher {
     /// elsewhere; used on shutdown.
     pub fn drain_all(&self, reason: &str) {
         self.shared.stopping.store(true, Ordering::SeqCst);
+        let _ = self.shared.stopped.send(true);
         let sessions: Vec<Session> = self.state().sessions.drain().map(|(_, s)| s).collect();
         for session in sessions {
             let _ = session.tx.try_send(Ok(drain_message(reason, 1_000)));
             // The queued Drain is still delivered before the stream ends.
             session.close.notify_one();
         }
+    }
+
+    /// Completes when the server starts shutting down (streams end then).
+    pub async fn stopped(&self) {
+        let mut rx = self.shared.stopped.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
     }
 
     /// Whether the dispatcher is shutting down.
@@ -221,6 +231,7 @@ impl Dispatcher {
                 close,
             },
         );
+        metrics::gauge!(crate::metrics::CONNECTED_AGENTS).set(state.sessions.len() as f64);
         state.index.upsert(view);
         drop(state);
         self.wake();
@@ -238,6 +249,7 @@ impl Dispatcher {
             if let Some(session) = state.sessions.remove(&agent_id) {
                 session.close.notify_one();
             }
+            metrics::gauge!(crate::metrics::CONNECTED_AGENTS).set(state.sessions.len() as f64);
             state.index.remove(&agent_id.to_string());
             true
         } else {
@@ -298,7 +310,11 @@ impl Dispatcher {
     /// connected or its queue is full.
     pub fn send(&self, agent_id: Uuid, message: pb::ConnectResponse) -> bool {
         let tx = self.state().sessions.get(&agent_id).map(|s| s.tx.clone());
-        tx.is_some_and(|tx| tx.try_send(Ok(message)).is_ok())
+        tx.is_some_and(|tx| {
+            let depth = tx.max_capacity() - tx.capacity();
+            metrics::histogram!(crate::metrics::STREAM_QUEUE_DEPTH).record(depth as f64);
+            tx.try_send(Ok(message)).is_ok()
+        })
     }
 
     /// Tells the agent holding `lease` to stop, if it is connected here.
@@ -388,11 +404,13 @@ impl Dispatcher {
             if !self.any_free_slot() {
                 break;
             }
-            let tasks = self
-                .shared
-                .store
-                .queued_tasks(None, now, cursor.as_ref(), batch)
-                .await?;
+            let tasks = crate::metrics::timed(
+                "queued_tasks",
+                self.shared
+                    .store
+                    .queued_tasks(None, now, cursor.as_ref(), batch),
+            )
+            .await?;
             let Some(last) = tasks.last() else { break };
             cursor = Some(QueueCursor::after(last));
             granted += self.grant_page(&tasks, now).await?;
@@ -412,7 +430,11 @@ impl Dispatcher {
                 continue;
             };
             let mut state = self.state();
-            let Some(selection) = state.index.select_best(&compiled, &task.namespace) else {
+            let started = std::time::Instant::now();
+            let selected = state.index.select_best(&compiled, &task.namespace);
+            metrics::histogram!(crate::metrics::MATCH_SECONDS)
+                .record(started.elapsed().as_secs_f64());
+            let Some(selection) = selected else {
                 continue;
             };
             // Reserve the slot so the next task of this round sees it taken.
@@ -435,12 +457,17 @@ impl Dispatcher {
         if requests.is_empty() {
             return Ok(0);
         }
-        let outcomes = self.shared.store.grant_leases(&requests, now).await?;
+        let outcomes = crate::metrics::timed(
+            "grant_leases",
+            self.shared.store.grant_leases(&requests, now),
+        )
+        .await?;
         let mut granted = 0;
         for ((request, task), outcome) in requests.iter().zip(picked).zip(outcomes) {
             match outcome {
                 GrantOutcome::Granted(lease) => {
                     granted += 1;
+                    metrics::counter!(crate::metrics::GRANTS).increment(1);
                     self.state().placements.remove(&task.id);
                     let grant = pb::ConnectResponse {
                         message: Some(pb::connect_response::Message::LeaseGrant(pb::LeaseGrant {
@@ -487,6 +514,7 @@ impl Dispatcher {
     pub async fn sweep(&self) -> Result<()> {
         let now = self.shared.clock.now_ms();
         let expired = self.shared.store.expire_leases(now, 500).await?;
+        metrics::counter!(crate::metrics::EXPIRIES).increment(expired.len() as u64);
         for (lease, task) in &expired {
             info!(lease = %lease.id, task = %task.id, agent = %lease.agent_id, state = task.state.as_str(), "lease expired");
             self.revoke(
@@ -499,6 +527,12 @@ impl Dispatcher {
         }
         let cutoff = now - self.shared.settings.ack_window_ms;
         let unacked = self.shared.store.revoke_unacked(cutoff, now).await?;
+        let requeued = expired
+            .iter()
+            .chain(&unacked)
+            .filter(|(_, t)| t.state == crate::store::TaskState::Queued)
+            .count();
+        metrics::counter!(crate::metrics::REQUEUES).increment(requeued as u64);
         for (lease, task) in &unacked {
             info!(lease = %lease.id, task = %task.id, agent = %lease.agent_id, "grant not acknowledged in time; revoked");
             self.revoke(

@@ -83,6 +83,9 @@ pub enum Error {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A setting or configuration file is not usable (start-up only).
+    #[error("configuration: {0}")]
+    Config(String),
     /// The database URL is not one the server can use.
     #[error("unsupported database url {0:?}: use sqlite://PATH or postgres://…")]
     UnsupportedDatabaseUrl(String),
@@ -113,9 +116,10 @@ impl From<Error> for Status {
             | Error::InvalidTransition { .. }) => Status::failed_precondition(err.to_string()),
             err @ Error::GenerationMismatch { .. } => Status::aborted(err.to_string()),
             err @ Error::InvalidArgument { .. } => Status::invalid_argument(err.to_string()),
-            Error::UnsupportedDatabaseUrl(_) | Error::Transport(_) | Error::Reflection(_) => {
-                Status::internal("internal error")
-            }
+            Error::UnsupportedDatabaseUrl(_)
+            | Error::Config(_)
+            | Error::Transport(_)
+            | Error::Reflection(_) => Status::internal("internal error"),
         }
     }
 }

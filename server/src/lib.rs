@@ -12,6 +12,8 @@
 //! - [`dispatch`]: matching queued tasks to connected agents, pushing
 //!   grants, sweeping expired and unacknowledged leases.
 //! - [`clock`]: the injected clock.
+//! - [`auth`]: bearer tokens, roles and namespaces.
+//! - [`metrics`]: the Prometheus recorder and its HTTP endpoint.
 //! - [`ctl`]: the `switchyard` operator CLI.
 //! - [`store`]: the task store, opened from a database URL (embedded SQLite by
 //!   default, PostgreSQL for many replicas).
@@ -19,11 +21,13 @@
 //! - [`telemetry`]: tracing set-up (text or JSON logs).
 
 pub mod api;
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod ctl;
 pub mod dispatch;
 pub mod error;
+pub mod metrics;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::Parser;
-use switchyard_server::config::{Cli, Command};
+use switchyard_server::config::{Cli, Command, TokenCommand};
 use switchyard_server::{store, telemetry};
 use tokio::net::TcpListener;
 
@@ -20,6 +20,40 @@ async fn main() -> anyhow::Result<()> {
             store.migrate().await?;
             store.close().await;
             tracing::info!(backend = store.backend(), "migrations applied");
+            Ok(())
+        }
+        Command::Token(TokenCommand::Create {
+            name,
+            namespace,
+            role,
+        }) => {
+            if switchyard_server::auth::Role::parse(&role).is_none() {
+                anyhow::bail!("--role must be agent, submitter or operator");
+            }
+            let store = store::open(&cli.config.database_url).await?;
+            store.migrate().await?;
+            let token = switchyard_server::auth::generate_token();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+                .unwrap_or_default();
+            let record = switchyard_server::store::TokenRecord {
+                name,
+                namespace,
+                role,
+                created_at_ms: now,
+            };
+            store
+                .insert_token(&record, &switchyard_server::auth::hash_token(&token))
+                .await
+                .context("storing the token (is the name already used in this namespace?)")?;
+            store.close().await;
+            // The only time the token is shown; only its hash is stored.
+            println!("{token}");
+            eprintln!(
+                "token {:?} for namespace {:?} with role {}: keep it now, it cannot be shown again",
+                record.name, record.namespace, record.role
+            );
             Ok(())
         }
         Command::Serve => {

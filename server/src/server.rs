@@ -1,26 +1,31 @@
 //! Builds the gRPC router and serves it: the three switchyard.v1 services,
-//! the standard health service (so load balancers and Kubernetes probes can
-//! ask), and server reflection in both v1 and v1alpha (grpcurl 1.8 speaks
-//! only v1alpha). Also starts the dispatcher, and on shutdown drains the
-//! connected agents before the listener closes.
+//! the standard health service (NOT_SERVING while the store is unreachable),
+//! and server reflection in both v1 and v1alpha (grpcurl 1.8 speaks only
+//! v1alpha). Also starts the dispatcher, the metrics endpoint, and on
+//! shutdown stops granting, tells agents to reconnect elsewhere, lets
+//! in-flight requests finish within the grace period, and closes the store.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use switchyard_proto::v1::{
     agent_admin_service_server::AgentAdminServiceServer, agent_service_server::AgentServiceServer,
     task_service_server::TaskServiceServer,
 };
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
-use tracing::info;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+use tracing::{error, info, warn};
 
 use crate::api::{AdminApi, AgentApi, Api, ApiSettings, TaskApi};
+use crate::auth::Tokens;
 use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::dispatch::{DispatchSettings, Dispatcher};
-use crate::error::Result;
-use crate::store;
+use crate::error::{Error, Result};
+use crate::store::{self, Store};
 
 /// Opens the store named by `config`, runs its migrations, and serves gRPC
 /// on `listener` until `shutdown` completes.
@@ -30,6 +35,61 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     run_with_clock(listener, config, Clock::system(), shutdown).await
+}
+
+const SERVICES: [&str; 3] = [
+    "switchyard.v1.AgentService",
+    "switchyard.v1.TaskService",
+    "switchyard.v1.AgentAdminService",
+];
+
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    health.set_service_status("", status).await;
+    for service in SERVICES {
+        health.set_service_status(service, status).await;
+    }
+}
+
+/// Pings the store every second; health follows it.
+async fn watch_store(store: Arc<dyn Store>, health: HealthReporter) {
+    let mut serving = true;
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        ticker.tick().await;
+        let ok = matches!(
+            tokio::time::timeout(Duration::from_secs(2), store.ping()).await,
+            Ok(Ok(()))
+        );
+        if ok != serving {
+            serving = ok;
+            if ok {
+                info!("store reachable again: SERVING");
+                set_health(&health, ServingStatus::Serving).await;
+            } else {
+                error!("store unreachable: NOT_SERVING");
+                set_health(&health, ServingStatus::NotServing).await;
+            }
+        }
+    }
+}
+
+/// Keeps `switchyard_tasks{namespace,state}` current.
+async fn count_tasks(store: Arc<dyn Store>) {
+    let mut ticker = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        ticker.tick().await;
+        if let Ok(counts) = store.count_tasks().await {
+            for (namespace, state, n) in counts {
+                metrics::gauge!(crate::metrics::TASKS, "namespace" => namespace, "state" => state.as_str())
+                    .set(n as f64);
+            }
+        }
+    }
+}
+
+fn read_pem(path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
+    std::fs::read(path)
+        .map_err(|e| Error::Config(format!("reading the {what} {}: {e}", path.display())))
 }
 
 /// [`run`] with an injected clock (tests move time by hand).
@@ -42,6 +102,22 @@ pub async fn run_with_clock(
     let store = store::open(&config.database_url).await?;
     store.migrate().await?;
     info!(backend = store.backend(), "store ready");
+
+    let tokens = Tokens::load(config.tokens_file.as_deref(), store.clone()).await?;
+    if !tokens.enabled() {
+        if !config.is_loopback() && !config.insecure {
+            return Err(Error::Config(format!(
+                "refusing to serve {} without tokens: configure --tokens-file or `switchyard-server token create`, \
+                 or pass --insecure",
+                config.listen
+            )));
+        }
+        warn!(
+            "NO TOKENS CONFIGURED: the server is OPEN — anyone who can reach {} can submit tasks and act as an agent",
+            config.listen
+        );
+    }
+
     let dispatcher = Dispatcher::new(
         store.clone(),
         clock,
@@ -52,23 +128,32 @@ pub async fn run_with_clock(
             ..DispatchSettings::default()
         },
     );
-    let workers = dispatcher.spawn();
+    let mut workers = dispatcher.spawn();
     let api = Api::new(
         store.clone(),
         dispatcher.clone(),
         ApiSettings {
             default_max_attempts: config.max_attempts,
             default_lease_ttl_ms: config.lease_ttl_ms,
+            max_queued_tasks_per_namespace: config.max_queued_tasks_per_namespace,
+            max_agents_per_namespace: config.max_agents_per_namespace,
             ..ApiSettings::default()
         },
+        tokens,
     );
 
+    if let Some(addr) = config.metrics_listen {
+        let listener = crate::metrics::bind(addr)
+            .await
+            .map_err(|e| Error::Config(format!("binding the metrics address {addr}: {e}")))?;
+        workers.push(tokio::spawn(crate::metrics::serve(listener)));
+    }
+    let _ = crate::metrics::handle();
+    workers.push(tokio::spawn(count_tasks(store.clone())));
+
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<AgentServiceServer<AgentApi>>().await;
-    health.set_serving::<TaskServiceServer<TaskApi>>().await;
-    health
-        .set_serving::<AgentAdminServiceServer<AdminApi>>()
-        .await;
+    set_health(&health, ServingStatus::Serving).await;
+    workers.push(tokio::spawn(watch_store(store.clone(), health.clone())));
 
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -76,28 +161,79 @@ pub async fn run_with_clock(
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
 
+    // Shutdown: stop granting and send every agent elsewhere, then give
+    // in-flight requests the grace period.
+    let (stopped_tx, stopped_rx) = tokio::sync::watch::channel(false);
     let draining = dispatcher.clone();
-    let shutdown = async move {
+    let draining_health = health.clone();
+    let graceful = async move {
         shutdown.await;
-        // Stop granting and send every agent elsewhere before the listener
-        // closes; in-flight RPCs then finish.
+        info!("shutting down: draining agents");
+        set_health(&draining_health, ServingStatus::NotServing).await;
         draining.drain_all("server shutting down");
+        let _ = stopped_tx.send(true);
     };
 
-    Server::builder()
+    let mut builder = Server::builder()
+        .concurrency_limit_per_connection(config.concurrency_per_connection)
+        .timeout(Duration::from_millis(config.request_timeout_ms))
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+    if let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) {
+        let identity = Identity::from_pem(
+            read_pem(cert, "TLS certificate")?,
+            read_pem(key, "TLS key")?,
+        );
+        let mut tls = ServerTlsConfig::new().identity(identity);
+        if let Some(ca) = &config.tls_client_ca {
+            tls = tls.client_ca_root(Certificate::from_pem(read_pem(ca, "client CA")?));
+        }
+        builder = builder.tls_config(tls)?;
+        info!(mtls = config.tls_client_ca.is_some(), "TLS on");
+    }
+    let max = config.max_message_bytes;
+    let router = builder
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
-        .add_service(AgentServiceServer::new(AgentApi(api.clone())))
-        .add_service(TaskServiceServer::new(TaskApi(api.clone())))
-        .add_service(AgentAdminServiceServer::new(AdminApi(api)))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await?;
+        .add_service(
+            AgentServiceServer::new(AgentApi(api.clone()))
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        )
+        .add_service(
+            TaskServiceServer::new(TaskApi(api.clone()))
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        )
+        .add_service(
+            AgentAdminServiceServer::new(AdminApi(api))
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        );
+
+    // Nagle's algorithm would hold small pushes (a grant is ~200 bytes) for
+    // up to 40 ms: send them at once.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let serve = router.serve_with_incoming_shutdown(incoming, graceful);
+    tokio::pin!(serve);
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let mut stopped = stopped_rx;
+    let outcome = tokio::select! {
+        result = &mut serve => result.map_err(Error::from),
+        () = async {
+            let _ = stopped.wait_for(|s| *s).await;
+            tokio::time::sleep(grace).await;
+        } => {
+            warn!(grace_ms = config.shutdown_grace_ms, "grace period over; closing remaining streams");
+            Ok(())
+        }
+    };
 
     for worker in workers {
         worker.abort();
     }
     store.close().await;
     info!("server stopped");
-    Ok(())
+    outcome
 }

@@ -14,6 +14,7 @@ use super::agent::effective_document;
 use super::convert::struct_to_json;
 use super::task::verdicts;
 use super::{AdminApi, invalid, mapping, namespace, page_size, parse_id};
+use crate::auth::Need;
 use crate::store::{Page, TaskState};
 
 #[tonic::async_trait]
@@ -22,8 +23,10 @@ impl AgentAdminService for AdminApi {
         &self,
         request: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        let caller = self.0.caller(&request).await?;
         let req = request.into_inner();
         let ns = namespace("namespace", &req.namespace)?;
+        caller.require(Need::Fleet, &ns)?;
         let statuses = req
             .statuses
             .iter()
@@ -55,8 +58,9 @@ impl AgentAdminService for AdminApi {
         &self,
         request: Request<pb::GetAgentRequest>,
     ) -> Result<Response<pb::GetAgentResponse>, Status> {
+        let caller = self.0.caller(&request).await?;
         let id = parse_id("agent_id", &request.get_ref().agent_id)?;
-        let record = self.0.store.get_agent(id).await?;
+        let record = self.0.agent_for(&caller, id).await?;
         let leases = self.0.store.agent_leases(id).await?;
         Ok(Response::new(pb::GetAgentResponse {
             agent: Some(mapping::agent(&record, true)),
@@ -69,8 +73,10 @@ impl AgentAdminService for AdminApi {
         &self,
         request: Request<pb::DrainAgentRequest>,
     ) -> Result<Response<pb::DrainAgentResponse>, Status> {
+        let caller = self.0.caller(&request).await?;
         let req = request.into_inner();
         let id = parse_id("agent_id", &req.agent_id)?;
+        self.0.agent_for(&caller, id).await?;
         let reason = if req.reason.is_empty() {
             "drained by operator".to_owned()
         } else {
@@ -93,7 +99,9 @@ impl AgentAdminService for AdminApi {
         &self,
         request: Request<pb::UndrainAgentRequest>,
     ) -> Result<Response<pb::UndrainAgentResponse>, Status> {
+        let caller = self.0.caller(&request).await?;
         let id = parse_id("agent_id", &request.get_ref().agent_id)?;
+        self.0.agent_for(&caller, id).await?;
         let record = self
             .0
             .store
@@ -111,6 +119,7 @@ impl AgentAdminService for AdminApi {
         &self,
         request: Request<pb::SetAgentOverridesRequest>,
     ) -> Result<Response<pb::SetAgentOverridesResponse>, Status> {
+        let caller = self.0.caller(&request).await?;
         let req = request.into_inner();
         let id = parse_id("agent_id", &req.agent_id)?;
         let overrides = match &req.overrides {
@@ -127,7 +136,7 @@ impl AgentAdminService for AdminApi {
         {
             return Err(invalid(&format!("overrides.{}", v.path), &v.reason));
         }
-        let record = self.0.store.get_agent(id).await?;
+        let record = self.0.agent_for(&caller, id).await?;
         // The agent's own provenance: recover it from the stored effective one.
         let (document, provenance) =
             effective_document(&record.reported, &record.provenance, &overrides);
@@ -147,8 +156,10 @@ impl AgentAdminService for AdminApi {
         &self,
         request: Request<pb::SimulatePlacementRequest>,
     ) -> Result<Response<pb::SimulatePlacementResponse>, Status> {
+        let caller = self.0.caller(&request).await?;
         let req = request.into_inner();
         let ns = namespace("namespace", &req.namespace)?;
+        caller.require(Need::Fleet, &ns)?;
         let api = &self.0;
         let mut summary = String::new();
         let mut wire_verdicts = Vec::new();

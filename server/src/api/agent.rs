@@ -6,8 +6,6 @@
 //! the dispatcher pushes grants, revocations, acks, resync requests and
 //! drains into.
 
-use std::collections::BTreeSet;
-
 use serde_json::{Value, json};
 use switchyard_core::diff;
 use switchyard_core::redact;
@@ -24,6 +22,7 @@ use uuid::Uuid;
 
 use super::convert::{duration, struct_to_json, timestamp};
 use super::{AgentApi, Api, invalid, mapping, namespace, parse_id};
+use crate::auth::Need;
 use crate::error::Error;
 use crate::store::{AgentRegistration, Completion, CompletionOutcome};
 
@@ -76,7 +75,9 @@ fn accept_document(
         };
         return Err(invalid(&path, &v.reason));
     }
-    let redacted = redact::redact(&mut value, &BTreeSet::new());
+    // The agent's own `sensitive` list (from its static tier) counts too.
+    let declared = redact::declared_sensitive(&value);
+    let redacted = redact::redact(&mut value, &declared);
     let rejections = redacted
         .into_iter()
         .map(|path| json!({"tier": "", "path": path, "reason": "sensitive value redacted by the server"}))
@@ -124,6 +125,41 @@ fn ack(sequence: u64, code: Code, message: &str, generation: u64) -> pb::Connect
     }
 }
 
+impl Api {
+    /// Whether an agent of this name is registered in the namespace.
+    async fn agent_named(&self, namespace: &str, name: &str) -> Result<bool, Status> {
+        let mut page = crate::store::Page {
+            size: 1000,
+            after: None,
+        };
+        loop {
+            let (agents, next) = self.store.list_agents(namespace, &[], &page).await?;
+            if agents.iter().any(|a| a.name == name) {
+                return Ok(true);
+            }
+            match next {
+                Some(token) => page.after = Some(token),
+                None => return Ok(false),
+            }
+        }
+    }
+
+    /// An agent the caller may see and steer (operators of its namespace);
+    /// agents of other namespaces are NOT_FOUND, like missing ones.
+    pub(crate) async fn agent_for(
+        &self,
+        caller: &crate::auth::Caller,
+        id: Uuid,
+    ) -> Result<crate::store::AgentRecord, Status> {
+        let record = self.store.get_agent(id).await?;
+        if !caller.sees(&record.namespace) {
+            return Err(Status::not_found(format!("agent {id} not found")));
+        }
+        caller.require(Need::Fleet, &record.namespace)?;
+        Ok(record)
+    }
+}
+
 #[tonic::async_trait]
 impl AgentService for AgentApi {
     async fn register_agent(
@@ -131,8 +167,19 @@ impl AgentService for AgentApi {
         request: Request<pb::RegisterAgentRequest>,
     ) -> Result<Response<pb::RegisterAgentResponse>, Status> {
         let api = &self.0;
+        let caller = api.caller(&request).await?;
         let req = request.into_inner();
         let namespace = namespace("namespace", &req.namespace)?;
+        caller.require(Need::Agent, &namespace)?;
+        let cap = api.settings.max_agents_per_namespace;
+        if cap > 0 {
+            let (_, agents) = api.store.count_in_namespace(&namespace).await?;
+            if agents >= cap && !api.agent_named(&namespace, &req.name).await? {
+                return Err(Status::resource_exhausted(format!(
+                    "namespace {namespace} has {agents} agents; the limit is {cap} (--max-agents-per-namespace)"
+                )));
+            }
+        }
         if req.name.trim().is_empty() || req.name.len() > 253 {
             return Err(invalid("name", "is required, at most 253 bytes"));
         }
@@ -201,6 +248,7 @@ impl AgentService for AgentApi {
         request: Request<Streaming<pb::ConnectRequest>>,
     ) -> Result<Response<BoxStream<pb::ConnectResponse>>, Status> {
         let api = self.0.clone();
+        let caller = api.caller(&request).await?;
         let mut inbound = request.into_inner();
         if api.dispatcher.stopping() {
             return Err(Status::unavailable(
@@ -220,6 +268,10 @@ impl AgentService for AgentApi {
         };
         let agent_id = parse_id("hello.agent_id", &hello.agent_id)?;
         let record = api.store.get_agent(agent_id).await?;
+        if !caller.sees(&record.namespace) {
+            return Err(Status::not_found(format!("agent {agent_id} not found")));
+        }
+        caller.require(Need::Agent, &record.namespace)?;
         if hello.session_epoch != record.session_epoch {
             return Err(Status::failed_precondition(format!(
                 "session epoch {} is not the agent's current epoch {}; register again",
@@ -478,7 +530,8 @@ impl Session {
             Err(err) => return Ok(resync(err.to_string(), record.generation)),
         };
         let mut next = next;
-        let redacted = redact::redact(&mut next, &BTreeSet::new());
+        let declared = redact::declared_sensitive(&next);
+        let redacted = redact::redact(&mut next, &declared);
         if !redacted.is_empty() {
             warn!(paths = ?redacted, "sensitive values in a capability diff were redacted");
         }

@@ -25,6 +25,7 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use uuid::Uuid;
 
+use crate::auth::{Caller, Tokens};
 use crate::dispatch::Dispatcher;
 use crate::store::Store;
 
@@ -37,6 +38,10 @@ pub struct ApiSettings {
     pub default_lease_ttl_ms: i64,
     /// Capability document and patch limits (the core's).
     pub document_limits: Limits,
+    /// Most queued tasks a namespace may have (0: no cap).
+    pub max_queued_tasks_per_namespace: u64,
+    /// Most agents a namespace may register (0: no cap).
+    pub max_agents_per_namespace: u64,
 }
 
 impl Default for ApiSettings {
@@ -45,6 +50,8 @@ impl Default for ApiSettings {
             default_max_attempts: 3,
             default_lease_ttl_ms: 30_000,
             document_limits: Limits::default(),
+            max_queued_tasks_per_namespace: 0,
+            max_agents_per_namespace: 0,
         }
     }
 }
@@ -58,21 +65,35 @@ pub struct Api {
     pub dispatcher: Dispatcher,
     /// Defaults and limits.
     pub settings: Arc<ApiSettings>,
+    /// Who may call what.
+    pub tokens: Tokens,
 }
 
 impl Api {
     /// A handle over the given parts.
-    pub fn new(store: Arc<dyn Store>, dispatcher: Dispatcher, settings: ApiSettings) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        dispatcher: Dispatcher,
+        settings: ApiSettings,
+        tokens: Tokens,
+    ) -> Self {
         Self {
             store,
             dispatcher,
             settings: Arc::new(settings),
+            tokens,
         }
     }
 
     /// Now, from the injected clock.
     pub fn now_ms(&self) -> i64 {
         self.dispatcher.clock().now_ms()
+    }
+
+    /// The caller of a request (UNAUTHENTICATED without a valid token when
+    /// tokens are configured).
+    pub async fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Caller, Status> {
+        self.tokens.caller(request).await
     }
 }
 

@@ -16,6 +16,7 @@ use tracing::instrument;
 
 use super::convert::{duration_ms, struct_to_json, timestamp_ms};
 use super::{Api, TaskApi, invalid, mapping, namespace, page_size, parse_id};
+use crate::auth::{Caller, Need};
 use crate::store::{NewTask, Page, TaskFilter, TaskRecord, TaskState};
 
 /// Longest accepted kind, idempotency key and label.
@@ -62,6 +63,21 @@ impl Api {
             task.queued_reason = reason as i32;
         }
         Ok(task)
+    }
+
+    /// A task the caller may see and act on; tasks of other namespaces are
+    /// NOT_FOUND, exactly like missing ones.
+    pub(crate) async fn task_for(
+        &self,
+        caller: &Caller,
+        id: uuid::Uuid,
+    ) -> Result<TaskRecord, Status> {
+        let record = self.store.get_task(id).await?;
+        if !caller.sees(&record.namespace) {
+            return Err(Status::not_found(format!("task {id} not found")));
+        }
+        caller.require(Need::Tasks, &record.namespace)?;
+        Ok(record)
     }
 
     async fn explain(&self, record: &TaskRecord) -> Result<matcher::Explanation, Status> {
@@ -127,8 +143,10 @@ impl TaskService for TaskApi {
         request: Request<pb::SubmitTaskRequest>,
     ) -> Result<Response<pb::SubmitTaskResponse>, Status> {
         let api = &self.0;
+        let caller = api.caller(&request).await?;
         let req = request.into_inner();
         let namespace = namespace("namespace", &req.namespace)?;
+        caller.require(Need::Tasks, &namespace)?;
         check_name("kind", &req.kind, true)?;
         check_name("idempotency_key", &req.idempotency_key, false)?;
         for (k, v) in &req.labels {
@@ -144,6 +162,16 @@ impl TaskService for TaskApi {
             return Err(invalid(&format!("payload.{}", v.path), &v.reason));
         }
         let placement = super::placement::from_proto(req.placement.as_ref())?;
+        let cap = api.settings.max_queued_tasks_per_namespace;
+        if cap > 0 {
+            let (queued, _) = api.store.count_in_namespace(&namespace).await?;
+            if queued >= cap {
+                return Err(Status::resource_exhausted(format!(
+                    "namespace {namespace} has {queued} queued tasks; the limit is {cap} \
+                     (--max-queued-tasks-per-namespace)"
+                )));
+            }
+        }
         let max_attempts = match req.max_attempts {
             0 => api.settings.default_max_attempts,
             n @ 1..=100 => n,
@@ -191,8 +219,9 @@ impl TaskService for TaskApi {
         &self,
         request: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::GetTaskResponse>, Status> {
+        let caller = self.0.caller(&request).await?;
         let id = parse_id("task_id", &request.get_ref().task_id)?;
-        let record = self.0.store.get_task(id).await?;
+        let record = self.0.task_for(&caller, id).await?;
         let task = self.0.task_with_reason(&record).await?;
         Ok(Response::new(pb::GetTaskResponse { task: Some(task) }))
     }
@@ -201,6 +230,7 @@ impl TaskService for TaskApi {
         &self,
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        let caller = self.0.caller(&request).await?;
         let req = request.into_inner();
         let states = req
             .states
@@ -220,6 +250,7 @@ impl TaskService for TaskApi {
             states,
             kind: (!req.kind.is_empty()).then_some(req.kind),
         };
+        caller.require(Need::Tasks, &filter.namespace)?;
         let page = Page {
             size: page_size("page_size", req.page_size)?,
             after: (!req.page_token.is_empty()).then_some(req.page_token),
@@ -236,8 +267,10 @@ impl TaskService for TaskApi {
         &self,
         request: Request<pb::CancelTaskRequest>,
     ) -> Result<Response<pb::CancelTaskResponse>, Status> {
+        let caller = self.0.caller(&request).await?;
         let req = request.into_inner();
         let id = parse_id("task_id", &req.task_id)?;
+        self.0.task_for(&caller, id).await?;
         let reason = if req.reason.is_empty() {
             "canceled"
         } else {
@@ -265,11 +298,12 @@ impl TaskService for TaskApi {
         &self,
         request: Request<pb::WatchTaskRequest>,
     ) -> Result<Response<WatchStream>, Status> {
-        let id = parse_id("task_id", &request.get_ref().task_id)?;
         let api = self.0.clone();
+        let caller = api.caller(&request).await?;
+        let id = parse_id("task_id", &request.get_ref().task_id)?;
         // Subscribe before the first read so no change falls in between.
         let mut changes = api.dispatcher.watch_tasks();
-        let record = api.store.get_task(id).await?;
+        let record = api.task_for(&caller, id).await?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             let mut last_sequence = 0;
@@ -317,7 +351,16 @@ impl TaskService for TaskApi {
                 }
                 // Wait for this task to change (on any replica).
                 loop {
-                    match changes.recv().await {
+                    let changed = tokio::select! {
+                        changed = changes.recv() => changed,
+                        () = api.dispatcher.stopped() => {
+                            let _ = tx
+                                .send(Err(Status::unavailable("server shutting down; watch again on another replica")))
+                                .await;
+                            return;
+                        }
+                    };
+                    match changed {
                         Ok(changed) if changed == id => break,
                         Ok(_) => {}
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
@@ -343,9 +386,10 @@ impl TaskService for TaskApi {
         &self,
         request: Request<pb::ExplainTaskRequest>,
     ) -> Result<Response<pb::ExplainTaskResponse>, Status> {
-        let id = parse_id("task_id", &request.get_ref().task_id)?;
         let api = &self.0;
-        let record = api.store.get_task(id).await?;
+        let caller = api.caller(&request).await?;
+        let id = parse_id("task_id", &request.get_ref().task_id)?;
+        let record = api.task_for(&caller, id).await?;
         let placement: Placement = serde_json::from_value(record.placement.clone())
             .map_err(|_| Status::internal("stored placement is unreadable"))?;
         let compiled = core_placement::compile(&placement)
@@ -388,6 +432,7 @@ impl TaskService for TaskApi {
         &self,
         request: Request<pb::ListTaskEventsRequest>,
     ) -> Result<Response<pb::ListTaskEventsResponse>, Status> {
+        let caller = self.0.caller(&request).await?;
         let req = request.into_inner();
         let id = parse_id("task_id", &req.task_id)?;
         let size = page_size("page_size", req.page_size)?;
@@ -399,7 +444,7 @@ impl TaskService for TaskApi {
                 .map_err(|_| invalid("page_token", "not a token this server issued"))?
         };
         // Existence check: an unknown task is NOT_FOUND, not an empty page.
-        self.0.store.get_task(id).await?;
+        self.0.task_for(&caller, id).await?;
         let events = self.0.store.task_events(id, after, size).await?;
         let next = if events.len() == size as usize {
             events

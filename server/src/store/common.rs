@@ -1670,6 +1670,83 @@ macro_rules! store_common {
             Ok(())
         }
 
+        async fn count_tasks(conn: &mut $conn) -> __Result<Vec<(String, TaskState, u64)>> {
+            let rows = sqlx::query(
+                "SELECT namespace, state, COUNT(*) AS n FROM tasks GROUP BY namespace, state",
+            )
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("counting tasks"))?;
+            rows.iter()
+                .map(|row| {
+                    let get = |source| __Error::Store { context: "reading a task count", source };
+                    let state: String = row.try_get("state").map_err(get)?;
+                    Ok((
+                        row.try_get("namespace").map_err(get)?,
+                        state.parse().map_err(corrupt("reading a task count"))?,
+                        to_u64(row.try_get("n").map_err(get)?),
+                    ))
+                })
+                .collect()
+        }
+
+        async fn count_in_namespace(
+            conn: &mut $conn,
+            namespace: &str,
+        ) -> __Result<(u64, u64)> {
+            let row = sqlx::query(
+                "SELECT (SELECT COUNT(*) FROM tasks WHERE namespace = $1 AND state = 'queued') AS queued, \
+                        (SELECT COUNT(*) FROM agents WHERE namespace = $1) AS agents",
+            )
+            .bind(namespace)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db("counting a namespace"))?;
+            let get = |source| __Error::Store { context: "reading namespace counts", source };
+            Ok((to_u64(row.try_get("queued").map_err(get)?), to_u64(row.try_get("agents").map_err(get)?)))
+        }
+
+        async fn insert_token(conn: &mut $conn, token: &TokenRecord, hash: &str) -> __Result<()> {
+            sqlx::query(
+                "INSERT INTO tokens (hash, name, namespace, role, created_at_ms) VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(hash)
+            .bind(&token.name)
+            .bind(&token.namespace)
+            .bind(&token.role)
+            .bind(token.created_at_ms)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("storing a token"))?;
+            Ok(())
+        }
+
+        async fn any_tokens(conn: &mut $conn) -> __Result<bool> {
+            let row = sqlx::query("SELECT EXISTS (SELECT 1 FROM tokens) AS any")
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(db("checking for tokens"))?;
+            row.try_get::<bool, _>("any").map_err(|source| __Error::Store { context: "reading a token count", source })
+        }
+
+        async fn find_token(conn: &mut $conn, hash: &str) -> __Result<Option<TokenRecord>> {
+            let row = sqlx::query("SELECT name, namespace, role, created_at_ms FROM tokens WHERE hash = $1")
+                .bind(hash)
+                .fetch_optional(&mut *conn)
+                .await
+                .map_err(db("looking up a token"))?;
+            let get = |source| __Error::Store { context: "reading a token", source };
+            row.map(|row| {
+                Ok(TokenRecord {
+                    name: row.try_get("name").map_err(get)?,
+                    namespace: row.try_get("namespace").map_err(get)?,
+                    role: row.try_get("role").map_err(get)?,
+                    created_at_ms: row.try_get("created_at_ms").map_err(get)?,
+                })
+            })
+            .transpose()
+        }
+
         async fn agent_leases(conn: &mut $conn, agent_id: __Uuid) -> __Result<Vec<LeaseRecord>> {
             let rows = sqlx::query(concat!(
                 "SELECT ",

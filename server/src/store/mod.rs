@@ -30,7 +30,7 @@ pub use model::{
     AgentRecord, AgentRegistration, Completion, CompletionOutcome, CompletionResult,
     DEFAULT_BACKOFF_BASE_MS, GrantOutcome, GrantRefusal, GrantRequest, LeaseRecord, LeaseState,
     MAX_BACKOFF_MS, NewTask, Page, QueueCursor, StoreEvent, TaskEventRecord, TaskFilter,
-    TaskRecord, TaskState, UnknownState, backoff_ms,
+    TaskRecord, TaskState, TokenRecord, UnknownState, backoff_ms,
 };
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -213,6 +213,16 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     async fn get_lease(&self, lease_id: Uuid) -> Result<LeaseRecord>;
 
     /// Events from every replica (this one included) from now on.
+    /// Task counts by namespace and state (for metrics).
+    async fn count_tasks(&self) -> Result<Vec<(String, TaskState, u64)>>;
+    /// Queued tasks and registered agents of a namespace (for the caps).
+    async fn count_in_namespace(&self, namespace: &str) -> Result<(u64, u64)>;
+    /// Stores a token's record under its SHA-256 (hex).
+    async fn insert_token(&self, token: &TokenRecord, hash: &str) -> Result<()>;
+    /// Whether any token was created (auth is then on).
+    async fn any_tokens(&self) -> Result<bool>;
+    /// The record of the token with this SHA-256 (hex), if any.
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>>;
     fn subscribe(&self) -> broadcast::Receiver<StoreEvent>;
 }
 

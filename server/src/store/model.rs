@@ -552,3 +552,17 @@ mod tests {
         assert_eq!(backoff_ms(1_000, 40), MAX_BACKOFF_MS);
     }
 }
+
+/// A bearer token as stored: who it is for, never the token itself (the
+/// store keys it by the token's SHA-256).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRecord {
+    /// A label for people (unique per namespace).
+    pub name: String,
+    /// The namespace the token is bound to.
+    pub namespace: String,
+    /// `agent`, `submitter` or `operator`.
+    pub role: String,
+    /// When it was created.
+    pub created_at_ms: i64,
+}

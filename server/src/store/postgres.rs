@@ -814,6 +814,28 @@ impl Store for PgStore {
         get_lease(&mut *self.read().await?, lease_id).await
     }
 
+    async fn count_tasks(&self) -> __Result<Vec<(String, TaskState, u64)>> {
+        count_tasks(&mut *self.read().await?).await
+    }
+
+    async fn count_in_namespace(&self, namespace: &str) -> __Result<(u64, u64)> {
+        count_in_namespace(&mut *self.read().await?, namespace).await
+    }
+
+    async fn insert_token(&self, token: &TokenRecord, hash: &str) -> __Result<()> {
+        let mut tx = self.begin().await?;
+        insert_token(&mut tx, token, hash).await?;
+        self.commit(tx, Vec::new()).await
+    }
+
+    async fn any_tokens(&self) -> __Result<bool> {
+        any_tokens(&mut *self.read().await?).await
+    }
+
+    async fn find_token(&self, hash: &str) -> __Result<Option<TokenRecord>> {
+        find_token(&mut *self.read().await?, hash).await
+    }
+
     fn subscribe(&self) -> broadcast::Receiver<StoreEvent> {
         self.events.subscribe()
     }

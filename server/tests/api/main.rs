@@ -10,4 +10,6 @@ mod cli;
 mod common;
 mod explain;
 mod health;
+mod ops;
+mod security;
 mod session;
