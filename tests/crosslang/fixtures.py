@@ -56,7 +56,23 @@ def getCapabilities(static):
     }
 """
 
-SCRIPTS = {"python": (".capabilities.dynamic.py", PYTHON_SCRIPT)}
+NODE_SCRIPT = """\
+export async function getCapabilities(staticCapabilities) {
+  console.log("detecting...");  // log lines before the JSON are allowed
+  return {
+    detected: { from_static: staticCapabilities.environment, tag_count: staticCapabilities.tags.length,
+                apiKey: "k-dyn", "X-Auth-Token": "t" },
+    environment: "staging",
+    packages: ["python"],
+    nested: { a: { b: { c: 1.5, flag: false, none: null } } },
+  };
+}
+"""
+
+SCRIPTS = {
+    "python": (".capabilities.dynamic.py", PYTHON_SCRIPT),
+    "node": (".capabilities.dynamic.mjs", NODE_SCRIPT),
+}
 """Dynamic scripts by language; each must return :data:`DYNAMIC_OUTPUT` for :data:`STATIC`."""
 
 

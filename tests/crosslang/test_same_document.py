@@ -1,4 +1,4 @@
-"""The Rust agent and the Python runner merge one agent directory into the same document.
+"""The Rust agent, the Python runner and the Node runner merge one agent directory alike.
 
 Base facts legitimately differ between runners, so the comparison covers every leaf whose
 provenance is not ``base`` (its path, tier and value), the redacted paths, and the tier
@@ -74,8 +74,21 @@ def python_runner(directory: pathlib.Path) -> Explained:
     return explain_with([sys.executable, "-m", "switchyard"], directory)
 
 
+def node_runner(directory: pathlib.Path) -> Explained:
+    """The Node runner's CLI prints ``--explain`` as JSON: document, provenance, rejections."""
+    out = subprocess.run(
+        ["node", str(REPO / "clients" / "node" / "src" / "cli.js"), "capabilities", "--dir", str(directory),
+         "--explain"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    explained = json.loads(out.stdout)
+    rejections = [(r.get("tier") or "-", r.get("path", "")) for r in explained["rejections"]]
+    return explained["document"], explained["provenance"], rejections
+
+
 RUNNERS: dict[str, tuple[str, Callable[[pathlib.Path], Explained]]] = {
     "python": ("python", python_runner),
+    "node": ("node", node_runner),
 }
 """Runner name → (dynamic-script language, how to get its explained document)."""
 
