@@ -42,6 +42,15 @@ struct RunArgs {
     /// Bearer token (agent role); never printed.
     #[arg(long, env = "SWITCHYARD_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// CA bundle (PEM) for an https:// server.
+    #[arg(long, env = "SWITCHYARD_CA_FILE")]
+    ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for servers that require mTLS.
+    #[arg(long, env = "SWITCHYARD_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// Client key (PEM) for servers that require mTLS.
+    #[arg(long, env = "SWITCHYARD_TLS_KEY")]
+    tls_key: Option<PathBuf>,
     /// The agent's name, unique in its namespace (default: the hostname).
     #[arg(long, env = "SWITCHYARD_AGENT_NAME")]
     name: Option<String>,
@@ -162,6 +171,11 @@ async fn main() -> anyhow::Result<()> {
             let config = AgentConfig {
                 server: cli.run.server,
                 token: cli.run.token,
+                tls: switchyard_proto::client::ClientTls {
+                    ca_file: cli.run.ca_file,
+                    cert_file: cli.run.tls_cert,
+                    key_file: cli.run.tls_key,
+                },
                 name,
                 namespace: cli.run.namespace,
                 dir: cli.dir,

@@ -23,7 +23,7 @@ use switchyard_proto::v1::{
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 use crate::capabilities::Capabilities;
@@ -39,6 +39,8 @@ pub struct AgentConfig {
     pub server: String,
     /// Bearer token (agent role), if the server requires one.
     pub token: Option<String>,
+    /// TLS files for an https:// server.
+    pub tls: switchyard_proto::client::ClientTls,
     /// The agent's name (unique in its namespace).
     pub name: String,
     /// The namespace it serves.
@@ -247,7 +249,8 @@ async fn session(
     state: &mut AgentState,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<SessionEnd> {
-    let endpoint = Endpoint::from_shared(state.config.server.clone()).context("server URL")?;
+    let endpoint = switchyard_proto::client::endpoint(&state.config.server, &state.config.tls)
+        .map_err(|e| anyhow::anyhow!(e))?;
     let channel: Channel = endpoint
         .connect()
         .await

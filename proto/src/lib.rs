@@ -9,6 +9,7 @@
 //!   traits (`*_server`) of package `switchyard.v1`. Server traits have
 //!   default methods answering `UNIMPLEMENTED`, so a service implements only
 //!   what it serves.
+//! - [`client`]: client endpoints from a URL and optional TLS files.
 //! - [`convert`]: protobuf `Struct`/`Value`/time/patch types to JSON and
 //!   back, shared by the server and the agent.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptor set of the contract, for
@@ -20,6 +21,7 @@ pub mod v1 {
     tonic::include_proto!("switchyard.v1");
 }
 
+pub mod client;
 pub mod convert;
 
 /// The encoded `FileDescriptorSet` of every `switchyard.v1` file, with source

@@ -16,7 +16,7 @@ use switchyard_proto::v1::{
     task_service_client::TaskServiceClient,
 };
 use tokio_stream::StreamExt;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
 use crate::api::convert;
@@ -45,6 +45,15 @@ struct Global {
     /// Bearer token (submitter or operator); never printed.
     #[arg(long, env = "SWITCHYARD_TOKEN", hide_env_values = true, global = true)]
     token: Option<String>,
+    /// CA bundle (PEM) for an https:// server.
+    #[arg(long, env = "SWITCHYARD_CA_FILE", global = true)]
+    ca_file: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for servers that require mTLS.
+    #[arg(long, env = "SWITCHYARD_TLS_CERT", global = true)]
+    tls_cert: Option<std::path::PathBuf>,
+    /// Client key (PEM) for servers that require mTLS.
+    #[arg(long, env = "SWITCHYARD_TLS_KEY", global = true)]
+    tls_key: Option<std::path::PathBuf>,
     /// The namespace to work in.
     #[arg(
         long,
@@ -293,8 +302,13 @@ struct Clients {
 }
 
 async fn connect(global: &Global) -> Result<Clients, Failure> {
-    let endpoint = Endpoint::from_shared(global.server.clone())
-        .map_err(|_| Failure::usage(format!("--server {:?} is not a URL", global.server)))?;
+    let tls = switchyard_proto::client::ClientTls {
+        ca_file: global.ca_file.clone(),
+        cert_file: global.tls_cert.clone(),
+        key_file: global.tls_key.clone(),
+    };
+    let endpoint =
+        switchyard_proto::client::endpoint(&global.server, &tls).map_err(Failure::usage)?;
     let channel = endpoint.connect().await.map_err(|err| Failure {
         message: format!("cannot reach {}: {err}", global.server),
         code_name: "unavailable",

@@ -131,13 +131,43 @@ async fn tls_and_mtls_accept_their_clients_and_refuse_plaintext() {
     );
     let with = tls.identity(Identity::from_pem(&pki.client_cert, &pki.client_key));
     let ok = health_over(
-        Endpoint::from_shared(url)
+        Endpoint::from_shared(url.clone())
             .unwrap()
             .tls_config(with)
             .unwrap(),
     )
     .await;
     assert_eq!(ok, Ok(ServingStatus::Serving));
+    // The CLI connects the same way, with a CA file and a client certificate.
+    let cli = |with_cert: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"));
+        cmd.env_clear()
+            .args([
+                "--server",
+                &url.replace("127.0.0.1", "localhost"),
+                "--ca-file",
+            ])
+            .arg(dir.path().join("ca.pem"));
+        if with_cert {
+            cmd.arg("--tls-cert")
+                .arg(write("c.pem", &pki.client_cert))
+                .arg("--tls-key")
+                .arg(write("c.key", &pki.client_key));
+        }
+        cmd.args(["agents", "list"]);
+        cmd.output().unwrap()
+    };
+    let listed = cli(true);
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    assert_eq!(
+        cli(false).status.code(),
+        Some(6),
+        "no client certificate: refused"
+    );
     server.stop().await;
 }
 
