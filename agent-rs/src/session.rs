@@ -397,7 +397,9 @@ async fn session(
                 let reasons = if state.draining { vec!["agent shutting down".to_owned()] } else { state.caps.unhealthy().to_vec() };
                 let mut diff = None;
                 if pending_doc.is_none() && state.caps.document() != &sent_doc {
-                    let patch = json_patch::diff(&sent_doc, state.caps.document());
+                    // The core's diff: the smaller of per-member operations and
+                    // whole-object replaces, so a memory/load change stays tiny.
+                    let patch = switchyard_core::diff::diff(&sent_doc, state.caps.document());
                     diff = Some((pb::CapabilityDiff { base_generation: generation, operations: patch_to_proto(&patch) }, state.caps.document().clone()));
                 }
                 let seq = send(Up::Heartbeat(pb::Heartbeat {
@@ -491,6 +493,10 @@ async fn session(
                                 sent_doc = doc.clone();
                             }
                             pending_doc = None;
+                        } else if pending_doc.is_none() && ack.code == 0 {
+                            // An operator change moves the generation too; the
+                            // next diff must name the one the server holds.
+                            generation = ack.capability_generation;
                         }
                         if let Some(lease_id) = final_seqs.remove(&ack.sequence) {
                             if ack.code != 0 {

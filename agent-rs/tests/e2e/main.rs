@@ -8,6 +8,7 @@
 // allow-unwrap-in-tests does not reach them.
 #![allow(clippy::unwrap_used)]
 
+mod bytes;
 mod common;
 mod session;
 mod tiers;

@@ -464,6 +464,8 @@ impl Session {
             }
         };
         let record = store.get_agent(self.agent_id).await?;
+        // Operator changes move the generation too; acks report the real one.
+        self.generation = record.generation;
         if record.status != status || record.status_reasons != hb.status_reasons {
             store
                 .set_agent_status(
