@@ -63,6 +63,9 @@ struct RunArgs {
     /// Refresh memory/load and check the tier files every this many seconds.
     #[arg(long, env = "SWITCHYARD_REFRESH_SECS", default_value_t = 30)]
     refresh_secs: u64,
+    /// Detect tool versions and the rest of the base tier again every this many seconds.
+    #[arg(long, env = "SWITCHYARD_REDETECT_SECS", default_value_t = 3600)]
+    redetect_secs: u64,
     /// Seconds running leases get to finish after SIGTERM before they are released.
     #[arg(long, env = "SWITCHYARD_GRACE_SECS", default_value_t = 30)]
     grace_secs: u64,
@@ -182,6 +185,7 @@ async fn main() -> anyhow::Result<()> {
                 capacity,
                 refresh: Duration::from_secs(cli.run.refresh_secs.max(1)),
                 script_timeout,
+                redetect: Duration::from_secs(cli.run.redetect_secs.max(1)),
                 grace: Duration::from_secs(cli.run.grace_secs),
                 labels: cli.run.labels.into_iter().collect::<BTreeMap<_, _>>(),
             };

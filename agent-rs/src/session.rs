@@ -53,6 +53,8 @@ pub struct AgentConfig {
     pub refresh: Duration,
     /// How long a dynamic capability script may run.
     pub script_timeout: Duration,
+    /// How often tool versions and the rest of the base tier are detected again.
+    pub redetect: Duration,
     /// How long running leases may finish after shutdown begins.
     pub grace: Duration,
     /// Labels sent at registration.
@@ -340,6 +342,9 @@ async fn session(
     let mut refresh = tokio::time::interval(state.config.refresh);
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     refresh.tick().await;
+    let mut redetect = tokio::time::interval(state.config.redetect);
+    redetect.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    redetect.tick().await;
     // A diff or snapshot in flight: (sequence, the document it carries).
     let mut pending_doc: Option<(u64, Value)> = None;
     let grace_sleep = tokio::time::sleep(Duration::from_secs(86_400));
@@ -385,6 +390,9 @@ async fn session(
             }
             _ = refresh.tick() => {
                 state.caps.refresh(false).await;
+            }
+            _ = redetect.tick() => {
+                state.caps.redetect().await;
             }
             _ = ticker.tick() => {
                 let status = if state.draining {

@@ -554,12 +554,17 @@ impl Dispatcher {
             .map(|(id, s)| (*id, s.epoch))
             .collect();
         for (agent_id, epoch) in silent {
+            if !self.is_current(agent_id, epoch) {
+                continue;
+            }
+            // Record OFFLINE first, so that whoever sees the stream end
+            // also sees the status.
+            self.shared
+                .store
+                .set_agent_status(agent_id, "offline", &[], Some(epoch), now)
+                .await?;
             if self.detach(agent_id, epoch) {
                 info!(agent = %agent_id, "agent silent for three heartbeat intervals: offline");
-                self.shared
-                    .store
-                    .set_agent_status(agent_id, "offline", &[], Some(epoch), now)
-                    .await?;
             }
         }
         if !expired.is_empty() || !unacked.is_empty() {

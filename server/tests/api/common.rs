@@ -365,6 +365,17 @@ impl TestAgent {
         found
     }
 
+    /// Waits until the server ends the stream (skipping other messages).
+    pub async fn expect_end(&mut self) {
+        loop {
+            match tokio::time::timeout(PROMPT, self.rx.next()).await {
+                Ok(Some(Ok(_))) => continue,
+                Ok(_) => return,
+                Err(_) => panic!("the server did not end the stream in time"),
+            }
+        }
+    }
+
     /// The next lease grant.
     pub async fn grant(&mut self) -> pb::LeaseGrant {
         self.expect("lease grant", |m| match m {

@@ -372,7 +372,75 @@ async fn parked_high_priority_tasks_never_block_runnable_ones(backend: Backend) 
     server.stop().await;
 }
 
+async fn silent_agent_goes_offline_and_its_stream_closes(backend: Backend) {
+    let server = TestServer::start_with(backend, |c| c.heartbeat_interval_ms = 100).await;
+    let mut agent = TestAgent::start(&server, "quiet", linux("20.0.0"), 1).await;
+    // The agent never heartbeats: after three intervals the server closes
+    // the session (the stream ends) and marks the agent OFFLINE.
+    agent.expect_end().await;
+    let got = server
+        .admin()
+        .await
+        .get_agent(pb::GetAgentRequest {
+            agent_id: agent.agent_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    assert_eq!(got.status(), pb::AgentStatus::Offline);
+    server.stop().await;
+}
+
+async fn operator_overrides_unpark_and_show_their_tier(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut agent = TestAgent::start(&server, "build-1", linux("20.0.0"), 1).await;
+    let task = submit(&server, "deploy", "zone=eu-1").await;
+    assert_eq!(
+        get_task(&server, &task.task_id).await.queued_reason(),
+        pb::QueuedReason::Parked
+    );
+    let updated = server
+        .admin()
+        .await
+        .set_agent_overrides(pb::SetAgentOverridesRequest {
+            agent_id: agent.agent_id.clone(),
+            overrides: Some(switchyard_server::api::convert::json_to_struct(
+                &json!({"zone": "eu-1"}),
+            )),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    let caps = updated.capabilities.unwrap();
+    let zone = caps
+        .provenance
+        .iter()
+        .find(|p| p.path == "zone")
+        .expect("zone has provenance");
+    assert_eq!(zone.tier(), pb::Tier::Operator);
+    let os = caps
+        .provenance
+        .iter()
+        .find(|p| p.path == "os")
+        .expect("os has provenance");
+    assert_ne!(os.tier(), pb::Tier::Operator);
+    let grant = agent.grant().await;
+    assert_eq!(grant.task.unwrap().task_id, task.task_id);
+    // The agent's next diff still applies: acks carry the moved generation.
+    let ack = agent
+        .heartbeat(pb::AgentStatus::Ready, &[], Some(linux("20.1.0")))
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    server.stop().await;
+}
+
 on_both_stores!(
+    silent_agent_goes_offline_and_its_stream_closes,
+    operator_overrides_unpark_and_show_their_tier,
     register_lease_complete,
     parked_high_priority_tasks_never_block_runnable_ones,
     parked_task_unparks_on_diff,
