@@ -28,6 +28,12 @@ export interface RunnerOptions {
   labels?: Record<string, string>;
   /** Bearer token (agent role); default `$SWITCHYARD_TOKEN`. Never logged. */
   token?: string;
+  /** CA bundle (PEM file) for an `https://` server; default `$SWITCHYARD_CA_FILE`. */
+  caFile?: string;
+  /** Client certificate (PEM file) for mTLS; default `$SWITCHYARD_TLS_CERT`. */
+  certFile?: string;
+  /** Client key (PEM file) for mTLS; default `$SWITCHYARD_TLS_KEY`. */
+  keyFile?: string;
   /** Pack parameter values by name (then the environment). Never sent or logged. */
   params?: Record<string, string>;
   /** How long a dynamic capability script may run (ms); default 10000. */

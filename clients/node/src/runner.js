@@ -8,6 +8,7 @@
 // acknowledged are sent again. `stop()` (and SIGTERM) drains: a DRAINING heartbeat, nothing
 // new accepted, running handlers get a grace period, the rest are released.
 import { EventEmitter } from "node:events";
+import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
 import { resolve } from "node:path";
 import { fromJson } from "@bufbuild/protobuf";
@@ -131,6 +132,10 @@ export class Runner extends EventEmitter {
     this.labels = o.labels ?? {};
     /** Bearer token; kept off the instance's enumerable fields so it is never logged. */
     Object.defineProperty(this, "token", { value: o.token ?? process.env.SWITCHYARD_TOKEN, enumerable: false });
+    /** CA bundle (PEM) for an https:// server; client certificate and key for mTLS. */
+    this.caFile = o.caFile ?? process.env.SWITCHYARD_CA_FILE;
+    this.certFile = o.certFile ?? process.env.SWITCHYARD_TLS_CERT;
+    this.keyFile = o.keyFile ?? process.env.SWITCHYARD_TLS_KEY;
     this.graceMs = o.graceMs ?? 30_000;
     this.refreshMs = o.refreshMs ?? 30_000;
     this.backoff = { initialMs: 250, maxMs: 30_000, ...(o.backoff ?? {}) };
@@ -369,12 +374,19 @@ export class Runner extends EventEmitter {
     return Number.isInteger(fromDoc) && fromDoc > 0 ? fromDoc : 1;
   }
 
+  /** TLS files for an https:// server: the CA to verify it, and a client certificate for mTLS. */
+  #tlsOptions() {
+    if (!this.server.startsWith("https://")) return undefined;
+    const read = (path) => (path ? readFileSync(path) : undefined);
+    return { ca: read(this.caFile), cert: read(this.certFile), key: read(this.keyFile) };
+  }
+
   #headers() {
     return this.token ? { authorization: `Bearer ${this.token}` } : {};
   }
 
   async #runSession() {
-    const sessionManager = new Http2SessionManager(this.server, { pingIntervalMs: 10_000 });
+    const sessionManager = new Http2SessionManager(this.server, { pingIntervalMs: 10_000 }, this.#tlsOptions());
     const transport = createGrpcTransport({ baseUrl: this.server, sessionManager });
     const client = createClient(AgentService, transport);
     const abort = new AbortController();

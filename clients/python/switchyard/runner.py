@@ -18,6 +18,7 @@ import copy
 import inspect
 import logging
 import os
+import pathlib
 import random
 import signal
 import socket
@@ -58,6 +59,12 @@ class RunnerConfig:
     """Maximum concurrent leases; default ``max_concurrent_tasks`` from the document, else 1."""
     token: str | None = field(default=None, repr=False)
     """Bearer token (agent role); never printed."""
+    ca_file: str | os.PathLike | None = None
+    """CA bundle (PEM) that an ``https://`` server's certificate must chain to."""
+    cert_file: str | os.PathLike | None = None
+    """Client certificate (PEM), for servers that require mTLS."""
+    key_file: str | os.PathLike | None = None
+    """Client key (PEM), for servers that require mTLS."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Labels sent at registration."""
     refresh_interval: float = 30.0
@@ -88,6 +95,9 @@ class RunnerConfig:
             "directory": env("SWITCHYARD_AGENT_DIR"),
             "capacity": int(env("SWITCHYARD_CAPACITY")) if env("SWITCHYARD_CAPACITY") else None,
             "token": env("SWITCHYARD_TOKEN"),
+            "ca_file": env("SWITCHYARD_CA_FILE"),
+            "cert_file": env("SWITCHYARD_TLS_CERT"),
+            "key_file": env("SWITCHYARD_TLS_KEY"),
             "refresh_interval": float(env("SWITCHYARD_REFRESH_SECS", config.refresh_interval)),
             "script_timeout": float(env("SWITCHYARD_SCRIPT_TIMEOUT_SECS", config.script_timeout)),
             "grace_period": float(env("SWITCHYARD_GRACE_SECS", config.grace_period)),
@@ -314,6 +324,21 @@ class Runner:
             server = server.removeprefix(prefix)
         return server.rstrip("/")
 
+    def _channel(self) -> grpc.aio.Channel:
+        """Plaintext for ``http://`` (or no scheme); TLS, verified against ``ca_file``, for ``https://``."""
+        if not self.config.server.startswith("https://"):
+            return grpc.aio.insecure_channel(self._target())
+
+        def read(path: str | os.PathLike | None) -> bytes | None:
+            return pathlib.Path(path).read_bytes() if path else None
+
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=read(self.config.ca_file),
+            private_key=read(self.config.key_file),
+            certificate_chain=read(self.config.cert_file),
+        )
+        return grpc.aio.secure_channel(self._target(), credentials)
+
     def _metadata(self) -> tuple:
         return (("authorization", f"Bearer {self.config.token}"),) if self.config.token else ()
 
@@ -340,7 +365,7 @@ class Runner:
         self._session_id += 1
         sid = self._session_id
         metadata = self._metadata()
-        channel = grpc.aio.insecure_channel(self._target())
+        channel = self._channel()
         tasks: list[asyncio.Task] = []
         outbound: asyncio.Queue = asyncio.Queue()
         call = None
