@@ -589,8 +589,15 @@ impl Dispatcher {
                     agent_id,
                     reason,
                 }) => {
+                    // The store says why in words; unacknowledged grants are
+                    // revoked by the sweeper of some replica, cancels by an RPC.
+                    let why = if reason.contains("never acknowledged") {
+                        pb::RevocationReason::Unacknowledged
+                    } else {
+                        pb::RevocationReason::Canceled
+                    };
                     if let Ok(lease) = self.shared.store.get_lease(lease_id).await {
-                        self.revoke(&lease, pb::RevocationReason::Canceled, &reason);
+                        self.revoke(&lease, why, &reason);
                     } else {
                         let lease = LeaseRecord {
                             id: lease_id,
@@ -602,7 +609,7 @@ impl Dispatcher {
                             acked: false,
                             expires_at_ms: 0,
                         };
-                        self.revoke(&lease, pb::RevocationReason::Canceled, &reason);
+                        self.revoke(&lease, why, &reason);
                     }
                     let _ = self.shared.task_changes.send(task_id);
                 }

@@ -319,6 +319,33 @@ impl AgentService for AgentApi {
             api.store.ack_leases(agent_id, &acks, now).await?;
             api.store.renew_leases(agent_id, now).await?;
         }
+        // Leases the store holds for this agent that the new session does not:
+        // the process that held them is gone (a restart under the same name).
+        // Left alone, every heartbeat of the new session would renew them
+        // forever; they count as lost attempts and their tasks go back.
+        let orphaned: Vec<Completion> = api
+            .store
+            .agent_leases(agent_id)
+            .await?
+            .into_iter()
+            .filter(|l| !resumed.contains(&l.id.to_string()))
+            .map(|l| Completion {
+                lease_id: l.id,
+                task_id: l.task_id,
+                agent_id,
+                fencing_token: l.fencing_token,
+                outcome: CompletionOutcome::Failed {
+                    error: json!({"message": "the agent reconnected without this lease (restarted?)",
+                                  "code": "lease_lost", "retryable": true}),
+                    retryable: true,
+                },
+            })
+            .collect();
+        if !orphaned.is_empty() {
+            warn!(agent = %agent_id, leases = orphaned.len(), "new session does not hold its leases; counting them lost");
+            api.store.complete_leases(&orphaned, now).await?;
+            api.dispatcher.wake();
+        }
         api.store
             .set_agent_status(agent_id, "ready", &[], Some(epoch), now)
             .await?;
