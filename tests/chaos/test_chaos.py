@@ -169,7 +169,8 @@ def test_faults_under_load_keep_every_invariant(database: FreshDatabase, full_si
     line = (
         f"chaos: {cluster.kills} replica kills, {sum(a.kills for a in agents)} agent kills "
         f"({sum(a.mid_task_kills for a in agents)} mid-task), "
-        f"{proxy.cuts} postgres outages (TCP proxy cut, shared PostgreSQL untouched); "
+        f"{proxy.cuts} postgres outage{'s' if proxy.cuts != 1 else ''} (TCP proxy cut all connections and "
+        f"refused new ones for 3 s; the shared PostgreSQL itself untouched); "
         f"{submitter.retries} submit retries; {report.summary()}"
     )
     print(line)
