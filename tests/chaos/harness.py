@@ -1,0 +1,341 @@
+"""The fault suite's machinery: a TCP proxy in front of PostgreSQL (to cut the
+servers off the database the way a database restart does, without touching
+the PostgreSQL that other tests share), replicas that come back on new ports,
+agent processes that can be SIGKILLed, and a submitter loop.
+
+The replicas and the fresh database come from ``tests/deploy/replicas.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+
+import grpc
+
+from replicas import FreshDatabase, Replica, log, struct  # noqa: F401 - re-exported for the tests
+from switchyard.v1 import placement_pb2, task_service_pb2
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+# --- PostgreSQL behind a proxy that can be cut ------------------------------
+
+
+class PgProxy:
+    """A TCP proxy on 127.0.0.1:<ephemeral> to the real PostgreSQL.
+
+    ``cut()`` resets every open connection and refuses new ones (accepts and
+    closes them at once) until ``restore()``: from the servers' side, exactly a
+    database restart.
+    """
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.port = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._down = False
+        self._closed = False
+        self.cuts = 0
+        threading.Thread(target=self._accept, daemon=True, name="pg-proxy").start()
+
+    def url(self, database_url: str) -> str:
+        parts = urllib.parse.urlsplit(database_url)
+        netloc = parts.netloc.rsplit("@", 1)
+        user = f"{netloc[0]}@" if len(netloc) == 2 else ""
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{self.port}"))
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                down = self._down
+            if down:
+                _reset(client)
+                continue
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+                server.settimeout(None)
+            except OSError:
+                _reset(client)
+                continue
+            with self._lock:
+                self._conns.update((client, server))
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while True:
+                readable, _, _ = select.select([a, b], [], [], 1.0)
+                for sock in readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    peers[sock].sendall(data)
+        except (OSError, ValueError):
+            return
+        finally:
+            for sock in (a, b):
+                _reset(sock)
+            with self._lock:
+                self._conns.discard(a)
+                self._conns.discard(b)
+
+    def cut(self) -> None:
+        self._drop()
+        self.cuts += 1
+
+    def _drop(self) -> int:
+        with self._lock:
+            self._down = True
+            conns = list(self._conns)
+            self._conns.clear()
+        for sock in conns:
+            _reset(sock)
+        log(f"postgres proxy: cut {len(conns) // 2} connections; refusing new ones")
+        return len(conns) // 2
+
+    def restore(self) -> None:
+        with self._lock:
+            self._down = False
+        log("postgres proxy: accepting again")
+
+    def close(self) -> None:
+        self._closed = True
+        self._drop()
+        self._listener.close()
+
+
+def _reset(sock: socket.socket) -> None:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+# --- replicas that restart on new ports -------------------------------------
+
+SERVER_FLAGS = ("--ack-window-ms", "1000")
+
+
+class Cluster:
+    """Replicas on one database; the live addresses are kept in a file the
+    agents re-read on every reconnect."""
+
+    def __init__(self, database_url: str, workdir: pathlib.Path, count: int) -> None:
+        self.database_url = database_url
+        self.addresses_file = workdir / "addresses"
+        self.replicas: list[Replica | None] = []
+        self.kills = 0
+        for i in range(count):
+            self.replicas.append(Replica(f"R{i}", database_url, *SERVER_FLAGS))
+        self._publish()
+
+    def _publish(self) -> None:
+        live = [r.address for r in self.replicas if r is not None]
+        tmp = self.addresses_file.with_suffix(".tmp")
+        tmp.write_text("\n".join(live) + "\n")
+        tmp.replace(self.addresses_file)
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r is not None]
+
+    def kill(self, index: int) -> None:
+        replica = self.replicas[index]
+        if replica is None:
+            return
+        replica.kill()
+        self.replicas[index] = None
+        self.kills += 1
+        self._publish()
+
+    def restart(self, index: int) -> None:
+        if self.replicas[index] is None:
+            self.replicas[index] = Replica(f"R{index}", self.database_url, *SERVER_FLAGS)
+            self._publish()
+
+    def stop(self) -> None:
+        for replica in self.live():
+            replica.stop()
+
+
+# --- agent processes ---------------------------------------------------------
+
+
+@dataclass
+class AgentSpec:
+    name: str
+    tags: list[str]
+    capacity: int
+
+
+class AgentProcess:
+    """``chaos_agent.py`` in its own process, so it can be SIGKILLed.
+
+    A restart after a kill comes back under a new name (``NAME-r1``, ...): a
+    replacement machine. Restarting under the same name would hit a server bug
+    (the new session's heartbeats renew the dead process's leases forever; see
+    ``test_agent_restart.py``), which would hide every other invariant behind
+    stuck tasks. ``same_name=True`` restarts under the same name to show it.
+    """
+
+    def __init__(
+        self, spec: AgentSpec, addresses_file: pathlib.Path, logdir: pathlib.Path, hold_ms: int,
+        same_name: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.base_name = spec.name
+        self.same_name = same_name
+        self.addresses_file = addresses_file
+        self.logdir = logdir
+        self.names: list[str] = [spec.name]  # every name this agent ran under
+        self.hold_ms = hold_ms
+        self.proc: subprocess.Popen | None = None
+        self.kills = 0
+        self.killed = False
+        self.mid_task_kills = 0
+
+    @property
+    def log_path(self) -> pathlib.Path:
+        return self.logdir / f"{self.spec.name}.jsonl"
+
+    def start(self) -> None:
+        if self.killed and not self.same_name:
+            self.spec = AgentSpec(f"{self.base_name}-r{self.kills}", self.spec.tags, self.spec.capacity)
+            self.names.append(self.spec.name)
+        self.killed = False
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, str(HERE / "chaos_agent.py"),
+                "--name", self.spec.name,
+                "--tags", ",".join(self.spec.tags),
+                "--capacity", str(self.spec.capacity),
+                "--addresses-file", str(self.addresses_file),
+                "--log", str(self.log_path),
+                "--hold-ms", str(self.hold_ms),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=None if os.environ.get("TEST_LOG") else subprocess.DEVNULL,
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def unfinished_grants(self) -> int:
+        """Grants in this agent's log with no final report yet: work in hand."""
+        from invariants import read_agent_log
+
+        if not self.log_path.exists():
+            return 0
+        open_leases: set[str] = set()
+        for e in read_agent_log(self.log_path):
+            if e["event"] == "start":
+                open_leases.clear()  # a new process holds nothing
+            elif e["event"] == "grant":
+                open_leases.add(e["lease"])
+            elif e["event"] in ("report", "revoked"):
+                open_leases.discard(e["lease"])
+        return len(open_leases)
+
+    def kill(self) -> bool:
+        """SIGKILL; True if the agent had work in hand (a grant without a final report)."""
+        if not self.alive():
+            return False
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+        self.kills += 1
+        self.killed = True
+        holding = self.unfinished_grants()
+        if holding:
+            self.mid_task_kills += 1
+        log(f"agent {self.spec.name} killed with SIGKILL holding {holding} unfinished leases")
+        return holding > 0
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait()
+
+
+# --- the submitter -----------------------------------------------------------
+
+
+@dataclass
+class Submitted:
+    key: str
+    task_id: str
+    required_tags: list[str]
+    fail_first: bool
+
+
+@dataclass
+class Submitter:
+    """Submits ``count`` tasks through whichever replica answers, each with
+    an idempotency key, retrying a failed submit with the same key until the
+    store takes it. Records what it was told."""
+
+    cluster: Cluster
+    selectors: list[list[str]]
+    count: int
+    seed: int
+    pace_s: float
+    max_attempts: int = 20
+    submitted: list[Submitted] = field(default_factory=list)
+    retries: int = 0
+
+    def run(self, stop: threading.Event) -> None:
+        rng = random.Random(self.seed)
+        run_id = os.urandom(4).hex()
+        for i in range(self.count):
+            if stop.is_set():
+                return
+            tags = rng.choice(self.selectors)
+            fail_first = rng.random() < 0.15
+            key = f"chaos-{run_id}-{i}"
+            request = task_service_pb2.SubmitTaskRequest(
+                kind="chaos",
+                payload=struct({"i": i, "fail_first": fail_first}),
+                placement=placement_pb2.Placement(required_tags=tags),
+                idempotency_key=key,
+                max_attempts=self.max_attempts,
+                labels={"suite": "chaos"},
+            )
+            deadline = time.monotonic() + 60
+            while True:
+                live = self.cluster.live()
+                replica = live[rng.randrange(len(live))] if live else None
+                try:
+                    if replica is None:
+                        raise RuntimeError("no live replica")
+                    task = replica.tasks.SubmitTask(request, timeout=3).task
+                    break
+                except (grpc.RpcError, RuntimeError, ValueError) as err:
+                    self.retries += 1
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"submit {key} kept failing: {err}") from err
+                    time.sleep(0.1)
+            self.submitted.append(Submitted(key, task.task_id, list(tags), fail_first))
+            time.sleep(self.pace_s)

@@ -1,0 +1,273 @@
+"""The invariant checker: reads the store (PostgreSQL, directly, with psql)
+and the agents' own logs after the settle phase and lists every violation.
+
+What it checks, and how:
+
+- none lost: every task id a SubmitTask returned exists, one per
+  idempotency key;
+- every task terminal or queued: none LEASED/RUNNING, no live lease left;
+  a QUEUED task is allowed only when no agent has the tags it requires
+  (parked, and then it must never have been leased);
+- none completed twice: at most one ``succeeded`` event and one lease
+  completed with outcome ``succeeded`` per task (exactly one for a SUCCEEDED
+  task), and no agent log shows two accepted success reports of one task on
+  different leases;
+- no agent over capacity: per agent, the leases table's [granted_at_ms,
+  ended_at_ms) intervals never overlap more than the agent's capacity; and
+  no agent log shows it holding more leases than its capacity;
+- no lease to an agent that failed a hard requirement: every grant an agent
+  logged names a task whose required tags are in the tags the agent had
+  reported at that moment, and every lease in the store went to an agent
+  whose registered document has those tags;
+- every attempt accounted for: each lease ended exactly one way (COMPLETED
+  with outcome succeeded/failed, RELEASED, or EXPIRED without outcome, with
+  an end time); fencing tokens are 1..n per task, the task holds n; one
+  ``leased`` event per lease; ``attempts`` = expired leases + failed reports.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import pathlib
+import subprocess
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+
+def psql_rows(database_url: str, sql: str) -> list[dict[str, str]]:
+    out = subprocess.run(
+        ["psql", database_url, "-v", "ON_ERROR_STOP=1", "-X", "--csv", "-c", sql],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return list(csv.DictReader(io.StringIO(out)))
+
+
+def read_agent_log(path: pathlib.Path) -> list[dict]:
+    events = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # the last line of a SIGKILLed process may be cut short
+    return events
+
+
+@dataclass
+class Report:
+    tasks: int = 0
+    states: Counter = field(default_factory=Counter)
+    parked: int = 0
+    lost: int = 0
+    double_completed: int = 0
+    agents: int = 0
+    max_concurrency: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (max, capacity)
+    placement_violations: int = 0
+    leases: int = 0
+    expired: int = 0
+    failed_reports: int = 0
+    grants_logged: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    def fail(self, message: str) -> None:
+        self.violations.append(message)
+
+    def summary(self) -> str:
+        states = ", ".join(f"{n} {s}" for s, n in sorted(self.states.items()))
+        over = [n for n, (m, c) in self.max_concurrency.items() if m > c]
+        capacity = (
+            f"max concurrency within capacity for {self.agents} agents"
+            if not over
+            else f"{len(over)} agents over capacity ({', '.join(over)})"
+        )
+        attempts = "attempts consistent" if not any(v.startswith("attempts:") for v in self.violations) \
+            else "attempts INCONSISTENT"
+        return (
+            f"{self.tasks} tasks: {states} ({self.parked} parked by design), {self.lost} lost, "
+            f"{self.double_completed} double-completed, {capacity}, "
+            f"{self.placement_violations} placement violations, {attempts} "
+            f"({self.leases} leases: {self.expired} expired, {self.failed_reports} failed reports; "
+            f"{self.grants_logged} grants in agent logs)"
+        )
+
+
+def check(
+    database_url: str,
+    submitted: list,  # harness.Submitted
+    agent_logs: dict[str, pathlib.Path],
+    agent_tags: dict[str, list[str]],
+) -> Report:
+    report = Report()
+    tasks = {r["id"]: r for r in psql_rows(
+        database_url, "SELECT id, state, attempts, fencing_token, idempotency_key, lease_id FROM tasks")}
+    leases = psql_rows(
+        database_url,
+        "SELECT id, task_id, agent_id, fencing_token, state, granted_at_ms, ended_at_ms, "
+        "COALESCE(outcome, '') AS outcome FROM leases")
+    events = psql_rows(database_url, "SELECT task_id, kind, lease_id FROM task_events")
+    agents = {r["id"]: r for r in psql_rows(
+        database_url, "SELECT id, name, capacity, document::text AS document FROM agents")}
+    report.tasks = len(submitted)
+    report.agents = len(agents)
+    report.leases = len(leases)
+
+    # -- none lost
+    by_key = Counter(s.key for s in submitted)
+    for s in submitted:
+        task = tasks.get(s.task_id)
+        if task is None:
+            report.lost += 1
+            report.fail(f"lost: task {s.task_id} ({s.key}) was acknowledged but is not stored")
+        elif task["idempotency_key"] != s.key:
+            report.fail(f"lost: task {s.task_id} has key {task['idempotency_key']!r}, submitted as {s.key!r}")
+    for key, n in by_key.items():
+        if n > 1:
+            report.fail(f"lost: key {key} submitted {n} times")
+    if len({s.task_id for s in submitted}) != len(submitted):
+        report.fail("lost: two idempotency keys returned the same task id")
+
+    required = {s.task_id: set(s.required_tags) for s in submitted}
+    satisfiable = {
+        tid: any(req <= set(tags) for tags in agent_tags.values()) for tid, req in required.items()
+    }
+
+    leases_by_task: dict[str, list[dict]] = defaultdict(list)
+    for lease in leases:
+        leases_by_task[lease["task_id"]].append(lease)
+    events_by_task: dict[str, Counter] = defaultdict(Counter)
+    for e in events:
+        events_by_task[e["task_id"]][e["kind"]] += 1
+
+    # -- every task terminal or queued
+    for s in submitted:
+        task = tasks.get(s.task_id)
+        if task is None:
+            continue
+        report.states[task["state"]] += 1
+        if task["state"] in ("leased", "running"):
+            report.fail(f"state: task {s.task_id} is still {task['state']} after the settle phase")
+        elif task["state"] == "queued":
+            if satisfiable[s.task_id]:
+                report.fail(f"state: task {s.task_id} needs {sorted(required[s.task_id])}, which an agent has, "
+                            "but is still queued after the settle phase")
+            else:
+                report.parked += 1
+                if leases_by_task.get(s.task_id):
+                    report.fail(f"state: parked task {s.task_id} was leased")
+    for lease in leases:
+        if lease["state"] in ("granted", "active"):
+            report.fail(f"state: lease {lease['id']} of task {lease['task_id']} is still {lease['state']}")
+
+    # -- none completed twice
+    for s in submitted:
+        task = tasks.get(s.task_id)
+        if task is None:
+            continue
+        succeeded_events = events_by_task[s.task_id]["succeeded"]
+        succeeded_leases = [l for l in leases_by_task[s.task_id] if l["outcome"] == "succeeded"]
+        if succeeded_events > 1 or len(succeeded_leases) > 1:
+            report.double_completed += 1
+            report.fail(f"double: task {s.task_id} has {succeeded_events} succeeded events, "
+                        f"{len(succeeded_leases)} leases completed with success")
+        if task["state"] == "succeeded" and (succeeded_events != 1 or len(succeeded_leases) != 1):
+            report.fail(f"double: SUCCEEDED task {s.task_id} has {succeeded_events} succeeded events, "
+                        f"{len(succeeded_leases)} successful leases")
+    accepted_success: dict[str, set[str]] = defaultdict(set)
+    logs = {name: read_agent_log(path) for name, path in agent_logs.items()}
+    for name, entries in logs.items():
+        for e in entries:
+            if e["event"] == "report_ack" and e["kind"] == "succeeded" and e["code"] == 0:
+                accepted_success[e["task"]].add(e["lease"])
+    for task_id, lease_ids in accepted_success.items():
+        if len(lease_ids) > 1:
+            report.fail(f"double: agents' logs show task {task_id} completed on {len(lease_ids)} leases")
+
+    # -- capacity, from the store's lease intervals and from the agents' logs
+    per_agent: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for lease in leases:
+        end = int(lease["ended_at_ms"]) if lease["ended_at_ms"] else 2**62
+        per_agent[lease["agent_id"]].append((int(lease["granted_at_ms"]), end))
+    for agent_id, agent in agents.items():
+        points = []
+        for start, end in per_agent.get(agent_id, []):
+            points.append((start, 1))
+            points.append((end, -1))
+        points.sort(key=lambda p: (p[0], p[1]))  # an end at the same ms frees before the next start
+        now = peak = 0
+        for _, delta in points:
+            now += delta
+            peak = max(peak, now)
+        capacity = int(agent["capacity"])
+        report.max_concurrency[agent["name"]] = (peak, capacity)
+        if peak > capacity:
+            report.fail(f"capacity: agent {agent['name']} held {peak} leases at once, capacity {capacity}")
+    for name, entries in logs.items():
+        for e in entries:
+            if e["event"] == "grant" and e["holding"] > e["capacity"]:
+                report.fail(f"capacity: agent {name} logged holding {e['holding']} > {e['capacity']} "
+                            f"(lease {e['lease']})")
+
+    # -- placement: the agent's tags when the grant arrived, and its stored document
+    lease_ids = {l["id"]: l for l in leases}
+    for name, entries in logs.items():
+        for e in entries:
+            if e["event"] != "grant":
+                continue
+            report.grants_logged += 1
+            need = required.get(e["task"])
+            if need is None:
+                report.fail(f"placement: agent {name} was granted task {e['task']}, which nobody submitted")
+                continue
+            if not need <= set(e["tags"]):
+                report.placement_violations += 1
+                report.fail(f"placement: lease {e['lease']} of task {e['task']} needs {sorted(need)}; agent "
+                            f"{name} had {e['tags']} (generation {e['generation']})")
+            stored = lease_ids.get(e["lease"])
+            if stored is None:
+                report.fail(f"attempts: agent {name} logged grant {e['lease']}, which is not in the store")
+            elif stored["agent_id"] != e["agent_id"] or int(stored["fencing_token"]) != e["token"]:
+                report.fail(f"attempts: grant {e['lease']} logged by {name} differs from the store")
+    for lease in leases:
+        agent = agents.get(lease["agent_id"])
+        need = required.get(lease["task_id"], set())
+        tags = set(json.loads(agent["document"]).get("tags", [])) if agent else set()
+        if not need <= tags:
+            report.placement_violations += 1
+            report.fail(f"placement: lease {lease['id']} went to {agent['name'] if agent else '?'} "
+                        f"with {sorted(tags)}; task needs {sorted(need)}")
+
+    # -- every attempt accounted for
+    for s in submitted:
+        task = tasks.get(s.task_id)
+        if task is None:
+            continue
+        mine = leases_by_task.get(s.task_id, [])
+        expired = 0
+        failed = 0
+        for lease in mine:
+            state, outcome = lease["state"], lease["outcome"]
+            ok = (
+                (state == "completed" and outcome in ("succeeded", "failed"))
+                or (state == "released" and outcome in ("released", ""))
+                or (state == "expired" and outcome == "")
+            ) and bool(lease["ended_at_ms"])
+            if not ok:
+                report.fail(f"attempts: lease {lease['id']} ended as {state!r} with outcome {outcome!r} "
+                            f"at {lease['ended_at_ms']!r}")
+            expired += state == "expired"
+            failed += state == "completed" and outcome == "failed"
+        report.expired += expired
+        report.failed_reports += failed
+        tokens = sorted(int(l["fencing_token"]) for l in mine)
+        if tokens != list(range(1, len(mine) + 1)) or int(task["fencing_token"]) != len(mine):
+            report.fail(f"attempts: task {s.task_id} tokens {tokens}, task holds {task['fencing_token']}")
+        if events_by_task[s.task_id]["leased"] != len(mine):
+            report.fail(f"attempts: task {s.task_id} has {len(mine)} leases, "
+                        f"{events_by_task[s.task_id]['leased']} leased events")
+        if int(task["attempts"]) != expired + failed:
+            report.fail(f"attempts: task {s.task_id} counts {task['attempts']} attempts; its leases show "
+                        f"{expired} expired + {failed} failed")
+    return report

@@ -1,0 +1,181 @@
+"""Faults under load, then the invariant checker.
+
+Two ``switchyard-server`` replicas on one fresh PostgreSQL database, reached
+through a TCP proxy; protocol agents (``chaos_agent.py``, one process each,
+varied tags and capacities) that fail over between the replicas; a submitter
+that puts tasks in through either replica, with placements some agents satisfy
+and some do not (and a few that none does, which must stay parked). While it
+runs, a seeded schedule SIGKILLs a replica (and starts it again on a new
+port), SIGKILLs agents mid-task (and starts them again), and cuts PostgreSQL
+off (the proxy resets every connection and refuses new ones for a few
+seconds, which the servers cannot tell from a database restart; the shared
+PostgreSQL itself is never touched). Then everything is left to settle and
+``invariants.check`` reads the store and the agents' logs. One summary line
+says what was injected and what was checked.
+
+Reduced size by default (well under two minutes); ``--full`` or
+``SWITCHYARD_CHAOS_FULL=1`` for the full size. Assertions are on invariants
+only, never on timings.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from harness import AgentProcess, AgentSpec, Cluster, FreshDatabase, PgProxy, Submitter, log
+from invariants import check, psql_rows
+
+
+@dataclass(frozen=True)
+class Size:
+    agents: int
+    tasks: int
+    replica_kills: int
+    agent_kills: int
+    pg_outages: int
+    pace_s: float
+    hold_ms: int
+    settle_s: float
+
+
+REDUCED = Size(agents=8, tasks=400, replica_kills=3, agent_kills=6, pg_outages=1, pace_s=0.08, hold_ms=150,
+               settle_s=45)
+FULL = Size(agents=16, tasks=3000, replica_kills=10, agent_kills=30, pg_outages=4, pace_s=0.06, hold_ms=200,
+            settle_s=180)
+
+# Tag sets of the agents (cycled) and the required tags of tasks. `quantum`
+# is on no agent: those tasks must stay parked and never be leased.
+AGENT_TAGS = [
+    ["linux", "docker"],
+    ["linux", "gpu"],
+    ["linux"],
+    ["linux", "arm"],
+    ["linux", "docker", "gpu"],
+    ["windows"],
+]
+TASK_TAGS = [[], ["linux"], ["docker"], ["gpu"], ["arm"], ["windows"], ["linux", "gpu"], ["docker", "gpu"]]
+PARKED_TAGS = ["quantum"]
+SEED = 20240611
+
+
+@pytest.fixture
+def database() -> Iterator[FreshDatabase]:
+    with FreshDatabase() as db:
+        yield db
+
+
+def test_faults_under_load_keep_every_invariant(database: FreshDatabase, full_size: bool, tmp_path: pathlib.Path):
+    size = FULL if full_size else REDUCED
+    rng = random.Random(SEED)
+    upstream = urllib.parse.urlsplit(database.url)
+    proxy = PgProxy(upstream.hostname or "127.0.0.1", upstream.port or 5432)
+    cluster = Cluster(proxy.url(database.url), tmp_path, count=2)
+    logdir = tmp_path / "agent-logs"
+    logdir.mkdir()
+    specs = [
+        AgentSpec(f"chaos-agent-{i}", AGENT_TAGS[i % len(AGENT_TAGS)], capacity=1 + i % 3)
+        for i in range(size.agents)
+    ]
+    same_name = os.environ.get("SWITCHYARD_CHAOS_SAME_NAME") == "1"  # shows the zombie-lease bug
+    agents = [AgentProcess(spec, cluster.addresses_file, logdir, size.hold_ms, same_name) for spec in specs]
+    selectors = TASK_TAGS * 10 + [PARKED_TAGS]  # about 1 in 80 parked
+    submitter = Submitter(cluster, selectors, size.tasks, seed=SEED, pace_s=size.pace_s)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    try:
+        for agent in agents:
+            agent.start()
+
+        def submit() -> None:
+            try:
+                submitter.run(stop)
+            except BaseException as err:  # noqa: BLE001 - reported by the test
+                errors.append(err)
+
+        submitting = threading.Thread(target=submit, name="submitter")
+        submitting.start()
+
+        # The fault schedule: shuffled, spread over the submit phase.
+        faults = ["replica"] * size.replica_kills + ["agent"] * size.agent_kills + ["postgres"] * size.pg_outages
+        rng.shuffle(faults)
+        spacing = size.tasks * size.pace_s / (len(faults) + 1)
+        injected = {"replica": 0, "agent": 0, "postgres": 0}
+        time.sleep(spacing)
+        for fault in faults:
+            if fault == "replica":
+                index = rng.randrange(len(cluster.replicas))
+                cluster.kill(index)
+                time.sleep(min(1.5, spacing / 2))
+                cluster.restart(index)
+            elif fault == "agent":
+                # Mid-task: prefer an agent with a grant it has not finished.
+                busy = [a for a in agents if a.alive() and a.unfinished_grants()]
+                agent = busy[rng.randrange(len(busy))] if busy else agents[rng.randrange(len(agents))]
+                agent.kill()
+                time.sleep(min(1.0, spacing / 2))
+                agent.start()
+            else:
+                proxy.cut()
+                time.sleep(3.0)
+                proxy.restore()
+            injected[fault] += 1
+            time.sleep(spacing)
+
+        submitting.join(timeout=120)
+        assert not submitting.is_alive(), "the submitter did not finish"
+        assert not errors, f"submitter failed: {errors[0]!r}"
+        assert len(submitter.submitted) == size.tasks
+
+        # Settle: every replica and agent up, until no live task or lease is left
+        # (or the settle time runs out; the checker then says what is stuck).
+        for agent in agents:
+            if not agent.alive():
+                agent.start()
+        parked = {s.task_id for s in submitter.submitted if s.required_tags == PARKED_TAGS}
+        deadline = time.monotonic() + size.settle_s
+        while time.monotonic() < deadline:
+            rows = psql_rows(
+                database.url,
+                "SELECT (SELECT COUNT(*) FROM tasks WHERE state IN ('leased', 'running')) + "
+                "(SELECT COUNT(*) FROM leases WHERE state IN ('granted', 'active')) AS live, "
+                "(SELECT COUNT(*) FROM tasks WHERE state = 'queued') AS queued",
+            )
+            if int(rows[0]["live"]) == 0 and int(rows[0]["queued"]) <= len(parked):
+                break
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        for agent in agents:
+            agent.stop()
+        cluster.stop()
+        proxy.close()
+
+    names = {name: agent.spec.tags for agent in agents for name in agent.names}
+    report = check(
+        database.url,
+        submitter.submitted,
+        {name: logdir / f"{name}.jsonl" for name in names},
+        names,
+    )
+    line = (
+        f"chaos: {cluster.kills} replica kills, {sum(a.kills for a in agents)} agent kills "
+        f"({sum(a.mid_task_kills for a in agents)} mid-task), "
+        f"{proxy.cuts} postgres outage{'s' if proxy.cuts != 1 else ''} (TCP proxy cut all connections and "
+        f"refused new ones for 3 s; the shared PostgreSQL itself untouched); "
+        f"{submitter.retries} submit retries; {report.summary()}"
+    )
+    print(line)
+    log(line)
+    for violation in report.violations[:50]:
+        log(f"violation: {violation}")
+    assert injected == {"replica": size.replica_kills, "agent": size.agent_kills, "postgres": size.pg_outages}
+    assert not report.violations, f"{len(report.violations)} violations, first: {report.violations[:10]}"
