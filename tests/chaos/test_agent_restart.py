@@ -8,11 +8,10 @@ revoked at Hello, or at the latest expired after its TTL. It must not be
 renewed by the new session's heartbeats, which would keep the task RUNNING and
 the agent's capacity taken forever.
 
-KNOWN SERVER BUG (found by the fault suite): today the lease stays ACTIVE,
-renewed by every heartbeat of the new session (``renew_leases`` renews all of
-the agent's live leases), so the task never finishes and, with capacity 1,
-the restarted agent never gets another grant. Marked xfail(strict): it starts
-failing the suite (XPASS) the day the server is fixed, so the mark is removed.
+Found by the fault suite: the lease used to stay ACTIVE, renewed by every
+heartbeat of the new session, so the task never finished and, with capacity
+1, the restarted agent never got another grant. The server now counts leases
+a new session does not hold as lost at Hello; this test keeps it that way.
 """
 
 from __future__ import annotations
@@ -99,7 +98,6 @@ class Session:
         self.call.cancel()
 
 
-@pytest.mark.xfail(strict=True, reason="server bug: a restarted agent's heartbeats renew the dead process's leases")
 def test_a_lease_of_a_dead_agent_process_ends_after_the_agent_restarts(replica: Replica):
     first = Session(replica, "restarting-agent")
     task = replica.tasks.SubmitTask(

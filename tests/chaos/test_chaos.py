@@ -85,7 +85,9 @@ def test_faults_under_load_keep_every_invariant(database: FreshDatabase, full_si
         AgentSpec(f"chaos-agent-{i}", AGENT_TAGS[i % len(AGENT_TAGS)], capacity=1 + i % 3)
         for i in range(size.agents)
     ]
-    same_name = os.environ.get("SWITCHYARD_CHAOS_SAME_NAME") == "1"  # shows the zombie-lease bug
+    # Killed agents come back under the same name, as a restarted machine
+    # does (SWITCHYARD_CHAOS_SAME_NAME=0 restarts them as new agents).
+    same_name = os.environ.get("SWITCHYARD_CHAOS_SAME_NAME", "1") == "1"
     agents = [AgentProcess(spec, cluster.addresses_file, logdir, size.hold_ms, same_name) for spec in specs]
     selectors = TASK_TAGS * 10 + [PARKED_TAGS]  # about 1 in 80 parked
     submitter = Submitter(cluster, selectors, size.tasks, seed=SEED, pace_s=size.pace_s)
