@@ -134,7 +134,7 @@ impl AgentAdminService for AdminApi {
             .violations(&overrides)
             .first()
         {
-            return Err(invalid(&format!("overrides.{}", v.path), &v.reason));
+            return Err(invalid(&super::field_path("overrides", &v.path), &v.reason));
         }
         let record = self.0.agent_for(&caller, id).await?;
         // The agent's own provenance: recover it from the stored effective one.

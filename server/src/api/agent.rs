@@ -68,12 +68,7 @@ fn accept_document(
     let mut value =
         struct_to_json(doc).map_err(|e| invalid(&format!("{field}.{}", e.path), e.reason))?;
     if let Some(v) = api.settings.document_limits.violations(&value).first() {
-        let path = if v.path.is_empty() {
-            field.to_owned()
-        } else {
-            format!("{field}.{}", v.path)
-        };
-        return Err(invalid(&path, &v.reason));
+        return Err(invalid(&super::field_path(field, &v.path), &v.reason));
     }
     // The agent's own `sensitive` list (from its static tier) counts too.
     let declared = redact::declared_sensitive(&value);

@@ -119,6 +119,15 @@ pub fn invalid(field: &str, description: &str) -> Status {
     )
 }
 
+/// `field.path`, or just `field` for a violation at its root.
+pub fn field_path(field: &str, path: &str) -> String {
+    if path.is_empty() {
+        field.to_owned()
+    } else {
+        format!("{field}.{path}")
+    }
+}
+
 /// Parses an id field.
 pub fn parse_id(field: &str, text: &str) -> Result<Uuid, Status> {
     text.parse()

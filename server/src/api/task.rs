@@ -159,7 +159,7 @@ impl TaskService for TaskApi {
             None => serde_json::json!({}),
         };
         if let Some(v) = api.settings.document_limits.violations(&payload).first() {
-            return Err(invalid(&format!("payload.{}", v.path), &v.reason));
+            return Err(invalid(&super::field_path("payload", &v.path), &v.reason));
         }
         let placement = super::placement::from_proto(req.placement.as_ref())?;
         let cap = api.settings.max_queued_tasks_per_namespace;
