@@ -438,30 +438,39 @@ impl Session {
         let _ = self.tx.try_send(Ok(message));
     }
 
-    async fn handle(&mut self, request: pb::ConnectRequest) -> Result<(), Error> {
+    async fn handle(&mut self, request: pb::ConnectRequest) -> Result<(), Status> {
         let sequence = request.sequence;
         let now = self.api.now_ms();
         let reply = match request.message {
-            None => ack(
+            None => Ok(ack(
                 sequence,
                 Code::InvalidArgument,
                 "message: empty",
                 self.generation,
-            ),
-            Some(Up::Hello(_)) => ack(
+            )),
+            Some(Up::Hello(_)) => Ok(ack(
                 sequence,
                 Code::InvalidArgument,
                 "message: hello is only the first message",
                 self.generation,
-            ),
-            Some(Up::Heartbeat(heartbeat)) => self.heartbeat(sequence, heartbeat, now).await?,
-            Some(Up::LeaseUpdate(update)) => self.lease_update(sequence, update, now).await,
-            Some(Up::CapabilitySnapshot(snapshot)) => {
-                self.snapshot(sequence, snapshot, now).await?
+            )),
+            Some(Up::Heartbeat(heartbeat)) => self.heartbeat(sequence, heartbeat, now).await,
+            Some(Up::LeaseUpdate(update)) => Ok(self.lease_update(sequence, update, now).await),
+            Some(Up::CapabilitySnapshot(snapshot)) => self.snapshot(sequence, snapshot, now).await,
+        };
+        // A store failure still gets an answer (e.g. UNAVAILABLE), never silence.
+        let (reply, outcome) = match reply {
+            Ok(reply) => (reply, Ok(())),
+            Err(err) => {
+                let status = Status::from(err);
+                (
+                    ack(sequence, status.code(), status.message(), self.generation),
+                    Err(status),
+                )
             }
         };
         self.send(reply).await;
-        Ok(())
+        outcome
     }
 
     async fn heartbeat(
