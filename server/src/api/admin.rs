@@ -2,8 +2,6 @@
 //! of every value, leases) and steer it (drain, undrain, operator tier),
 //! and ask what-if questions without changing anything.
 
-use std::collections::BTreeMap;
-
 use switchyard_core::matcher;
 use switchyard_core::placement::{self as core_placement, Placement};
 use switchyard_proto::v1::{self as pb, agent_admin_service_server::AgentAdminService};
@@ -167,23 +165,7 @@ impl AgentAdminService for AdminApi {
             let placement = super::placement::from_proto(req.placement.as_ref())?;
             let compiled = core_placement::compile(&placement)
                 .map_err(|err| invalid(&format!("placement.{}", err.field), &err.message))?;
-            let mut names = BTreeMap::new();
-            let mut fleet = Vec::new();
-            let mut page = Page {
-                size: 1000,
-                after: None,
-            };
-            loop {
-                let (agents, next) = api.store.list_agents(&ns, &[], &page).await?;
-                for a in &agents {
-                    names.insert(a.id.to_string(), a.name.clone());
-                    fleet.push(mapping::agent_view(a));
-                }
-                match next {
-                    Some(token) => page.after = Some(token),
-                    None => break,
-                }
-            }
+            let (fleet, names) = api.fleet(&ns).await?;
             let explanation = matcher::explain(&compiled, &ns, &fleet);
             summary = explanation.summary.clone();
             wire_verdicts = verdicts(&explanation, &names);

@@ -123,20 +123,8 @@ fn ack(sequence: u64, code: Code, message: &str, generation: u64) -> pb::Connect
 impl Api {
     /// Whether an agent of this name is registered in the namespace.
     async fn agent_named(&self, namespace: &str, name: &str) -> Result<bool, Status> {
-        let mut page = crate::store::Page {
-            size: 1000,
-            after: None,
-        };
-        loop {
-            let (agents, next) = self.store.list_agents(namespace, &[], &page).await?;
-            if agents.iter().any(|a| a.name == name) {
-                return Ok(true);
-            }
-            match next {
-                Some(token) => page.after = Some(token),
-                None => return Ok(false),
-            }
-        }
+        let (_, names) = self.fleet(namespace).await?;
+        Ok(names.values().any(|n| n == name))
     }
 
     /// An agent the caller may see and steer (operators of its namespace);

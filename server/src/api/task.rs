@@ -24,22 +24,32 @@ const MAX_NAME: usize = 256;
 
 impl Api {
     /// Every agent of `namespace` as the matcher sees it (from the store, so
-    /// agents connected to other replicas count too).
+    /// agents connected to other replicas count too), with agent names by id.
     pub(crate) async fn fleet(
         &self,
         namespace: &str,
-    ) -> Result<Vec<switchyard_core::matcher::AgentView>, Status> {
+    ) -> Result<
+        (
+            Vec<switchyard_core::matcher::AgentView>,
+            BTreeMap<String, String>,
+        ),
+        Status,
+    > {
         let mut views = Vec::new();
+        let mut names = BTreeMap::new();
         let mut page = Page {
             size: 1000,
             after: None,
         };
         loop {
             let (agents, next) = self.store.list_agents(namespace, &[], &page).await?;
-            views.extend(agents.iter().map(mapping::agent_view));
+            for agent in &agents {
+                names.insert(agent.id.to_string(), agent.name.clone());
+                views.push(mapping::agent_view(agent));
+            }
             match next {
                 Some(token) => page.after = Some(token),
-                None => return Ok(views),
+                None => return Ok((views, names)),
             }
         }
     }
@@ -85,7 +95,7 @@ impl Api {
             .map_err(|_| Status::internal("stored placement is unreadable"))?;
         let compiled = core_placement::compile(&placement)
             .map_err(|_| Status::internal("stored placement does not compile"))?;
-        let fleet = self.fleet(&record.namespace).await?;
+        let (fleet, _) = self.fleet(&record.namespace).await?;
         Ok(matcher::explain(&compiled, &record.namespace, &fleet))
     }
 }
@@ -394,23 +404,7 @@ impl TaskService for TaskApi {
             .map_err(|_| Status::internal("stored placement is unreadable"))?;
         let compiled = core_placement::compile(&placement)
             .map_err(|_| Status::internal("stored placement does not compile"))?;
-        let mut names = BTreeMap::new();
-        let mut fleet = Vec::new();
-        let mut page = Page {
-            size: 1000,
-            after: None,
-        };
-        loop {
-            let (agents, next) = api.store.list_agents(&record.namespace, &[], &page).await?;
-            for a in &agents {
-                names.insert(a.id.to_string(), a.name.clone());
-                fleet.push(mapping::agent_view(a));
-            }
-            match next {
-                Some(token) => page.after = Some(token),
-                None => break,
-            }
-        }
+        let (fleet, names) = api.fleet(&record.namespace).await?;
         let explanation = matcher::explain(&compiled, &record.namespace, &fleet);
         let mut summary = explanation.summary.clone();
         match record.state {
