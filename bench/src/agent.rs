@@ -1,0 +1,330 @@
+//! A simulated agent: registers its document, holds one `Connect` stream
+//! (over a channel shared with other agents), heartbeats with JSON-Patch
+//! diffs of its drifting memory and load average, and does no-op work:
+//! every grant is answered at once with accepted, started and succeeded,
+//! pipelined without waiting for the acks. What it sees goes into the shared
+//! [`Counters`].
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use prost::Message;
+use prost_types::value::Kind;
+use serde_json::Value;
+use switchyard_proto::convert::{duration_ms, json_to_struct, patch_to_proto};
+use switchyard_proto::v1::{
+    self as pb, agent_service_client::AgentServiceClient, connect_request::Message as Up,
+    connect_response::Message as Down, lease_update::Update,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+use crate::fleet;
+
+/// What every agent and submitter of a run adds to; read by the report.
+#[derive(Debug)]
+pub struct Counters {
+    /// The run's time origin; payloads carry microseconds since it.
+    pub epoch: Instant,
+    /// Lease grants received.
+    pub grants: AtomicU64,
+    /// Succeeded reports the server acknowledged with OK.
+    pub completions: AtomicU64,
+    /// Reports or heartbeats the server refused (non-OK ack).
+    pub refused: AtomicU64,
+    /// Revocations received (e.g. grants not acknowledged in time).
+    pub revocations: AtomicU64,
+    /// Resync requests received (a diff the server could not apply).
+    pub resyncs: AtomicU64,
+    /// Heartbeats sent.
+    pub heartbeats: AtomicU64,
+    /// Encoded size of those heartbeats (protobuf `ConnectRequest`, without
+    /// the 5-byte gRPC frame header and HTTP/2 framing).
+    pub heartbeat_bytes: AtomicU64,
+    /// Sessions that got their Welcome.
+    pub welcomed: AtomicU64,
+    /// Sessions that ended before the run did.
+    pub lost: AtomicU64,
+    /// Microseconds since `epoch` of the last grant and the last completion.
+    pub last_grant_us: AtomicU64,
+    pub last_completion_us: AtomicU64,
+    /// Submit-to-grant-received latencies, in microseconds.
+    pub latencies_us: Mutex<Vec<u64>>,
+}
+
+impl Counters {
+    pub fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            grants: AtomicU64::new(0),
+            completions: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            revocations: AtomicU64::new(0),
+            resyncs: AtomicU64::new(0),
+            heartbeats: AtomicU64::new(0),
+            heartbeat_bytes: AtomicU64::new(0),
+            welcomed: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            last_grant_us: AtomicU64::new(0),
+            last_completion_us: AtomicU64::new(0),
+            latencies_us: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Microseconds since the epoch.
+    pub fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+}
+
+/// A registered agent, ready to connect.
+#[derive(Debug)]
+pub struct Registered {
+    index: usize,
+    document: Value,
+    reg: pb::RegisterAgentResponse,
+}
+
+/// Registers agent `index` of run `run` with its document.
+pub async fn register(
+    channel: Channel,
+    run: &str,
+    index: usize,
+    capacity: u32,
+) -> anyhow::Result<Registered> {
+    let document = fleet::document(index, capacity);
+    let reg = AgentServiceClient::new(channel)
+        .register_agent(pb::RegisterAgentRequest {
+            name: format!("bench-{run}-{index:05}"),
+            namespace: String::new(),
+            capabilities: Some(json_to_struct(&document)),
+            capacity,
+            runner: "switchyard-bench".into(),
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("registering agent {index}"))?
+        .into_inner();
+    Ok(Registered {
+        index,
+        document,
+        reg,
+    })
+}
+
+/// Runs one agent's session until `stop` turns true or the stream ends.
+/// Returns once the Welcome arrived through `welcomed`.
+pub async fn run(
+    channel: Channel,
+    agent: Registered,
+    counters: Arc<Counters>,
+    mut stop: watch::Receiver<bool>,
+    welcomed: tokio::sync::oneshot::Sender<()>,
+) -> anyhow::Result<()> {
+    let Registered {
+        index,
+        mut document,
+        reg,
+    } = agent;
+    let (tx, rx) = mpsc::channel::<pb::ConnectRequest>(256);
+    tx.send(pb::ConnectRequest {
+        sequence: 1,
+        message: Some(Up::Hello(pb::Hello {
+            agent_id: reg.agent_id.clone(),
+            session_epoch: reg.session_epoch,
+            held_leases: Vec::new(),
+        })),
+    })
+    .await
+    .context("queueing hello")?;
+    let mut stream = AgentServiceClient::new(channel)
+        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .with_context(|| format!("connecting agent {index}"))?
+        .into_inner();
+    let mut session = Session {
+        tx,
+        sequence: 1,
+        generation: reg.capability_generation,
+        succeeded: HashSet::new(),
+        acked: document.clone(),
+        pending: None,
+    };
+    let interval_ms = reg
+        .heartbeat_interval
+        .as_ref()
+        .and_then(duration_ms)
+        .unwrap_or(5_000)
+        .max(100) as u64;
+    // Spread the fleet's heartbeats over the interval instead of all at once.
+    let offset = (index as u64).wrapping_mul(7_919) % interval_ms;
+    let mut ticker = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_millis(offset),
+        Duration::from_millis(interval_ms),
+    );
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut welcomed = Some(welcomed);
+    let mut beat = 0u64;
+    let mut running = 0u32;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = ticker.tick(), if welcomed.is_none() => {
+                beat += 1;
+                fleet::drift(&mut document, index, beat);
+                // Diff against what the server acknowledged holding; while a
+                // diff or snapshot is unacknowledged, heartbeat without one.
+                let diff = if session.pending.is_none() {
+                    let patch = json_patch::diff(&session.acked, &document);
+                    (!patch.0.is_empty()).then(|| pb::CapabilityDiff {
+                        base_generation: session.generation,
+                        operations: patch_to_proto(&patch),
+                    })
+                } else {
+                    None
+                };
+                let carries_diff = diff.is_some();
+                let load = document["loadavg"]["1min"].as_f64().unwrap_or(0.0);
+                let heartbeat = Up::Heartbeat(pb::Heartbeat {
+                    status: pb::AgentStatus::Ready as i32,
+                    status_reasons: Vec::new(),
+                    load: Some(pb::AgentLoad { running_leases: running, load_average: load }),
+                    capability_diff: diff,
+                });
+                let bytes = session.send(heartbeat).await?;
+                if carries_diff {
+                    session.pending = Some((session.sequence, document.clone()));
+                }
+                counters.heartbeats.fetch_add(1, Ordering::Relaxed);
+                counters.heartbeat_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            }
+            item = stream.next() => {
+                let Some(item) = item else {
+                    counters.lost.fetch_add(1, Ordering::Relaxed);
+                    break;
+                };
+                let Some(message) = item.with_context(|| format!("agent {index} stream"))?.message else {
+                    continue;
+                };
+                match message {
+                    Down::Welcome(w) => {
+                        session.generation = w.capability_generation;
+                        counters.welcomed.fetch_add(1, Ordering::Relaxed);
+                        if let Some(tx) = welcomed.take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                    Down::LeaseGrant(grant) => {
+                        let now = counters.now_us();
+                        counters.grants.fetch_add(1, Ordering::Relaxed);
+                        counters.last_grant_us.fetch_max(now, Ordering::Relaxed);
+                        let task = grant.task.unwrap_or_default();
+                        if let Some(sent) = submitted_us(&task) {
+                            if let Ok(mut l) = counters.latencies_us.lock() {
+                                l.push(now.saturating_sub(sent));
+                            }
+                        }
+                        running += 1;
+                        for update in [
+                            Update::Accepted(pb::LeaseAccepted {}),
+                            Update::Started(pb::LeaseStarted {}),
+                            Update::Succeeded(pb::LeaseSucceeded { result: None }),
+                        ] {
+                            let last = matches!(update, Update::Succeeded(_));
+                            session.send(Up::LeaseUpdate(pb::LeaseUpdate {
+                                lease_id: grant.lease_id.clone(),
+                                task_id: task.task_id.clone(),
+                                fencing_token: grant.fencing_token,
+                                update: Some(update),
+                            })).await?;
+                            if last {
+                                session.succeeded.insert(session.sequence);
+                            }
+                        }
+                        running -= 1;
+                    }
+                    Down::Ack(ack) => {
+                        if session.pending.as_ref().is_some_and(|p| p.0 == ack.sequence) {
+                            if let Some((_, held)) = session.pending.take() {
+                                if ack.code == 0 {
+                                    session.acked = held;
+                                    session.generation = ack.capability_generation;
+                                }
+                            }
+                        }
+                        let was_success = session.succeeded.remove(&ack.sequence);
+                        if ack.code != 0 {
+                            counters.refused.fetch_add(1, Ordering::Relaxed);
+                        } else if was_success {
+                            counters.completions.fetch_add(1, Ordering::Relaxed);
+                            counters.last_completion_us.fetch_max(counters.now_us(), Ordering::Relaxed);
+                        }
+                    }
+                    Down::LeaseRevocation(_) => {
+                        counters.revocations.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Down::ResyncRequest(r) => {
+                        counters.resyncs.fetch_add(1, Ordering::Relaxed);
+                        session.generation = r.server_generation;
+                        session.send(Up::CapabilitySnapshot(pb::CapabilitySnapshot {
+                            capabilities: Some(json_to_struct(&document)),
+                            ..Default::default()
+                        })).await?;
+                        session.pending = Some((session.sequence, document.clone()));
+                    }
+                    Down::Drain(_) => {
+                        counters.lost.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The sending half of one session.
+struct Session {
+    tx: mpsc::Sender<pb::ConnectRequest>,
+    sequence: u64,
+    /// The capability generation the server last said it holds; the base of
+    /// the next diff.
+    generation: u64,
+    /// Sequence numbers of succeeded reports whose ack is outstanding.
+    succeeded: HashSet<u64>,
+    /// The document the server acknowledged holding at `generation`.
+    acked: Value,
+    /// A diff or snapshot in flight: its sequence and the document it makes.
+    pending: Option<(u64, Value)>,
+}
+
+impl Session {
+    /// Sends a message; returns its encoded size.
+    async fn send(&mut self, message: Up) -> anyhow::Result<usize> {
+        self.sequence += 1;
+        let request = pb::ConnectRequest {
+            sequence: self.sequence,
+            message: Some(message),
+        };
+        let len = request.encoded_len();
+        self.tx
+            .send(request)
+            .await
+            .map_err(|_| anyhow::anyhow!("session stream closed"))?;
+        Ok(len)
+    }
+}
+
+/// The submit time the submitter put in the task's payload.
+fn submitted_us(task: &pb::Task) -> Option<u64> {
+    let payload = task.payload.as_ref()?;
+    match payload.fields.get("submitted_us")?.kind.as_ref()? {
+        Kind::NumberValue(n) => Some(*n as u64),
+        _ => None,
+    }
+}

@@ -1,0 +1,199 @@
+//! The simulated fleet and the work it is given: SheetBot-shaped capability
+//! documents that differ in OS, architecture, tools and their versions,
+//! tags and memory, and a mix of placements from "any Linux agent" down to
+//! a few percent of the fleet. Everything is derived from the agent's index,
+//! so a run is reproducible; [`Mix::selectivity`] checks every placement
+//! against the fleet with the real matcher before any task is sent.
+
+use serde_json::{Value, json};
+use switchyard_core::document::software_entry;
+use switchyard_core::placement::compile;
+use switchyard_core::selector;
+
+/// Debian packages a build agent reports (SheetBot's `packages` list, cut down).
+const PACKAGES: &[&str] = &[
+    "bash", "build-essential", "ca-certificates", "cmake-data", "coreutils", "curl", "dpkg",
+    "g++", "gcc", "gdb", "git", "gnupg", "libc6-dev", "libssl-dev", "make", "openssh-client",
+    "perl", "pkg-config", "python3", "python3-pip", "rsync", "sudo", "tar", "unzip", "xz-utils",
+    "zip", "zlib1g-dev",
+];
+
+/// The operating system of agent `i`: 80% Linux, 10% macOS, 10% Windows.
+fn os(i: usize) -> &'static str {
+    match i % 10 {
+        3 => "macos",
+        7 => "windows",
+        _ => "linux",
+    }
+}
+
+/// The full capability document of agent `i` with `capacity` slots.
+pub fn document(i: usize, capacity: u32) -> Value {
+    let os = os(i);
+    let arch = if os == "macos" || (os == "linux" && i % 5 == 4) {
+        "aarch64"
+    } else {
+        "x86_64"
+    };
+    let cpus = [4, 8, 16, 32][i % 4];
+    let total = [8192, 16384, 32768, 65536][(i / 4) % 4];
+    let mut software = serde_json::Map::new();
+    let mut put = |name: &str, version: &str| {
+        software.insert(name.to_owned(), software_entry(version));
+    };
+    put("git", ["2.34.1", "2.39.2", "2.43.0"][i % 3]);
+    put("node", ["18.19.0", "20.11.1", "22.3.0"][(i / 3) % 3]);
+    put("python3", ["3.10.12", "3.11.9", "3.12.4"][(i / 2) % 3]);
+    put("cmake", ["3.22.1", "3.28.3"][i % 2]);
+    let docker = os == "linux" && (i / 10) % 2 == 0;
+    let mut tags = vec![json!(os), json!(arch)];
+    match os {
+        "linux" => {
+            put("clang", ["14.0.0", "18.1.3"][(i / 7) % 2]);
+            put("uv", "0.4.18");
+            if docker {
+                put("docker", "24.0.7");
+                tags.push(json!("docker"));
+            }
+            tags.push(json!(["ubuntu-22.04", "ubuntu-24.04"][(i / 5) % 2]));
+            if i % 10 == 1 {
+                tags.push(json!("gpu"));
+            }
+        }
+        "macos" => {
+            put("xcode", ["14.3.1", "15.4"][(i / 10) % 2]);
+            put("clang", "15.0.0");
+            tags.push(json!("macos-14"));
+        }
+        _ => {
+            put("msvc", ["19.38.33130", "19.40.33811"][(i / 10) % 2]);
+            tags.push(json!("windows-2022"));
+        }
+    }
+    let team = ["web", "infra", "mobile", "data"][i % 4];
+    let region = ["eu-west", "us-east", "ap-south"][i % 3];
+    let packages = if os == "linux" { json!(PACKAGES) } else { json!([]) };
+    json!({
+        "os": os,
+        "arch": arch,
+        "hostname": format!("{os}-build-{i:05}"),
+        "cpus": cpus,
+        "memory": {
+            "total": total,
+            "free": total / 3,
+            "available": total / 2,
+            "unit": "MB",
+        },
+        "loadavg": {"1min": 0.5, "5min": 0.4, "15min": 0.3},
+        "build": {"arch": arch, "os": os},
+        "software": software,
+        "tags": tags,
+        "max_concurrent_tasks": capacity,
+        "packages": packages,
+        "custom_properties": {
+            "team": team,
+            "region": region,
+        },
+    })
+}
+
+/// The next heartbeat's document: memory and load average drift, as a real
+/// machine's do; nothing else changes.
+pub fn drift(document: &mut Value, agent: usize, beat: u64) {
+    let total = document["memory"]["total"].as_u64().unwrap_or(8192);
+    // A cheap deterministic wobble, different per agent and per beat.
+    let w = (agent as u64).wrapping_mul(2_654_435_761).wrapping_add(beat.wrapping_mul(40_503)) % 1000;
+    document["memory"]["free"] = json!(total / 4 + total * w / 4000);
+    document["memory"]["available"] = json!(total / 3 + total * w / 3000);
+    let load = (w as f64) / 250.0;
+    document["loadavg"] = json!({
+        "1min": (load * 100.0).round() / 100.0,
+        "5min": (load * 80.0).round() / 100.0,
+        "15min": (load * 60.0).round() / 100.0,
+    });
+}
+
+/// One class of task in the mix.
+#[derive(Debug, Clone)]
+pub struct Class {
+    /// The selector the task carries.
+    pub selector: &'static str,
+    /// Relative weight in the mix.
+    pub weight: u32,
+    /// Fraction of the fleet that can run it (filled by [`Mix::selectivity`]).
+    pub eligible: f64,
+}
+
+/// The placements tasks are drawn from, in proportion to their weights.
+#[derive(Debug, Clone)]
+pub struct Mix {
+    /// The classes, in order.
+    pub classes: Vec<Class>,
+    total: u32,
+}
+
+impl Mix {
+    /// `mixed`: varied selectivity (about 80% of the fleet down to a few
+    /// percent); `any`: every task runs anywhere (no placement).
+    pub fn named(name: &str) -> anyhow::Result<Self> {
+        let classes: Vec<(&'static str, u32)> = match name {
+            "mixed" => vec![
+                ("linux", 40),
+                ("linux, docker, software.node.version@^20", 20),
+                ("memory.total>=32768, cpus>=16", 15),
+                ("gpu, software.python3.version@>=3.11", 10),
+                ("os=macos, software.xcode.version@^15", 5),
+                ("os=windows, arch=x86_64", 5),
+                ("custom_properties.team in (web, infra), custom_properties.region=eu-west, prefer 5: memory.total>=65536", 5),
+            ],
+            "any" => vec![("", 1)],
+            other => anyhow::bail!("unknown placement mix {other:?} (mixed, any)"),
+        };
+        let total = classes.iter().map(|c| c.1).sum();
+        Ok(Self {
+            classes: classes
+                .into_iter()
+                .map(|(selector, weight)| Class {
+                    selector,
+                    weight,
+                    eligible: 1.0,
+                })
+                .collect(),
+            total,
+        })
+    }
+
+    /// The selector of task number `n` (spread evenly through the run).
+    pub fn selector(&self, n: u64) -> &'static str {
+        // A multiplicative hash so the classes interleave instead of coming in runs.
+        let mut slot = (n.wrapping_mul(2_654_435_761) % u64::from(self.total)) as u32;
+        for c in &self.classes {
+            if slot < c.weight {
+                return c.selector;
+            }
+            slot -= c.weight;
+        }
+        self.classes[0].selector
+    }
+
+    /// Fills in each class's eligible fraction of `agents` agents with the
+    /// real matcher; fails if any class would match no agent (its tasks would
+    /// park forever and the run would never finish).
+    pub fn selectivity(&mut self, agents: usize, capacity: u32) -> anyhow::Result<()> {
+        let docs: Vec<Value> = (0..agents).map(|i| document(i, capacity)).collect();
+        for c in &mut self.classes {
+            let placement = selector::parse(c.selector)
+                .map_err(|e| anyhow::anyhow!("selector {:?}: {e}", c.selector))?;
+            let compiled = compile(&placement)
+                .map_err(|e| anyhow::anyhow!("selector {:?}: {e}", c.selector))?;
+            let n = docs.iter().filter(|d| compiled.unmet(d).is_none()).count();
+            anyhow::ensure!(
+                n > 0,
+                "no agent of {agents} can run {:?}; use more agents or --placements any",
+                c.selector
+            );
+            c.eligible = n as f64 / agents as f64;
+        }
+        Ok(())
+    }
+}

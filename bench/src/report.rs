@@ -1,0 +1,198 @@
+//! The result of a run: throughput, latency percentiles, heartbeat cost and
+//! the server's CPU and memory, printed as a table or as JSON.
+
+use serde::Serialize;
+
+/// Everything a run measured.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub agents: usize,
+    pub capacity: u32,
+    pub channels: usize,
+    pub tasks: u64,
+    pub placements: String,
+    /// Target submit rate in tasks/s; null when flat out.
+    pub target_rate: Option<f64>,
+    /// Selector and the fraction of the fleet that can run it.
+    pub selectivity: Vec<(String, f64)>,
+    /// Seconds to register and connect every agent.
+    pub connect_seconds: f64,
+    /// Seconds from the first submit to the last completion.
+    pub run_seconds: f64,
+    pub submitted: u64,
+    pub submit_errors: u64,
+    /// Achieved submit rate over the submit phase.
+    pub submits_per_sec: f64,
+    pub grants: u64,
+    pub completions: u64,
+    /// Grants received per second, first submit to last grant.
+    pub grants_per_sec: f64,
+    /// Completions acknowledged per second, first submit to last completion.
+    pub completions_per_sec: f64,
+    /// Submit-to-grant-received latency, milliseconds.
+    pub latency_ms: Percentiles,
+    pub revocations: u64,
+    pub refused: u64,
+    pub resyncs: u64,
+    pub sessions_lost: u64,
+    pub heartbeats: u64,
+    /// Mean encoded heartbeat size, bytes.
+    pub heartbeat_bytes_mean: f64,
+    /// Encoded heartbeat bytes sent per agent per minute of connection.
+    pub heartbeat_bytes_per_agent_minute: f64,
+    pub heartbeat_interval_ms: u64,
+    /// The server's process, when known.
+    pub server: Option<ServerCost>,
+}
+
+/// The server's resource use.
+#[derive(Debug, Serialize)]
+pub struct ServerCost {
+    pub pid: u32,
+    /// CPU seconds (user+system) during the task phase.
+    pub cpu_seconds: f64,
+    /// That, as percent of one core over the task phase.
+    pub cpu_percent: f64,
+    /// CPU seconds while the agents registered and connected.
+    pub connect_cpu_seconds: f64,
+    /// CPU percent of one core while idle with every agent connected
+    /// (heartbeats only), if `--hold-secs` was given.
+    pub idle_cpu_percent: Option<f64>,
+    /// `VmHWM` at the end, MiB.
+    pub peak_rss_mib: f64,
+    /// `VmRSS` at the end, MiB.
+    pub rss_mib: f64,
+    pub threads: u64,
+}
+
+/// Latency percentiles in milliseconds.
+#[derive(Debug, Serialize, Default)]
+pub struct Percentiles {
+    pub count: usize,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// From microsecond samples (sorted in place).
+    pub fn of(samples: &mut [u64]) -> Self {
+        if samples.is_empty() {
+            return Self::default();
+        }
+        samples.sort_unstable();
+        let at = |q: f64| {
+            let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
+            samples[i] as f64 / 1000.0
+        };
+        Self {
+            count: samples.len(),
+            p50: at(0.50),
+            p90: at(0.90),
+            p99: at(0.99),
+            max: samples[samples.len() - 1] as f64 / 1000.0,
+        }
+    }
+}
+
+impl Report {
+    /// A two-column table for people.
+    pub fn table(&self) -> String {
+        let mut rows: Vec<(String, String)> = vec![
+            (
+                "fleet".into(),
+                format!(
+                    "{} agents x capacity {} over {} channels",
+                    self.agents, self.capacity, self.channels
+                ),
+            ),
+            (
+                "tasks".into(),
+                format!(
+                    "{} ({} placements), rate {}",
+                    self.tasks,
+                    self.placements,
+                    self.target_rate
+                        .map(|r| format!("{r}/s"))
+                        .unwrap_or_else(|| "flat out".into())
+                ),
+            ),
+        ];
+        for (sel, frac) in &self.selectivity {
+            rows.push((
+                "  placement".into(),
+                format!("{:>5.1}% eligible  {}", frac * 100.0, if sel.is_empty() { "(none)" } else { sel }),
+            ));
+        }
+        let l = &self.latency_ms;
+        rows.extend([
+            ("connect".into(), format!("{:.2} s", self.connect_seconds)),
+            ("run".into(), format!("{:.2} s", self.run_seconds)),
+            (
+                "submitted".into(),
+                format!(
+                    "{} ({:.0}/s, {} errors)",
+                    self.submitted, self.submits_per_sec, self.submit_errors
+                ),
+            ),
+            (
+                "grants".into(),
+                format!("{} ({:.0}/s)", self.grants, self.grants_per_sec),
+            ),
+            (
+                "completions".into(),
+                format!("{} ({:.0}/s)", self.completions, self.completions_per_sec),
+            ),
+            (
+                "submit->grant ms".into(),
+                format!(
+                    "p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}  (n={})",
+                    l.p50, l.p90, l.p99, l.max, l.count
+                ),
+            ),
+            (
+                "revoked/refused/resync/lost".into(),
+                format!(
+                    "{}/{}/{}/{}",
+                    self.revocations, self.refused, self.resyncs, self.sessions_lost
+                ),
+            ),
+            (
+                "heartbeats".into(),
+                format!(
+                    "{} every {} ms, mean {:.0} B, {:.0} B/agent/min",
+                    self.heartbeats,
+                    self.heartbeat_interval_ms,
+                    self.heartbeat_bytes_mean,
+                    self.heartbeat_bytes_per_agent_minute
+                ),
+            ),
+        ]);
+        if let Some(s) = &self.server {
+            rows.push((
+                "server cpu".into(),
+                format!(
+                    "{:.2} s in run ({:.0}% of a core), {:.2} s connecting{}",
+                    s.cpu_seconds,
+                    s.cpu_percent,
+                    s.connect_cpu_seconds,
+                    s.idle_cpu_percent
+                        .map(|p| format!(", idle {p:.1}%"))
+                        .unwrap_or_default()
+                ),
+            ));
+            rows.push((
+                "server memory".into(),
+                format!(
+                    "peak RSS {:.1} MiB, RSS {:.1} MiB, {} threads (pid {})",
+                    s.peak_rss_mib, s.rss_mib, s.threads, s.pid
+                ),
+            ));
+        }
+        let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+        rows.iter()
+            .map(|(k, v)| format!("{k:<width$}  {v}\n"))
+            .collect()
+    }
+}
