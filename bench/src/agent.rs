@@ -224,11 +224,10 @@ pub async fn run(
                         counters.grants.fetch_add(1, Ordering::Relaxed);
                         counters.last_grant_us.fetch_max(now, Ordering::Relaxed);
                         let task = grant.task.unwrap_or_default();
-                        if let Some(sent) = submitted_us(&task) {
-                            if let Ok(mut l) = counters.latencies_us.lock() {
+                        if let Some(sent) = submitted_us(&task)
+                            && let Ok(mut l) = counters.latencies_us.lock() {
                                 l.push(now.saturating_sub(sent));
                             }
-                        }
                         running += 1;
                         for update in [
                             Update::Accepted(pb::LeaseAccepted {}),
@@ -249,14 +248,12 @@ pub async fn run(
                         running -= 1;
                     }
                     Down::Ack(ack) => {
-                        if session.pending.as_ref().is_some_and(|p| p.0 == ack.sequence) {
-                            if let Some((_, held)) = session.pending.take() {
-                                if ack.code == 0 {
+                        if session.pending.as_ref().is_some_and(|p| p.0 == ack.sequence)
+                            && let Some((_, held)) = session.pending.take()
+                                && ack.code == 0 {
                                     session.acked = held;
                                     session.generation = ack.capability_generation;
                                 }
-                            }
-                        }
                         let was_success = session.succeeded.remove(&ack.sequence);
                         if ack.code != 0 {
                             counters.refused.fetch_add(1, Ordering::Relaxed);

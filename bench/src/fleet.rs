@@ -12,10 +12,33 @@ use switchyard_core::selector;
 
 /// Debian packages a build agent reports (SheetBot's `packages` list, cut down).
 const PACKAGES: &[&str] = &[
-    "bash", "build-essential", "ca-certificates", "cmake-data", "coreutils", "curl", "dpkg",
-    "g++", "gcc", "gdb", "git", "gnupg", "libc6-dev", "libssl-dev", "make", "openssh-client",
-    "perl", "pkg-config", "python3", "python3-pip", "rsync", "sudo", "tar", "unzip", "xz-utils",
-    "zip", "zlib1g-dev",
+    "bash",
+    "build-essential",
+    "ca-certificates",
+    "cmake-data",
+    "coreutils",
+    "curl",
+    "dpkg",
+    "g++",
+    "gcc",
+    "gdb",
+    "git",
+    "gnupg",
+    "libc6-dev",
+    "libssl-dev",
+    "make",
+    "openssh-client",
+    "perl",
+    "pkg-config",
+    "python3",
+    "python3-pip",
+    "rsync",
+    "sudo",
+    "tar",
+    "unzip",
+    "xz-utils",
+    "zip",
+    "zlib1g-dev",
 ];
 
 /// The operating system of agent `i`: 80% Linux, 10% macOS, 10% Windows.
@@ -45,7 +68,7 @@ pub fn document(i: usize, capacity: u32) -> Value {
     put("node", ["18.19.0", "20.11.1", "22.3.0"][(i / 3) % 3]);
     put("python3", ["3.10.12", "3.11.9", "3.12.4"][(i / 2) % 3]);
     put("cmake", ["3.22.1", "3.28.3"][i % 2]);
-    let docker = os == "linux" && (i / 10) % 2 == 0;
+    let docker = os == "linux" && (i / 10).is_multiple_of(2);
     let mut tags = vec![json!(os), json!(arch)];
     match os {
         "linux" => {
@@ -72,7 +95,11 @@ pub fn document(i: usize, capacity: u32) -> Value {
     }
     let team = ["web", "infra", "mobile", "data"][i % 4];
     let region = ["eu-west", "us-east", "ap-south"][i % 3];
-    let packages = if os == "linux" { json!(PACKAGES) } else { json!([]) };
+    let packages = if os == "linux" {
+        json!(PACKAGES)
+    } else {
+        json!([])
+    };
     json!({
         "os": os,
         "arch": arch,
@@ -102,7 +129,10 @@ pub fn document(i: usize, capacity: u32) -> Value {
 pub fn drift(document: &mut Value, agent: usize, beat: u64) {
     let total = document["memory"]["total"].as_u64().unwrap_or(8192);
     // A cheap deterministic wobble, different per agent and per beat.
-    let w = (agent as u64).wrapping_mul(2_654_435_761).wrapping_add(beat.wrapping_mul(40_503)) % 1000;
+    let w = (agent as u64)
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(beat.wrapping_mul(40_503))
+        % 1000;
     document["memory"]["free"] = json!(total / 4 + total * w / 4000);
     document["memory"]["available"] = json!(total / 3 + total * w / 3000);
     let load = (w as f64) / 250.0;
@@ -144,7 +174,10 @@ impl Mix {
                 ("gpu, software.python3.version@>=3.11", 10),
                 ("os=macos, software.xcode.version@^15", 5),
                 ("os=windows, arch=x86_64", 5),
-                ("custom_properties.team in (web, infra), custom_properties.region=eu-west, prefer 5: memory.total>=65536", 5),
+                (
+                    "custom_properties.team in (web, infra), custom_properties.region=eu-west, prefer 5: memory.total>=65536",
+                    5,
+                ),
             ],
             "any" => vec![("", 1)],
             other => anyhow::bail!("unknown placement mix {other:?} (mixed, any)"),

@@ -52,13 +52,22 @@ struct Cli {
     #[arg(long, env = "SWITCHYARD_BENCH_DATABASE_URL")]
     database_url: Option<String>,
     /// Extra flags for the started server (repeat), e.g. `--server-arg=--ack-window-ms=10000`.
-    #[arg(long = "server-arg", env = "SWITCHYARD_BENCH_SERVER_ARGS", value_delimiter = ' ', allow_hyphen_values = true)]
+    #[arg(
+        long = "server-arg",
+        env = "SWITCHYARD_BENCH_SERVER_ARGS",
+        value_delimiter = ' ',
+        allow_hyphen_values = true
+    )]
     server_args: Vec<String>,
     /// Where the started server's logs go (discarded if unset).
     #[arg(long, env = "SWITCHYARD_BENCH_SERVER_LOG")]
     server_log: Option<PathBuf>,
     /// Heartbeat interval the started server tells agents to use, in ms.
-    #[arg(long, env = "SWITCHYARD_BENCH_HEARTBEAT_INTERVAL_MS", default_value_t = 5_000)]
+    #[arg(
+        long,
+        env = "SWITCHYARD_BENCH_HEARTBEAT_INTERVAL_MS",
+        default_value_t = 5_000
+    )]
     heartbeat_interval_ms: u64,
     /// Simulated agents.
     #[arg(long, env = "SWITCHYARD_BENCH_AGENTS", default_value_t = 50)]
@@ -83,7 +92,11 @@ struct Cli {
     #[arg(long, env = "SWITCHYARD_BENCH_PLACEMENTS", default_value = "mixed")]
     placements: String,
     /// Registrations and connects in flight at once.
-    #[arg(long, env = "SWITCHYARD_BENCH_CONNECT_CONCURRENCY", default_value_t = 64)]
+    #[arg(
+        long,
+        env = "SWITCHYARD_BENCH_CONNECT_CONCURRENCY",
+        default_value_t = 64
+    )]
     connect_concurrency: usize,
     /// After the tasks, stay connected this many seconds (heartbeats only)
     /// and report the server's idle CPU.
@@ -156,12 +169,7 @@ async fn channel(url: &str) -> anyhow::Result<Channel> {
         .with_context(|| format!("connecting to {url}"))
 }
 
-async fn drive(
-    cli: &Cli,
-    mix: &fleet::Mix,
-    url: &str,
-    pid: Option<u32>,
-) -> anyhow::Result<Report> {
+async fn drive(cli: &Cli, mix: &fleet::Mix, url: &str, pid: Option<u32>) -> anyhow::Result<Report> {
     let counters = Arc::new(Counters::new());
     let run_id = format!("{:x}", std::process::id() ^ (counters.now_us() as u32));
     let n_channels = if cli.channels == 0 {
@@ -231,7 +239,8 @@ async fn drive(
                     break;
                 }
                 if rate > 0.0 {
-                    tokio::time::sleep_until(start + Duration::from_secs_f64(n as f64 / rate)).await;
+                    tokio::time::sleep_until(start + Duration::from_secs_f64(n as f64 / rate))
+                        .await;
                 }
                 let selector = selectors[(n % selectors.len() as u64) as usize];
                 let request = pb::SubmitTaskRequest {
@@ -246,10 +255,10 @@ async fn drive(
                     }),
                     ..Default::default()
                 };
-                if let Err(status) = client.submit_task(request).await {
-                    if errors.fetch_add(1, Ordering::Relaxed) < 5 {
-                        eprintln!("submit {n} failed: {status}");
-                    }
+                if let Err(status) = client.submit_task(request).await
+                    && errors.fetch_add(1, Ordering::Relaxed) < 5
+                {
+                    eprintln!("submit {n} failed: {status}");
                 }
             }
         });

@@ -122,7 +122,11 @@ impl Report {
         for (sel, frac) in &self.selectivity {
             rows.push((
                 "  placement".into(),
-                format!("{:>5.1}% eligible  {}", frac * 100.0, if sel.is_empty() { "(none)" } else { sel }),
+                format!(
+                    "{:>5.1}% eligible  {}",
+                    frac * 100.0,
+                    if sel.is_empty() { "(none)" } else { sel }
+                ),
             ));
         }
         let l = &self.latency_ms;

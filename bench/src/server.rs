@@ -46,7 +46,10 @@ impl Spawned {
             .arg("--heartbeat-interval-ms")
             .arg(heartbeat_interval_ms.to_string())
             .args(extra)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(stderr)
             .kill_on_drop(true)
