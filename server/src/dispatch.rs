@@ -288,6 +288,16 @@ impl Dispatcher {
         self.wake();
     }
 
+    /// What matching says about a placement against the agents connected to
+    /// this replica (in memory; no store access).
+    pub fn local_outcome(
+        &self,
+        placement: &CompiledPlacement,
+        namespace: &str,
+    ) -> switchyard_core::matcher::Outcome {
+        self.state().index.explain(placement, namespace).outcome
+    }
+
     /// The agent's view in the index, if connected here.
     pub fn view(&self, agent_id: Uuid) -> Option<AgentView> {
         self.state().index.get(&agent_id.to_string()).cloned()

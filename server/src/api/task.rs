@@ -217,7 +217,25 @@ impl TaskService for TaskApi {
         if created {
             api.dispatcher.wake();
         }
-        let task = api.task_with_reason(&record).await?;
+        // The reason from this replica's connected agents, in memory: reading
+        // and matching the whole fleet on every submit costs more than the
+        // submit. GetTask and ExplainTask consult the whole fleet.
+        let mut task = mapping::task(&record);
+        if record.state == TaskState::Queued {
+            let reason = if record.not_before_ms > api.now_ms() {
+                pb::QueuedReason::Backoff
+            } else {
+                let compiled = core_placement::compile(&placement)
+                    .map_err(|_| Status::internal("placement does not compile"))?;
+                match api.dispatcher.local_outcome(&compiled, &record.namespace) {
+                    Outcome::Parked(_) => pb::QueuedReason::Parked,
+                    Outcome::WaitingForCapacity | Outcome::Placeable => {
+                        pb::QueuedReason::WaitingForCapacity
+                    }
+                }
+            };
+            task.queued_reason = reason as i32;
+        }
         Ok(Response::new(pb::SubmitTaskResponse {
             task: Some(task),
             created,
