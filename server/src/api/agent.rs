@@ -485,7 +485,8 @@ impl Session {
         let record = store.get_agent(self.agent_id).await?;
         // Operator changes move the generation too; acks report the real one.
         self.generation = record.generation;
-        if record.status != status || record.status_reasons != hb.status_reasons {
+        let mut changed = record.status != status || record.status_reasons != hb.status_reasons;
+        if changed {
             store
                 .set_agent_status(
                     self.agent_id,
@@ -498,13 +499,16 @@ impl Session {
         } else {
             store.touch_agent(self.agent_id, now).await?;
         }
-        if let Some(d) = hb.capability_diff
-            && let Some(resync) = self.apply_diff(&record, d, now).await?
-        {
-            self.send(resync).await;
+        if let Some(d) = hb.capability_diff {
+            match self.apply_diff(&record, d, now).await? {
+                Some(resync) => self.send(resync).await,
+                None => changed = true,
+            }
         }
-        let record = store.get_agent(self.agent_id).await?;
-        if let Some(mut view) = self.api.dispatcher.view(self.agent_id) {
+        // Most heartbeats change nothing; only a new status or document
+        // re-reads the agent and refreshes (and wakes) the dispatcher.
+        if changed && let Some(mut view) = self.api.dispatcher.view(self.agent_id) {
+            let record = store.get_agent(self.agent_id).await?;
             let fresh = mapping::agent_view(&record);
             view.document = fresh.document;
             view.status = fresh.status;

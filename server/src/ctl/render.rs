@@ -176,7 +176,9 @@ impl Printer {
             println!("  capabilities (generation {}):", caps.generation);
             let doc = opt_struct(caps.document.as_ref());
             for entry in &caps.provenance {
-                let value = switchyard_lookup(&doc, &entry.path);
+                let value = switchyard_core::document::lookup(&doc, &entry.path)
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
                 println!(
                     "    {:<40} {:<24} [{}]",
                     entry.path,
@@ -268,23 +270,4 @@ impl Printer {
         }
         println!("{line}");
     }
-}
-
-/// A value at a dotted path, rendered compactly.
-fn switchyard_lookup(doc: &Value, path: &str) -> String {
-    let mut cur = doc;
-    for seg in path.split('.') {
-        cur = match cur {
-            Value::Object(m) => match m.get(seg) {
-                Some(v) => v,
-                None => return String::new(),
-            },
-            Value::Array(a) => match seg.parse::<usize>().ok().and_then(|i| a.get(i)) {
-                Some(v) => v,
-                None => return String::new(),
-            },
-            _ => return String::new(),
-        };
-    }
-    cur.to_string()
 }
