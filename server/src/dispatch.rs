@@ -27,10 +27,12 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::api::mapping;
+use crate::batch::GroupCommit;
 use crate::clock::Clock;
 use crate::error::Result;
 use crate::store::{
-    GrantOutcome, GrantRequest, LeaseRecord, QueueCursor, Store, StoreEvent, TaskRecord,
+    GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, QueueCursor, ReportApplied, Store,
+    StoreEvent, TaskRecord,
 };
 
 /// How the dispatcher behaves; defaults suit production, tests shorten them.
@@ -112,6 +114,9 @@ struct Shared {
     /// Task state changes, for WatchTask (fed from the store's events, so
     /// changes made through other replicas arrive too).
     task_changes: broadcast::Sender<Uuid>,
+    /// Lease reports of every session, group-committed (started by
+    /// [`Dispatcher::spawn`]).
+    reports: std::sync::OnceLock<GroupCommit<LeaseReport, ReportApplied>>,
 }
 
 impl Dispatcher {
@@ -128,6 +133,7 @@ impl Dispatcher {
                 stopping: AtomicBool::new(false),
                 stopped: tokio::sync::watch::channel(false).0,
                 task_changes,
+                reports: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -157,12 +163,50 @@ impl Dispatcher {
 
     /// Starts the dispatch loop, the sweeper and the store-event listener.
     pub fn spawn(&self) -> Vec<tokio::task::JoinHandle<()>> {
+        let store = self.shared.store.clone();
+        // SQLite serialises writers: one transaction at a time; PostgreSQL
+        // commits several batches at once.
+        let in_flight = if store.backend() == "sqlite" { 1 } else { 4 };
+        let clock = self.shared.clock.clone();
+        let _ = self.shared.reports.set(GroupCommit::start(
+            512,
+            in_flight,
+            move |reports: Vec<LeaseReport>| {
+                let (store, now) = (store.clone(), clock.now_ms());
+                async move {
+                    crate::metrics::timed("apply_reports", store.apply_reports(&reports, now)).await
+                }
+            },
+        ));
         let events = self.shared.store.subscribe();
         vec![
             tokio::spawn(self.clone().dispatch_loop()),
             tokio::spawn(self.clone().sweep_loop()),
             tokio::spawn(self.clone().event_loop(events)),
         ]
+    }
+
+    /// Applies lease reports of a session, group-committed with other
+    /// sessions' reports; frees the agent's slot in the index for each lease
+    /// a final report ended.
+    pub async fn report(
+        &self,
+        reports: Vec<LeaseReport>,
+    ) -> std::result::Result<Vec<Result<ReportApplied>>, Status> {
+        let agents: Vec<Uuid> = reports.iter().map(|r| r.agent_id).collect();
+        let results = match self.shared.reports.get() {
+            Some(group) => group.submit(reports).await?,
+            None => {
+                let now = self.shared.clock.now_ms();
+                self.shared.store.apply_reports(&reports, now).await?
+            }
+        };
+        for (agent_id, result) in agents.iter().zip(&results) {
+            if matches!(result, Ok(ReportApplied { ended: true })) {
+                self.lease_ended(*agent_id);
+            }
+        }
+        Ok(results)
     }
 
     /// Asks the dispatch loop to run a round soon.

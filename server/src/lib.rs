@@ -11,6 +11,7 @@
 //! - [`api`]: the gRPC service implementations.
 //! - [`dispatch`]: matching queued tasks to connected agents, pushing
 //!   grants, sweeping expired and unacknowledged leases.
+//! - [`batch`]: group commit, many callers' small writes in one transaction.
 //! - [`clock`]: the injected clock.
 //! - [`auth`]: bearer tokens, roles and namespaces.
 //! - [`metrics`]: the Prometheus recorder and its HTTP endpoint.
@@ -22,6 +23,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod batch;
 pub mod clock;
 pub mod config;
 pub mod ctl;

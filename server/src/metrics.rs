@@ -33,6 +33,8 @@ pub const CONNECTED_AGENTS: &str = "switchyard_connected_agents";
 pub const STREAM_QUEUE_DEPTH: &str = "switchyard_stream_queue_depth";
 /// Store call latency by operation.
 pub const STORE_SECONDS: &str = "switchyard_store_seconds";
+/// Items per group-committed batch (lease reports, heartbeats, submits).
+pub const BATCH_ITEMS: &str = "switchyard_batch_items";
 /// Tasks by namespace and state.
 pub const TASKS: &str = "switchyard_tasks";
 

@@ -24,7 +24,11 @@ use super::convert::{duration, struct_to_json, timestamp};
 use super::{AgentApi, Api, invalid, mapping, namespace, parse_id};
 use crate::auth::Need;
 use crate::error::Error;
-use crate::store::{AgentRegistration, Completion, CompletionOutcome};
+use crate::store::{AgentRegistration, Completion, CompletionOutcome, LeaseReport, ReportKind};
+
+/// Messages of one session read and handled at once (their lease reports
+/// go to the store in one group commit).
+const MAX_MESSAGES_AT_ONCE: usize = 128;
 
 /// The agent's document with the operator tier merged over it, and the
 /// provenance of every leaf: the agent's own (tiers it reported; unknown
@@ -369,28 +373,46 @@ impl AgentService for AgentApi {
                     tx,
                     generation: record.generation,
                 };
-                loop {
-                    let message = tokio::select! {
-                        message = inbound.next() => match message {
-                            Some(message) => message,
-                            None => break,
-                        },
+                let mut ended = false;
+                while !ended {
+                    let first = tokio::select! {
+                        message = inbound.next() => message,
                         () = close.notified() => break,
                     };
+                    // What the agent sent meanwhile is handled together, so
+                    // its lease reports share one group commit.
+                    let mut messages = Vec::new();
+                    let mut next = first;
+                    loop {
+                        match next {
+                            Some(Ok(message)) => messages.push(message),
+                            Some(Err(status)) => {
+                                debug!(%status, "agent stream ended with an error");
+                                ended = true;
+                                break;
+                            }
+                            None => {
+                                ended = true;
+                                break;
+                            }
+                        }
+                        if messages.len() >= MAX_MESSAGES_AT_ONCE {
+                            break;
+                        }
+                        match ready_now(&mut inbound) {
+                            Some(message) => next = message,
+                            None => break,
+                        }
+                    }
                     if !api.dispatcher.is_current(agent_id, epoch) {
                         break;
                     }
-                    match message {
-                        Ok(message) => {
-                            api.dispatcher.touch(agent_id);
-                            if let Err(err) = session.handle(message).await {
-                                warn!(cause = %err, "session message failed");
-                            }
-                        }
-                        Err(status) => {
-                            debug!(%status, "agent stream ended with an error");
-                            break;
-                        }
+                    if messages.is_empty() {
+                        continue;
+                    }
+                    api.dispatcher.touch(agent_id);
+                    if let Err(err) = session.handle_all(messages).await {
+                        warn!(cause = %err, "session message failed");
                     }
                 }
                 if api.dispatcher.detach(agent_id, epoch) {
@@ -406,6 +428,15 @@ impl AgentService for AgentApi {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+}
+
+/// The stream's next item if it is already there, without waiting.
+fn ready_now<S: tokio_stream::Stream + Unpin>(stream: &mut S) -> Option<Option<S::Item>> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::Pin::new(stream).poll_next(&mut cx) {
+        std::task::Poll::Ready(item) => Some(item),
+        std::task::Poll::Pending => None,
     }
 }
 
@@ -426,6 +457,65 @@ impl Session {
         let _ = self.tx.try_send(Ok(message));
     }
 
+    /// Handles messages in order; consecutive lease reports are applied
+    /// together (one group commit) before the next other message.
+    async fn handle_all(&mut self, messages: Vec<pb::ConnectRequest>) -> Result<(), Status> {
+        let mut reports: Vec<(u64, LeaseReport)> = Vec::new();
+        let mut outcome = Ok(());
+        for request in messages {
+            if let Some(Up::LeaseUpdate(update)) = request.message {
+                match self.to_report(update) {
+                    Ok(report) => reports.push((request.sequence, report)),
+                    Err(status) => {
+                        let reply = ack(
+                            request.sequence,
+                            status.code(),
+                            status.message(),
+                            self.generation,
+                        );
+                        self.send(reply).await;
+                    }
+                }
+                continue;
+            }
+            self.flush_reports(std::mem::take(&mut reports)).await;
+            if let Err(status) = self.handle(request).await {
+                outcome = Err(status);
+            }
+        }
+        self.flush_reports(reports).await;
+        outcome
+    }
+
+    /// Applies lease reports and acknowledges each.
+    async fn flush_reports(&mut self, reports: Vec<(u64, LeaseReport)>) {
+        if reports.is_empty() {
+            return;
+        }
+        let (sequences, reports): (Vec<u64>, Vec<LeaseReport>) = reports.into_iter().unzip();
+        match self.api.dispatcher.report(reports).await {
+            Ok(results) => {
+                for (sequence, result) in sequences.into_iter().zip(results) {
+                    let reply = match result {
+                        Ok(_) => ack(sequence, Code::Ok, "", self.generation),
+                        Err(err) => {
+                            let status = Status::from(err);
+                            ack(sequence, status.code(), status.message(), self.generation)
+                        }
+                    };
+                    self.send(reply).await;
+                }
+            }
+            Err(status) => {
+                warn!(%status, "lease reports failed");
+                for sequence in sequences {
+                    let reply = ack(sequence, status.code(), status.message(), self.generation);
+                    self.send(reply).await;
+                }
+            }
+        }
+    }
+
     async fn handle(&mut self, request: pb::ConnectRequest) -> Result<(), Status> {
         let sequence = request.sequence;
         let now = self.api.now_ms();
@@ -443,7 +533,23 @@ impl Session {
                 self.generation,
             )),
             Some(Up::Heartbeat(heartbeat)) => self.heartbeat(sequence, heartbeat, now).await,
-            Some(Up::LeaseUpdate(update)) => Ok(self.lease_update(sequence, update, now).await),
+            Some(Up::LeaseUpdate(update)) => {
+                let report = self.to_report(update);
+                let result = match report {
+                    Ok(report) => self
+                        .api
+                        .dispatcher
+                        .report(vec![report])
+                        .await
+                        .and_then(|mut r| r.pop().ok_or_else(|| Status::internal("no result")))
+                        .and_then(|r| r.map_err(Status::from)),
+                    Err(status) => Err(status),
+                };
+                Ok(match result {
+                    Ok(_) => ack(sequence, Code::Ok, "", self.generation),
+                    Err(status) => ack(sequence, status.code(), status.message(), self.generation),
+                })
+            }
             Some(Up::CapabilitySnapshot(snapshot)) => self.snapshot(sequence, snapshot, now).await,
         };
         // A store failure still gets an answer (e.g. UNAVAILABLE), never silence.
@@ -632,60 +738,19 @@ impl Session {
         Ok(ack(sequence, Code::Ok, "", generation))
     }
 
-    async fn lease_update(
-        &mut self,
-        sequence: u64,
-        u: pb::LeaseUpdate,
-        now: i64,
-    ) -> pb::ConnectResponse {
-        match self.apply_lease_update(u, now).await {
-            Ok(()) => ack(sequence, Code::Ok, "", self.generation),
-            Err(status) => ack(sequence, status.code(), status.message(), self.generation),
-        }
-    }
-
-    async fn apply_lease_update(&mut self, u: pb::LeaseUpdate, now: i64) -> Result<(), Status> {
+    /// A lease update as a store report, validated (INVALID_ARGUMENT naming
+    /// the field otherwise).
+    fn to_report(&self, u: pb::LeaseUpdate) -> Result<LeaseReport, Status> {
         use pb::lease_update::Update;
         let lease_id = parse_id("lease_update.lease_id", &u.lease_id)?;
         let task_id = parse_id("lease_update.task_id", &u.task_id)?;
-        let store = &self.api.store;
-        let token = u.fencing_token;
-        let outcome = match u.update {
+        let kind = match u.update {
             None => return Err(invalid("lease_update.update", "empty")),
-            Some(Update::Accepted(_)) => {
-                if store
-                    .ack_leases(self.agent_id, &[(lease_id, token)], now)
-                    .await?
-                    == 0
-                {
-                    // Nothing changed: fine if already acknowledged, refused otherwise.
-                    let lease = store.get_lease(lease_id).await?;
-                    let held = lease.agent_id == self.agent_id
-                        && lease.fencing_token == token
-                        && lease.acked
-                        && matches!(lease.state, crate::store::LeaseState::Active);
-                    if !held {
-                        return Err(Status::failed_precondition(format!(
-                            "lease {lease_id} is no longer held by this agent with token {token}"
-                        )));
-                    }
-                }
-                return Ok(());
-            }
-            Some(Update::Started(_)) => {
-                store
-                    .report_started(lease_id, task_id, self.agent_id, token, now)
-                    .await?;
-                return Ok(());
-            }
-            Some(Update::Progress(p)) => {
-                let progress =
-                    json!({"percent": p.percent, "message": p.message, "reported_at_ms": now});
-                store
-                    .report_progress(lease_id, task_id, self.agent_id, token, progress, now)
-                    .await?;
-                return Ok(());
-            }
+            Some(Update::Accepted(_)) => ReportKind::Accepted,
+            Some(Update::Started(_)) => ReportKind::Started,
+            Some(Update::Progress(p)) => ReportKind::Progress(
+                json!({"percent": p.percent, "message": p.message, "reported_at_ms": self.api.now_ms()}),
+            ),
             Some(Update::Succeeded(s)) => {
                 let result = match &s.result {
                     Some(r) => struct_to_json(r).map_err(|e| {
@@ -708,7 +773,7 @@ impl Session {
                         &v.reason,
                     ));
                 }
-                CompletionOutcome::Succeeded { result }
+                ReportKind::Final(CompletionOutcome::Succeeded { result })
             }
             Some(Update::Failed(f)) => {
                 let e = f.error.unwrap_or_default();
@@ -718,29 +783,21 @@ impl Session {
                     None => Value::Null,
                 };
                 let error = json!({"message": e.message, "code": e.code, "retryable": e.retryable, "details": details});
-                CompletionOutcome::Failed {
+                ReportKind::Final(CompletionOutcome::Failed {
                     error,
                     retryable: e.retryable,
-                }
+                })
             }
-            Some(Update::Released(r)) => CompletionOutcome::Released { reason: r.reason },
+            Some(Update::Released(r)) => {
+                ReportKind::Final(CompletionOutcome::Released { reason: r.reason })
+            }
         };
-        let completion = Completion {
+        Ok(LeaseReport {
             lease_id,
             task_id,
             agent_id: self.agent_id,
-            fencing_token: token,
-            outcome,
-        };
-        let mut results = store
-            .complete_leases(std::slice::from_ref(&completion), now)
-            .await?;
-        let result = results
-            .pop()
-            .ok_or_else(|| Status::internal("no completion result"))??;
-        if !result.duplicate {
-            self.api.dispatcher.lease_ended(self.agent_id);
-        }
-        Ok(())
+            fencing_token: u.fencing_token,
+            kind,
+        })
     }
 }

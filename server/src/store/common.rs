@@ -11,9 +11,10 @@
 //! Lock order, to keep PostgreSQL free of deadlocks: grants lock agent rows
 //! (sorted by id) and then skip task rows that are locked; every other
 //! transition locks task rows (in task id order within a batch), then lease
-//! rows, and releases agent slots last, in agent id order.
+//! rows, and never agent rows: an agent's load is the count of its live
+//! leases, so final reports and grants never queue on one agent row.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -313,9 +314,6 @@ pub(crate) fn check_holder<'l>(
     }
 }
 
-/// Agent slots freed by a transaction, applied last in agent id order.
-pub(crate) type FreedSlots = BTreeMap<Uuid, i64>;
-
 /// The SELECT list and FROM clause that read a [`TaskRecord`](super::TaskRecord)
 /// (the lease expiry comes from the live lease).
 macro_rules! task_select {
@@ -340,7 +338,9 @@ macro_rules! lease_columns {
 macro_rules! agent_columns {
     () => {
         "id, namespace, name, document, provenance, rejections, reported, operator_overrides, \
-         generation, status, status_reasons, capacity, active_leases, drained, labels, runner, \
+         generation, status, status_reasons, capacity, \
+         (SELECT COUNT(*) FROM leases l WHERE l.agent_id = agents.id \
+         AND l.state IN ('granted', 'active')) AS active_leases, drained, labels, runner, \
          session_epoch, last_seen_at_ms, registered_at_ms"
     };
 }
@@ -363,7 +363,7 @@ macro_rules! store_common {
 
         use $crate::error::{Error as __Error, Result as __Result};
         use $crate::store::common::{
-            CompletionPlan, FreedSlots, SettledAttempt, agent_columns, check_holder, db,
+            CompletionPlan, SettledAttempt, agent_columns, check_holder, db,
             lease_columns, lease_lost_error, parse_task_cursor, plan_completion, task_cursor,
             task_select, to_i64, to_u32, to_u64,
         };
@@ -591,23 +591,6 @@ macro_rules! store_common {
             .execute(&mut *conn)
             .await
             .map_err(db("appending a task event"))?;
-            Ok(())
-        }
-
-        /// Gives back agent slots, in agent id order (the last locks a
-        /// transition takes).
-        async fn free_slots(conn: &mut $conn, freed: &FreedSlots) -> __Result<()> {
-            for (agent_id, count) in freed {
-                sqlx::query(
-                    "UPDATE agents SET active_leases = CASE WHEN active_leases > $2 \
-                     THEN active_leases - $2 ELSE 0 END WHERE id = $1",
-                )
-                .bind(agent_id)
-                .bind(count)
-                .execute(&mut *conn)
-                .await
-                .map_err(db("freeing agent capacity"))?;
-            }
             Ok(())
         }
 
@@ -957,7 +940,6 @@ macro_rules! store_common {
             state: LeaseState,
             outcome: Option<&str>,
             now_ms: i64,
-            freed: &mut FreedSlots,
         ) -> __Result<bool> {
             let due_by = (state == LeaseState::Expired).then_some(now_ms);
             let done = sqlx::query(
@@ -976,7 +958,6 @@ macro_rules! store_common {
             if done.rows_affected() == 0 {
                 return Ok(false);
             }
-            *freed.entry(lease.agent_id).or_default() += 1;
             Ok(true)
         }
 
@@ -1029,10 +1010,9 @@ macro_rules! store_common {
             lease: &LeaseRecord,
             settled: &SettledAttempt,
             now_ms: i64,
-            freed: &mut FreedSlots,
             events: &mut Vec<StoreEvent>,
         ) -> __Result<()> {
-            if !end_lease(conn, lease, settled.lease_state, Some(settled.outcome), now_ms, freed)
+            if !end_lease(conn, lease, settled.lease_state, Some(settled.outcome), now_ms)
                 .await?
             {
                 return Err(__Error::LeaseNotHeld {
@@ -1089,14 +1069,13 @@ macro_rules! store_common {
             }
         }
 
-        /// One final report, row by row (the SQLite path).
-        #[allow(dead_code)]
+        /// One final report, row by row (SQLite's batches and every
+        /// backend's group-committed lease reports).
         async fn complete_one(
             conn: &mut $conn,
             completion: &Completion,
             backoff_base_ms: i64,
             now_ms: i64,
-            freed: &mut FreedSlots,
             events: &mut Vec<StoreEvent>,
         ) -> __Result<CompletionResult> {
             let task = lock_task(conn, completion.task_id).await?;
@@ -1114,7 +1093,7 @@ macro_rules! store_common {
                     duplicate: true,
                 });
             };
-            apply_settlement(conn, &task, &lease, &settled, now_ms, freed, events).await?;
+            apply_settlement(conn, &task, &lease, &settled, now_ms, events).await?;
             Ok(CompletionResult {
                 task: must_fetch_task(conn, task.id).await?,
                 duplicate: false,
@@ -1134,14 +1113,12 @@ macro_rules! store_common {
             order.sort_by_key(|&i| completions[i].task_id);
             let mut results: Vec<Option<__Result<CompletionResult>>> =
                 completions.iter().map(|_| None).collect();
-            let mut freed = FreedSlots::new();
             for i in order {
                 let outcome = complete_one(
                     conn,
                     &completions[i],
                     backoff_base_ms,
                     now_ms,
-                    &mut freed,
                     events,
                 )
                 .await;
@@ -1155,13 +1132,255 @@ macro_rules! store_common {
                 };
                 results[i] = Some(outcome);
             }
-            free_slots(conn, &freed).await?;
             Ok(results
                 .into_iter()
                 .map(|r| {
                     r.unwrap_or(Err(__Error::Corrupt {
                         context: "completing leases",
                         detail: "an item was not processed".to_owned(),
+                    }))
+                })
+                .collect())
+        }
+
+        /// An `accepted` report: GRANTED to ACTIVE; a repeat for a lease the
+        /// agent already acknowledged (and still holds) is fine.
+        async fn accept_one(
+            conn: &mut $conn,
+            report: &LeaseReport,
+            now_ms: i64,
+        ) -> __Result<ReportApplied> {
+            let lease = (report.lease_id, report.fencing_token);
+            if ack_leases(conn, report.agent_id, &[lease], now_ms).await? == 0 {
+                let held = fetch_lease(conn, report.lease_id).await?.is_some_and(|l| {
+                    l.agent_id == report.agent_id
+                        && l.fencing_token == report.fencing_token
+                        && l.acked
+                        && l.state == LeaseState::Active
+                });
+                if !held {
+                    return Err(__Error::LeaseNotHeld {
+                        lease_id: report.lease_id,
+                        agent_id: report.agent_id,
+                    });
+                }
+            }
+            Ok(ReportApplied { ended: false })
+        }
+
+        /// `accepted` and `started` of a freshly granted lease, and perhaps
+        /// its final report, applied in one pass: the same rows, history and
+        /// outcome as applying them one by one, in fewer statements (the
+        /// task goes from LEASED straight to its end state when the end is
+        /// there). `None` if the lease is not freshly granted to the
+        /// reporter; the caller then applies the reports one by one.
+        async fn run_attempt(
+            conn: &mut $conn,
+            report: &LeaseReport,
+            end: Option<&CompletionOutcome>,
+            backoff_base_ms: i64,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<Option<__Result<ReportApplied>>> {
+            let task = lock_task(conn, report.task_id).await?;
+            let Some((lease, recorded)) = fetch_lease_outcome(conn, report.lease_id).await? else {
+                return Ok(None);
+            };
+            let holder = check_holder(
+                &task,
+                Some(&lease),
+                report.lease_id,
+                report.agent_id,
+                report.fencing_token,
+            );
+            if holder.is_err() || lease.state != LeaseState::Granted || task.state != TaskState::Leased
+            {
+                return Ok(None);
+            }
+            sqlx::query(
+                "UPDATE leases SET state = 'active', acked = TRUE WHERE id = $1 AND state = 'granted'",
+            )
+            .bind(report.lease_id)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("activating a lease"))?;
+            let (agent, lease_id) = (Some(report.agent_id), Some(report.lease_id));
+            append_event(
+                conn,
+                task.id,
+                "accepted",
+                TaskState::Leased,
+                "the agent acknowledged the lease",
+                agent,
+                lease_id,
+                now_ms,
+            )
+            .await?;
+            if end.is_none() {
+                sqlx::query("UPDATE tasks SET state = 'running', updated_at_ms = $2 WHERE id = $1")
+                    .bind(task.id)
+                    .bind(now_ms)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db("marking a task running"))?;
+                events.push(StoreEvent::TaskChanged {
+                    task_id: task.id,
+                    state: TaskState::Running,
+                });
+            }
+            append_event(
+                conn,
+                task.id,
+                "started",
+                TaskState::Running,
+                "the agent started the task",
+                agent,
+                lease_id,
+                now_ms,
+            )
+            .await?;
+            let Some(outcome) = end else {
+                return Ok(Some(Ok(ReportApplied { ended: false })));
+            };
+            let running = TaskRecord {
+                state: TaskState::Running,
+                ..task
+            };
+            let active = LeaseRecord {
+                state: LeaseState::Active,
+                acked: true,
+                ..lease
+            };
+            let completion = Completion {
+                lease_id: report.lease_id,
+                task_id: report.task_id,
+                agent_id: report.agent_id,
+                fencing_token: report.fencing_token,
+                outcome: outcome.clone(),
+            };
+            let plan = match plan_completion(
+                &running,
+                Some((&active, recorded.as_deref())),
+                &completion,
+                backoff_base_ms,
+                now_ms,
+            ) {
+                Ok(CompletionPlan::Settle(settled)) => settled,
+                Ok(CompletionPlan::Duplicate) => {
+                    return Ok(Some(Ok(ReportApplied { ended: false })));
+                }
+                Err(refusal) => return Ok(Some(Err(refusal))),
+            };
+            apply_settlement(conn, &running, &active, &plan, now_ms, events).await?;
+            Ok(Some(Ok(ReportApplied { ended: true })))
+        }
+
+        /// Lease reports of many sessions in one transaction, in task id
+        /// order (a stable sort: reports about one task keep their order),
+        /// each applied or refused on its own. Agent rows are never touched:
+        /// an agent's load is the count of its live leases.
+        async fn apply_reports(
+            conn: &mut $conn,
+            reports: &[LeaseReport],
+            backoff_base_ms: i64,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<Vec<__Result<ReportApplied>>> {
+            let mut order: Vec<usize> = (0..reports.len()).collect();
+            order.sort_by_key(|&i| reports[i].task_id);
+            let mut results: Vec<Option<__Result<ReportApplied>>> =
+                reports.iter().map(|_| None).collect();
+            let same_lease = |a: &LeaseReport, b: &LeaseReport| {
+                a.lease_id == b.lease_id
+                    && a.task_id == b.task_id
+                    && a.agent_id == b.agent_id
+                    && a.fencing_token == b.fencing_token
+            };
+            let mut k = 0;
+            while k < order.len() {
+                // A whole attempt reported at once (accepted, started and
+                // perhaps the end, as a quick task's agent sends them):
+                // applied in one pass over the task and lease rows.
+                let i = order[k];
+                let r = &reports[i];
+                let next = |n: usize| order.get(k + n).map(|&j| &reports[j]);
+                if r.kind == ReportKind::Accepted
+                    && let Some(started) = next(1)
+                    && started.kind == ReportKind::Started
+                    && same_lease(r, started)
+                {
+                    let end = next(2).filter(|f| same_lease(r, f)).and_then(|f| match &f.kind {
+                        ReportKind::Final(outcome) => Some(outcome),
+                        _ => None,
+                    });
+                    if let Some(outcome) =
+                        run_attempt(conn, r, end, backoff_base_ms, now_ms, events).await?
+                    {
+                        results[i] = Some(Ok(ReportApplied { ended: false }));
+                        results[order[k + 1]] = Some(Ok(ReportApplied { ended: false }));
+                        if end.is_some() {
+                            results[order[k + 2]] = Some(outcome);
+                            k += 3;
+                        } else {
+                            k += 2;
+                        }
+                        continue;
+                    }
+                }
+                k += 1;
+                let outcome = match &r.kind {
+                    ReportKind::Accepted => accept_one(conn, r, now_ms).await,
+                    ReportKind::Started => report_started(
+                        conn,
+                        r.lease_id,
+                        r.task_id,
+                        r.agent_id,
+                        r.fencing_token,
+                        now_ms,
+                        events,
+                    )
+                    .await
+                    .map(|_| ReportApplied { ended: false }),
+                    ReportKind::Progress(progress) => report_progress(
+                        conn,
+                        r.lease_id,
+                        r.task_id,
+                        r.agent_id,
+                        r.fencing_token,
+                        progress,
+                        now_ms,
+                    )
+                    .await
+                    .map(|_| ReportApplied { ended: false }),
+                    ReportKind::Final(outcome) => {
+                        let completion = Completion {
+                            lease_id: r.lease_id,
+                            task_id: r.task_id,
+                            agent_id: r.agent_id,
+                            fencing_token: r.fencing_token,
+                            outcome: outcome.clone(),
+                        };
+                        complete_one(conn, &completion, backoff_base_ms, now_ms, events)
+                            .await
+                            .map(|c| ReportApplied { ended: !c.duplicate })
+                    }
+                };
+                let outcome = match outcome {
+                    // A database failure fails the whole batch (the
+                    // transaction is unusable); refusals fail one report.
+                    Err(err @ (__Error::Store { .. } | __Error::Corrupt { .. })) => {
+                        return Err(err);
+                    }
+                    other => other,
+                };
+                results[i] = Some(outcome);
+            }
+            Ok(results
+                .into_iter()
+                .map(|r| {
+                    r.unwrap_or(Err(__Error::Corrupt {
+                        context: "applying lease reports",
+                        detail: "a report was not processed".to_owned(),
                     }))
                 })
                 .collect())
@@ -1178,14 +1397,13 @@ macro_rules! store_common {
             count_attempt: bool,
             reason: &str,
             now_ms: i64,
-            freed: &mut FreedSlots,
             events: &mut Vec<StoreEvent>,
         ) -> __Result<Option<(LeaseRecord, TaskRecord)>> {
             let Some(lease) = fetch_lease(conn, lease_id).await? else {
                 return Ok(None);
             };
             let task = lock_task(conn, lease.task_id).await?;
-            if !end_lease(conn, &lease, lease_state, None, now_ms, freed).await? {
+            if !end_lease(conn, &lease, lease_state, None, now_ms).await? {
                 return Ok(None);
             }
             let who = (Some(lease.agent_id), Some(lease_id));
@@ -1271,7 +1489,6 @@ macro_rules! store_common {
             .fetch_all(&mut *conn)
             .await
             .map_err(db("finding expired leases"))?;
-            let mut freed = FreedSlots::new();
             let mut reclaimed = Vec::new();
             for lease_id in due {
                 if let Some(pair) = reclaim(
@@ -1281,7 +1498,6 @@ macro_rules! store_common {
                     true,
                     "the lease expired",
                     now_ms,
-                    &mut freed,
                     events,
                 )
                 .await?
@@ -1289,7 +1505,6 @@ macro_rules! store_common {
                     reclaimed.push(pair);
                 }
             }
-            free_slots(conn, &freed).await?;
             Ok(reclaimed)
         }
 
@@ -1309,7 +1524,6 @@ macro_rules! store_common {
             .fetch_all(&mut *conn)
             .await
             .map_err(db("finding unacknowledged leases"))?;
-            let mut freed = FreedSlots::new();
             let mut revoked = Vec::new();
             for lease_id in due {
                 if let Some(pair) = reclaim(
@@ -1319,7 +1533,6 @@ macro_rules! store_common {
                     false,
                     "the agent never acknowledged the lease",
                     now_ms,
-                    &mut freed,
                     events,
                 )
                 .await?
@@ -1327,7 +1540,6 @@ macro_rules! store_common {
                     revoked.push(pair);
                 }
             }
-            free_slots(conn, &freed).await?;
             Ok(revoked)
         }
 

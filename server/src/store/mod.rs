@@ -28,9 +28,9 @@ use uuid::Uuid;
 
 pub use model::{
     AgentRecord, AgentRegistration, Completion, CompletionOutcome, CompletionResult,
-    DEFAULT_BACKOFF_BASE_MS, GrantOutcome, GrantRefusal, GrantRequest, LeaseRecord, LeaseState,
-    MAX_BACKOFF_MS, NewTask, Page, QueueCursor, StoreEvent, TaskEventRecord, TaskFilter,
-    TaskRecord, TaskState, TokenRecord, UnknownState, backoff_ms,
+    DEFAULT_BACKOFF_BASE_MS, GrantOutcome, GrantRefusal, GrantRequest, LeaseRecord, LeaseReport,
+    LeaseState, MAX_BACKOFF_MS, NewTask, Page, QueueCursor, ReportApplied, ReportKind, StoreEvent,
+    TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord, UnknownState, backoff_ms,
 };
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -121,6 +121,16 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
         completions: &[Completion],
         now_ms: i64,
     ) -> Result<Vec<Result<CompletionResult>>>;
+    /// Lease reports of many sessions (accepted, started, progress, final),
+    /// in one transaction: the server's group commit. Reports about one
+    /// task are applied in the order given; a refused report (stale token,
+    /// lease not held, wrong state) changes nothing and does not affect the
+    /// others; a database failure fails the whole batch.
+    async fn apply_reports(
+        &self,
+        reports: &[LeaseReport],
+        now_ms: i64,
+    ) -> Result<Vec<Result<ReportApplied>>>;
     /// Revokes grants never acknowledged and granted before
     /// `older_than_ms`: leases RELEASED, tasks back to QUEUED without
     /// counting an attempt.

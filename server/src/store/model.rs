@@ -454,6 +454,45 @@ pub struct Completion {
     pub outcome: CompletionOutcome,
 }
 
+/// One lease report of an agent session, for [`Store::apply_reports`]
+/// (which applies the reports of many sessions in one transaction).
+///
+/// [`Store::apply_reports`]: super::Store::apply_reports
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseReport {
+    /// The lease the report is about.
+    pub lease_id: Uuid,
+    /// The task it leased.
+    pub task_id: Uuid,
+    /// The reporting agent.
+    pub agent_id: Uuid,
+    /// The token of the lease; an older one than the task's is refused.
+    pub fencing_token: u64,
+    /// What the agent says.
+    pub kind: ReportKind,
+}
+
+/// What a [`LeaseReport`] says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReportKind {
+    /// The agent took the grant (GRANTED to ACTIVE); repeating it is fine.
+    Accepted,
+    /// The agent started the task (LEASED to RUNNING); repeating it is fine.
+    Started,
+    /// The latest progress of a running task.
+    Progress(Value),
+    /// The attempt ended.
+    Final(CompletionOutcome),
+}
+
+/// What an accepted [`LeaseReport`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportApplied {
+    /// A final report ended the lease and freed the agent's slot (false for
+    /// a repeated final report and for every other kind).
+    pub ended: bool,
+}
+
 /// The result of an accepted completion.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompletionResult {

@@ -231,14 +231,28 @@ impl Store for PgStore {
         let mut tx = self.begin().await?;
         // Agent rows first, in id order (every grant locks them in the same
         // order, so concurrent grants queue instead of deadlocking).
-        let agent_rows: Vec<(Uuid, i64, i64)> = sqlx::query_as(
-            "SELECT id, capacity, active_leases FROM agents WHERE id = ANY($1) \
-             ORDER BY id FOR UPDATE",
+        let agent_rows: Vec<(Uuid, i64)> = sqlx::query_as(
+            "SELECT id, capacity FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE",
         )
         .bind(&agent_ids)
         .fetch_all(&mut *tx)
         .await
         .map_err(db("locking agents to grant"))?;
+        // Their live leases, counted after the locks are held (a statement
+        // of its own, so it sees every grant committed before ours).
+        // Leases are counted, not kept on the agent row: final reports then
+        // never touch agent rows, and grants and completions never queue on
+        // the same row.
+        let live: HashMap<Uuid, i64> = sqlx::query_as::<_, (Uuid, i64)>(
+            "SELECT agent_id, COUNT(*) FROM leases WHERE agent_id = ANY($1) \
+             AND state IN ('granted', 'active') GROUP BY agent_id",
+        )
+        .bind(&agent_ids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db("counting agents' live leases"))?
+        .into_iter()
+        .collect();
         // Queued task rows another transaction is not changing right now; a
         // locked one is refused (it will be announced again if it re-queues).
         let task_rows: Vec<(Uuid, i64, i64, i64)> = sqlx::query_as(
@@ -251,7 +265,7 @@ impl Store for PgStore {
         .map_err(db("locking tasks to grant"))?;
         let agents: HashMap<Uuid, (i64, i64)> = agent_rows
             .into_iter()
-            .map(|(id, capacity, active)| (id, (capacity, active)))
+            .map(|(id, capacity)| (id, (capacity, live.get(&id).copied().unwrap_or(0))))
             .collect();
         let tasks: HashMap<Uuid, GrantableTask> = task_rows
             .into_iter()
@@ -275,8 +289,7 @@ impl Store for PgStore {
             let agent_ids: Vec<Uuid> = granted.iter().map(|g| g.agent_id).collect();
             let tokens: Vec<i64> = granted.iter().map(|g| g.fencing_token).collect();
             let expiries: Vec<i64> = granted.iter().map(|g| g.expires_at_ms).collect();
-            // One round trip for the whole batch: leases, tasks, agent
-            // counters and history.
+            // One round trip for the whole batch: leases, tasks and history.
             let leased: i64 = sqlx::query_scalar(
                 "WITH g AS ( \
                    SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], \
@@ -291,10 +304,6 @@ impl Store for PgStore {
                    lease_id = g.lease_id, agent_id = g.agent_id, progress = NULL, \
                    updated_at_ms = $6 FROM g WHERE t.id = g.task_id AND t.state = 'queued' \
                    RETURNING t.id \
-                 ), counted AS ( \
-                   UPDATE agents a SET active_leases = a.active_leases + c.n \
-                   FROM (SELECT agent_id, COUNT(*) AS n FROM g GROUP BY agent_id) c \
-                   WHERE a.id = c.agent_id \
                  ), history AS ( \
                    INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
                    lease_id, occurred_at_ms) \
@@ -504,7 +513,6 @@ impl Store for PgStore {
 
         let mut events = Vec::new();
         if !settle.is_empty() {
-            let mut freed = FreedSlots::new();
             let lease_ids: Vec<Uuid> = settle.iter().map(|(_, l, _)| l.id).collect();
             let task_ids: Vec<Uuid> = settle.iter().map(|(_, l, _)| l.task_id).collect();
             let agent_ids: Vec<Uuid> = settle.iter().map(|(_, l, _)| l.agent_id).collect();
@@ -598,7 +606,6 @@ impl Store for PgStore {
                 settled_tasks.insert(task.id, task);
             }
             for (i, lease, settled) in &settle {
-                *freed.entry(lease.agent_id).or_default() += 1;
                 let Some(task) = settled_tasks.get(&lease.task_id) else {
                     return Err(__Error::Corrupt {
                         context: "completing leases",
@@ -629,7 +636,6 @@ impl Store for PgStore {
                     result.task = task.clone();
                 }
             }
-            free_slots(&mut tx, &freed).await?;
         }
         self.commit(tx, events).await?;
         Ok(results
@@ -641,6 +647,28 @@ impl Store for PgStore {
                 }))
             })
             .collect())
+    }
+
+    async fn apply_reports(
+        &self,
+        reports: &[LeaseReport],
+        now_ms: i64,
+    ) -> __Result<Vec<__Result<ReportApplied>>> {
+        if reports.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let results = apply_reports(
+            &mut tx,
+            reports,
+            self.options.backoff_base_ms,
+            now_ms,
+            &mut events,
+        )
+        .await?;
+        self.commit(tx, events).await?;
+        Ok(results)
     }
 
     async fn revoke_unacked(

@@ -178,12 +178,14 @@ impl Store for SqliteStore {
         let agent_ids: BTreeSet<Uuid> = requests.iter().map(|r| r.agent_id).collect();
         let task_ids: BTreeSet<Uuid> = requests.iter().map(|r| r.task_id).collect();
         for agent_id in agent_ids {
-            let row: Option<(i64, i64)> =
-                sqlx::query_as("SELECT capacity, active_leases FROM agents WHERE id = $1")
-                    .bind(agent_id)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(db("reading an agent's capacity"))?;
+            let row: Option<(i64, i64)> = sqlx::query_as(
+                "SELECT capacity, (SELECT COUNT(*) FROM leases l WHERE l.agent_id = agents.id \
+                     AND l.state IN ('granted', 'active')) FROM agents WHERE id = $1",
+            )
+            .bind(agent_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db("reading an agent's capacity"))?;
             if let Some(row) = row {
                 agents.insert(agent_id, row);
             }
@@ -247,11 +249,6 @@ impl Store for SqliteStore {
             .execute(&mut *tx)
             .await
             .map_err(db("leasing a task"))?;
-            sqlx::query("UPDATE agents SET active_leases = active_leases + 1 WHERE id = $1")
-                .bind(grant.agent_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db("counting an agent's lease"))?;
             let message = format!(
                 "leased to agent {} with fencing token {}",
                 grant.agent_id, grant.fencing_token
@@ -363,6 +360,28 @@ impl Store for SqliteStore {
         let results = complete_leases(
             &mut tx,
             completions,
+            self.options.backoff_base_ms,
+            now_ms,
+            &mut events,
+        )
+        .await?;
+        self.commit(tx, events).await?;
+        Ok(results)
+    }
+
+    async fn apply_reports(
+        &self,
+        reports: &[LeaseReport],
+        now_ms: i64,
+    ) -> __Result<Vec<__Result<ReportApplied>>> {
+        if reports.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let results = apply_reports(
+            &mut tx,
+            reports,
             self.options.backoff_base_ms,
             now_ms,
             &mut events,

@@ -13,4 +13,5 @@ mod common;
 mod events;
 mod leases;
 mod race;
+mod reports;
 mod tasks;

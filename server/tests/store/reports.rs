@@ -1,0 +1,196 @@
+//! Group-committed lease reports (`Store::apply_reports`): many sessions'
+//! accepted, started, progress and final reports in one transaction, with
+//! the same outcome, rows and history as applying them one by one, and a
+//! refusal of one report leaving the others alone.
+
+use serde_json::json;
+use switchyard_server::error::Error;
+use switchyard_server::store::{
+    CompletionOutcome, LeaseRecord, LeaseReport, LeaseState, ReportApplied, ReportKind, TaskState,
+};
+
+use crate::common::{Fixture, T0, agent, grant, submit, task};
+
+crate::both_backends!(
+    whole_attempts_in_one_batch_match_one_by_one,
+    a_refused_report_leaves_the_rest_of_the_batch,
+);
+
+fn report(lease: &LeaseRecord, kind: ReportKind) -> LeaseReport {
+    LeaseReport {
+        lease_id: lease.id,
+        task_id: lease.task_id,
+        agent_id: lease.agent_id,
+        fencing_token: lease.fencing_token,
+        kind,
+    }
+}
+
+fn succeeded() -> ReportKind {
+    ReportKind::Final(CompletionOutcome::Succeeded {
+        result: json!({"exit": 0}),
+    })
+}
+
+async fn whole_attempts_in_one_batch_match_one_by_one(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let w1 = agent(store, "ns", "w1", 4).await;
+    let w2 = agent(store, "ns", "w2", 4).await;
+    let mut leases = Vec::new();
+    for (i, worker) in [&w1, &w1, &w2, &w2].into_iter().enumerate() {
+        let t = submit(store, task("ns", 0, 3), T0 + i as i64).await;
+        leases.push(grant(store, t.id, worker.id, T0 + 10).await);
+    }
+    // Lease 0: the whole attempt at once (the fast path). Lease 1: accepted
+    // and started only. Lease 2: accepted, then progress, then the end, one
+    // by one. Lease 3: only accepted. Interleaved, as sessions send them.
+    let batch = vec![
+        report(&leases[0], ReportKind::Accepted),
+        report(&leases[2], ReportKind::Accepted),
+        report(&leases[1], ReportKind::Accepted),
+        report(&leases[0], ReportKind::Started),
+        report(&leases[2], ReportKind::Progress(json!({"percent": 50.0}))),
+        report(&leases[1], ReportKind::Started),
+        report(&leases[0], succeeded()),
+        report(&leases[3], ReportKind::Accepted),
+        report(
+            &leases[2],
+            ReportKind::Final(CompletionOutcome::Failed {
+                error: json!({"message": "exit 1", "retryable": false}),
+                retryable: false,
+            }),
+        ),
+    ];
+    let results = store.apply_reports(&batch, T0 + 20).await.unwrap();
+    let ended: Vec<bool> = results.iter().map(|r| r.as_ref().unwrap().ended).collect();
+    assert_eq!(
+        ended,
+        [false, false, false, false, false, false, true, false, true]
+    );
+
+    let state = |i: usize| {
+        let id = leases[i].task_id;
+        async move { store.get_task(id).await.unwrap() }
+    };
+    assert_eq!(state(0).await.state, TaskState::Succeeded);
+    assert_eq!(state(0).await.result, Some(json!({"exit": 0})));
+    assert_eq!(state(1).await.state, TaskState::Running);
+    assert_eq!(state(2).await.state, TaskState::Failed);
+    assert_eq!(state(3).await.state, TaskState::Leased);
+    // Agents' load is their live leases: w1 holds lease 1, w2 lease 3.
+    assert_eq!(store.get_agent(w1.id).await.unwrap().active_leases, 1);
+    assert_eq!(store.get_agent(w2.id).await.unwrap().active_leases, 1);
+    let lease0 = store.get_lease(leases[0].id).await.unwrap();
+    assert_eq!((lease0.state, lease0.acked), (LeaseState::Completed, true));
+    let lease3 = store.get_lease(leases[3].id).await.unwrap();
+    assert_eq!((lease3.state, lease3.acked), (LeaseState::Active, true));
+
+    let kinds = |i: usize| {
+        let id = leases[i].task_id;
+        async move {
+            let history = store.task_events(id, 0, 100).await.unwrap();
+            assert!(
+                history
+                    .windows(2)
+                    .all(|w| w[1].sequence == w[0].sequence + 1),
+                "{history:?}"
+            );
+            history.into_iter().map(|e| e.kind).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        kinds(0).await,
+        ["submitted", "leased", "accepted", "started", "succeeded"]
+    );
+    assert_eq!(
+        kinds(1).await,
+        ["submitted", "leased", "accepted", "started"]
+    );
+    assert_eq!(
+        kinds(2).await,
+        ["submitted", "leased", "accepted", "failed"]
+    );
+    assert_eq!(kinds(3).await, ["submitted", "leased", "accepted"]);
+
+    // The same whole attempt again, as one by one: the final report is a
+    // duplicate (acknowledged), accepted and started are refused (the lease
+    // ended), and nothing changes.
+    let again = store
+        .apply_reports(
+            &[
+                report(&leases[0], ReportKind::Accepted),
+                report(&leases[0], ReportKind::Started),
+                report(&leases[0], succeeded()),
+            ],
+            T0 + 30,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(again[0], Err(Error::LeaseNotHeld { .. })),
+        "{again:?}"
+    );
+    assert!(
+        matches!(again[1], Err(Error::LeaseNotHeld { .. })),
+        "{again:?}"
+    );
+    assert!(
+        matches!(again[2], Ok(ReportApplied { ended: false })),
+        "{again:?}"
+    );
+    assert_eq!(kinds(0).await.len(), 5);
+}
+
+async fn a_refused_report_leaves_the_rest_of_the_batch(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w1", 3).await;
+    let intruder = agent(store, "ns", "w2", 3).await;
+    let mut leases = Vec::new();
+    for i in 0..2 {
+        let t = submit(store, task("ns", 0, 3), T0 + i).await;
+        leases.push(grant(store, t.id, worker.id, T0 + 10).await);
+    }
+    let mut stale = report(&leases[0], ReportKind::Accepted);
+    stale.fencing_token = 0;
+    let mut stale_start = report(&leases[0], ReportKind::Started);
+    stale_start.fencing_token = 0;
+    let mut foreign = report(&leases[1], succeeded());
+    foreign.agent_id = intruder.id;
+    let results = store
+        .apply_reports(
+            &[
+                stale,
+                stale_start,
+                foreign,
+                report(&leases[1], ReportKind::Accepted),
+                report(&leases[1], ReportKind::Started),
+            ],
+            T0 + 20,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(results[0], Err(Error::LeaseNotHeld { .. })),
+        "{results:?}"
+    );
+    assert!(
+        matches!(results[1], Err(Error::StaleFencingToken { .. })),
+        "{results:?}"
+    );
+    assert!(
+        matches!(results[2], Err(Error::LeaseNotHeld { .. })),
+        "{results:?}"
+    );
+    assert!(results[3].is_ok() && results[4].is_ok(), "{results:?}");
+    let first = store.get_lease(leases[0].id).await.unwrap();
+    assert_eq!((first.state, first.acked), (LeaseState::Granted, false));
+    assert_eq!(
+        store.get_task(leases[0].task_id).await.unwrap().state,
+        TaskState::Leased
+    );
+    assert_eq!(
+        store.get_task(leases[1].task_id).await.unwrap().state,
+        TaskState::Running
+    );
+    assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 2);
+}
