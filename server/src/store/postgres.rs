@@ -659,16 +659,47 @@ impl Store for PgStore {
         }
         let mut tx = self.begin().await?;
         let mut events = Vec::new();
-        let results = apply_reports(
+        let mut results: Vec<Option<__Result<ReportApplied>>> =
+            reports.iter().map(|_| None).collect();
+        let whole = whole_attempts(
             &mut tx,
             reports,
             self.options.backoff_base_ms,
             now_ms,
+            &mut results,
             &mut events,
         )
         .await?;
+        // The rest (reports of tasks that were not a whole fresh attempt),
+        // one by one; their task rows are already locked.
+        let rest: Vec<usize> = (0..reports.len())
+            .filter(|&i| results[i].is_none())
+            .collect();
+        if !rest.is_empty() {
+            let subset: Vec<LeaseReport> = rest.iter().map(|&i| reports[i].clone()).collect();
+            let applied = apply_reports(
+                &mut tx,
+                &subset,
+                self.options.backoff_base_ms,
+                now_ms,
+                &mut events,
+            )
+            .await?;
+            for (i, result) in rest.into_iter().zip(applied) {
+                results[i] = Some(result);
+            }
+        }
         self.commit(tx, events).await?;
-        Ok(results)
+        tracing::trace!(reports = reports.len(), whole, "lease reports applied");
+        Ok(results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or(Err(__Error::Corrupt {
+                    context: "applying lease reports",
+                    detail: "a report was not decided".to_owned(),
+                }))
+            })
+            .collect())
     }
 
     async fn revoke_unacked(
@@ -867,4 +898,244 @@ impl Store for PgStore {
     fn subscribe(&self) -> broadcast::Receiver<StoreEvent> {
         self.events.subscribe()
     }
+}
+
+/// The set-based fast path of [`Store::apply_reports`]: locks every task of
+/// the batch in id order, and applies each *whole fresh attempt* (a task
+/// whose only reports in the batch are `accepted`, `started` and a final
+/// report of the lease it was just granted) in one statement for all of
+/// them: leases ended, tasks settled, three history entries each. Fills
+/// those reports' results and returns how many attempts it applied; every
+/// other report is left `None` for the one-by-one path.
+async fn whole_attempts(
+    tx: &mut Transaction<'static, Postgres>,
+    reports: &[LeaseReport],
+    backoff_base_ms: i64,
+    now_ms: i64,
+    results: &mut [Option<__Result<ReportApplied>>],
+    events: &mut Vec<StoreEvent>,
+) -> __Result<usize> {
+    let mut task_ids: Vec<Uuid> = reports.iter().map(|r| r.task_id).collect();
+    task_ids.sort_unstable();
+    task_ids.dedup();
+    // Every task of the batch, locked in id order (the one-by-one path
+    // then finds its rows already held: one lock order for the batch).
+    let rows = sqlx::query(concat!(
+        task_select!(),
+        "WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t"
+    ))
+    .bind(&task_ids)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(db("locking tasks to apply reports"))?;
+    let mut tasks: HashMap<Uuid, TaskRecord> = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let task = task_from_row(row)?;
+        tasks.insert(task.id, task);
+    }
+    // Candidates: exactly accepted, started, final of one lease, in order.
+    let mut by_task: HashMap<Uuid, Vec<usize>> = HashMap::new();
+    for (i, r) in reports.iter().enumerate() {
+        by_task.entry(r.task_id).or_default().push(i);
+    }
+    let candidates: Vec<[usize; 3]> = by_task
+        .values()
+        .filter_map(|idx| {
+            let &[a, st, f] = idx.as_slice() else {
+                return None;
+            };
+            let (ra, rs, rf) = (&reports[a], &reports[st], &reports[f]);
+            let same = |x: &LeaseReport| {
+                x.lease_id == ra.lease_id
+                    && x.agent_id == ra.agent_id
+                    && x.fencing_token == ra.fencing_token
+            };
+            (ra.kind == ReportKind::Accepted
+                && rs.kind == ReportKind::Started
+                && matches!(rf.kind, ReportKind::Final(_))
+                && same(rs)
+                && same(rf))
+            .then_some([a, st, f])
+        })
+        .collect();
+    if candidates.is_empty() {
+        return Ok(0);
+    }
+    let lease_ids: Vec<Uuid> = candidates.iter().map(|c| reports[c[0]].lease_id).collect();
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        lease_columns!(),
+        ", outcome FROM leases WHERE id = ANY($1)"
+    ))
+    .bind(&lease_ids)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(db("reading leases to apply reports"))?;
+    let mut leases: HashMap<Uuid, LeaseRecord> = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let lease = lease_from_row(row)?;
+        leases.insert(lease.id, lease);
+    }
+    let mut settle: Vec<([usize; 3], LeaseRecord, TaskRecord, SettledAttempt)> = Vec::new();
+    for c in candidates {
+        let report = &reports[c[0]];
+        let (Some(task), Some(lease)) = (tasks.get(&report.task_id), leases.get(&report.lease_id))
+        else {
+            continue;
+        };
+        let fresh = lease.state == LeaseState::Granted
+            && task.state == TaskState::Leased
+            && check_holder(
+                task,
+                Some(lease),
+                report.lease_id,
+                report.agent_id,
+                report.fencing_token,
+            )
+            .is_ok();
+        let ReportKind::Final(outcome) = &reports[c[2]].kind else {
+            continue;
+        };
+        if !fresh {
+            continue;
+        }
+        let running = TaskRecord {
+            state: TaskState::Running,
+            ..task.clone()
+        };
+        let active = LeaseRecord {
+            state: LeaseState::Active,
+            acked: true,
+            ..lease.clone()
+        };
+        let completion = Completion {
+            lease_id: report.lease_id,
+            task_id: report.task_id,
+            agent_id: report.agent_id,
+            fencing_token: report.fencing_token,
+            outcome: outcome.clone(),
+        };
+        if let Ok(CompletionPlan::Settle(settled)) = plan_completion(
+            &running,
+            Some((&active, None)),
+            &completion,
+            backoff_base_ms,
+            now_ms,
+        ) {
+            settle.push((c, active, running, settled));
+        }
+    }
+    if settle.is_empty() {
+        return Ok(0);
+    }
+    let lease_ids: Vec<Uuid> = settle.iter().map(|(_, l, _, _)| l.id).collect();
+    let task_ids: Vec<Uuid> = settle.iter().map(|(_, l, _, _)| l.task_id).collect();
+    let agent_ids: Vec<Uuid> = settle.iter().map(|(_, l, _, _)| l.agent_id).collect();
+    let lease_states: Vec<&str> = settle
+        .iter()
+        .map(|(_, _, _, s)| s.lease_state.as_str())
+        .collect();
+    let outcomes: Vec<&str> = settle.iter().map(|(_, _, _, s)| s.outcome).collect();
+    let task_states: Vec<&str> = settle
+        .iter()
+        .map(|(_, _, _, s)| s.task_state.as_str())
+        .collect();
+    let attempts: Vec<i64> = settle
+        .iter()
+        .map(|(_, _, _, s)| i64::from(s.attempts))
+        .collect();
+    let not_before: Vec<i64> = settle.iter().map(|(_, _, _, s)| s.not_before_ms).collect();
+    let results_json: Vec<Option<String>> = settle
+        .iter()
+        .map(|(_, _, _, s)| s.result.as_ref().map(Value::to_string))
+        .collect();
+    let errors_json: Vec<Option<String>> = settle
+        .iter()
+        .map(|(_, _, _, s)| s.error.as_ref().map(Value::to_string))
+        .collect();
+    let kinds: Vec<&str> = settle.iter().map(|(_, _, _, s)| s.event_kind).collect();
+    let messages: Vec<&str> = settle
+        .iter()
+        .map(|(_, _, _, s)| s.message.as_str())
+        .collect();
+    // One round trip: end the leases (acknowledged), settle the tasks, and
+    // append accepted, started and the end to each history.
+    let (ended, settled): (i64, i64) = sqlx::query_as(
+        "WITH c AS ( \
+           SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
+           $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
+           $11::text[], $12::text[]) AS c(lease_id, task_id, agent_id, lease_state, \
+           outcome, task_state, attempts, not_before_ms, result, error, event_kind, \
+           message) \
+         ), ended AS ( \
+           UPDATE leases l SET state = c.lease_state, outcome = c.outcome, acked = TRUE, \
+           ended_at_ms = $13 FROM c \
+           WHERE l.id = c.lease_id AND l.state = 'granted' RETURNING l.id \
+         ), history AS ( \
+           INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
+           lease_id, occurred_at_ms) \
+           SELECT c.task_id, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
+           WHERE e.task_id = c.task_id), 0) + k.n, \
+           CASE k.n WHEN 1 THEN 'accepted' WHEN 2 THEN 'started' ELSE c.event_kind END, \
+           CASE k.n WHEN 1 THEN 'leased' WHEN 2 THEN 'running' ELSE c.task_state END, \
+           CASE k.n WHEN 1 THEN 'the agent acknowledged the lease' \
+           WHEN 2 THEN 'the agent started the task' ELSE c.message END, \
+           c.agent_id, c.lease_id, $13 \
+           FROM c CROSS JOIN (VALUES (1), (2), (3)) AS k(n) \
+         ), settled AS ( \
+           UPDATE tasks t SET state = c.task_state, attempts = c.attempts, \
+           not_before_ms = c.not_before_ms, \
+           result = COALESCE(c.result::jsonb, t.result), \
+           error = COALESCE(c.error::jsonb, t.error), \
+           lease_id = NULL, agent_id = NULL, updated_at_ms = $13 \
+           FROM c WHERE t.id = c.task_id RETURNING t.id \
+         ) \
+         SELECT (SELECT COUNT(*) FROM ended), (SELECT COUNT(*) FROM settled)",
+    )
+    .bind(&lease_ids)
+    .bind(&task_ids)
+    .bind(&agent_ids)
+    .bind(&lease_states)
+    .bind(&outcomes)
+    .bind(&task_states)
+    .bind(&attempts)
+    .bind(&not_before)
+    .bind(&results_json)
+    .bind(&errors_json)
+    .bind(&kinds)
+    .bind(&messages)
+    .bind(now_ms)
+    .fetch_one(&mut **tx)
+    .await
+    .map_err(db("applying whole attempts"))?;
+    if [ended, settled]
+        .iter()
+        .any(|&n| usize::try_from(n).ok() != Some(settle.len()))
+    {
+        // The rows were read under the task locks; refuse to commit rather
+        // than record half an attempt.
+        return Err(__Error::Corrupt {
+            context: "applying whole attempts",
+            detail: format!(
+                "{ended} leases ended and {settled} tasks settled of {} attempts",
+                settle.len()
+            ),
+        });
+    }
+    for (c, _, task, settled) in &settle {
+        if settled.task_state == TaskState::Queued {
+            events.push(StoreEvent::TaskQueued {
+                namespace: task.namespace.clone(),
+                task_id: task.id,
+            });
+        }
+        events.push(StoreEvent::TaskChanged {
+            task_id: task.id,
+            state: settled.task_state,
+        });
+        results[c[0]] = Some(Ok(ReportApplied { ended: false }));
+        results[c[1]] = Some(Ok(ReportApplied { ended: false }));
+        results[c[2]] = Some(Ok(ReportApplied { ended: true }));
+    }
+    Ok(settle.len())
 }

@@ -14,6 +14,7 @@ use crate::common::{Fixture, T0, agent, grant, submit, task};
 crate::both_backends!(
     whole_attempts_in_one_batch_match_one_by_one,
     a_refused_report_leaves_the_rest_of_the_batch,
+    many_whole_attempts_settle_like_one_by_one,
 );
 
 fn report(lease: &LeaseRecord, kind: ReportKind) -> LeaseReport {
@@ -193,4 +194,57 @@ async fn a_refused_report_leaves_the_rest_of_the_batch(fx: &mut Fixture) {
         TaskState::Running
     );
     assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 2);
+}
+
+async fn many_whole_attempts_settle_like_one_by_one(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w1", 12).await;
+    let mut leases = Vec::new();
+    for i in 0..12 {
+        let t = submit(store, task("ns", 0, 3), T0 + i).await;
+        leases.push(grant(store, t.id, worker.id, T0 + 20).await);
+    }
+    let end = |i: usize| match i % 3 {
+        0 => succeeded(),
+        1 => ReportKind::Final(CompletionOutcome::Failed {
+            error: json!({"message": "flaky", "retryable": true}),
+            retryable: true,
+        }),
+        _ => ReportKind::Final(CompletionOutcome::Released {
+            reason: "shutting down".into(),
+        }),
+    };
+    let mut batch = Vec::new();
+    for (i, lease) in leases.iter().enumerate() {
+        batch.push(report(lease, ReportKind::Accepted));
+        batch.push(report(lease, ReportKind::Started));
+        batch.push(report(lease, end(i)));
+    }
+    let results = store.apply_reports(&batch, T0 + 30).await.unwrap();
+    assert!(
+        results
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.as_ref().unwrap().ended == (i % 3 == 2)),
+        "{results:?}"
+    );
+    for (i, lease) in leases.iter().enumerate() {
+        let t = store.get_task(lease.task_id).await.unwrap();
+        let history = store.task_events(t.id, 0, 100).await.unwrap();
+        let kinds: Vec<_> = history.iter().map(|e| e.kind.as_str()).collect();
+        let (state, attempts, last) = match i % 3 {
+            0 => (TaskState::Succeeded, 0, "succeeded"),
+            1 => (TaskState::Queued, 1, "attempt_failed"),
+            _ => (TaskState::Queued, 0, "released"),
+        };
+        assert_eq!((t.state, t.attempts, t.lease_id), (state, attempts, None));
+        assert_eq!(kinds, ["submitted", "leased", "accepted", "started", last]);
+        assert_eq!(
+            history.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5]
+        );
+        let l = store.get_lease(lease.id).await.unwrap();
+        assert!(l.acked && !l.state.is_live(), "{l:?}");
+    }
+    assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 0);
 }
