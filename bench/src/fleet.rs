@@ -211,7 +211,7 @@ impl Mix {
                 // Fails only for a fleet that is a multiple of all three (> 10^11).
                 let stride = [7_919, 7_927, 7_933]
                     .into_iter()
-                    .find(|p| agents % p != 0)
+                    .find(|p| !agents.is_multiple_of(*p))
                     .context("one-in-n: no stride prime is coprime to the fleet size")?;
                 let pinned = Pinned { agents, stride };
                 return Ok(Self {
@@ -323,4 +323,22 @@ fn compiled(selector: &str) -> anyhow::Result<switchyard_core::placement::Compil
     let placement =
         selector::parse(selector).map_err(|e| anyhow::anyhow!("selector {selector:?}: {e}"))?;
     compile(&placement).map_err(|e| anyhow::anyhow!("selector {selector:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_in_n_pins_each_task_to_one_agent_and_visits_every_agent() {
+        let agents = 300;
+        let mut mix = Mix::named("one-in-n", agents).unwrap();
+        mix.selectivity(agents, 1).unwrap();
+        let mut seen: Vec<String> = (0..agents as u64)
+            .map(|n| mix.selector(n).into_owned())
+            .collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), agents);
+    }
 }

@@ -117,7 +117,8 @@ struct Cli {
     /// and report the server's idle CPU.
     #[arg(long, env = "SWITCHYARD_BENCH_HOLD_SECS", default_value_t = 0)]
     hold_secs: u64,
-    /// Give up on the run after this many seconds.
+    /// Give up on connecting the fleet, and on waiting for completions,
+    /// after this many seconds each.
     #[arg(long, env = "SWITCHYARD_BENCH_TIMEOUT_SECS", default_value_t = 600)]
     timeout_secs: u64,
     /// Print the report as JSON.
@@ -349,10 +350,40 @@ async fn drive(
     // Connect the fleet, a bounded number at a time.
     let before_connect = pid.and_then(server::sample);
     let connect_start = Instant::now();
+    // A big fleet can take minutes to connect, or never finish: say how far
+    // it got every 10 s, and give up after --timeout-secs.
+    let progress = {
+        let (counters, agents) = (counters.clone(), cli.agents);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                eprintln!(
+                    "connecting: {} of {agents} agents welcomed after {:.0} s",
+                    counters.welcomed.load(Ordering::Relaxed),
+                    connect_start.elapsed().as_secs_f64()
+                );
+            }
+        })
+    };
+    let connected = tokio::time::timeout(
+        Duration::from_secs(cli.timeout_secs),
+        connect_fleet(cli, &channels, &run_id, &counters),
+    )
+    .await;
+    progress.abort();
     let Fleet {
         mut sessions,
         stop: stop_tx,
-    } = connect_fleet(cli, &channels, &run_id, &counters).await?;
+    } = connected.map_err(|_| {
+        anyhow::anyhow!(
+            "only {} of {} agents were welcomed within --timeout-secs {}",
+            counters.welcomed.load(Ordering::Relaxed),
+            cli.agents,
+            cli.timeout_secs
+        )
+    })??;
     let connect_seconds = connect_start.elapsed().as_secs_f64();
     let after_connect = pid.and_then(server::sample);
     let hb_bytes_at_connect = counters.heartbeat_bytes.load(Ordering::Relaxed);
