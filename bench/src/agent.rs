@@ -48,12 +48,17 @@ pub struct Counters {
     pub heartbeat_bytes: AtomicU64,
     /// Sessions that got their Welcome.
     pub welcomed: AtomicU64,
+    /// Microseconds since `epoch` of the first Welcome of the run
+    /// (`u64::MAX` until then): where a preloaded run's clock starts, since
+    /// no task can be granted before an agent is connected.
+    pub first_welcome_us: AtomicU64,
     /// Sessions that ended before the run did.
     pub lost: AtomicU64,
     /// Microseconds since `epoch` of the last grant and the last completion.
     pub last_grant_us: AtomicU64,
     pub last_completion_us: AtomicU64,
-    /// Submit-to-grant-received latencies, in microseconds.
+    /// Grant-received latencies, in microseconds, from the later of the
+    /// task's submit and the first Welcome (see [`Counters::ready_us`]).
     pub latencies_us: Mutex<Vec<u64>>,
 }
 
@@ -69,6 +74,7 @@ impl Counters {
             heartbeats: AtomicU64::new(0),
             heartbeat_bytes: AtomicU64::new(0),
             welcomed: AtomicU64::new(0),
+            first_welcome_us: AtomicU64::new(u64::MAX),
             lost: AtomicU64::new(0),
             last_grant_us: AtomicU64::new(0),
             last_completion_us: AtomicU64::new(0),
@@ -79,6 +85,19 @@ impl Counters {
     /// Microseconds since the epoch.
     pub fn now_us(&self) -> u64 {
         self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// When a task submitted at `submitted_us` could first be granted: its
+    /// submit, or the first Welcome if it was submitted before any agent was
+    /// connected (a preloaded run). In an ordinary run every agent is
+    /// connected before the first submit, so this is the submit time.
+    pub fn ready_us(&self, submitted_us: u64) -> u64 {
+        let first_welcome = self.first_welcome_us.load(Ordering::Relaxed);
+        if first_welcome == u64::MAX {
+            submitted_us
+        } else {
+            submitted_us.max(first_welcome)
+        }
     }
 }
 
@@ -215,6 +234,7 @@ pub async fn run(
                     Down::Welcome(w) => {
                         session.generation = w.capability_generation;
                         counters.welcomed.fetch_add(1, Ordering::Relaxed);
+                        counters.first_welcome_us.fetch_min(counters.now_us(), Ordering::Relaxed);
                         if let Some(tx) = welcomed.take() {
                             let _ = tx.send(());
                         }
@@ -226,7 +246,7 @@ pub async fn run(
                         let task = grant.task.unwrap_or_default();
                         if let Some(sent) = submitted_us(&task)
                             && let Ok(mut l) = counters.latencies_us.lock() {
-                                l.push(now.saturating_sub(sent));
+                                l.push(now.saturating_sub(counters.ready_us(sent)));
                             }
                         running += 1;
                         for update in [

@@ -1,10 +1,14 @@
 //! The simulated fleet and the work it is given: SheetBot-shaped capability
 //! documents that differ in OS, architecture, tools and their versions,
 //! tags and memory, and a mix of placements from "any Linux agent" down to
-//! a few percent of the fleet. Everything is derived from the agent's index,
-//! so a run is reproducible; [`Mix::selectivity`] checks every placement
-//! against the fleet with the real matcher before any task is sent.
+//! a few percent of the fleet, or (`one-in-n`) exactly one agent per task.
+//! Everything is derived from the agent's index, so a run is reproducible;
+//! [`Mix::selectivity`] checks the placements against the fleet with the real
+//! matcher before any task is sent.
 
+use std::borrow::Cow;
+
+use anyhow::Context;
 use serde_json::{Value, json};
 use switchyard_core::document::software_entry;
 use switchyard_core::placement::compile;
@@ -120,6 +124,8 @@ pub fn document(i: usize, capacity: u32) -> Value {
         "custom_properties": {
             "team": team,
             "region": region,
+            // Unique and stable per agent: the fact `one-in-n` placements pin.
+            "bench_slot": i,
         },
     })
 }
@@ -146,8 +152,9 @@ pub fn drift(document: &mut Value, agent: usize, beat: u64) {
 /// One class of task in the mix.
 #[derive(Debug, Clone)]
 pub struct Class {
-    /// The selector the task carries.
-    pub selector: &'static str,
+    /// The selector the task carries (for `one-in-n`, a description of the
+    /// family of selectors).
+    pub selector: String,
     /// Relative weight in the mix.
     pub weight: u32,
     /// Fraction of the fleet that can run it (filled by [`Mix::selectivity`]).
@@ -160,12 +167,30 @@ pub struct Mix {
     /// The classes, in order.
     pub classes: Vec<Class>,
     total: u32,
+    /// `one-in-n`: task `n` is pinned to agent `n * stride % agents`.
+    pinned: Option<Pinned>,
+}
+
+/// How `one-in-n` spreads tasks over the fleet.
+#[derive(Debug, Clone, Copy)]
+struct Pinned {
+    agents: u64,
+    /// A prime that does not divide `agents`, so `n * stride % agents` visits
+    /// every agent once per `agents` consecutive tasks.
+    stride: u64,
+}
+
+/// The selector that matches agent `slot` and no other.
+pub fn slot_selector(slot: u64) -> String {
+    format!("custom_properties.bench_slot={slot}")
 }
 
 impl Mix {
     /// `mixed`: varied selectivity (about 80% of the fleet down to a few
-    /// percent); `any`: every task runs anywhere (no placement).
-    pub fn named(name: &str) -> anyhow::Result<Self> {
+    /// percent); `any`: every task runs anywhere (no placement);
+    /// `one-in-n`: every task can run on exactly one of the `agents` agents,
+    /// a different one for each consecutive task.
+    pub fn named(name: &str, agents: usize) -> anyhow::Result<Self> {
         let classes: Vec<(&'static str, u32)> = match name {
             "mixed" => vec![
                 ("linux", 40),
@@ -180,45 +205,95 @@ impl Mix {
                 ),
             ],
             "any" => vec![("", 1)],
-            other => anyhow::bail!("unknown placement mix {other:?} (mixed, any)"),
+            "one-in-n" => {
+                anyhow::ensure!(agents > 0, "one-in-n needs at least one agent");
+                let agents = agents as u64;
+                // Fails only for a fleet that is a multiple of all three (> 10^11).
+                let stride = [7_919, 7_927, 7_933]
+                    .into_iter()
+                    .find(|p| !agents.is_multiple_of(*p))
+                    .context("one-in-n: no stride prime is coprime to the fleet size")?;
+                let pinned = Pinned { agents, stride };
+                return Ok(Self {
+                    classes: vec![Class {
+                        selector: format!(
+                            "custom_properties.bench_slot=K, K = n * {stride} mod {agents}"
+                        ),
+                        weight: 1,
+                        eligible: 1.0 / agents as f64,
+                    }],
+                    total: 1,
+                    pinned: Some(pinned),
+                });
+            }
+            other => anyhow::bail!("unknown placement mix {other:?} (mixed, any, one-in-n)"),
         };
         let total = classes.iter().map(|c| c.1).sum();
         Ok(Self {
             classes: classes
                 .into_iter()
                 .map(|(selector, weight)| Class {
-                    selector,
+                    selector: selector.to_owned(),
                     weight,
                     eligible: 1.0,
                 })
                 .collect(),
             total,
+            pinned: None,
         })
     }
 
     /// The selector of task number `n` (spread evenly through the run).
-    pub fn selector(&self, n: u64) -> &'static str {
+    pub fn selector(&self, n: u64) -> Cow<'_, str> {
+        if let Some(p) = self.pinned {
+            return Cow::Owned(slot_selector(p.slot(n)));
+        }
         // A multiplicative hash so the classes interleave instead of coming in runs.
         let mut slot = (n.wrapping_mul(2_654_435_761) % u64::from(self.total)) as u32;
         for c in &self.classes {
             if slot < c.weight {
-                return c.selector;
+                return Cow::Borrowed(&c.selector);
             }
             slot -= c.weight;
         }
-        self.classes[0].selector
+        Cow::Borrowed(&self.classes[0].selector)
     }
 
     /// Fills in each class's eligible fraction of `agents` agents with the
     /// real matcher; fails if any class would match no agent (its tasks would
-    /// park forever and the run would never finish).
+    /// park forever and the run would never finish). For `one-in-n` it checks
+    /// a sample of [`PINNED_SAMPLE`] tasks' selectors against the whole fleet
+    /// (each must match exactly its own agent), not one selector per agent.
     pub fn selectivity(&mut self, agents: usize, capacity: u32) -> anyhow::Result<()> {
         let docs: Vec<Value> = (0..agents).map(|i| document(i, capacity)).collect();
+        if let Some(p) = self.pinned {
+            anyhow::ensure!(
+                p.agents == agents as u64,
+                "one-in-n mix built for {} agents, checked against {agents}",
+                p.agents
+            );
+            let sample = PINNED_SAMPLE.min(p.agents);
+            for k in 0..sample {
+                // Spread the sample over a whole cycle of the fleet.
+                let n = k * p.agents / sample;
+                let slot = p.slot(n);
+                let compiled = compiled(&slot_selector(slot))?;
+                let matching: Vec<usize> = docs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, d)| compiled.unmet(d).is_none())
+                    .map(|(i, _)| i)
+                    .collect();
+                anyhow::ensure!(
+                    matching == [slot as usize],
+                    "task {n}'s placement {:?} matches agents {matching:?}, not just agent {slot}",
+                    slot_selector(slot)
+                );
+            }
+            return Ok(());
+        }
         for c in &mut self.classes {
-            let placement = selector::parse(c.selector)
-                .map_err(|e| anyhow::anyhow!("selector {:?}: {e}", c.selector))?;
-            let compiled = compile(&placement)
-                .map_err(|e| anyhow::anyhow!("selector {:?}: {e}", c.selector))?;
+            let compiled = compiled(&c.selector)?;
             let n = docs.iter().filter(|d| compiled.unmet(d).is_none()).count();
             anyhow::ensure!(
                 n > 0,
@@ -228,5 +303,42 @@ impl Mix {
             c.eligible = n as f64 / agents as f64;
         }
         Ok(())
+    }
+}
+
+/// How many `one-in-n` selectors [`Mix::selectivity`] checks against the
+/// whole fleet (64 × 10,000 agents is well under a second).
+pub const PINNED_SAMPLE: u64 = 64;
+
+impl Pinned {
+    /// The agent task `n` is pinned to.
+    fn slot(self, n: u64) -> u64 {
+        // u128: n * stride must not wrap for any task count.
+        ((u128::from(n) * u128::from(self.stride)) % u128::from(self.agents)) as u64
+    }
+}
+
+/// Parses and compiles `selector` with the server's own code.
+fn compiled(selector: &str) -> anyhow::Result<switchyard_core::placement::CompiledPlacement> {
+    let placement =
+        selector::parse(selector).map_err(|e| anyhow::anyhow!("selector {selector:?}: {e}"))?;
+    compile(&placement).map_err(|e| anyhow::anyhow!("selector {selector:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_in_n_pins_each_task_to_one_agent_and_visits_every_agent() {
+        let agents = 300;
+        let mut mix = Mix::named("one-in-n", agents).unwrap();
+        mix.selectivity(agents, 1).unwrap();
+        let mut seen: Vec<String> = (0..agents as u64)
+            .map(|n| mix.selector(n).into_owned())
+            .collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), agents);
     }
 }

@@ -7,6 +7,10 @@
 //! latency, heartbeat bytes per agent per minute, and the server's CPU and
 //! peak RSS — as a table, or as JSON with `--json`.
 //!
+//! With `--preload` the order flips: every task is submitted first (they
+//! queue; no agent exists yet), then the fleet connects and drains the
+//! queue, as the job-queue peers in `bench/peers` are measured.
+//!
 //! # Layout
 //! - [`fleet`]: the agents' capability documents and the placement mix.
 //! - [`agent`]: one simulated agent's session, and the shared counters.
@@ -29,6 +33,7 @@ use serde_json::json;
 use switchyard_proto::convert::json_to_struct;
 use switchyard_proto::v1::{self as pb, task_service_client::TaskServiceClient};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::agent::Counters;
@@ -88,9 +93,19 @@ struct Cli {
     /// Submits in flight at once.
     #[arg(long, env = "SWITCHYARD_BENCH_SUBMITTERS", default_value_t = 32)]
     submitters: usize,
-    /// Placement mix: `mixed` (varied selectivity) or `any` (no placement).
+    /// Placement mix: `mixed` (varied selectivity), `any` (no placement) or
+    /// `one-in-n` (each task pinned to exactly one agent,
+    /// `custom_properties.bench_slot=K`, K cycling through the fleet).
     #[arg(long, env = "SWITCHYARD_BENCH_PLACEMENTS", default_value = "mixed")]
     placements: String,
+    /// Submit every task (flat out) before any agent connects, then connect
+    /// the fleet. The run clock (run seconds, grants/s, completions/s) then
+    /// starts at the first agent's Welcome instead of the first submit, and
+    /// latency is measured from that Welcome rather than from each submit
+    /// (so it says how long the queue took to drain up to each task, not how
+    /// fast a fresh task is placed); the report says `preloaded: true`.
+    #[arg(long, env = "SWITCHYARD_BENCH_PRELOAD", conflicts_with = "rate")]
+    preload: bool,
     /// Registrations and connects in flight at once.
     #[arg(
         long,
@@ -102,7 +117,8 @@ struct Cli {
     /// and report the server's idle CPU.
     #[arg(long, env = "SWITCHYARD_BENCH_HOLD_SECS", default_value_t = 0)]
     hold_secs: u64,
-    /// Give up on the run after this many seconds.
+    /// Give up on connecting the fleet, and on waiting for completions,
+    /// after this many seconds each.
     #[arg(long, env = "SWITCHYARD_BENCH_TIMEOUT_SECS", default_value_t = 600)]
     timeout_secs: u64,
     /// Print the report as JSON.
@@ -120,8 +136,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let mut mix = fleet::Mix::named(&cli.placements)?;
+    let mut mix = fleet::Mix::named(&cli.placements, cli.agents)?;
     mix.selectivity(cli.agents, cli.capacity)?;
+    let mix = Arc::new(mix);
 
     let spawned = match (&cli.server, &cli.server_bin) {
         (Some(_), _) => None,
@@ -146,7 +163,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         (None, None) => unreachable!("checked above"),
     };
     let pid = spawned.as_ref().map(|s| s.pid).or(cli.server_pid);
-    let result = drive(&cli, &mix, &url, pid).await;
+    let result = drive(&cli, mix, &url, pid).await;
     if let Some(s) = spawned {
         s.stop().await?;
     }
@@ -169,30 +186,28 @@ async fn channel(url: &str) -> anyhow::Result<Channel> {
         .with_context(|| format!("connecting to {url}"))
 }
 
-async fn drive(cli: &Cli, mix: &fleet::Mix, url: &str, pid: Option<u32>) -> anyhow::Result<Report> {
-    let counters = Arc::new(Counters::new());
-    let run_id = format!("{:x}", std::process::id() ^ (counters.now_us() as u32));
-    let n_channels = if cli.channels == 0 {
-        cli.agents.div_ceil(100).max(1)
-    } else {
-        cli.channels
-    };
-    let mut channels = Vec::with_capacity(n_channels);
-    for _ in 0..n_channels {
-        channels.push(channel(url).await?);
-    }
+/// The fleet's sessions once every agent has its Welcome.
+struct Fleet {
+    sessions: JoinSet<anyhow::Result<()>>,
+    stop: watch::Sender<bool>,
+}
 
-    // Connect the fleet, a bounded number at a time.
-    let before_connect = pid.and_then(server::sample);
-    let connect_start = Instant::now();
+/// Registers and connects `cli.agents` agents over `channels`, at most
+/// `--connect-concurrency` at a time; returns once every one is welcomed.
+async fn connect_fleet(
+    cli: &Cli,
+    channels: &[Channel],
+    run_id: &str,
+    counters: &Arc<Counters>,
+) -> anyhow::Result<Fleet> {
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut sessions = tokio::task::JoinSet::new();
+    let mut sessions = JoinSet::new();
     let limit = Arc::new(tokio::sync::Semaphore::new(cli.connect_concurrency.max(1)));
-    let mut connecting = tokio::task::JoinSet::new();
+    let mut connecting = JoinSet::new();
     for i in 0..cli.agents {
-        let ch = channels[i % n_channels].clone();
+        let ch = channels[i % channels.len()].clone();
         let permit = limit.clone().acquire_owned().await?;
-        let (run_id, capacity) = (run_id.clone(), cli.capacity);
+        let (run_id, capacity) = (run_id.to_owned(), cli.capacity);
         let (counters, stop) = (counters.clone(), stop_rx.clone());
         let (welcomed_tx, welcomed_rx) = tokio::sync::oneshot::channel();
         sessions.spawn(async move {
@@ -214,24 +229,39 @@ async fn drive(cli: &Cli, mix: &fleet::Mix, url: &str, pid: Option<u32>) -> anyh
             anyhow::bail!("an agent's session ended before its Welcome");
         }
     }
-    let connect_seconds = connect_start.elapsed().as_secs_f64();
-    let after_connect = pid.and_then(server::sample);
-    let hb_bytes_at_connect = counters.heartbeat_bytes.load(Ordering::Relaxed);
-    let hb_count_at_connect = counters.heartbeats.load(Ordering::Relaxed);
-    let connected_at = Instant::now();
+    Ok(Fleet {
+        sessions,
+        stop: stop_tx,
+    })
+}
 
-    // Submit.
+/// What the submit phase did.
+struct Submitted {
+    /// Microseconds since the counters' epoch of the first submit.
+    first_us: u64,
+    seconds: f64,
+    ok: u64,
+    errors: u64,
+}
+
+/// Submits `cli.tasks` tasks from `cli.submitters` concurrent submitters over
+/// two channels, at `cli.rate` or flat out.
+async fn submit_all(
+    cli: &Cli,
+    mix: &Arc<fleet::Mix>,
+    url: &str,
+    counters: &Arc<Counters>,
+) -> anyhow::Result<Submitted> {
     let submit_channels = [channel(url).await?, channel(url).await?];
-    let first_submit_us = counters.now_us();
+    let first_us = counters.now_us();
     let next = Arc::new(AtomicU64::new(0));
     let submit_errors = Arc::new(AtomicU64::new(0));
-    let mut submitters = tokio::task::JoinSet::new();
+    let mut submitters = JoinSet::new();
     let start = tokio::time::Instant::now();
     for s in 0..cli.submitters.max(1) {
         let mut client = TaskServiceClient::new(submit_channels[s % 2].clone());
         let (next, errors, counters) = (next.clone(), submit_errors.clone(), counters.clone());
-        let (tasks, rate) = (cli.tasks, cli.rate);
-        let selectors: Vec<&'static str> = (0..tasks.min(4096)).map(|n| mix.selector(n)).collect();
+        let (tasks, rate, mix) = (cli.tasks, cli.rate, mix.clone());
         submitters.spawn(async move {
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
@@ -242,7 +272,6 @@ async fn drive(cli: &Cli, mix: &fleet::Mix, url: &str, pid: Option<u32>) -> anyh
                     tokio::time::sleep_until(start + Duration::from_secs_f64(n as f64 / rate))
                         .await;
                 }
-                let selector = selectors[(n % selectors.len() as u64) as usize];
                 let request = pb::SubmitTaskRequest {
                     kind: "noop".into(),
                     payload: Some(json_to_struct(&json!({
@@ -250,7 +279,7 @@ async fn drive(cli: &Cli, mix: &fleet::Mix, url: &str, pid: Option<u32>) -> anyh
                         "n": n,
                     }))),
                     placement: Some(pb::Placement {
-                        selector: selector.into(),
+                        selector: mix.selector(n).into_owned(),
                         ..Default::default()
                     }),
                     ..Default::default()
@@ -264,35 +293,150 @@ async fn drive(cli: &Cli, mix: &fleet::Mix, url: &str, pid: Option<u32>) -> anyh
         });
     }
     while submitters.join_next().await.is_some() {}
-    let submit_seconds = (counters.now_us() - first_submit_us) as f64 / 1e6;
-    let submitted = cli.tasks - submit_errors.load(Ordering::Relaxed);
+    let errors = submit_errors.load(Ordering::Relaxed);
+    Ok(Submitted {
+        first_us,
+        seconds: (counters.now_us() - first_us) as f64 / 1e6,
+        ok: cli.tasks - errors,
+        errors,
+    })
+}
+
+/// Counts an agent session that failed (a session the server ended cleanly
+/// is already in `Counters::lost`); prints the first few.
+fn note_session(joined: Result<anyhow::Result<()>, tokio::task::JoinError>, errors: &mut u64) {
+    let failure = match joined {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(format!("{e:#}")),
+        Err(e) => Some(format!("panicked: {e}")),
+    };
+    if let Some(failure) = failure {
+        *errors += 1;
+        if *errors <= 5 {
+            eprintln!("agent session failed: {failure}");
+        }
+    }
+}
+
+async fn drive(
+    cli: &Cli,
+    mix: Arc<fleet::Mix>,
+    url: &str,
+    pid: Option<u32>,
+) -> anyhow::Result<Report> {
+    let counters = Arc::new(Counters::new());
+    let run_id = format!("{:x}", std::process::id() ^ (counters.now_us() as u32));
+    let n_channels = if cli.channels == 0 {
+        cli.agents.div_ceil(100).max(1)
+    } else {
+        cli.channels
+    };
+    let mut channels = Vec::with_capacity(n_channels);
+    for _ in 0..n_channels {
+        channels.push(channel(url).await?);
+    }
+
+    // Preloaded: queue every task while no agent exists.
+    let mut preload_cpu_seconds = None;
+    let mut submitted = None;
+    if cli.preload {
+        let before = pid.and_then(server::sample);
+        submitted = Some(submit_all(cli, &mix, url, &counters).await?);
+        if let (Some(a), Some(b)) = (before, pid.and_then(server::sample)) {
+            preload_cpu_seconds = Some(b.cpu_seconds - a.cpu_seconds);
+        }
+    }
+
+    // Connect the fleet, a bounded number at a time.
+    let before_connect = pid.and_then(server::sample);
+    let connect_start = Instant::now();
+    // A big fleet can take minutes to connect, or never finish: say how far
+    // it got every 10 s, and give up after --timeout-secs.
+    let progress = {
+        let (counters, agents) = (counters.clone(), cli.agents);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                eprintln!(
+                    "connecting: {} of {agents} agents welcomed after {:.0} s",
+                    counters.welcomed.load(Ordering::Relaxed),
+                    connect_start.elapsed().as_secs_f64()
+                );
+            }
+        })
+    };
+    let connected = tokio::time::timeout(
+        Duration::from_secs(cli.timeout_secs),
+        connect_fleet(cli, &channels, &run_id, &counters),
+    )
+    .await;
+    progress.abort();
+    let Fleet {
+        mut sessions,
+        stop: stop_tx,
+    } = connected.map_err(|_| {
+        anyhow::anyhow!(
+            "only {} of {} agents were welcomed within --timeout-secs {}",
+            counters.welcomed.load(Ordering::Relaxed),
+            cli.agents,
+            cli.timeout_secs
+        )
+    })??;
+    let connect_seconds = connect_start.elapsed().as_secs_f64();
+    let after_connect = pid.and_then(server::sample);
+    let hb_bytes_at_connect = counters.heartbeat_bytes.load(Ordering::Relaxed);
+    let hb_count_at_connect = counters.heartbeats.load(Ordering::Relaxed);
+    let connected_at = Instant::now();
+
+    // Ordinary: submit to the connected fleet.
+    let submitted = match submitted {
+        Some(s) => s,
+        None => submit_all(cli, &mix, url, &counters).await?,
+    };
+    // The run clock starts when a task could first be granted.
+    let clock_start_us = if cli.preload {
+        counters.first_welcome_us.load(Ordering::Relaxed)
+    } else {
+        submitted.first_us
+    };
 
     // Wait for every submitted task to complete.
+    let mut session_errors = 0u64;
     let deadline = Instant::now() + Duration::from_secs(cli.timeout_secs);
-    while counters.completions.load(Ordering::Relaxed) < submitted {
+    while counters.completions.load(Ordering::Relaxed) < submitted.ok {
         if Instant::now() > deadline {
             eprintln!(
-                "timed out: {} of {submitted} tasks completed",
-                counters.completions.load(Ordering::Relaxed)
+                "timed out: {} of {} tasks completed",
+                counters.completions.load(Ordering::Relaxed),
+                submitted.ok
             );
             break;
         }
-        if sessions.len() < cli.agents && sessions.try_join_next().is_some() {
-            eprintln!("an agent session ended during the run");
+        while let Some(joined) = sessions.try_join_next() {
+            note_session(joined, &mut session_errors);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let after_run = pid.and_then(server::sample);
     let last_grant_us = counters.last_grant_us.load(Ordering::Relaxed);
     let last_completion_us = counters.last_completion_us.load(Ordering::Relaxed);
-    let run_seconds = (last_completion_us.saturating_sub(first_submit_us)) as f64 / 1e6;
+    let run_seconds = (last_completion_us.saturating_sub(clock_start_us)) as f64 / 1e6;
 
     // Hold: heartbeats only.
     let mut idle_cpu_percent = None;
     if cli.hold_secs > 0 {
         let t0 = Instant::now();
         let s0 = pid.and_then(server::sample);
-        tokio::time::sleep(Duration::from_secs(cli.hold_secs)).await;
+        let hold_end = t0 + Duration::from_secs(cli.hold_secs);
+        while Instant::now() < hold_end {
+            while let Some(joined) = sessions.try_join_next() {
+                note_session(joined, &mut session_errors);
+            }
+            let left = hold_end.saturating_duration_since(Instant::now());
+            tokio::time::sleep(Duration::from_millis(200).min(left)).await;
+        }
         if let (Some(a), Some(b)) = (s0, pid.and_then(server::sample)) {
             idle_cpu_percent =
                 Some(100.0 * (b.cpu_seconds - a.cpu_seconds) / t0.elapsed().as_secs_f64());
@@ -304,12 +448,14 @@ async fn drive(cli: &Cli, mix: &fleet::Mix, url: &str, pid: Option<u32>) -> anyh
     let end = pid.and_then(server::sample);
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
-        while sessions.join_next().await.is_some() {}
+        while let Some(joined) = sessions.join_next().await {
+            note_session(joined, &mut session_errors);
+        }
     })
     .await;
 
     let per_sec = |n: u64, until_us: u64| {
-        let secs = until_us.saturating_sub(first_submit_us) as f64 / 1e6;
+        let secs = until_us.saturating_sub(clock_start_us) as f64 / 1e6;
         if secs > 0.0 { n as f64 / secs } else { 0.0 }
     };
     let grants = counters.grants.load(Ordering::Relaxed);
@@ -320,17 +466,26 @@ async fn drive(cli: &Cli, mix: &fleet::Mix, url: &str, pid: Option<u32>) -> anyh
             .lock()
             .map_err(|_| anyhow::anyhow!("latency lock poisoned"))?,
     );
-    let server = match (pid, before_connect, after_connect, after_run, end) {
-        (Some(pid), Some(b), Some(c), Some(r), Some(e)) => Some(ServerCost {
+    // A preloaded run's connecting overlaps its granting, so its run CPU
+    // counts from the start of connecting.
+    let run_from = if cli.preload {
+        before_connect
+    } else {
+        after_connect
+    };
+    let server = match (pid, before_connect, after_connect, run_from, after_run, end) {
+        (Some(pid), Some(b), Some(c), Some(f), Some(r), Some(e)) => Some(ServerCost {
             pid,
-            cpu_seconds: r.cpu_seconds - c.cpu_seconds,
+            cpu_seconds: r.cpu_seconds - f.cpu_seconds,
             cpu_percent: if run_seconds > 0.0 {
-                100.0 * (r.cpu_seconds - c.cpu_seconds) / run_seconds
+                100.0 * (r.cpu_seconds - f.cpu_seconds) / run_seconds
             } else {
                 0.0
             },
             connect_cpu_seconds: c.cpu_seconds - b.cpu_seconds,
+            preload_cpu_seconds,
             idle_cpu_percent,
+            connected_rss_mib: c.rss_kib as f64 / 1024.0,
             peak_rss_mib: e.peak_rss_kib as f64 / 1024.0,
             rss_mib: e.rss_kib as f64 / 1024.0,
             threads: e.threads,
@@ -343,18 +498,19 @@ async fn drive(cli: &Cli, mix: &fleet::Mix, url: &str, pid: Option<u32>) -> anyh
         channels: n_channels,
         tasks: cli.tasks,
         placements: cli.placements.clone(),
+        preloaded: cli.preload,
         target_rate: (cli.rate > 0.0).then_some(cli.rate),
         selectivity: mix
             .classes
             .iter()
-            .map(|c| (c.selector.to_owned(), c.eligible))
+            .map(|c| (c.selector.clone(), c.eligible))
             .collect(),
         connect_seconds,
         run_seconds,
-        submitted,
-        submit_errors: submit_errors.load(Ordering::Relaxed),
-        submits_per_sec: if submit_seconds > 0.0 {
-            submitted as f64 / submit_seconds
+        submitted: submitted.ok,
+        submit_errors: submitted.errors,
+        submits_per_sec: if submitted.seconds > 0.0 {
+            submitted.ok as f64 / submitted.seconds
         } else {
             0.0
         },
@@ -367,6 +523,7 @@ async fn drive(cli: &Cli, mix: &fleet::Mix, url: &str, pid: Option<u32>) -> anyh
         refused: counters.refused.load(Ordering::Relaxed),
         resyncs: counters.resyncs.load(Ordering::Relaxed),
         sessions_lost: counters.lost.load(Ordering::Relaxed),
+        session_errors,
         heartbeats: hb_count,
         heartbeat_bytes_mean: if hb_count > 0 {
             hb_bytes as f64 / hb_count as f64

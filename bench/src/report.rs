@@ -11,13 +11,18 @@ pub struct Report {
     pub channels: usize,
     pub tasks: u64,
     pub placements: String,
+    /// Every task was submitted before any agent connected (`--preload`):
+    /// the run clock starts at the first Welcome, and `latency_ms` counts from
+    /// that Welcome, not from each task's submit.
+    pub preloaded: bool,
     /// Target submit rate in tasks/s; null when flat out.
     pub target_rate: Option<f64>,
     /// Selector and the fraction of the fleet that can run it.
     pub selectivity: Vec<(String, f64)>,
     /// Seconds to register and connect every agent.
     pub connect_seconds: f64,
-    /// Seconds from the first submit to the last completion.
+    /// Seconds from the first submit (preloaded: the first Welcome) to the
+    /// last completion.
     pub run_seconds: f64,
     pub submitted: u64,
     pub submit_errors: u64,
@@ -25,16 +30,22 @@ pub struct Report {
     pub submits_per_sec: f64,
     pub grants: u64,
     pub completions: u64,
-    /// Grants received per second, first submit to last grant.
+    /// Grants received per second, first submit (preloaded: first Welcome)
+    /// to last grant.
     pub grants_per_sec: f64,
-    /// Completions acknowledged per second, first submit to last completion.
+    /// Completions acknowledged per second, first submit (preloaded: first
+    /// Welcome) to last completion.
     pub completions_per_sec: f64,
-    /// Submit-to-grant-received latency, milliseconds.
+    /// Submit-to-grant-received latency, milliseconds; preloaded, from the
+    /// first Welcome to each grant (how far into the drain it came).
     pub latency_ms: Percentiles,
     pub revocations: u64,
     pub refused: u64,
     pub resyncs: u64,
+    /// Sessions the server ended before the run did.
     pub sessions_lost: u64,
+    /// Sessions that ended with an error (stream error, closed channel).
+    pub session_errors: u64,
     pub heartbeats: u64,
     /// Mean encoded heartbeat size, bytes.
     pub heartbeat_bytes_mean: f64,
@@ -49,18 +60,24 @@ pub struct Report {
 #[derive(Debug, Serialize)]
 pub struct ServerCost {
     pub pid: u32,
-    /// CPU seconds (user+system) during the task phase.
+    /// CPU seconds (user+system) during the task phase (preloaded: from the
+    /// start of connecting, which overlaps granting, to the last completion).
     pub cpu_seconds: f64,
-    /// That, as percent of one core over the task phase.
+    /// That, as percent of one core over `run_seconds`.
     pub cpu_percent: f64,
     /// CPU seconds while the agents registered and connected.
     pub connect_cpu_seconds: f64,
+    /// CPU seconds while the tasks were submitted, before any agent
+    /// connected (preloaded runs only).
+    pub preload_cpu_seconds: Option<f64>,
     /// CPU percent of one core while idle with every agent connected
     /// (heartbeats only), if `--hold-secs` was given.
     pub idle_cpu_percent: Option<f64>,
+    /// `VmRSS` once every agent was connected, MiB.
+    pub connected_rss_mib: f64,
     /// `VmHWM` at the end, MiB.
     pub peak_rss_mib: f64,
-    /// `VmRSS` at the end, MiB.
+    /// `VmRSS` at the end (after the hold, if any), MiB.
     pub rss_mib: f64,
     pub threads: u64,
 }
@@ -97,9 +114,23 @@ impl Percentiles {
 }
 
 impl Report {
-    /// A two-column table for people.
+    /// A two-column table for people; the headline (grants/s) first.
     pub fn table(&self) -> String {
         let mut rows: Vec<(String, String)> = vec![
+            (
+                "grants/s".into(),
+                format!(
+                    "{:.0}  ({} grants in {:.2} s{})",
+                    self.grants_per_sec,
+                    self.grants,
+                    self.run_seconds,
+                    if self.preloaded {
+                        ", clock from first Welcome"
+                    } else {
+                        ""
+                    }
+                ),
+            ),
             (
                 "fleet".into(),
                 format!(
@@ -110,12 +141,16 @@ impl Report {
             (
                 "tasks".into(),
                 format!(
-                    "{} ({} placements), rate {}",
+                    "{} ({} placements), {}",
                     self.tasks,
                     self.placements,
-                    self.target_rate
-                        .map(|r| format!("{r}/s"))
-                        .unwrap_or_else(|| "flat out".into())
+                    if self.preloaded {
+                        "preloaded before any agent connected".to_owned()
+                    } else {
+                        self.target_rate
+                            .map(|r| format!("rate {r}/s"))
+                            .unwrap_or_else(|| "rate flat out".into())
+                    }
                 ),
             ),
         ];
@@ -141,25 +176,29 @@ impl Report {
                 ),
             ),
             (
-                "grants".into(),
-                format!("{} ({:.0}/s)", self.grants, self.grants_per_sec),
-            ),
-            (
                 "completions".into(),
                 format!("{} ({:.0}/s)", self.completions, self.completions_per_sec),
             ),
             (
-                "submit->grant ms".into(),
+                if self.preloaded {
+                    "welcome->grant ms".into()
+                } else {
+                    "submit->grant ms".into()
+                },
                 format!(
                     "p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}  (n={})",
                     l.p50, l.p90, l.p99, l.max, l.count
                 ),
             ),
             (
-                "revoked/refused/resync/lost".into(),
+                "revoked/refused/resync/lost/failed".into(),
                 format!(
-                    "{}/{}/{}/{}",
-                    self.revocations, self.refused, self.resyncs, self.sessions_lost
+                    "{}/{}/{}/{}/{}",
+                    self.revocations,
+                    self.refused,
+                    self.resyncs,
+                    self.sessions_lost,
+                    self.session_errors
                 ),
             ),
             (
@@ -175,22 +214,30 @@ impl Report {
         ]);
         if let Some(s) = &self.server {
             rows.push((
-                "server cpu".into(),
+                "server cpu, run".into(),
+                format!("{:.0}% of a core ({:.2} s)", s.cpu_percent, s.cpu_seconds),
+            ));
+            rows.push((
+                "server cpu, idle".into(),
+                s.idle_cpu_percent
+                    .map(|p| format!("{p:.1}% of a core (heartbeats only)"))
+                    .unwrap_or_else(|| "not measured (give --hold-secs)".into()),
+            ));
+            rows.push((
+                "server cpu, other".into(),
                 format!(
-                    "{:.2} s in run ({:.0}% of a core), {:.2} s connecting{}",
-                    s.cpu_seconds,
-                    s.cpu_percent,
+                    "{:.2} s connecting{}",
                     s.connect_cpu_seconds,
-                    s.idle_cpu_percent
-                        .map(|p| format!(", idle {p:.1}%"))
+                    s.preload_cpu_seconds
+                        .map(|c| format!(", {c:.2} s preloading"))
                         .unwrap_or_default()
                 ),
             ));
             rows.push((
-                "server memory".into(),
+                "server peak RSS".into(),
                 format!(
-                    "peak RSS {:.1} MiB, RSS {:.1} MiB, {} threads (pid {})",
-                    s.peak_rss_mib, s.rss_mib, s.threads, s.pid
+                    "{:.1} MiB (RSS {:.1} MiB connected, {:.1} MiB at end; {} threads, pid {})",
+                    s.peak_rss_mib, s.connected_rss_mib, s.rss_mib, s.threads, s.pid
                 ),
             ));
         }
