@@ -31,8 +31,8 @@ use crate::batch::GroupCommit;
 use crate::clock::Clock;
 use crate::error::Result;
 use crate::store::{
-    GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, QueueCursor, ReportApplied, Store,
-    StoreEvent, TaskRecord,
+    Beat, BeatApplied, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, QueueCursor,
+    ReportApplied, Store, StoreEvent, TaskRecord,
 };
 
 /// How the dispatcher behaves; defaults suit production, tests shorten them.
@@ -117,6 +117,8 @@ struct Shared {
     /// Lease reports of every session, group-committed (started by
     /// [`Dispatcher::spawn`]).
     reports: std::sync::OnceLock<GroupCommit<LeaseReport, ReportApplied>>,
+    /// Heartbeats of every session, group-committed likewise.
+    beats: std::sync::OnceLock<GroupCommit<Beat, BeatApplied>>,
 }
 
 impl Dispatcher {
@@ -134,6 +136,7 @@ impl Dispatcher {
                 stopped: tokio::sync::watch::channel(false).0,
                 task_changes,
                 reports: std::sync::OnceLock::new(),
+                beats: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -178,6 +181,18 @@ impl Dispatcher {
                 }
             },
         ));
+        let (store, clock) = (self.shared.store.clone(), self.shared.clock.clone());
+        let _ =
+            self.shared.beats.set(GroupCommit::start(
+                1_024,
+                in_flight,
+                move |beats: Vec<Beat>| {
+                    let (store, now) = (store.clone(), clock.now_ms());
+                    async move {
+                        crate::metrics::timed("heartbeats", store.heartbeats(&beats, now)).await
+                    }
+                },
+            ));
         let events = self.shared.store.subscribe();
         vec![
             tokio::spawn(self.clone().dispatch_loop()),
@@ -207,6 +222,24 @@ impl Dispatcher {
             }
         }
         Ok(results)
+    }
+
+    /// Applies a session's heartbeat, group-committed with other sessions'.
+    pub async fn heartbeat(&self, beat: Beat) -> std::result::Result<BeatApplied, Status> {
+        let mut results = match self.shared.beats.get() {
+            Some(group) => group.submit(vec![beat]).await?,
+            None => {
+                let now = self.shared.clock.now_ms();
+                self.shared
+                    .store
+                    .heartbeats(std::slice::from_ref(&beat), now)
+                    .await?
+            }
+        };
+        results
+            .pop()
+            .ok_or_else(|| Status::internal("no heartbeat result"))?
+            .map_err(Status::from)
     }
 
     /// Asks the dispatch loop to run a round soon.

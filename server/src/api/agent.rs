@@ -372,6 +372,11 @@ impl AgentService for AgentApi {
                     epoch,
                     tx,
                     generation: record.generation,
+                    reported: record.reported.clone(),
+                    provenance: record.provenance.clone(),
+                    operator_overrides: record.operator_overrides.clone(),
+                    status: record.status.clone(),
+                    status_reasons: record.status_reasons.clone(),
                 };
                 let mut ended = false;
                 while !ended {
@@ -448,6 +453,15 @@ struct Session {
     tx: crate::dispatch::SessionSender,
     /// The generation of the document the server holds for this agent.
     generation: u64,
+    /// The agent's own tiers as stored at `generation` (diffs apply to it).
+    reported: Value,
+    /// The provenance stored with it.
+    provenance: Value,
+    /// The operator tier, merged over every new document.
+    operator_overrides: Value,
+    /// The status and reasons last written for this session.
+    status: String,
+    status_reasons: Vec<String>,
 }
 
 impl Session {
@@ -567,14 +581,26 @@ impl Session {
         outcome
     }
 
+    /// Takes what the session holds from a stored record (at connect, and
+    /// after a snapshot or a lost compare-and-set).
+    fn load(&mut self, record: &crate::store::AgentRecord) {
+        self.generation = record.generation;
+        self.reported = record.reported.clone();
+        self.provenance = record.provenance.clone();
+        self.operator_overrides = record.operator_overrides.clone();
+        self.status = record.status.clone();
+        self.status_reasons = record.status_reasons.clone();
+    }
+
+    /// A heartbeat: the diff is applied to the document the session holds,
+    /// and the renewal, status and document are written in one group
+    /// commit with other sessions' heartbeats (no store read on the way).
     async fn heartbeat(
         &mut self,
         sequence: u64,
         hb: pb::Heartbeat,
         now: i64,
     ) -> Result<pb::ConnectResponse, Error> {
-        let store = self.api.store.clone();
-        store.renew_leases(self.agent_id, now).await?;
         let status = match pb::AgentStatus::try_from(hb.status) {
             Ok(pb::AgentStatus::Degraded) => "degraded",
             Ok(pb::AgentStatus::Draining) => "draining",
@@ -588,39 +614,82 @@ impl Session {
                 ));
             }
         };
-        let record = store.get_agent(self.agent_id).await?;
-        // Operator changes move the generation too; acks report the real one.
-        self.generation = record.generation;
-        let mut changed = record.status != status || record.status_reasons != hb.status_reasons;
-        if changed {
-            store
-                .set_agent_status(
-                    self.agent_id,
-                    status,
-                    &hb.status_reasons,
-                    Some(self.epoch),
-                    now,
-                )
-                .await?;
-        } else {
-            store.touch_agent(self.agent_id, now).await?;
-        }
+        let status_change = (self.status != status || self.status_reasons != hb.status_reasons)
+            .then(|| (status.to_owned(), hb.status_reasons.clone()));
+        let mut resync = None;
+        let mut next = None;
         if let Some(d) = hb.capability_diff {
-            match self.apply_diff(&record, d, now).await? {
-                Some(resync) => self.send(resync).await,
-                None => changed = true,
+            match self.apply_diff(d) {
+                Ok(write) => next = Some(write),
+                Err(reason) => resync = Some(reason),
             }
         }
-        // Most heartbeats change nothing; only a new status or document
-        // re-reads the agent and refreshes (and wakes) the dispatcher.
-        if changed && let Some(mut view) = self.api.dispatcher.view(self.agent_id) {
-            let record = store.get_agent(self.agent_id).await?;
-            let fresh = mapping::agent_view(&record);
-            view.document = fresh.document;
-            view.status = fresh.status;
-            view.namespace = fresh.namespace;
-            view.capacity = fresh.capacity;
-            self.api.dispatcher.update_view(view);
+        let beat = crate::store::Beat {
+            agent_id: self.agent_id,
+            session_epoch: self.epoch,
+            status: status_change.clone(),
+            document: next.clone(),
+        };
+        let applied = match self.api.dispatcher.heartbeat(beat).await {
+            Ok(applied) => applied,
+            // The batch failed (the store): the agent hears why.
+            Err(status) => {
+                return Ok(ack(
+                    sequence,
+                    status.code(),
+                    status.message(),
+                    self.generation,
+                ));
+            }
+        };
+        let mut document_changed = false;
+        match (applied, next) {
+            (crate::store::BeatApplied::Written(generation), Some(write)) => {
+                self.generation = generation;
+                self.reported = write.reported;
+                self.provenance = write.provenance;
+                document_changed = true;
+                if let Some(mut view) = self.api.dispatcher.view(self.agent_id) {
+                    view.document = std::sync::Arc::new(write.document);
+                    self.api.dispatcher.update_view(view);
+                }
+            }
+            (crate::store::BeatApplied::Stale(held), _) => {
+                // An operator changed the document meanwhile: start over
+                // from what is stored.
+                let record = self.api.store.get_agent(self.agent_id).await?;
+                self.load(&record);
+                resync = Some((
+                    format!("document changed concurrently (generation {held})"),
+                    held,
+                ));
+            }
+            _ => {}
+        }
+        if let Some((status, reasons)) = status_change {
+            self.status = status;
+            self.status_reasons = reasons;
+            // Rare: re-read the record (an operator drain keeps it draining).
+            if let Some(mut view) = self.api.dispatcher.view(self.agent_id) {
+                let record = self.api.store.get_agent(self.agent_id).await?;
+                let fresh = mapping::agent_view(&record);
+                view.status = fresh.status;
+                if !document_changed {
+                    view.document = fresh.document;
+                }
+                self.api.dispatcher.update_view(view);
+            }
+        }
+        if let Some((reason, generation)) = resync {
+            self.send(pb::ConnectResponse {
+                message: Some(pb::connect_response::Message::ResyncRequest(
+                    pb::ResyncRequest {
+                        server_generation: generation,
+                        reason,
+                    },
+                )),
+            })
+            .await;
         }
         let mut reply = ack(sequence, Code::Ok, "", self.generation);
         if let Some(pb::connect_response::Message::Ack(a)) = &mut reply.message {
@@ -629,68 +698,35 @@ impl Session {
         Ok(reply)
     }
 
-    /// Applies a diff; returns a resync request when it does not apply.
-    async fn apply_diff(
-        &mut self,
-        record: &crate::store::AgentRecord,
+    /// Applies a diff to the document the session holds; the document to
+    /// write, or why not (and the generation to resync from).
+    fn apply_diff(
+        &self,
         d: pb::CapabilityDiff,
-        now: i64,
-    ) -> Result<Option<pb::ConnectResponse>, Error> {
-        let resync = |reason: String, generation: u64| {
-            Some(pb::ConnectResponse {
-                message: Some(pb::connect_response::Message::ResyncRequest(
-                    pb::ResyncRequest {
-                        server_generation: generation,
-                        reason,
-                    },
-                )),
-            })
-        };
-        let patch = match super::convert::patch_from_proto(&d.operations) {
-            Ok(p) => p,
-            Err(reason) => return Ok(resync(reason, record.generation)),
-        };
-        let next = match diff::apply(
-            &record.reported,
-            record.generation,
+    ) -> Result<crate::store::DocumentWrite, (String, u64)> {
+        let patch = super::convert::patch_from_proto(&d.operations)
+            .map_err(|reason| (reason, self.generation))?;
+        let mut next = diff::apply(
+            &self.reported,
+            self.generation,
             d.base_generation,
             &patch,
             &self.api.settings.document_limits,
-        ) {
-            Ok(next) => next,
-            Err(err) => return Ok(resync(err.to_string(), record.generation)),
-        };
-        let mut next = next;
+        )
+        .map_err(|err| (err.to_string(), self.generation))?;
         let declared = redact::declared_sensitive(&next);
         let redacted = redact::redact(&mut next, &declared);
         if !redacted.is_empty() {
             warn!(paths = ?redacted, "sensitive values in a capability diff were redacted");
         }
         let (document, provenance) =
-            effective_document(&next, &record.provenance, &record.operator_overrides);
-        match self
-            .api
-            .store
-            .update_agent_document(
-                self.agent_id,
-                record.generation,
-                next,
-                document,
-                provenance,
-                record.rejections.clone(),
-                now,
-            )
-            .await
-        {
-            Ok(generation) => {
-                self.generation = generation;
-                Ok(None)
-            }
-            Err(err) => Ok(resync(
-                format!("document changed concurrently: {err}"),
-                record.generation,
-            )),
-        }
+            effective_document(&next, &self.provenance, &self.operator_overrides);
+        Ok(crate::store::DocumentWrite {
+            expected_generation: self.generation,
+            reported: next,
+            document,
+            provenance,
+        })
     }
 
     async fn snapshot(
@@ -729,8 +765,9 @@ impl Session {
                 now,
             )
             .await?;
-        self.generation = generation;
         let record = self.api.store.get_agent(self.agent_id).await?;
+        self.load(&record);
+        self.generation = generation;
         if let Some(mut view) = self.api.dispatcher.view(self.agent_id) {
             view.document = mapping::agent_view(&record).document;
             self.api.dispatcher.update_view(view);

@@ -1767,6 +1767,90 @@ macro_rules! store_common {
             }
         }
 
+        /// A document a session computed from a diff, if the generation
+        /// still holds; no event (see `Store::heartbeats`).
+        async fn write_document(
+            conn: &mut $conn,
+            agent_id: __Uuid,
+            write: &DocumentWrite,
+            now_ms: i64,
+        ) -> __Result<BeatApplied> {
+            let generation: Option<i64> = sqlx::query_scalar(
+                "UPDATE agents SET reported = $3, document = $4, provenance = $5, \
+                 generation = generation + 1, updated_at_ms = $6 \
+                 WHERE id = $1 AND generation = $2 RETURNING generation",
+            )
+            .bind(agent_id)
+            .bind(to_i64(write.expected_generation))
+            .bind(Json(&write.reported))
+            .bind(Json(&write.document))
+            .bind(Json(&write.provenance))
+            .bind(now_ms)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db("writing an agent document"))?;
+            Ok(match generation {
+                Some(generation) => BeatApplied::Written(to_u64(generation)),
+                None => BeatApplied::Stale(fetch_agent(conn, agent_id).await?.generation),
+            })
+        }
+
+        /// Heartbeats one by one, in agent id order (the SQLite path, and
+        /// the statuses of PostgreSQL's batches).
+        #[allow(dead_code)]
+        async fn heartbeats(
+            conn: &mut $conn,
+            beats: &[Beat],
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<Vec<__Result<BeatApplied>>> {
+            let mut order: Vec<usize> = (0..beats.len()).collect();
+            order.sort_by_key(|&i| beats[i].agent_id);
+            let mut results: Vec<Option<__Result<BeatApplied>>> = beats.iter().map(|_| None).collect();
+            for i in order {
+                let beat = &beats[i];
+                renew_leases(conn, beat.agent_id, now_ms).await?;
+                match &beat.status {
+                    Some((status, reasons)) => {
+                        set_agent_status(
+                            conn,
+                            beat.agent_id,
+                            status,
+                            reasons,
+                            Some(beat.session_epoch),
+                            now_ms,
+                            events,
+                        )
+                        .await?;
+                    }
+                    None => {
+                        sqlx::query(
+                            "UPDATE agents SET last_seen_at_ms = $2 WHERE id = $1 \
+                             AND last_seen_at_ms < $2",
+                        )
+                        .bind(beat.agent_id)
+                        .bind(now_ms)
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(db("touching an agent"))?;
+                    }
+                }
+                results[i] = Some(match &beat.document {
+                    Some(write) => write_document(conn, beat.agent_id, write, now_ms).await,
+                    None => Ok(BeatApplied::Renewed),
+                });
+            }
+            Ok(results
+                .into_iter()
+                .map(|r| {
+                    r.unwrap_or(Err(__Error::Corrupt {
+                        context: "applying heartbeats",
+                        detail: "a heartbeat was not processed".to_owned(),
+                    }))
+                })
+                .collect())
+        }
+
         async fn set_operator_overrides(
             conn: &mut $conn,
             agent_id: __Uuid,

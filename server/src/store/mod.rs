@@ -27,10 +27,11 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 pub use model::{
-    AgentRecord, AgentRegistration, Completion, CompletionOutcome, CompletionResult,
-    DEFAULT_BACKOFF_BASE_MS, GrantOutcome, GrantRefusal, GrantRequest, LeaseRecord, LeaseReport,
-    LeaseState, MAX_BACKOFF_MS, NewTask, Page, QueueCursor, ReportApplied, ReportKind, StoreEvent,
-    TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord, UnknownState, backoff_ms,
+    AgentRecord, AgentRegistration, Beat, BeatApplied, Completion, CompletionOutcome,
+    CompletionResult, DEFAULT_BACKOFF_BASE_MS, DocumentWrite, GrantOutcome, GrantRefusal,
+    GrantRequest, LeaseRecord, LeaseReport, LeaseState, MAX_BACKOFF_MS, NewTask, Page, QueueCursor,
+    ReportApplied, ReportKind, StoreEvent, TaskEventRecord, TaskFilter, TaskRecord, TaskState,
+    TokenRecord, UnknownState, backoff_ms,
 };
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -131,6 +132,13 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
         reports: &[LeaseReport],
         now_ms: i64,
     ) -> Result<Vec<Result<ReportApplied>>>;
+    /// Heartbeats of many sessions in one transaction: every agent's live
+    /// leases renewed to now plus their TTL, the agent touched, a changed
+    /// status written (while the session is current) and a changed document
+    /// written if its generation still holds. Document writes announce
+    /// nothing: the session that made them already updated its replica's
+    /// index, and no other replica holds that agent.
+    async fn heartbeats(&self, beats: &[Beat], now_ms: i64) -> Result<Vec<Result<BeatApplied>>>;
     /// Revokes grants never acknowledged and granted before
     /// `older_than_ms`: leases RELEASED, tasks back to QUEUED without
     /// counting an attempt.

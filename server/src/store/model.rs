@@ -493,6 +493,50 @@ pub struct ReportApplied {
     pub ended: bool,
 }
 
+/// One heartbeat's writes, for [`Store::heartbeats`] (which applies the
+/// heartbeats of many sessions in one transaction).
+///
+/// [`Store::heartbeats`]: super::Store::heartbeats
+#[derive(Debug, Clone, PartialEq)]
+pub struct Beat {
+    /// The agent.
+    pub agent_id: Uuid,
+    /// Its session; a status is written only while this is still current.
+    pub session_epoch: u64,
+    /// A new status and its reasons, when they changed.
+    pub status: Option<(String, Vec<String>)>,
+    /// A new document (the session applied a diff), when it changed.
+    pub document: Option<DocumentWrite>,
+}
+
+/// A document the session computed from a diff, written only if the stored
+/// generation is still the one the diff was applied to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DocumentWrite {
+    /// The generation the diff was applied to.
+    pub expected_generation: u64,
+    /// The agent's own tiers merged (what its diffs apply to).
+    pub reported: Value,
+    /// With the operator tier merged over it: what the matcher sees.
+    pub document: Value,
+    /// Which tier every leaf came from.
+    pub provenance: Value,
+}
+
+/// What [`Store::heartbeats`] did for one heartbeat.
+///
+/// [`Store::heartbeats`]: super::Store::heartbeats
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BeatApplied {
+    /// Leases renewed and the agent touched; no document was given.
+    Renewed,
+    /// The document was written; its new generation.
+    Written(u64),
+    /// The document was not written: the stored generation (held) moved
+    /// on meanwhile (an operator change); the session must resync.
+    Stale(u64),
+}
+
 /// The result of an accepted completion.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompletionResult {

@@ -702,6 +702,112 @@ impl Store for PgStore {
             .collect())
     }
 
+    async fn heartbeats(
+        &self,
+        beats: &[Beat],
+        now_ms: i64,
+    ) -> __Result<Vec<__Result<BeatApplied>>> {
+        if beats.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut agent_ids: Vec<Uuid> = beats.iter().map(|b| b.agent_id).collect();
+        agent_ids.sort_unstable();
+        agent_ids.dedup();
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        // Every agent's live leases renewed, and every agent touched: two
+        // statements for the whole batch, agent rows in id order.
+        sqlx::query(
+            "UPDATE leases SET expires_at_ms = $2 + \
+             (SELECT t.lease_ttl_ms FROM tasks t WHERE t.id = leases.task_id) \
+             WHERE agent_id = ANY($1) AND state IN ('granted', 'active')",
+        )
+        .bind(&agent_ids)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("renewing leases"))?;
+        sqlx::query(
+            "UPDATE agents SET last_seen_at_ms = $2 FROM \
+             (SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE) locked \
+             WHERE agents.id = locked.id AND agents.last_seen_at_ms < $2",
+        )
+        .bind(&agent_ids)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("touching agents"))?;
+        let mut results: Vec<__Result<BeatApplied>> = Vec::with_capacity(beats.len());
+        // Status changes are rare: one by one.
+        for beat in beats {
+            if let Some((status, reasons)) = &beat.status {
+                set_agent_status(
+                    &mut tx,
+                    beat.agent_id,
+                    status,
+                    reasons,
+                    Some(beat.session_epoch),
+                    now_ms,
+                    &mut events,
+                )
+                .await?;
+            }
+        }
+        // Documents: one compare-and-set statement for the batch.
+        let writes: Vec<(Uuid, &DocumentWrite)> = beats
+            .iter()
+            .filter_map(|b| b.document.as_ref().map(|d| (b.agent_id, d)))
+            .collect();
+        let mut written: HashMap<Uuid, i64> = HashMap::new();
+        if !writes.is_empty() {
+            let ids: Vec<Uuid> = writes.iter().map(|(id, _)| *id).collect();
+            let expected: Vec<i64> = writes
+                .iter()
+                .map(|(_, d)| to_i64(d.expected_generation))
+                .collect();
+            let reported: Vec<String> =
+                writes.iter().map(|(_, d)| d.reported.to_string()).collect();
+            let documents: Vec<String> =
+                writes.iter().map(|(_, d)| d.document.to_string()).collect();
+            let provenance: Vec<String> = writes
+                .iter()
+                .map(|(_, d)| d.provenance.to_string())
+                .collect();
+            written = sqlx::query_as::<_, (Uuid, i64)>(
+                "UPDATE agents a SET reported = d.reported::jsonb, document = d.document::jsonb, \
+                 provenance = d.provenance::jsonb, generation = a.generation + 1, \
+                 updated_at_ms = $6 \
+                 FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::text[]) \
+                 AS d(id, expected, reported, document, provenance) \
+                 WHERE a.id = d.id AND a.generation = d.expected RETURNING a.id, a.generation",
+            )
+            .bind(&ids)
+            .bind(&expected)
+            .bind(&reported)
+            .bind(&documents)
+            .bind(&provenance)
+            .bind(now_ms)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db("writing agent documents"))?
+            .into_iter()
+            .collect();
+        }
+        for beat in beats {
+            results.push(match &beat.document {
+                None => Ok(BeatApplied::Renewed),
+                Some(_) => match written.get(&beat.agent_id) {
+                    Some(&generation) => Ok(BeatApplied::Written(to_u64(generation))),
+                    None => fetch_agent(&mut tx, beat.agent_id)
+                        .await
+                        .map(|a| BeatApplied::Stale(a.generation)),
+                },
+            });
+        }
+        self.commit(tx, events).await?;
+        Ok(results)
+    }
+
     async fn revoke_unacked(
         &self,
         older_than_ms: i64,

@@ -391,6 +391,21 @@ impl Store for SqliteStore {
         Ok(results)
     }
 
+    async fn heartbeats(
+        &self,
+        beats: &[Beat],
+        now_ms: i64,
+    ) -> __Result<Vec<__Result<BeatApplied>>> {
+        if beats.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let results = heartbeats(&mut tx, beats, now_ms, &mut events).await?;
+        self.commit(tx, events).await?;
+        Ok(results)
+    }
+
     async fn revoke_unacked(
         &self,
         older_than_ms: i64,

@@ -1,12 +1,14 @@
 //! Group-committed lease reports (`Store::apply_reports`): many sessions'
 //! accepted, started, progress and final reports in one transaction, with
 //! the same outcome, rows and history as applying them one by one, and a
-//! refusal of one report leaving the others alone.
+//! refusal of one report leaving the others alone; and group-committed
+//! heartbeats (`Store::heartbeats`).
 
 use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::store::{
-    CompletionOutcome, LeaseRecord, LeaseReport, LeaseState, ReportApplied, ReportKind, TaskState,
+    Beat, BeatApplied, CompletionOutcome, DocumentWrite, LeaseRecord, LeaseReport, LeaseState,
+    ReportApplied, ReportKind, TaskState,
 };
 
 use crate::common::{Fixture, T0, agent, grant, submit, task};
@@ -15,6 +17,7 @@ crate::both_backends!(
     whole_attempts_in_one_batch_match_one_by_one,
     a_refused_report_leaves_the_rest_of_the_batch,
     many_whole_attempts_settle_like_one_by_one,
+    heartbeats_renew_touch_and_write_documents,
 );
 
 fn report(lease: &LeaseRecord, kind: ReportKind) -> LeaseReport {
@@ -247,4 +250,75 @@ async fn many_whole_attempts_settle_like_one_by_one(fx: &mut Fixture) {
         assert!(l.acked && !l.state.is_live(), "{l:?}");
     }
     assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 0);
+}
+
+async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let w1 = agent(store, "ns", "w1", 2).await;
+    let w2 = agent(store, "ns", "w2", 2).await;
+    let t = submit(store, task("ns", 0, 3), T0).await;
+    let lease = grant(store, t.id, w1.id, T0 + 1).await;
+    let write = |expected: u64, memory: u64| DocumentWrite {
+        expected_generation: expected,
+        reported: json!({"memory": {"free": memory}}),
+        document: json!({"memory": {"free": memory}}),
+        provenance: json!({"memory.free": "dynamic"}),
+    };
+    let beats = [
+        Beat {
+            agent_id: w1.id,
+            session_epoch: w1.session_epoch,
+            status: None,
+            document: Some(write(w1.generation, 512)),
+        },
+        Beat {
+            agent_id: w2.id,
+            session_epoch: w2.session_epoch,
+            status: Some(("degraded".into(), vec!["disk full".into()])),
+            // Based on a generation the store no longer holds.
+            document: Some(write(w2.generation + 7, 1)),
+        },
+    ];
+    let now = T0 + 10_000;
+    let results = store.heartbeats(&beats, now).await.unwrap();
+    assert_eq!(
+        *results[0].as_ref().unwrap(),
+        BeatApplied::Written(w1.generation + 1)
+    );
+    assert_eq!(
+        *results[1].as_ref().unwrap(),
+        BeatApplied::Stale(w2.generation)
+    );
+    let l = store.get_lease(lease.id).await.unwrap();
+    assert_eq!(l.expires_at_ms, now + t.lease_ttl_ms);
+    let a1 = store.get_agent(w1.id).await.unwrap();
+    assert_eq!(a1.reported, json!({"memory": {"free": 512}}));
+    assert_eq!(a1.document, json!({"memory": {"free": 512}}));
+    assert_eq!(a1.last_seen_at_ms, now);
+    let a2 = store.get_agent(w2.id).await.unwrap();
+    assert_eq!(
+        (a2.status.as_str(), a2.generation),
+        ("degraded", w2.generation)
+    );
+    assert_eq!(a2.status_reasons, ["disk full"]);
+    assert_eq!(a2.document, w2.document);
+    // A plain heartbeat of a missing agent is that beat's error only.
+    let ghost = Beat {
+        agent_id: uuid::Uuid::now_v7(),
+        session_epoch: 1,
+        status: None,
+        document: Some(write(1, 1)),
+    };
+    let plain = Beat {
+        agent_id: w1.id,
+        session_epoch: w1.session_epoch,
+        status: None,
+        document: None,
+    };
+    let results = store.heartbeats(&[ghost, plain], now + 1).await.unwrap();
+    assert!(
+        matches!(results[0], Err(Error::NotFound { .. })),
+        "{results:?}"
+    );
+    assert_eq!(*results[1].as_ref().unwrap(), BeatApplied::Renewed);
 }
