@@ -13,7 +13,7 @@
 //! cannot be queued is left unacknowledged and revoked by the sweeper.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -119,6 +119,14 @@ struct Shared {
     reports: std::sync::OnceLock<GroupCommit<LeaseReport, ReportApplied>>,
     /// Heartbeats of every session, group-committed likewise.
     beats: std::sync::OnceLock<GroupCommit<Beat, BeatApplied>>,
+    /// Counts signals that a task may be waiting in the queue (a submit
+    /// that was not leased on the way in, a re-queue on any replica).
+    queued_signals: AtomicU64,
+    /// The `queued_signals` count at the start of the last round that left
+    /// nothing in the queue (every task it read was leased); `u64::MAX`
+    /// until one does. While it equals `queued_signals`, nothing waits and
+    /// a submit may be leased on the way in without overtaking anyone.
+    clear_at: AtomicU64,
 }
 
 impl Dispatcher {
@@ -137,6 +145,8 @@ impl Dispatcher {
                 task_changes,
                 reports: std::sync::OnceLock::new(),
                 beats: std::sync::OnceLock::new(),
+                queued_signals: AtomicU64::new(0),
+                clear_at: AtomicU64::new(u64::MAX),
             }),
         }
     }
@@ -240,6 +250,55 @@ impl Dispatcher {
             .pop()
             .ok_or_else(|| Status::internal("no heartbeat result"))?
             .map_err(Status::from)
+    }
+
+    /// A task may now be waiting in the queue: no submit is leased on the
+    /// way in until a dispatch round has seen the queue empty again.
+    pub fn note_queued(&self) {
+        self.shared.queued_signals.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Picks and reserves an agent for a task being submitted, if one
+    /// connected here has room and nothing waits in the queue (so the task
+    /// overtakes no one); the caller leases it in the submit's transaction
+    /// and then calls [`Dispatcher::push_grant`], or
+    /// [`Dispatcher::lease_ended`] to give the reservation back.
+    pub fn place_now(&self, placement: &CompiledPlacement, namespace: &str) -> Option<Uuid> {
+        let signals = self.shared.queued_signals.load(Ordering::SeqCst);
+        if self.stopping() || self.shared.clear_at.load(Ordering::SeqCst) != signals {
+            return None;
+        }
+        let now = self.shared.clock.now_ms();
+        let mut state = self.state();
+        let started = std::time::Instant::now();
+        let selection = state.index.select_best(placement, namespace);
+        metrics::histogram!(crate::metrics::MATCH_SECONDS).record(started.elapsed().as_secs_f64());
+        let selection = selection?;
+        let view = state.index.get(&selection.agent_id)?;
+        let active = view.active_leases + 1;
+        state
+            .index
+            .update_load(&selection.agent_id, active, u64::try_from(now).ok());
+        selection.agent_id.parse().ok()
+    }
+
+    /// Pushes a granted lease down its agent's stream.
+    pub fn push_grant(&self, task: &TaskRecord, lease: &LeaseRecord) {
+        metrics::counter!(crate::metrics::GRANTS).increment(1);
+        self.state().placements.remove(&task.id);
+        let grant = pb::ConnectResponse {
+            message: Some(pb::connect_response::Message::LeaseGrant(pb::LeaseGrant {
+                lease_id: lease.id.to_string(),
+                fencing_token: lease.fencing_token,
+                task: Some(mapping::granted_task(task, lease)),
+                expires_at: Some(crate::api::convert::timestamp(lease.expires_at_ms)),
+            })),
+        };
+        if !self.send(lease.agent_id, grant) {
+            // Left unacknowledged: the sweeper revokes and re-matches it.
+            debug!(lease = %lease.id, agent = %lease.agent_id, "grant not queued to the agent stream");
+        }
+        let _ = self.shared.task_changes.send(task.id);
     }
 
     /// Asks the dispatch loop to run a round soon.
@@ -483,10 +542,13 @@ impl Dispatcher {
         if self.stopping() || self.state().sessions.is_empty() {
             return Ok(0);
         }
+        let signals = self.shared.queued_signals.load(Ordering::SeqCst);
         let now = self.shared.clock.now_ms();
         let batch = self.shared.settings.batch_size;
         let mut cursor: Option<QueueCursor> = None;
         let mut granted = 0;
+        let mut read = 0;
+        let mut walked = false;
         for _ in 0..MAX_PAGES {
             if !self.any_free_slot() {
                 break;
@@ -498,12 +560,21 @@ impl Dispatcher {
                     .queued_tasks(None, now, cursor.as_ref(), batch),
             )
             .await?;
-            let Some(last) = tasks.last() else { break };
+            let Some(last) = tasks.last() else {
+                walked = true;
+                break;
+            };
             cursor = Some(QueueCursor::after(last));
+            read += tasks.len();
             granted += self.grant_page(&tasks, now).await?;
             if tasks.len() < batch as usize {
+                walked = true;
                 break;
             }
+        }
+        if walked && granted == read {
+            // Nothing was left waiting as of `signals`.
+            self.shared.clear_at.store(signals, Ordering::SeqCst);
         }
         Ok(granted)
     }
@@ -554,21 +625,7 @@ impl Dispatcher {
             match outcome {
                 GrantOutcome::Granted(lease) => {
                     granted += 1;
-                    metrics::counter!(crate::metrics::GRANTS).increment(1);
-                    self.state().placements.remove(&task.id);
-                    let grant = pb::ConnectResponse {
-                        message: Some(pb::connect_response::Message::LeaseGrant(pb::LeaseGrant {
-                            lease_id: lease.id.to_string(),
-                            fencing_token: lease.fencing_token,
-                            task: Some(mapping::granted_task(task, &lease)),
-                            expires_at: Some(crate::api::convert::timestamp(lease.expires_at_ms)),
-                        })),
-                    };
-                    if !self.send(request.agent_id, grant) {
-                        // Left unacknowledged: the sweeper revokes and re-matches it.
-                        debug!(lease = %lease.id, agent = %request.agent_id, "grant not queued to the agent stream");
-                    }
-                    let _ = self.shared.task_changes.send(task.id);
+                    self.push_grant(task, &lease);
                 }
                 GrantOutcome::Refused(refusal) => {
                     debug!(task = %task.id, agent = %request.agent_id, ?refusal, "grant refused");
@@ -663,7 +720,10 @@ impl Dispatcher {
     async fn event_loop(self, mut events: broadcast::Receiver<StoreEvent>) {
         loop {
             match events.recv().await {
-                Ok(StoreEvent::TaskQueued { .. }) => self.wake(),
+                Ok(StoreEvent::TaskQueued { .. }) => {
+                    self.note_queued();
+                    self.wake();
+                }
                 Ok(StoreEvent::TaskChanged { task_id, .. }) => {
                     let _ = self.shared.task_changes.send(task_id);
                 }
@@ -702,6 +762,7 @@ impl Dispatcher {
                 }
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
                     warn!(missed, "store events lagged; re-dispatching");
+                    self.note_queued();
                     self.wake();
                 }
                 Err(broadcast::error::RecvError::Closed) => return,

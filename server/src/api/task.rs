@@ -17,7 +17,7 @@ use tracing::instrument;
 use super::convert::{duration_ms, struct_to_json, timestamp_ms};
 use super::{Api, TaskApi, invalid, mapping, namespace, page_size, parse_id};
 use crate::auth::{Caller, Need};
-use crate::store::{NewTask, Page, TaskFilter, TaskRecord, TaskState};
+use crate::store::{GrantOutcome, NewTask, Page, TaskFilter, TaskRecord, TaskState};
 
 /// Longest accepted kind, idempotency key and label.
 const MAX_NAME: usize = 256;
@@ -212,9 +212,43 @@ impl TaskService for TaskApi {
             not_before_ms: req.not_before.as_ref().map(timestamp_ms),
             labels: req.labels.into_iter().collect(),
         };
-        let (record, created) = api.store.submit_task(task, api.now_ms()).await?;
-        tracing::info!(task = %record.id, created, "task submitted");
-        if created {
+        let compiled = core_placement::compile(&placement)
+            .map_err(|_| Status::internal("placement does not compile"))?;
+        let now = api.now_ms();
+        // An agent connected here with room, and nothing waiting: lease the
+        // task in the submit's own transaction (one commit to the agent).
+        let target = if task.not_before_ms.is_none_or(|at| at <= now) {
+            api.dispatcher.place_now(&compiled, &task.namespace)
+        } else {
+            None
+        };
+        let (record, created, grant) = match target {
+            Some(agent_id) => match api.store.submit_and_grant(task, agent_id, now).await {
+                Ok(submitted) => submitted,
+                Err(err) => {
+                    api.dispatcher.lease_ended(agent_id);
+                    return Err(err.into());
+                }
+            },
+            None => {
+                let (record, created) = api.store.submit_task(task, now).await?;
+                (record, created, None)
+            }
+        };
+        let leased = match (target, grant) {
+            (_, Some(GrantOutcome::Granted(lease))) => {
+                api.dispatcher.push_grant(&record, &lease);
+                true
+            }
+            (Some(agent_id), _) => {
+                api.dispatcher.lease_ended(agent_id);
+                false
+            }
+            (None, _) => false,
+        };
+        tracing::info!(task = %record.id, created, leased, "task submitted");
+        if created && !leased {
+            api.dispatcher.note_queued();
             api.dispatcher.wake();
         }
         // The reason from this replica's connected agents, in memory: reading
@@ -225,8 +259,6 @@ impl TaskService for TaskApi {
             let reason = if record.not_before_ms > api.now_ms() {
                 pb::QueuedReason::Backoff
             } else {
-                let compiled = core_placement::compile(&placement)
-                    .map_err(|_| Status::internal("placement does not compile"))?;
                 match api.dispatcher.local_outcome(&compiled, &record.namespace) {
                     Outcome::Parked(_) => pb::QueuedReason::Parked,
                     Outcome::WaitingForCapacity | Outcome::Placeable => {

@@ -90,6 +90,17 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
         requests: &[GrantRequest],
         now_ms: i64,
     ) -> Result<Vec<GrantOutcome>>;
+    /// Submits a task and, in the same transaction, leases it to `agent_id`
+    /// (the dispatcher matched it in memory on the way in): one commit from
+    /// submit to lease. The outcome is `None` for an idempotent repeat (the
+    /// existing task is returned, `false`); a refused grant leaves the task
+    /// QUEUED for the dispatcher, as a plain submit would.
+    async fn submit_and_grant(
+        &self,
+        task: NewTask,
+        agent_id: Uuid,
+        now_ms: i64,
+    ) -> Result<(TaskRecord, bool, Option<GrantOutcome>)>;
     /// The agent acknowledged these grants (GRANTED to ACTIVE); returns how
     /// many it still held.
     async fn ack_leases(&self, agent_id: Uuid, leases: &[(Uuid, u64)], now_ms: i64) -> Result<u64>;

@@ -226,137 +226,42 @@ impl Store for PgStore {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let agent_ids: Vec<Uuid> = requests.iter().map(|r| r.agent_id).collect();
-        let task_ids: Vec<Uuid> = requests.iter().map(|r| r.task_id).collect();
         let mut tx = self.begin().await?;
-        // Agent rows first, in id order (every grant locks them in the same
-        // order, so concurrent grants queue instead of deadlocking).
-        let agent_rows: Vec<(Uuid, i64)> = sqlx::query_as(
-            "SELECT id, capacity FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-        )
-        .bind(&agent_ids)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db("locking agents to grant"))?;
-        // Their live leases, counted after the locks are held (a statement
-        // of its own, so it sees every grant committed before ours).
-        // Leases are counted, not kept on the agent row: final reports then
-        // never touch agent rows, and grants and completions never queue on
-        // the same row.
-        let live: HashMap<Uuid, i64> = sqlx::query_as::<_, (Uuid, i64)>(
-            "SELECT agent_id, COUNT(*) FROM leases WHERE agent_id = ANY($1) \
-             AND state IN ('granted', 'active') GROUP BY agent_id",
-        )
-        .bind(&agent_ids)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db("counting agents' live leases"))?
-        .into_iter()
-        .collect();
-        // Queued task rows another transaction is not changing right now; a
-        // locked one is refused (it will be announced again if it re-queues).
-        let task_rows: Vec<(Uuid, i64, i64, i64)> = sqlx::query_as(
-            "SELECT id, not_before_ms, fencing_token, lease_ttl_ms FROM tasks \
-             WHERE id = ANY($1) AND state = 'queued' FOR UPDATE SKIP LOCKED",
-        )
-        .bind(&task_ids)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db("locking tasks to grant"))?;
-        let agents: HashMap<Uuid, (i64, i64)> = agent_rows
-            .into_iter()
-            .map(|(id, capacity)| (id, (capacity, live.get(&id).copied().unwrap_or(0))))
-            .collect();
-        let tasks: HashMap<Uuid, GrantableTask> = task_rows
-            .into_iter()
-            .map(|(id, not_before_ms, fencing_token, lease_ttl_ms)| {
-                (
-                    id,
-                    GrantableTask {
-                        state: TaskState::Queued,
-                        not_before_ms,
-                        fencing_token,
-                        lease_ttl_ms,
-                    },
-                )
-            })
-            .collect();
-        let plan = plan_grants(requests, &agents, &tasks, now_ms);
-        let granted: Vec<_> = plan.iter().filter_map(|p| p.as_ref().ok()).collect();
-        if !granted.is_empty() {
-            let lease_ids: Vec<Uuid> = granted.iter().map(|g| g.lease_id).collect();
-            let task_ids: Vec<Uuid> = granted.iter().map(|g| g.task_id).collect();
-            let agent_ids: Vec<Uuid> = granted.iter().map(|g| g.agent_id).collect();
-            let tokens: Vec<i64> = granted.iter().map(|g| g.fencing_token).collect();
-            let expiries: Vec<i64> = granted.iter().map(|g| g.expires_at_ms).collect();
-            // One round trip for the whole batch: leases, tasks and history.
-            let leased: i64 = sqlx::query_scalar(
-                "WITH g AS ( \
-                   SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], \
-                   $5::int8[]) AS g(lease_id, task_id, agent_id, token, expires_at_ms) \
-                 ), new_leases AS ( \
-                   INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, \
-                   granted_at_ms, expires_at_ms) \
-                   SELECT lease_id, task_id, agent_id, token, 'granted', FALSE, $6, \
-                   expires_at_ms FROM g \
-                 ), leased AS ( \
-                   UPDATE tasks t SET state = 'leased', fencing_token = g.token, \
-                   lease_id = g.lease_id, agent_id = g.agent_id, progress = NULL, \
-                   updated_at_ms = $6 FROM g WHERE t.id = g.task_id AND t.state = 'queued' \
-                   RETURNING t.id \
-                 ), history AS ( \
-                   INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
-                   lease_id, occurred_at_ms) \
-                   SELECT g.task_id, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
-                   WHERE e.task_id = g.task_id), 0) + 1, 'leased', 'leased', \
-                   'leased to agent ' || g.agent_id::text || ' with fencing token ' || \
-                   g.token::text, g.agent_id, g.lease_id, $6 FROM g \
-                 ) \
-                 SELECT COUNT(*) FROM leased",
-            )
-            .bind(&lease_ids)
-            .bind(&task_ids)
-            .bind(&agent_ids)
-            .bind(&tokens)
-            .bind(&expiries)
-            .bind(now_ms)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db("granting leases"))?;
-            if usize::try_from(leased).ok() != Some(granted.len()) {
-                // Cannot happen with the rows locked above; refuse to commit
-                // rather than count capacity wrongly.
-                return Err(__Error::Corrupt {
-                    context: "granting leases",
-                    detail: format!("{leased} of {} locked tasks were leased", granted.len()),
-                });
-            }
-        }
         let mut events = Vec::new();
-        let outcomes = plan
-            .into_iter()
-            .map(|planned| match planned {
-                Ok(grant) => {
-                    events.push(StoreEvent::TaskChanged {
-                        task_id: grant.task_id,
-                        state: TaskState::Leased,
-                    });
-                    GrantOutcome::Granted(LeaseRecord {
-                        id: grant.lease_id,
-                        task_id: grant.task_id,
-                        agent_id: grant.agent_id,
-                        fencing_token: to_u64(grant.fencing_token),
-                        state: LeaseState::Granted,
-                        granted_at_ms: now_ms,
-                        acked: false,
-                        expires_at_ms: grant.expires_at_ms,
-                    })
-                }
-                Err(refusal) => GrantOutcome::Refused(refusal),
-            })
-            .collect();
+        let outcomes = grant_in(&mut tx, requests, now_ms, &mut events).await?;
         self.commit(tx, events).await?;
         Ok(outcomes)
+    }
+
+    async fn submit_and_grant(
+        &self,
+        task: NewTask,
+        agent_id: Uuid,
+        now_ms: i64,
+    ) -> __Result<(TaskRecord, bool, Option<GrantOutcome>)> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let (record, created) = submit_task(&mut tx, &task, now_ms, &mut events).await?;
+        if !created {
+            self.commit(tx, events).await?;
+            return Ok((record, false, None));
+        }
+        let request = GrantRequest {
+            task_id: record.id,
+            agent_id,
+        };
+        let outcome = grant_in(&mut tx, &[request], now_ms, &mut events)
+            .await?
+            .pop();
+        let record = if matches!(outcome, Some(GrantOutcome::Granted(_))) {
+            // Leased before anyone could see it queued.
+            events.retain(|e| !matches!(e, StoreEvent::TaskQueued { .. }));
+            must_fetch_task(&mut tx, record.id).await?
+        } else {
+            record
+        };
+        self.commit(tx, events).await?;
+        Ok((record, true, outcome))
     }
 
     async fn ack_leases(
@@ -1244,4 +1149,141 @@ async fn whole_attempts(
         results[c[2]] = Some(Ok(ReportApplied { ended: true }));
     }
     Ok(settle.len())
+}
+
+/// Leases tasks to agents inside the caller's transaction (see
+/// [`Store::grant_leases`]); the events to announce are added to `events`.
+async fn grant_in(
+    tx: &mut Transaction<'static, Postgres>,
+    requests: &[GrantRequest],
+    now_ms: i64,
+    events: &mut Vec<StoreEvent>,
+) -> __Result<Vec<GrantOutcome>> {
+    let agent_ids: Vec<Uuid> = requests.iter().map(|r| r.agent_id).collect();
+    let task_ids: Vec<Uuid> = requests.iter().map(|r| r.task_id).collect();
+    // Agent rows first, in id order (every grant locks them in the same
+    // order, so concurrent grants queue instead of deadlocking).
+    let agent_rows: Vec<(Uuid, i64)> =
+        sqlx::query_as("SELECT id, capacity FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(&agent_ids)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db("locking agents to grant"))?;
+    // Their live leases, counted after the locks are held (a statement
+    // of its own, so it sees every grant committed before ours).
+    // Leases are counted, not kept on the agent row: final reports then
+    // never touch agent rows, and grants and completions never queue on
+    // the same row.
+    let live: HashMap<Uuid, i64> = sqlx::query_as::<_, (Uuid, i64)>(
+        "SELECT agent_id, COUNT(*) FROM leases WHERE agent_id = ANY($1) \
+         AND state IN ('granted', 'active') GROUP BY agent_id",
+    )
+    .bind(&agent_ids)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(db("counting agents' live leases"))?
+    .into_iter()
+    .collect();
+    // Queued task rows another transaction is not changing right now; a
+    // locked one is refused (it will be announced again if it re-queues).
+    let task_rows: Vec<(Uuid, i64, i64, i64)> = sqlx::query_as(
+        "SELECT id, not_before_ms, fencing_token, lease_ttl_ms FROM tasks \
+         WHERE id = ANY($1) AND state = 'queued' FOR UPDATE SKIP LOCKED",
+    )
+    .bind(&task_ids)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(db("locking tasks to grant"))?;
+    let agents: HashMap<Uuid, (i64, i64)> = agent_rows
+        .into_iter()
+        .map(|(id, capacity)| (id, (capacity, live.get(&id).copied().unwrap_or(0))))
+        .collect();
+    let tasks: HashMap<Uuid, GrantableTask> = task_rows
+        .into_iter()
+        .map(|(id, not_before_ms, fencing_token, lease_ttl_ms)| {
+            (
+                id,
+                GrantableTask {
+                    state: TaskState::Queued,
+                    not_before_ms,
+                    fencing_token,
+                    lease_ttl_ms,
+                },
+            )
+        })
+        .collect();
+    let plan = plan_grants(requests, &agents, &tasks, now_ms);
+    let granted: Vec<_> = plan.iter().filter_map(|p| p.as_ref().ok()).collect();
+    if !granted.is_empty() {
+        let lease_ids: Vec<Uuid> = granted.iter().map(|g| g.lease_id).collect();
+        let task_ids: Vec<Uuid> = granted.iter().map(|g| g.task_id).collect();
+        let agent_ids: Vec<Uuid> = granted.iter().map(|g| g.agent_id).collect();
+        let tokens: Vec<i64> = granted.iter().map(|g| g.fencing_token).collect();
+        let expiries: Vec<i64> = granted.iter().map(|g| g.expires_at_ms).collect();
+        // One round trip for the whole batch: leases, tasks and history.
+        let leased: i64 = sqlx::query_scalar(
+            "WITH g AS ( \
+               SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], \
+               $5::int8[]) AS g(lease_id, task_id, agent_id, token, expires_at_ms) \
+             ), new_leases AS ( \
+               INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, \
+               granted_at_ms, expires_at_ms) \
+               SELECT lease_id, task_id, agent_id, token, 'granted', FALSE, $6, \
+               expires_at_ms FROM g \
+             ), leased AS ( \
+               UPDATE tasks t SET state = 'leased', fencing_token = g.token, \
+               lease_id = g.lease_id, agent_id = g.agent_id, progress = NULL, \
+               updated_at_ms = $6 FROM g WHERE t.id = g.task_id AND t.state = 'queued' \
+               RETURNING t.id \
+             ), history AS ( \
+               INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
+               lease_id, occurred_at_ms) \
+               SELECT g.task_id, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
+               WHERE e.task_id = g.task_id), 0) + 1, 'leased', 'leased', \
+               'leased to agent ' || g.agent_id::text || ' with fencing token ' || \
+               g.token::text, g.agent_id, g.lease_id, $6 FROM g \
+             ) \
+             SELECT COUNT(*) FROM leased",
+        )
+        .bind(&lease_ids)
+        .bind(&task_ids)
+        .bind(&agent_ids)
+        .bind(&tokens)
+        .bind(&expiries)
+        .bind(now_ms)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(db("granting leases"))?;
+        if usize::try_from(leased).ok() != Some(granted.len()) {
+            // Cannot happen with the rows locked above; refuse to commit
+            // rather than count capacity wrongly.
+            return Err(__Error::Corrupt {
+                context: "granting leases",
+                detail: format!("{leased} of {} locked tasks were leased", granted.len()),
+            });
+        }
+    }
+    let outcomes = plan
+        .into_iter()
+        .map(|planned| match planned {
+            Ok(grant) => {
+                events.push(StoreEvent::TaskChanged {
+                    task_id: grant.task_id,
+                    state: TaskState::Leased,
+                });
+                GrantOutcome::Granted(LeaseRecord {
+                    id: grant.lease_id,
+                    task_id: grant.task_id,
+                    agent_id: grant.agent_id,
+                    fencing_token: to_u64(grant.fencing_token),
+                    state: LeaseState::Granted,
+                    granted_at_ms: now_ms,
+                    acked: false,
+                    expires_at_ms: grant.expires_at_ms,
+                })
+            }
+            Err(refusal) => GrantOutcome::Refused(refusal),
+        })
+        .collect();
+    Ok(outcomes)
 }

@@ -173,114 +173,41 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         let mut tx = self.begin().await?;
-        let mut agents = HashMap::new();
-        let mut tasks = HashMap::new();
-        let agent_ids: BTreeSet<Uuid> = requests.iter().map(|r| r.agent_id).collect();
-        let task_ids: BTreeSet<Uuid> = requests.iter().map(|r| r.task_id).collect();
-        for agent_id in agent_ids {
-            let row: Option<(i64, i64)> = sqlx::query_as(
-                "SELECT capacity, (SELECT COUNT(*) FROM leases l WHERE l.agent_id = agents.id \
-                     AND l.state IN ('granted', 'active')) FROM agents WHERE id = $1",
-            )
-            .bind(agent_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db("reading an agent's capacity"))?;
-            if let Some(row) = row {
-                agents.insert(agent_id, row);
-            }
-        }
-        for task_id in task_ids {
-            let row: Option<(String, i64, i64, i64)> = sqlx::query_as(
-                "SELECT state, not_before_ms, fencing_token, lease_ttl_ms FROM tasks \
-                     WHERE id = $1",
-            )
-            .bind(task_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db("reading a task to grant"))?;
-            if let Some((state, not_before_ms, fencing_token, lease_ttl_ms)) = row {
-                let state = state.parse().map_err(corrupt("reading a task to grant"))?;
-                tasks.insert(
-                    task_id,
-                    GrantableTask {
-                        state,
-                        not_before_ms,
-                        fencing_token,
-                        lease_ttl_ms,
-                    },
-                );
-            }
-        }
-        let plan = plan_grants(requests, &agents, &tasks, now_ms);
         let mut events = Vec::new();
-        let mut outcomes = Vec::with_capacity(plan.len());
-        for planned in plan {
-            let grant = match planned {
-                Ok(grant) => grant,
-                Err(refusal) => {
-                    outcomes.push(GrantOutcome::Refused(refusal));
-                    continue;
-                }
-            };
-            sqlx::query(
-                "INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, \
-                 granted_at_ms, expires_at_ms) VALUES ($1, $2, $3, $4, 'granted', FALSE, $5, $6)",
-            )
-            .bind(grant.lease_id)
-            .bind(grant.task_id)
-            .bind(grant.agent_id)
-            .bind(grant.fencing_token)
-            .bind(now_ms)
-            .bind(grant.expires_at_ms)
-            .execute(&mut *tx)
-            .await
-            .map_err(db("inserting a lease"))?;
-            sqlx::query(
-                "UPDATE tasks SET state = 'leased', fencing_token = $2, lease_id = $3, \
-                 agent_id = $4, progress = NULL, updated_at_ms = $5 \
-                 WHERE id = $1 AND state = 'queued'",
-            )
-            .bind(grant.task_id)
-            .bind(grant.fencing_token)
-            .bind(grant.lease_id)
-            .bind(grant.agent_id)
-            .bind(now_ms)
-            .execute(&mut *tx)
-            .await
-            .map_err(db("leasing a task"))?;
-            let message = format!(
-                "leased to agent {} with fencing token {}",
-                grant.agent_id, grant.fencing_token
-            );
-            append_event(
-                &mut tx,
-                grant.task_id,
-                "leased",
-                TaskState::Leased,
-                &message,
-                Some(grant.agent_id),
-                Some(grant.lease_id),
-                now_ms,
-            )
-            .await?;
-            events.push(StoreEvent::TaskChanged {
-                task_id: grant.task_id,
-                state: TaskState::Leased,
-            });
-            outcomes.push(GrantOutcome::Granted(LeaseRecord {
-                id: grant.lease_id,
-                task_id: grant.task_id,
-                agent_id: grant.agent_id,
-                fencing_token: to_u64(grant.fencing_token),
-                state: LeaseState::Granted,
-                granted_at_ms: now_ms,
-                acked: false,
-                expires_at_ms: grant.expires_at_ms,
-            }));
-        }
+        let outcomes = grant_in(&mut tx, requests, now_ms, &mut events).await?;
         self.commit(tx, events).await?;
         Ok(outcomes)
+    }
+
+    async fn submit_and_grant(
+        &self,
+        task: NewTask,
+        agent_id: Uuid,
+        now_ms: i64,
+    ) -> __Result<(TaskRecord, bool, Option<GrantOutcome>)> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let (record, created) = submit_task(&mut tx, &task, now_ms, &mut events).await?;
+        if !created {
+            self.commit(tx, events).await?;
+            return Ok((record, false, None));
+        }
+        let request = GrantRequest {
+            task_id: record.id,
+            agent_id,
+        };
+        let outcome = grant_in(&mut tx, &[request], now_ms, &mut events)
+            .await?
+            .pop();
+        let record = if matches!(outcome, Some(GrantOutcome::Granted(_))) {
+            // Leased before anyone could see it queued.
+            events.retain(|e| !matches!(e, StoreEvent::TaskQueued { .. }));
+            must_fetch_task(&mut tx, record.id).await?
+        } else {
+            record
+        };
+        self.commit(tx, events).await?;
+        Ok((record, true, outcome))
     }
 
     async fn ack_leases(
@@ -602,4 +529,121 @@ impl Store for SqliteStore {
     fn subscribe(&self) -> broadcast::Receiver<StoreEvent> {
         self.events.subscribe()
     }
+}
+
+/// Leases tasks to agents inside the caller's transaction (see
+/// [`Store::grant_leases`]); the events to announce are added to `events`.
+async fn grant_in(
+    tx: &mut Transaction<'static, Sqlite>,
+    requests: &[GrantRequest],
+    now_ms: i64,
+    events: &mut Vec<StoreEvent>,
+) -> __Result<Vec<GrantOutcome>> {
+    let mut agents = HashMap::new();
+    let mut tasks = HashMap::new();
+    let agent_ids: BTreeSet<Uuid> = requests.iter().map(|r| r.agent_id).collect();
+    let task_ids: BTreeSet<Uuid> = requests.iter().map(|r| r.task_id).collect();
+    for agent_id in agent_ids {
+        let row: Option<(i64, i64)> = sqlx::query_as(
+            "SELECT capacity, (SELECT COUNT(*) FROM leases l WHERE l.agent_id = agents.id \
+                 AND l.state IN ('granted', 'active')) FROM agents WHERE id = $1",
+        )
+        .bind(agent_id)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db("reading an agent's capacity"))?;
+        if let Some(row) = row {
+            agents.insert(agent_id, row);
+        }
+    }
+    for task_id in task_ids {
+        let row: Option<(String, i64, i64, i64)> = sqlx::query_as(
+            "SELECT state, not_before_ms, fencing_token, lease_ttl_ms FROM tasks \
+                 WHERE id = $1",
+        )
+        .bind(task_id)
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db("reading a task to grant"))?;
+        if let Some((state, not_before_ms, fencing_token, lease_ttl_ms)) = row {
+            let state = state.parse().map_err(corrupt("reading a task to grant"))?;
+            tasks.insert(
+                task_id,
+                GrantableTask {
+                    state,
+                    not_before_ms,
+                    fencing_token,
+                    lease_ttl_ms,
+                },
+            );
+        }
+    }
+    let plan = plan_grants(requests, &agents, &tasks, now_ms);
+    let mut outcomes = Vec::with_capacity(plan.len());
+    for planned in plan {
+        let grant = match planned {
+            Ok(grant) => grant,
+            Err(refusal) => {
+                outcomes.push(GrantOutcome::Refused(refusal));
+                continue;
+            }
+        };
+        sqlx::query(
+            "INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, \
+             granted_at_ms, expires_at_ms) VALUES ($1, $2, $3, $4, 'granted', FALSE, $5, $6)",
+        )
+        .bind(grant.lease_id)
+        .bind(grant.task_id)
+        .bind(grant.agent_id)
+        .bind(grant.fencing_token)
+        .bind(now_ms)
+        .bind(grant.expires_at_ms)
+        .execute(&mut **tx)
+        .await
+        .map_err(db("inserting a lease"))?;
+        sqlx::query(
+            "UPDATE tasks SET state = 'leased', fencing_token = $2, lease_id = $3, \
+             agent_id = $4, progress = NULL, updated_at_ms = $5 \
+             WHERE id = $1 AND state = 'queued'",
+        )
+        .bind(grant.task_id)
+        .bind(grant.fencing_token)
+        .bind(grant.lease_id)
+        .bind(grant.agent_id)
+        .bind(now_ms)
+        .execute(&mut **tx)
+        .await
+        .map_err(db("leasing a task"))?;
+        let message = format!(
+            "leased to agent {} with fencing token {}",
+            grant.agent_id, grant.fencing_token
+        );
+        append_event(
+            &mut *tx,
+            grant.task_id,
+            "leased",
+            TaskState::Leased,
+            &message,
+            Some(grant.agent_id),
+            Some(grant.lease_id),
+            now_ms,
+        )
+        .await?;
+        events.push(StoreEvent::TaskChanged {
+            task_id: grant.task_id,
+            state: TaskState::Leased,
+        });
+        outcomes.push(GrantOutcome::Granted(LeaseRecord {
+            id: grant.lease_id,
+            task_id: grant.task_id,
+            agent_id: grant.agent_id,
+            fencing_token: to_u64(grant.fencing_token),
+            state: LeaseState::Granted,
+            granted_at_ms: now_ms,
+            acked: false,
+            expires_at_ms: grant.expires_at_ms,
+        }));
+    }
+
+    Ok(outcomes)
 }

@@ -372,6 +372,63 @@ async fn parked_high_priority_tasks_never_block_runnable_ones(backend: Backend) 
     server.stop().await;
 }
 
+/// With an agent free and nothing waiting, a submit is leased in its own
+/// transaction (the response already says LEASED and the agent gets the
+/// grant); while a task waits for capacity, a newer submit is queued
+/// behind it instead of taking the next free slot.
+async fn submit_leases_on_the_way_in_but_never_overtakes(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut agent = TestAgent::start(&server, "build-1", linux("20.0.0"), 1).await;
+    // Until the dispatcher has seen the queue empty once, submits queue;
+    // each finished task gives it a round.
+    let mut leased_on_submit = None;
+    for _ in 0..20 {
+        let task = submit(&server, "echo", "linux").await;
+        let grant = agent.grant().await;
+        assert_eq!(grant.task.as_ref().unwrap().task_id, task.task_id);
+        agent.run_to_success(&grant, json!({})).await;
+        wait_for_state(&server, &task.task_id, pb::TaskState::Succeeded).await;
+        if task.state() == pb::TaskState::Leased {
+            leased_on_submit = Some(task);
+            break;
+        }
+    }
+    let task = leased_on_submit.expect("a submit leased on the way in");
+    let kinds: Vec<String> = server
+        .tasks()
+        .await
+        .list_task_events(pb::ListTaskEventsRequest {
+            task_id: task.task_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .events
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds[..2], ["submitted", "leased"]);
+
+    // The agent is busy: the next task waits, and a newer one may not
+    // overtake it when the slot frees.
+    let busy = submit(&server, "echo", "linux").await;
+    let busy_grant = agent.grant().await;
+    assert_eq!(busy_grant.task.as_ref().unwrap().task_id, busy.task_id);
+    let waiting = submit(&server, "echo", "linux").await;
+    assert_eq!(waiting.state(), pb::TaskState::Queued);
+    agent.run_to_success(&busy_grant, json!({})).await;
+    let newer = submit(&server, "echo", "linux").await;
+    let next = agent.grant().await;
+    assert_eq!(
+        next.task.as_ref().unwrap().task_id,
+        waiting.task_id,
+        "the newer task {} overtook the waiting one",
+        newer.task_id
+    );
+    server.stop().await;
+}
+
 async fn silent_agent_goes_offline_and_its_stream_closes(backend: Backend) {
     let server = TestServer::start_with(backend, |c| c.heartbeat_interval_ms = 100).await;
     let mut agent = TestAgent::start(&server, "quiet", linux("20.0.0"), 1).await;
@@ -439,6 +496,7 @@ async fn operator_overrides_unpark_and_show_their_tier(backend: Backend) {
 }
 
 on_both_stores!(
+    submit_leases_on_the_way_in_but_never_overtakes,
     silent_agent_goes_offline_and_its_stream_closes,
     operator_overrides_unpark_and_show_their_tier,
     register_lease_complete,
