@@ -60,6 +60,11 @@ pub struct Counters {
     /// Grant-received latencies, in microseconds, from the later of the
     /// task's submit and the first Welcome (see [`Counters::ready_us`]).
     pub latencies_us: Mutex<Vec<u64>>,
+    /// When each task's submit was answered, and when its first grant
+    /// arrived (microseconds since `epoch`), by task id: the latency from a
+    /// durably accepted submit to its grant.
+    pub submit_acked_us: Mutex<std::collections::HashMap<String, u64>>,
+    pub first_grant_us: Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl Counters {
@@ -79,6 +84,8 @@ impl Counters {
             last_grant_us: AtomicU64::new(0),
             last_completion_us: AtomicU64::new(0),
             latencies_us: Mutex::new(Vec::new()),
+            submit_acked_us: Mutex::new(std::collections::HashMap::new()),
+            first_grant_us: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -248,6 +255,9 @@ pub async fn run(
                             && let Ok(mut l) = counters.latencies_us.lock() {
                                 l.push(now.saturating_sub(counters.ready_us(sent)));
                             }
+                        if let Ok(mut g) = counters.first_grant_us.lock() {
+                            g.entry(task.task_id.clone()).or_insert(now);
+                        }
                         running += 1;
                         for update in [
                             Update::Accepted(pb::LeaseAccepted {}),

@@ -284,10 +284,20 @@ async fn submit_all(
                     }),
                     ..Default::default()
                 };
-                if let Err(status) = client.submit_task(request).await
-                    && errors.fetch_add(1, Ordering::Relaxed) < 5
-                {
-                    eprintln!("submit {n} failed: {status}");
+                match client.submit_task(request).await {
+                    Ok(response) => {
+                        let now = counters.now_us();
+                        if let Some(task) = response.into_inner().task
+                            && let Ok(mut acked) = counters.submit_acked_us.lock()
+                        {
+                            acked.insert(task.task_id, now);
+                        }
+                    }
+                    Err(status) => {
+                        if errors.fetch_add(1, Ordering::Relaxed) < 5 {
+                            eprintln!("submit {n} failed: {status}");
+                        }
+                    }
                 }
             }
         });
@@ -519,6 +529,23 @@ async fn drive(
         grants_per_sec: per_sec(grants, last_grant_us),
         completions_per_sec: per_sec(completions, last_completion_us),
         latency_ms: Percentiles::of(&mut latencies),
+        acked_latency_ms: {
+            let acked = counters
+                .submit_acked_us
+                .lock()
+                .map_err(|_| anyhow::anyhow!("latency lock poisoned"))?;
+            let granted = counters
+                .first_grant_us
+                .lock()
+                .map_err(|_| anyhow::anyhow!("latency lock poisoned"))?;
+            // A grant that reached the agent before the submitter heard
+            // back counts as 0.
+            let mut waits: Vec<u64> = acked
+                .iter()
+                .filter_map(|(id, at)| granted.get(id).map(|g| g.saturating_sub(*at)))
+                .collect();
+            Percentiles::of(&mut waits)
+        },
         revocations: counters.revocations.load(Ordering::Relaxed),
         refused: counters.refused.load(Ordering::Relaxed),
         resyncs: counters.resyncs.load(Ordering::Relaxed),

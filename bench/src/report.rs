@@ -39,6 +39,11 @@ pub struct Report {
     /// Submit-to-grant-received latency, milliseconds; preloaded, from the
     /// first Welcome to each grant (how far into the drain it came).
     pub latency_ms: Percentiles,
+    /// From the submit's answer (the task durably stored) to its first
+    /// grant reaching the agent, milliseconds; a grant that arrived first
+    /// counts as 0. Excludes the submit's own commit, which the latency
+    /// above includes.
+    pub acked_latency_ms: Percentiles,
     pub revocations: u64,
     pub refused: u64,
     pub resyncs: u64,
@@ -188,6 +193,17 @@ impl Report {
                 format!(
                     "p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}  (n={})",
                     l.p50, l.p90, l.p99, l.max, l.count
+                ),
+            ),
+            (
+                "submit-acked->grant ms".into(),
+                format!(
+                    "p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}  (n={})",
+                    self.acked_latency_ms.p50,
+                    self.acked_latency_ms.p90,
+                    self.acked_latency_ms.p99,
+                    self.acked_latency_ms.max,
+                    self.acked_latency_ms.count
                 ),
             ),
             (

@@ -55,15 +55,22 @@ impl<I, O> std::fmt::Debug for GroupCommit<I, O> {
 impl<I: Send + 'static, O: Send + 'static> GroupCommit<I, O> {
     /// Starts the runner: batches of at most `max_items` items (callers'
     /// item lists are never split), at most `in_flight` batches committing
-    /// at once, each applied by `apply`. Must be called inside a runtime.
-    pub fn start<F, Fut>(max_items: usize, in_flight: usize, apply: F) -> Self
+    /// at once, each applied by `apply`. With a `linger`, a batch waits that
+    /// long after its first item for more (for writes nobody waits on
+    /// closely, like heartbeats). Must be called inside a runtime.
+    pub fn start<F, Fut>(
+        max_items: usize,
+        in_flight: usize,
+        linger: std::time::Duration,
+        apply: F,
+    ) -> Self
     where
         F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Applied<O>> + Send + 'static,
     {
         let apply: ApplyFn<I, O> = Arc::new(move |items| Box::pin(apply(items)));
         let (tx, rx) = mpsc::channel(4_096);
-        tokio::spawn(run(rx, max_items.max(1), in_flight.max(1), apply));
+        tokio::spawn(run(rx, max_items.max(1), in_flight.max(1), linger, apply));
         Self { tx }
     }
 
@@ -88,6 +95,7 @@ async fn run<I: Send + 'static, O: Send + 'static>(
     mut rx: mpsc::Receiver<Job<I, O>>,
     max_items: usize,
     in_flight: usize,
+    linger: std::time::Duration,
     apply: ApplyFn<I, O>,
 ) {
     let slots = Arc::new(Semaphore::new(in_flight));
@@ -100,14 +108,18 @@ async fn run<I: Send + 'static, O: Send + 'static>(
         };
         let mut count = first.items.len();
         let mut jobs = vec![first];
+        let until = tokio::time::Instant::now() + linger;
         while count < max_items {
-            match rx.try_recv() {
-                Ok(job) => {
-                    count += job.items.len();
-                    jobs.push(job);
-                }
-                Err(_) => break,
-            }
+            let job = match rx.try_recv() {
+                Ok(job) => job,
+                Err(_) if linger.is_zero() => break,
+                Err(_) => match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(Some(job)) => job,
+                    _ => break,
+                },
+            };
+            count += job.items.len();
+            jobs.push(job);
         }
         let apply = apply.clone();
         tokio::spawn(async move {

@@ -48,6 +48,8 @@ pub struct DispatchSettings {
     pub sweep_interval_ms: i64,
     /// Capacity of each agent stream's outbound queue.
     pub stream_queue: usize,
+    /// How long a batch of heartbeats waits for more before committing.
+    pub heartbeat_linger_ms: u64,
 }
 
 impl Default for DispatchSettings {
@@ -58,6 +60,7 @@ impl Default for DispatchSettings {
             batch_size: 256,
             sweep_interval_ms: 1_000,
             stream_queue: 256,
+            heartbeat_linger_ms: 50,
         }
     }
 }
@@ -184,6 +187,7 @@ impl Dispatcher {
         let _ = self.shared.reports.set(GroupCommit::start(
             512,
             in_flight,
+            Duration::ZERO,
             move |reports: Vec<LeaseReport>| {
                 let (store, now) = (store.clone(), clock.now_ms());
                 async move {
@@ -192,10 +196,14 @@ impl Dispatcher {
             },
         ));
         let (store, clock) = (self.shared.store.clone(), self.shared.clock.clone());
+        // Heartbeats linger for company: a renewal a few tens of
+        // milliseconds later changes nothing, and a thousand agents'
+        // heartbeats then cost a few commits a second instead of hundreds.
         let _ =
             self.shared.beats.set(GroupCommit::start(
                 1_024,
                 in_flight,
+                Duration::from_millis(self.shared.settings.heartbeat_linger_ms),
                 move |beats: Vec<Beat>| {
                     let (store, now) = (store.clone(), clock.now_ms());
                     async move {
@@ -264,8 +272,7 @@ impl Dispatcher {
     /// and then calls [`Dispatcher::push_grant`], or
     /// [`Dispatcher::lease_ended`] to give the reservation back.
     pub fn place_now(&self, placement: &CompiledPlacement, namespace: &str) -> Option<Uuid> {
-        let signals = self.shared.queued_signals.load(Ordering::SeqCst);
-        if self.stopping() || self.shared.clear_at.load(Ordering::SeqCst) != signals {
+        if self.stopping() || !self.queue_clear() {
             return None;
         }
         let now = self.shared.clock.now_ms();
@@ -439,7 +446,8 @@ impl Dispatcher {
         self.state().index.get(&agent_id.to_string()).cloned()
     }
 
-    /// A lease of the agent ended: one more free slot.
+    /// A lease of the agent ended: one more free slot (and a dispatch round,
+    /// unless nothing waits in the queue for it).
     pub fn lease_ended(&self, agent_id: Uuid) {
         let mut state = self.state();
         let key = agent_id.to_string();
@@ -449,7 +457,16 @@ impl Dispatcher {
             state.index.update_load(&key, active, last);
         }
         drop(state);
-        self.wake();
+        if !self.queue_clear() {
+            self.wake();
+        }
+    }
+
+    /// Whether the last dispatch round left the queue empty and nothing
+    /// was queued since.
+    fn queue_clear(&self) -> bool {
+        self.shared.clear_at.load(Ordering::SeqCst)
+            == self.shared.queued_signals.load(Ordering::SeqCst)
     }
 
     /// Sends a message to the agent if it is connected here; false if not

@@ -223,7 +223,12 @@ impl TaskService for TaskApi {
             None
         };
         let (record, created, grant) = match target {
-            Some(agent_id) => match api.store.submit_and_grant(task, agent_id, now).await {
+            Some(agent_id) => match crate::metrics::timed(
+                "submit_and_grant",
+                api.store.submit_and_grant(task, agent_id, now),
+            )
+            .await
+            {
                 Ok(submitted) => submitted,
                 Err(err) => {
                     api.dispatcher.lease_ended(agent_id);
@@ -231,7 +236,8 @@ impl TaskService for TaskApi {
                 }
             },
             None => {
-                let (record, created) = api.store.submit_task(task, now).await?;
+                let (record, created) =
+                    crate::metrics::timed("submit_task", api.store.submit_task(task, now)).await?;
                 (record, created, None)
             }
         };
