@@ -79,6 +79,10 @@ struct Session {
     last_seen_ms: i64,
     /// Tells the session's reader to stop (superseded, silent, shutdown).
     close: Arc<Notify>,
+    /// Tells the session its stored agent changed under it (an operator
+    /// change, possibly through another replica): reload before the next
+    /// diff.
+    changed: Arc<AtomicBool>,
 }
 
 /// What the dispatcher guards with its one lock.
@@ -351,6 +355,7 @@ impl Dispatcher {
         epoch: u64,
         tx: SessionSender,
         close: Arc<Notify>,
+        changed: Arc<AtomicBool>,
         view: AgentView,
     ) -> bool {
         let now = self.shared.clock.now_ms();
@@ -372,12 +377,16 @@ impl Dispatcher {
                 tx,
                 last_seen_ms: now,
                 close,
+                changed,
             },
         );
         metrics::gauge!(crate::metrics::CONNECTED_AGENTS).set(state.sessions.len() as f64);
         state.index.upsert(view);
         drop(state);
-        self.wake();
+        // A new agent matters only to tasks that wait.
+        if !self.queue_clear() {
+            self.wake();
+        }
         true
     }
 
@@ -428,7 +437,10 @@ impl Dispatcher {
             state.index.upsert(view);
         }
         drop(state);
-        self.wake();
+        // A changed agent matters only to tasks that wait.
+        if !self.queue_clear() {
+            self.wake();
+        }
     }
 
     /// What matching says about a placement against the agents connected to
@@ -541,10 +553,12 @@ impl Dispatcher {
     /// Whether some connected agent could take a lease now.
     fn any_free_slot(&self) -> bool {
         let state = self.state();
+        let mut buf = uuid::Uuid::encode_buffer();
         state.sessions.keys().any(|id| {
+            let key: &str = id.as_hyphenated().encode_lower(&mut buf);
             state
                 .index
-                .get(&id.to_string())
+                .get(key)
                 .is_some_and(|v| v.status.takes_work() && v.active_leases < v.capacity)
         })
     }
@@ -790,8 +804,9 @@ impl Dispatcher {
     /// Reloads a connected agent's document and status from the store (an
     /// operator changed it, possibly through another replica).
     pub async fn refresh_agent(&self, agent_id: Uuid) {
-        if !self.state().sessions.contains_key(&agent_id) {
-            return;
+        match self.state().sessions.get(&agent_id) {
+            Some(session) => session.changed.store(true, Ordering::SeqCst),
+            None => return,
         }
         match self.shared.store.get_agent(agent_id).await {
             Ok(record) => {

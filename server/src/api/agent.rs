@@ -30,6 +30,17 @@ use crate::store::{AgentRegistration, Completion, CompletionOutcome, LeaseReport
 /// go to the store in one group commit).
 const MAX_MESSAGES_AT_ONCE: usize = 128;
 
+/// Facts that change on nearly every heartbeat; diffs touching only these
+/// are written to the store behind (see [`PERSIST_VOLATILE_MS`]).
+const VOLATILE: &[&str] = &["/memory/free", "/memory/available", "/loadavg"];
+
+/// How stale the stored copy of volatile facts may get: a heartbeat writes
+/// the document when its last write is older than this.
+const PERSIST_VOLATILE_MS: i64 = 60_000;
+
+/// How often a session refreshes the agent's stored last-seen time.
+const TOUCH_EVERY_MS: i64 = 30_000;
+
 /// The agent's document with the operator tier merged over it, and the
 /// provenance of every leaf: the agent's own (tiers it reported; unknown
 /// leaves count as dynamic) overridden by the operator tier's.
@@ -306,6 +317,7 @@ impl AgentService for AgentApi {
             api.store.ack_leases(agent_id, &acks, now).await?;
             api.store.renew_leases(agent_id, now).await?;
         }
+        let held_leases_at_connect = !resumed.is_empty();
         // Leases the store holds for this agent that the new session does not:
         // the process that held them is gone (a restart under the same name).
         // Left alone, every heartbeat of the new session would renew them
@@ -350,11 +362,13 @@ impl AgentService for AgentApi {
         tx.try_send(Ok(welcome))
             .map_err(|_| Status::internal("session queue"))?;
         let close = std::sync::Arc::new(tokio::sync::Notify::new());
+        let changed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         if !api.dispatcher.attach(
             agent_id,
             epoch,
             tx.clone(),
             close.clone(),
+            changed.clone(),
             mapping::agent_view(&record),
         ) {
             return Err(Status::failed_precondition(
@@ -372,6 +386,11 @@ impl AgentService for AgentApi {
                     epoch,
                     tx,
                     generation: record.generation,
+                    persisted: record.generation,
+                    persisted_at_ms: api.now_ms(),
+                    touched_at_ms: api.now_ms(),
+                    held_leases_at_connect,
+                    changed,
                     reported: record.reported.clone(),
                     provenance: record.provenance.clone(),
                     operator_overrides: record.operator_overrides.clone(),
@@ -451,9 +470,24 @@ struct Session {
     agent_id: Uuid,
     epoch: u64,
     tx: crate::dispatch::SessionSender,
-    /// The generation of the document the server holds for this agent.
+    /// The generation of the document the server holds for this agent
+    /// (the base of the agent's next diff); counts every applied diff.
     generation: u64,
-    /// The agent's own tiers as stored at `generation` (diffs apply to it).
+    /// The generation last written to the store, and when. Diffs that
+    /// change only volatile facts (free memory, load) are written behind:
+    /// at most every [`PERSIST_VOLATILE_MS`], and at once with any other
+    /// change. Matching on this replica always sees the latest.
+    persisted: u64,
+    persisted_at_ms: i64,
+    /// When the stored last-seen time was last refreshed.
+    touched_at_ms: i64,
+    /// The agent resumed leases at connect: renew on the first heartbeat
+    /// whatever the index says.
+    held_leases_at_connect: bool,
+    /// Set by the dispatcher when the stored agent changed under the
+    /// session (an operator change): reload before the next diff.
+    changed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The agent's own tiers at `generation` (diffs apply to it).
     reported: Value,
     /// The provenance stored with it.
     provenance: Value,
@@ -585,6 +619,8 @@ impl Session {
     /// after a snapshot or a lost compare-and-set).
     fn load(&mut self, record: &crate::store::AgentRecord) {
         self.generation = record.generation;
+        self.persisted = record.generation;
+        self.persisted_at_ms = self.api.now_ms();
         self.reported = record.reported.clone();
         self.provenance = record.provenance.clone();
         self.operator_overrides = record.operator_overrides.clone();
@@ -614,21 +650,51 @@ impl Session {
                 ));
             }
         };
+        if self
+            .changed
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            // An operator changed the stored agent: start from what is
+            // stored (a diff based on the old generation then resyncs).
+            let record = self.api.store.get_agent(self.agent_id).await?;
+            self.load(&record);
+        }
         let status_change = (self.status != status || self.status_reasons != hb.status_reasons)
             .then(|| (status.to_owned(), hb.status_reasons.clone()));
         let mut resync = None;
-        let mut next = None;
+        let mut durable_change = status_change.is_some();
         if let Some(d) = hb.capability_diff {
             match self.apply_diff(d) {
-                Ok(write) => next = Some(write),
+                Ok((document, volatile)) => {
+                    durable_change |= !volatile;
+                    if let Some(mut view) = self.api.dispatcher.view(self.agent_id) {
+                        view.document = std::sync::Arc::new(document);
+                        self.api.dispatcher.update_view(view);
+                    }
+                }
                 Err(reason) => resync = Some(reason),
             }
         }
+        let due = now - self.persisted_at_ms >= PERSIST_VOLATILE_MS;
+        let write = (self.generation != self.persisted && (durable_change || due))
+            .then(|| self.document_write());
+        // Leases are renewed while the agent holds any (by this replica's
+        // count, reservations included); the stored last-seen time is
+        // refreshed now and then: liveness is judged in memory.
+        let renew = self
+            .api
+            .dispatcher
+            .view(self.agent_id)
+            .is_none_or(|v| v.active_leases > 0)
+            || self.held_leases_at_connect;
+        let touch = now - self.touched_at_ms >= TOUCH_EVERY_MS;
         let beat = crate::store::Beat {
             agent_id: self.agent_id,
             session_epoch: self.epoch,
+            renew,
+            touch,
             status: status_change.clone(),
-            document: next.clone(),
+            document: write,
         };
         let applied = match self.api.dispatcher.heartbeat(beat).await {
             Ok(applied) => applied,
@@ -642,19 +708,18 @@ impl Session {
                 ));
             }
         };
+        if touch {
+            self.touched_at_ms = now;
+        }
+        self.held_leases_at_connect = false;
         let mut document_changed = false;
-        match (applied, next) {
-            (crate::store::BeatApplied::Written(generation), Some(write)) => {
-                self.generation = generation;
-                self.reported = write.reported;
-                self.provenance = write.provenance;
+        match applied {
+            crate::store::BeatApplied::Written(generation) => {
+                self.persisted = generation;
+                self.persisted_at_ms = now;
                 document_changed = true;
-                if let Some(mut view) = self.api.dispatcher.view(self.agent_id) {
-                    view.document = std::sync::Arc::new(write.document);
-                    self.api.dispatcher.update_view(view);
-                }
             }
-            (crate::store::BeatApplied::Stale(held), _) => {
+            crate::store::BeatApplied::Stale(held) => {
                 // An operator changed the document meanwhile: start over
                 // from what is stored.
                 let record = self.api.store.get_agent(self.agent_id).await?;
@@ -664,7 +729,7 @@ impl Session {
                     held,
                 ));
             }
-            _ => {}
+            crate::store::BeatApplied::Renewed => {}
         }
         if let Some((status, reasons)) = status_change {
             self.status = status;
@@ -698,12 +763,11 @@ impl Session {
         Ok(reply)
     }
 
-    /// Applies a diff to the document the session holds; the document to
-    /// write, or why not (and the generation to resync from).
-    fn apply_diff(
-        &self,
-        d: pb::CapabilityDiff,
-    ) -> Result<crate::store::DocumentWrite, (String, u64)> {
+    /// Applies a diff to the document the session holds (a new generation)
+    /// and returns the merged document for the matcher and whether the
+    /// diff touched only volatile facts; or why it does not apply (and the
+    /// generation to resync from).
+    fn apply_diff(&mut self, d: pb::CapabilityDiff) -> Result<(Value, bool), (String, u64)> {
         let patch = super::convert::patch_from_proto(&d.operations)
             .map_err(|reason| (reason, self.generation))?;
         let mut next = diff::apply(
@@ -719,14 +783,45 @@ impl Session {
         if !redacted.is_empty() {
             warn!(paths = ?redacted, "sensitive values in a capability diff were redacted");
         }
+        let volatile = patch.0.iter().all(|op| {
+            let path = serde_json::to_value(op)
+                .ok()
+                .and_then(|v| v.get("path").and_then(Value::as_str).map(str::to_owned))
+                .unwrap_or_default();
+            VOLATILE
+                .iter()
+                .any(|prefix| path == *prefix || path.starts_with(&format!("{prefix}/")))
+        });
+        let no_overrides = self
+            .operator_overrides
+            .as_object()
+            .is_none_or(serde_json::Map::is_empty);
+        let document = if volatile && no_overrides {
+            // The common heartbeat: leaves replaced in place, provenance
+            // unchanged, and nothing to merge over them.
+            next.clone()
+        } else {
+            let (document, provenance) =
+                effective_document(&next, &self.provenance, &self.operator_overrides);
+            self.provenance = provenance;
+            document
+        };
+        self.reported = next;
+        self.generation += 1;
+        Ok((document, volatile))
+    }
+
+    /// The document the session holds, to write at its generation.
+    fn document_write(&self) -> crate::store::DocumentWrite {
         let (document, provenance) =
-            effective_document(&next, &self.provenance, &self.operator_overrides);
-        Ok(crate::store::DocumentWrite {
-            expected_generation: self.generation,
-            reported: next,
+            effective_document(&self.reported, &self.provenance, &self.operator_overrides);
+        crate::store::DocumentWrite {
+            expected_generation: self.persisted,
+            generation: self.generation,
+            reported: self.reported.clone(),
             document,
             provenance,
-        })
+        }
     }
 
     async fn snapshot(

@@ -1777,7 +1777,7 @@ macro_rules! store_common {
         ) -> __Result<BeatApplied> {
             let generation: Option<i64> = sqlx::query_scalar(
                 "UPDATE agents SET reported = $3, document = $4, provenance = $5, \
-                 generation = generation + 1, updated_at_ms = $6 \
+                 generation = $7, updated_at_ms = $6 \
                  WHERE id = $1 AND generation = $2 RETURNING generation",
             )
             .bind(agent_id)
@@ -1786,6 +1786,7 @@ macro_rules! store_common {
             .bind(Json(&write.document))
             .bind(Json(&write.provenance))
             .bind(now_ms)
+            .bind(to_i64(write.generation))
             .fetch_optional(&mut *conn)
             .await
             .map_err(db("writing an agent document"))?;
@@ -1809,7 +1810,9 @@ macro_rules! store_common {
             let mut results: Vec<Option<__Result<BeatApplied>>> = beats.iter().map(|_| None).collect();
             for i in order {
                 let beat = &beats[i];
-                renew_leases(conn, beat.agent_id, now_ms).await?;
+                if beat.renew {
+                    renew_leases(conn, beat.agent_id, now_ms).await?;
+                }
                 match &beat.status {
                     Some((status, reasons)) => {
                         set_agent_status(
@@ -1823,7 +1826,7 @@ macro_rules! store_common {
                         )
                         .await?;
                     }
-                    None => {
+                    None if beat.touch => {
                         sqlx::query(
                             "UPDATE agents SET last_seen_at_ms = $2 WHERE id = $1 \
                              AND last_seen_at_ms < $2",
@@ -1834,6 +1837,7 @@ macro_rules! store_common {
                         .await
                         .map_err(db("touching an agent"))?;
                     }
+                    None => {}
                 }
                 results[i] = Some(match &beat.document {
                     Some(write) => write_document(conn, beat.agent_id, write, now_ms).await,

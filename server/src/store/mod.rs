@@ -241,7 +241,6 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// One lease; `NotFound` if missing.
     async fn get_lease(&self, lease_id: Uuid) -> Result<LeaseRecord>;
 
-    /// Events from every replica (this one included) from now on.
     /// Task counts by namespace and state (for metrics).
     async fn count_tasks(&self) -> Result<Vec<(String, TaskState, u64)>>;
     /// Queued tasks and registered agents of a namespace (for the caps).
@@ -252,6 +251,9 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     async fn any_tokens(&self) -> Result<bool>;
     /// The record of the token with this SHA-256 (hex), if any.
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>>;
+    /// Events from every replica (this one included) from now on; agent
+    /// changes only from other replicas (a change made here is applied to
+    /// this replica by whoever made it).
     fn subscribe(&self) -> broadcast::Receiver<StoreEvent>;
 }
 

@@ -503,18 +503,28 @@ pub struct Beat {
     pub agent_id: Uuid,
     /// Its session; a status is written only while this is still current.
     pub session_epoch: u64,
+    /// Renew the agent's live leases (the session skips it while the agent
+    /// holds none).
+    pub renew: bool,
+    /// Record that the agent was heard from (the session does it now and
+    /// then, not on every heartbeat: liveness is judged in memory).
+    pub touch: bool,
     /// A new status and its reasons, when they changed.
     pub status: Option<(String, Vec<String>)>,
     /// A new document (the session applied a diff), when it changed.
     pub document: Option<DocumentWrite>,
 }
 
-/// A document the session computed from a diff, written only if the stored
-/// generation is still the one the diff was applied to.
+/// A document the session computed from diffs, written only if the stored
+/// generation is still the one it descends from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DocumentWrite {
-    /// The generation the diff was applied to.
+    /// The stored generation the session's document descends from; the
+    /// write happens only if it is still stored.
     pub expected_generation: u64,
+    /// The generation to store with it (the session's own, which counts
+    /// every diff it applied, written or not; greater than `expected`).
+    pub generation: u64,
     /// The agent's own tiers merged (what its diffs apply to).
     pub reported: Value,
     /// With the operator tier merged over it: what the matcher sees.

@@ -45,6 +45,19 @@ pub struct PgStore {
     options: StoreOptions,
     /// The listener task; stopped when the last handle goes.
     listener: Arc<ListenerTask>,
+    /// This replica's mark on the events it announces.
+    origin: Uuid,
+}
+
+/// An event as announced: with the replica that made it, so a replica can
+/// skip its own agent changes (whoever made them applied them already).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Announced {
+    /// The announcing replica.
+    #[serde(rename = "o")]
+    origin: Uuid,
+    #[serde(flatten)]
+    event: StoreEvent,
 }
 
 /// Owns the background task that turns notifications into events.
@@ -61,7 +74,7 @@ impl PgStore {
     /// Connects to the database at `url` and starts listening for events.
     pub async fn open(url: &str, options: StoreOptions) -> __Result<Self> {
         let pool = PgPoolOptions::new()
-            .max_connections(16)
+            .max_connections(32)
             .acquire_timeout(Duration::from_secs(5))
             .connect(url)
             .await
@@ -76,12 +89,14 @@ impl PgStore {
             .listen(CHANNEL)
             .await
             .map_err(db("listening for store events"))?;
-        let task = tokio::spawn(forward_notifications(listener, events.clone()));
+        let origin = Uuid::now_v7();
+        let task = tokio::spawn(forward_notifications(listener, events.clone(), origin));
         Ok(Self {
             pool,
             events,
             options,
             listener: Arc::new(ListenerTask(task)),
+            origin,
         })
     }
 
@@ -102,8 +117,13 @@ impl PgStore {
     ) -> __Result<()> {
         if !events.is_empty() {
             let payloads = events
-                .iter()
-                .map(serde_json::to_string)
+                .into_iter()
+                .map(|event| {
+                    serde_json::to_string(&Announced {
+                        origin: self.origin,
+                        event,
+                    })
+                })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|err| __Error::Corrupt {
                     context: "encoding store events",
@@ -131,12 +151,21 @@ impl PgStore {
 /// Feeds notifications to the broadcast until the store is dropped. The
 /// listener reconnects (and re-listens) by itself; while it is down nothing is
 /// emitted, and the dispatcher's slow safety sweep covers what was missed.
-async fn forward_notifications(mut listener: PgListener, events: broadcast::Sender<StoreEvent>) {
+async fn forward_notifications(
+    mut listener: PgListener,
+    events: broadcast::Sender<StoreEvent>,
+    origin: Uuid,
+) {
     loop {
         match listener.recv().await {
-            Ok(notification) => match serde_json::from_str::<StoreEvent>(notification.payload()) {
-                Ok(event) => {
-                    let _ = events.send(event);
+            Ok(notification) => match serde_json::from_str::<Announced>(notification.payload()) {
+                Ok(announced) => {
+                    if announced.origin == origin
+                        && matches!(announced.event, StoreEvent::AgentChanged { .. })
+                    {
+                        continue;
+                    }
+                    let _ = events.send(announced.event);
                 }
                 Err(err) => {
                     tracing::warn!(cause = %err, "ignoring an unreadable store event");
@@ -615,19 +644,29 @@ impl Store for PgStore {
         if beats.is_empty() {
             return Ok(Vec::new());
         }
-        let mut agent_ids: Vec<Uuid> = beats.iter().map(|b| b.agent_id).collect();
-        agent_ids.sort_unstable();
-        agent_ids.dedup();
+        let ids = |pick: fn(&Beat) -> bool| {
+            let mut ids: Vec<Uuid> = beats
+                .iter()
+                .filter(|b| pick(b))
+                .map(|b| b.agent_id)
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let renewing = ids(|b| b.renew);
+        let touching = ids(|b| b.touch);
         let mut tx = self.begin().await?;
         let mut events = Vec::new();
-        // Every agent's live leases renewed, and every agent touched: two
-        // statements for the whole batch, agent rows in id order.
+        // The live leases of agents holding some renewed, and agents due a
+        // touch touched: two statements for the whole batch, agent rows in
+        // id order.
         sqlx::query(
             "UPDATE leases SET expires_at_ms = $2 + \
              (SELECT t.lease_ttl_ms FROM tasks t WHERE t.id = leases.task_id) \
              WHERE agent_id = ANY($1) AND state IN ('granted', 'active')",
         )
-        .bind(&agent_ids)
+        .bind(&renewing)
         .bind(now_ms)
         .execute(&mut *tx)
         .await
@@ -637,7 +676,7 @@ impl Store for PgStore {
              (SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE) locked \
              WHERE agents.id = locked.id AND agents.last_seen_at_ms < $2",
         )
-        .bind(&agent_ids)
+        .bind(&touching)
         .bind(now_ms)
         .execute(&mut *tx)
         .await
@@ -678,12 +717,13 @@ impl Store for PgStore {
                 .iter()
                 .map(|(_, d)| d.provenance.to_string())
                 .collect();
+            let generations: Vec<i64> = writes.iter().map(|(_, d)| to_i64(d.generation)).collect();
             written = sqlx::query_as::<_, (Uuid, i64)>(
                 "UPDATE agents a SET reported = d.reported::jsonb, document = d.document::jsonb, \
-                 provenance = d.provenance::jsonb, generation = a.generation + 1, \
+                 provenance = d.provenance::jsonb, generation = d.generation, \
                  updated_at_ms = $6 \
-                 FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::text[]) \
-                 AS d(id, expected, reported, document, provenance) \
+                 FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::text[], \
+                 $7::int8[]) AS d(id, expected, reported, document, provenance, generation) \
                  WHERE a.id = d.id AND a.generation = d.expected RETURNING a.id, a.generation",
             )
             .bind(&ids)
@@ -692,6 +732,7 @@ impl Store for PgStore {
             .bind(&documents)
             .bind(&provenance)
             .bind(now_ms)
+            .bind(&generations)
             .fetch_all(&mut *tx)
             .await
             .map_err(db("writing agent documents"))?

@@ -82,6 +82,11 @@ impl SqliteStore {
     ) -> __Result<()> {
         tx.commit().await.map_err(db("committing"))?;
         for event in events {
+            // An agent change made here is applied here by whoever made it
+            // (there are no other replicas to tell).
+            if matches!(event, StoreEvent::AgentChanged { .. }) {
+                continue;
+            }
             // No subscriber is fine: nobody needs waking.
             let _ = self.events.send(event);
         }

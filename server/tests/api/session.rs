@@ -372,6 +372,64 @@ async fn parked_high_priority_tasks_never_block_runnable_ones(backend: Backend) 
     server.stop().await;
 }
 
+/// The capabilities the store holds for an agent.
+async fn stored(server: &TestServer, agent_id: &str) -> pb::CapabilityView {
+    server
+        .admin()
+        .await
+        .get_agent(pb::GetAgentRequest {
+            agent_id: agent_id.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap()
+        .capabilities
+        .unwrap()
+}
+
+/// A diff of only free memory and load reaches matching at once but is
+/// written to the store behind (heartbeats stay cheap at fleet scale); a
+/// diff of anything else is written with its heartbeat.
+async fn volatile_diffs_match_at_once_and_are_written_behind(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut agent = TestAgent::start(&server, "build-1", linux("20.1.0"), 1).await;
+    let before = stored(&server, &agent.agent_id).await;
+    let task = submit(&server, "echo", "memory.free>=12000").await;
+    assert_eq!(
+        get_task(&server, &task.task_id).await.queued_reason(),
+        pb::QueuedReason::Parked
+    );
+    let mut more_memory = linux("20.1.0");
+    more_memory["memory"]["free"] = json!(15000);
+    let ack = agent
+        .heartbeat(pb::AgentStatus::Ready, &[], Some(more_memory.clone()))
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    assert_eq!(ack.capability_generation, before.generation + 1);
+    // Matching saw it: the task is leased.
+    let grant = agent.grant().await;
+    assert_eq!(grant.task.as_ref().unwrap().task_id, task.task_id);
+    // The store still holds the older copy.
+    let after = stored(&server, &agent.agent_id).await;
+    assert_eq!(after.generation, before.generation);
+    // A durable change (a new tool version) writes everything at once.
+    let mut upgraded = more_memory;
+    upgraded["software"]["node"]["version"] = json!("20.2.0");
+    let ack = agent
+        .heartbeat(pb::AgentStatus::Ready, &[], Some(upgraded))
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    let written = stored(&server, &agent.agent_id).await;
+    assert_eq!(written.generation, before.generation + 2);
+    let doc = switchyard_server::api::convert::struct_to_json(written.document.as_ref().unwrap())
+        .unwrap();
+    assert_eq!(doc["memory"]["free"], json!(15000));
+    assert_eq!(doc["software"]["node"]["version"], json!("20.2.0"));
+    server.stop().await;
+}
+
 /// With an agent free and nothing waiting, a submit is leased in its own
 /// transaction (the response already says LEASED and the agent gets the
 /// grant); while a task waits for capacity, a newer submit is queued
@@ -496,6 +554,7 @@ async fn operator_overrides_unpark_and_show_their_tier(backend: Backend) {
 }
 
 on_both_stores!(
+    volatile_diffs_match_at_once_and_are_written_behind,
     submit_leases_on_the_way_in_but_never_overtakes,
     silent_agent_goes_offline_and_its_stream_closes,
     operator_overrides_unpark_and_show_their_tier,

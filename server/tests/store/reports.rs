@@ -260,6 +260,7 @@ async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
     let lease = grant(store, t.id, w1.id, T0 + 1).await;
     let write = |expected: u64, memory: u64| DocumentWrite {
         expected_generation: expected,
+        generation: expected + 5,
         reported: json!({"memory": {"free": memory}}),
         document: json!({"memory": {"free": memory}}),
         provenance: json!({"memory.free": "dynamic"}),
@@ -268,12 +269,16 @@ async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
         Beat {
             agent_id: w1.id,
             session_epoch: w1.session_epoch,
+            renew: true,
+            touch: true,
             status: None,
             document: Some(write(w1.generation, 512)),
         },
         Beat {
             agent_id: w2.id,
             session_epoch: w2.session_epoch,
+            renew: true,
+            touch: true,
             status: Some(("degraded".into(), vec!["disk full".into()])),
             // Based on a generation the store no longer holds.
             document: Some(write(w2.generation + 7, 1)),
@@ -283,7 +288,7 @@ async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
     let results = store.heartbeats(&beats, now).await.unwrap();
     assert_eq!(
         *results[0].as_ref().unwrap(),
-        BeatApplied::Written(w1.generation + 1)
+        BeatApplied::Written(w1.generation + 5)
     );
     assert_eq!(
         *results[1].as_ref().unwrap(),
@@ -306,12 +311,16 @@ async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
     let ghost = Beat {
         agent_id: uuid::Uuid::now_v7(),
         session_epoch: 1,
+        renew: true,
+        touch: true,
         status: None,
         document: Some(write(1, 1)),
     };
     let plain = Beat {
         agent_id: w1.id,
         session_epoch: w1.session_epoch,
+        renew: true,
+        touch: false,
         status: None,
         document: None,
     };

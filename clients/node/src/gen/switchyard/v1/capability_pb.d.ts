@@ -161,6 +161,8 @@ export declare type CapabilityView = Message<"switchyard.v1.CapabilityView"> & {
 
   /**
    * The generation of `document`; each applied diff or snapshot adds one.
+   * Diffs of only volatile facts (free memory, load average) are stored
+   * behind, at most a minute late, so the stored generation may jump.
    *
    * @generated from field: uint64 generation = 2;
    */
