@@ -646,9 +646,13 @@ impl Dispatcher {
         if requests.is_empty() {
             return Ok(0);
         }
+        // The grant's own time, read after the agents were picked: a slot
+        // freed while the page was read was freed by a commit stamped
+        // earlier, so the stored lease intervals of an agent never overlap.
+        let granted_at = self.shared.clock.now_ms().max(now);
         let outcomes = crate::metrics::timed(
             "grant_leases",
-            self.shared.store.grant_leases(&requests, now),
+            self.shared.store.grant_leases(&requests, granted_at),
         )
         .await?;
         let mut granted = 0;

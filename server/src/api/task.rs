@@ -222,6 +222,8 @@ impl TaskService for TaskApi {
         } else {
             None
         };
+        // Stamped after the agent was picked (see `Dispatcher::grant_page`).
+        let now = api.now_ms().max(now);
         let (record, created, grant) = match target {
             Some(agent_id) => match crate::metrics::timed(
                 "submit_and_grant",
