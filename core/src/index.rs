@@ -41,7 +41,7 @@ use crate::matcher::{self, AgentStatus, AgentView, Availability, Explanation};
 use crate::placement::{CompiledPlacement, Operator, PreferenceCondition};
 use serde_json::Value;
 use std::cmp::Ordering;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 /// A scalar as a hashable posting key; numbers compare numerically (`1` and `1.0` are one key).
@@ -258,6 +258,76 @@ impl AgentIndex {
             ns.available.insert(slot);
         }
         self.agents.insert(id, agent);
+    }
+
+    /// Replaces an indexed agent's document, touching only the postings that
+    /// changed: a heartbeat's diff changes a few leaves of a hundred, and
+    /// re-indexing the whole document ([`AgentIndex::upsert`]) on every one
+    /// dominates the cost of a large fleet. Returns false if the agent is not
+    /// indexed.
+    pub fn replace_document(&mut self, agent_id: &str, document: Arc<Value>) -> bool {
+        let Some(agent) = self.agents.get_mut(agent_id) else {
+            return false;
+        };
+        let old = DocumentPostings::of(&agent.view.document);
+        let new = DocumentPostings::of(&document);
+        agent.view.document = document;
+        let id = agent.id.clone();
+        let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) else {
+            return true;
+        };
+        let gone = |from: &Vec<String>, to: &Vec<String>| -> Vec<String> {
+            from.iter()
+                .filter(|p| to.binary_search(p).is_err())
+                .cloned()
+                .collect()
+        };
+        for p in gone(&old.paths, &new.paths) {
+            if let Some(set) = ns.paths.get_mut(&p) {
+                set.remove(&id);
+                if set.is_empty() {
+                    ns.paths.remove(&p);
+                }
+            }
+        }
+        for p in gone(&new.paths, &old.paths) {
+            ns.paths.entry(p).or_default().insert(id.clone());
+        }
+        let old_values: HashSet<&(String, ScalarKey)> = old.values.iter().collect();
+        let new_values: HashSet<&(String, ScalarKey)> = new.values.iter().collect();
+        for (p, v) in old_values.difference(&new_values).copied() {
+            if let Some(by_value) = ns.values.get_mut(p) {
+                if let Some(set) = by_value.get_mut(v) {
+                    set.remove(&id);
+                    if set.is_empty() {
+                        by_value.remove(v);
+                    }
+                }
+                if by_value.is_empty() {
+                    ns.values.remove(p);
+                }
+            }
+        }
+        for (p, v) in new_values.difference(&old_values) {
+            ns.values
+                .entry(p.clone())
+                .or_default()
+                .entry(v.clone())
+                .or_default()
+                .insert(id.clone());
+        }
+        for p in gone(&old.partial, &new.partial) {
+            if let Some(n) = ns.partial.get_mut(&p) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    ns.partial.remove(&p);
+                }
+            }
+        }
+        for p in gone(&new.partial, &old.partial) {
+            *ns.partial.entry(p).or_default() += 1;
+        }
+        true
     }
 
     /// Removes an agent; returns its last view.
@@ -626,6 +696,49 @@ mod tests {
         assert!(index.is_empty());
         assert!(index.namespaces.is_empty());
         assert_eq!(best(&index, "y"), None);
+    }
+
+    #[test]
+    fn replace_document_matches_a_fresh_upsert() {
+        let docs = [
+            json!({"tags": ["linux", "gpu"], "memory": {"free": 100, "total": 4096}, "n": 1}),
+            json!({"tags": ["linux"], "memory": {"free": 900, "total": 4096}, "os": "linux"}),
+            json!({"tags": ["mac"], "memory": {"free": 5}, "long": (0..80).collect::<Vec<_>>()}),
+            json!({"tags": ["linux", "gpu"], "memory": {"free": 700, "total": 4096}, "n": 2}),
+        ];
+        let queries = [
+            "linux",
+            "gpu",
+            "mac",
+            "memory.free>=500",
+            "n=1",
+            "n=2",
+            "os=linux",
+            "long?",
+            "!gpu",
+        ];
+        let mut replaced = AgentIndex::new();
+        replaced.upsert(view("a", docs[0].clone()));
+        replaced.upsert(view("b", json!({"tags": ["linux"]})));
+        for doc in &docs[1..] {
+            assert!(replaced.replace_document("a", Arc::new(doc.clone())));
+            let mut fresh = AgentIndex::new();
+            fresh.upsert(view("a", doc.clone()));
+            fresh.upsert(view("b", json!({"tags": ["linux"]})));
+            for text in queries {
+                assert_eq!(
+                    best(&replaced, text),
+                    best(&fresh, text),
+                    "{text} after {doc}"
+                );
+            }
+            let ns_r = &replaced.namespaces["default"];
+            let ns_f = &fresh.namespaces["default"];
+            assert_eq!(ns_r.paths, ns_f.paths, "{doc}");
+            assert_eq!(ns_r.values, ns_f.values, "{doc}");
+            assert_eq!(ns_r.partial, ns_f.partial, "{doc}");
+        }
+        assert!(!replaced.replace_document("nobody", Arc::new(json!({}))));
     }
 
     #[test]

@@ -443,6 +443,21 @@ impl Dispatcher {
         }
     }
 
+    /// Replaces a connected agent's document in the index (a heartbeat's
+    /// diff), re-indexing only what changed.
+    pub fn replace_document(&self, agent_id: Uuid, document: Arc<serde_json::Value>) {
+        let mut buf = Uuid::encode_buffer();
+        let key: &str = agent_id.as_hyphenated().encode_lower(&mut buf);
+        let mut state = self.state();
+        if state.sessions.contains_key(&agent_id) {
+            state.index.replace_document(key, document);
+        }
+        drop(state);
+        if !self.queue_clear() {
+            self.wake();
+        }
+    }
+
     /// What matching says about a placement against the agents connected to
     /// this replica (in memory; no store access).
     pub fn local_outcome(

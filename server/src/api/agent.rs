@@ -667,10 +667,9 @@ impl Session {
             match self.apply_diff(d) {
                 Ok((document, volatile)) => {
                     durable_change |= !volatile;
-                    if let Some(mut view) = self.api.dispatcher.view(self.agent_id) {
-                        view.document = std::sync::Arc::new(document);
-                        self.api.dispatcher.update_view(view);
-                    }
+                    self.api
+                        .dispatcher
+                        .replace_document(self.agent_id, std::sync::Arc::new(document));
                 }
                 Err(reason) => resync = Some(reason),
             }
