@@ -664,6 +664,35 @@ macro_rules! store_common {
             Ok((must_fetch_task(conn, id).await?, true))
         }
 
+        /// Submits a task and leases it to `agent_id` in the caller's
+        /// transaction (see `Store::submit_and_grant`), through the backend's
+        /// own `grant_in`.
+        async fn submit_and_grant(
+            tx: &mut sqlx::Transaction<'static, $db>,
+            task: &NewTask,
+            agent_id: __Uuid,
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<(TaskRecord, bool, Option<GrantOutcome>)> {
+            let (record, created) = submit_task(tx, task, now_ms, events).await?;
+            if !created {
+                return Ok((record, false, None));
+            }
+            let request = GrantRequest {
+                task_id: record.id,
+                agent_id,
+            };
+            let outcome = grant_in(tx, &[request], now_ms, events).await?.pop();
+            let record = if matches!(outcome, Some(GrantOutcome::Granted(_))) {
+                // Leased before anyone could see it queued.
+                events.retain(|e| !matches!(e, StoreEvent::TaskQueued { .. }));
+                must_fetch_task(tx, record.id).await?
+            } else {
+                record
+            };
+            Ok((record, true, outcome))
+        }
+
         async fn task_by_key(conn: &mut $conn, task: &NewTask) -> __Result<Option<TaskRecord>> {
             let Some(key) = &task.idempotency_key else {
                 return Ok(None);

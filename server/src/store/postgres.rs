@@ -270,27 +270,9 @@ impl Store for PgStore {
     ) -> __Result<(TaskRecord, bool, Option<GrantOutcome>)> {
         let mut tx = self.begin().await?;
         let mut events = Vec::new();
-        let (record, created) = submit_task(&mut tx, &task, now_ms, &mut events).await?;
-        if !created {
-            self.commit(tx, events).await?;
-            return Ok((record, false, None));
-        }
-        let request = GrantRequest {
-            task_id: record.id,
-            agent_id,
-        };
-        let outcome = grant_in(&mut tx, &[request], now_ms, &mut events)
-            .await?
-            .pop();
-        let record = if matches!(outcome, Some(GrantOutcome::Granted(_))) {
-            // Leased before anyone could see it queued.
-            events.retain(|e| !matches!(e, StoreEvent::TaskQueued { .. }));
-            must_fetch_task(&mut tx, record.id).await?
-        } else {
-            record
-        };
+        let submitted = submit_and_grant(&mut tx, &task, agent_id, now_ms, &mut events).await?;
         self.commit(tx, events).await?;
-        Ok((record, true, outcome))
+        Ok(submitted)
     }
 
     async fn ack_leases(
