@@ -581,23 +581,19 @@ impl Session {
                 self.generation,
             )),
             Some(Up::Heartbeat(heartbeat)) => self.heartbeat(sequence, heartbeat, now).await,
-            Some(Up::LeaseUpdate(update)) => {
-                let report = self.to_report(update);
-                let result = match report {
-                    Ok(report) => self
-                        .api
-                        .dispatcher
-                        .report(vec![report])
-                        .await
-                        .and_then(|mut r| r.pop().ok_or_else(|| Status::internal("no result")))
-                        .and_then(|r| r.map_err(Status::from)),
-                    Err(status) => Err(status),
-                };
-                Ok(match result {
-                    Ok(_) => ack(sequence, Code::Ok, "", self.generation),
-                    Err(status) => ack(sequence, status.code(), status.message(), self.generation),
-                })
-            }
+            // `handle_all` batches lease updates; one on its own goes the same way.
+            Some(Up::LeaseUpdate(update)) => match self.to_report(update) {
+                Ok(report) => {
+                    self.flush_reports(vec![(sequence, report)]).await;
+                    return Ok(());
+                }
+                Err(status) => Ok(ack(
+                    sequence,
+                    status.code(),
+                    status.message(),
+                    self.generation,
+                )),
+            },
             Some(Up::CapabilitySnapshot(snapshot)) => self.snapshot(sequence, snapshot, now).await,
         };
         // A store failure still gets an answer (e.g. UNAVAILABLE), never silence.
