@@ -9,7 +9,7 @@
 
 use crate::error::DiffError;
 use crate::limits::Limits;
-use json_patch::jsonptr::PointerBuf;
+use json_patch::jsonptr::{Pointer, PointerBuf};
 use json_patch::{AddOperation, RemoveOperation, ReplaceOperation};
 pub use json_patch::{Patch, PatchOperation};
 use serde_json::Value;
@@ -97,6 +97,27 @@ fn json_len<T: serde::Serialize + ?Sized>(value: &T) -> usize {
 /// The serialized (compact JSON) size of a patch in bytes.
 pub fn patch_len(patch: &Patch) -> usize {
     json_len(patch)
+}
+
+/// Every place `patch` may change: each operation's `path`, and the `from`
+/// of a `move` (a `test` changes nothing). The document after the patch
+/// equals the one before it everywhere outside these subtrees.
+pub fn touched(patch: &Patch) -> Vec<&Pointer> {
+    let mut out = Vec::with_capacity(patch.0.len());
+    for op in &patch.0 {
+        match op {
+            PatchOperation::Add(o) => out.push(o.path.as_ptr()),
+            PatchOperation::Remove(o) => out.push(o.path.as_ptr()),
+            PatchOperation::Replace(o) => out.push(o.path.as_ptr()),
+            PatchOperation::Copy(o) => out.push(o.path.as_ptr()),
+            PatchOperation::Move(o) => {
+                out.push(o.path.as_ptr());
+                out.push(o.from.as_ptr());
+            }
+            PatchOperation::Test(_) => {}
+        }
+    }
+    out
 }
 
 /// The RFC 6902 name of an operation (`add`, `remove`, ...).

@@ -28,7 +28,8 @@
 //! `p` placement constraints; with preferences that no agent fully satisfies, the walk covers all
 //! available agents. Updating an agent's load
 //! costs O(log n); inserting, replacing or removing a document costs O(m log n) for `m` indexed
-//! paths and values.
+//! paths and values, and [`AgentIndex::replace_document_at`] (a heartbeat's patch) only the `m`
+//! of the subtrees the patch touched.
 //!
 //! What callers must still check: the index holds the agent state as of the last update, so the
 //! store must re-check capacity (and fencing) atomically when it grants the lease; the caller
@@ -39,6 +40,7 @@
 
 use crate::matcher::{self, AgentStatus, AgentView, Availability, Explanation};
 use crate::placement::{CompiledPlacement, Operator, PreferenceCondition};
+use json_patch::jsonptr::Pointer;
 use serde_json::Value;
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -111,10 +113,71 @@ struct NamespacePostings {
     partial: HashMap<String, usize>,
 }
 
+impl NamespacePostings {
+    /// Moves agent `id` from the postings of `old` to those of `new` (two
+    /// whole documents, or the same subtrees of two documents).
+    fn repost(&mut self, id: &Arc<str>, old: &DocumentPostings, new: &DocumentPostings) {
+        let gone = |from: &Vec<String>, to: &Vec<String>| -> Vec<String> {
+            from.iter()
+                .filter(|p| to.binary_search(p).is_err())
+                .cloned()
+                .collect()
+        };
+        for p in gone(&old.paths, &new.paths) {
+            if let Some(set) = self.paths.get_mut(&p) {
+                set.remove(id);
+                if set.is_empty() {
+                    self.paths.remove(&p);
+                }
+            }
+        }
+        for p in gone(&new.paths, &old.paths) {
+            self.paths.entry(p).or_default().insert(id.clone());
+        }
+        let old_values: HashSet<&(String, ScalarKey)> = old.values.iter().collect();
+        let new_values: HashSet<&(String, ScalarKey)> = new.values.iter().collect();
+        for (p, v) in old_values.difference(&new_values).copied() {
+            if let Some(by_value) = self.values.get_mut(p) {
+                if let Some(set) = by_value.get_mut(v) {
+                    set.remove(id);
+                    if set.is_empty() {
+                        by_value.remove(v);
+                    }
+                }
+                if by_value.is_empty() {
+                    self.values.remove(p);
+                }
+            }
+        }
+        for (p, v) in new_values.difference(&old_values) {
+            self.values
+                .entry(p.clone())
+                .or_default()
+                .entry(v.clone())
+                .or_default()
+                .insert(id.clone());
+        }
+        for p in gone(&old.partial, &new.partial) {
+            if let Some(n) = self.partial.get_mut(&p) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.partial.remove(&p);
+                }
+            }
+        }
+        for p in gone(&new.partial, &old.partial) {
+            *self.partial.entry(p).or_default() += 1;
+        }
+    }
+}
+
 #[derive(Debug)]
 struct IndexedAgent {
     view: AgentView,
     id: Arc<str>,
+    /// Whether some key of the document contains `.` (its dotted paths are
+    /// then ambiguous, and a partial re-index could miss a shared posting).
+    dotted_keys: bool,
 }
 
 impl IndexedAgent {
@@ -152,18 +215,44 @@ struct DocumentPostings {
     paths: Vec<String>,
     values: Vec<(String, ScalarKey)>,
     partial: Vec<String>,
+    /// Whether a key walked contains `.`.
+    dotted_keys: bool,
 }
 
 impl DocumentPostings {
     fn of(doc: &Value) -> Self {
         let mut out = DocumentPostings::default();
         out.collect(doc, &mut String::new());
-        out.paths.sort();
-        out.paths.dedup();
-        out.values.dedup();
-        out.partial.sort();
-        out.partial.dedup();
-        out
+        out.finish()
+    }
+
+    /// The postings of the subtrees at `roots` (object keys from the top;
+    /// none empty, none a prefix of another): each root's own path, and
+    /// everything below it.
+    fn of_subtrees(doc: &Value, roots: &[Vec<String>]) -> Self {
+        let mut out = DocumentPostings::default();
+        for root in roots {
+            let mut node = Some(doc);
+            for key in root {
+                node = node.and_then(|v| v.as_object()).and_then(|m| m.get(key));
+            }
+            out.dotted_keys |= root.iter().any(|k| k.contains('.'));
+            if let Some(value) = node {
+                let mut path = root.join(".");
+                out.paths.push(path.clone());
+                out.collect(value, &mut path);
+            }
+        }
+        out.finish()
+    }
+
+    fn finish(mut self) -> Self {
+        self.paths.sort();
+        self.paths.dedup();
+        self.values.dedup();
+        self.partial.sort();
+        self.partial.dedup();
+        self
     }
 
     /// Walks objects only: arrays are value-indexed at their own path but not descended into.
@@ -171,6 +260,7 @@ impl DocumentPostings {
         match value {
             Value::Object(map) => {
                 for (k, child) in map {
+                    self.dotted_keys |= k.contains('.');
                     let len = path.len();
                     if !path.is_empty() {
                         path.push('.');
@@ -200,6 +290,43 @@ impl DocumentPostings {
             }
         }
     }
+}
+
+/// The subtrees to re-index for a change at `changed`: each pointer cut at
+/// the first key under which the old or the new document is not an object
+/// (postings do not descend further), deduplicated, none a prefix of
+/// another. An empty root means the whole document.
+fn changed_roots<'p>(
+    old: &Value,
+    new: &Value,
+    changed: impl IntoIterator<Item = &'p Pointer>,
+) -> Vec<Vec<String>> {
+    let mut roots: Vec<Vec<String>> = changed
+        .into_iter()
+        .map(|pointer| {
+            let mut root = Vec::new();
+            let (mut o, mut n) = (Some(old), Some(new));
+            for token in pointer.tokens() {
+                let key = token.decoded().into_owned();
+                let oc = o.and_then(Value::as_object).and_then(|m| m.get(&key));
+                let nc = n.and_then(Value::as_object).and_then(|m| m.get(&key));
+                root.push(key);
+                if !(oc.is_some_and(Value::is_object) && nc.is_some_and(Value::is_object)) {
+                    break;
+                }
+                (o, n) = (oc, nc);
+            }
+            root
+        })
+        .collect();
+    roots.sort();
+    let mut kept: Vec<Vec<String>> = Vec::with_capacity(roots.len());
+    for root in roots {
+        if !kept.last().is_some_and(|k| root.starts_with(k)) {
+            kept.push(root);
+        }
+    }
+    kept
 }
 
 /// Whether a requirement key may pass through an array (then it is not used to narrow).
@@ -236,23 +363,24 @@ impl AgentIndex {
         let postings = DocumentPostings::of(&view.document);
         let ns = self.namespaces.entry(view.namespace.clone()).or_default();
         ns.all.insert(id.clone());
-        for p in postings.paths {
-            ns.paths.entry(p).or_default().insert(id.clone());
+        for p in &postings.paths {
+            ns.paths.entry(p.clone()).or_default().insert(id.clone());
         }
-        for (p, v) in postings.values {
+        for (p, v) in &postings.values {
             ns.values
-                .entry(p)
+                .entry(p.clone())
                 .or_default()
-                .entry(v)
+                .entry(v.clone())
                 .or_default()
                 .insert(id.clone());
         }
-        for p in postings.partial {
-            *ns.partial.entry(p).or_default() += 1;
+        for p in &postings.partial {
+            *ns.partial.entry(p.clone()).or_default() += 1;
         }
         let agent = IndexedAgent {
             view,
             id: id.clone(),
+            dotted_keys: postings.dotted_keys,
         };
         if let Some(slot) = agent.slot() {
             ns.available.insert(slot);
@@ -263,69 +391,49 @@ impl AgentIndex {
     /// Replaces an indexed agent's document, touching only the postings that
     /// changed: a heartbeat's diff changes a few leaves of a hundred, and
     /// re-indexing the whole document ([`AgentIndex::upsert`]) on every one
-    /// dominates the cost of a large fleet. Returns false if the agent is not
-    /// indexed.
+    /// dominates the cost of a large fleet. Compares the whole old and new
+    /// documents; [`AgentIndex::replace_document_at`] compares only where a
+    /// patch touched. Returns false if the agent is not indexed.
     pub fn replace_document(&mut self, agent_id: &str, document: Arc<Value>) -> bool {
+        self.replace_document_at(agent_id, document, [Pointer::root()])
+    }
+
+    /// [`AgentIndex::replace_document`] when the new document is known to
+    /// differ from the indexed one only at or below `changed` (the `path`s and
+    /// `from`s of the JSON Patch that made it, see [`crate::diff::touched`]):
+    /// only the postings of those subtrees are compared, so a heartbeat that
+    /// replaces `/memory` costs the few leaves under it. The caller must not
+    /// leave out a touched path; a document with a key containing `.` (whose
+    /// dotted paths are ambiguous) is compared whole.
+    pub fn replace_document_at<'p>(
+        &mut self,
+        agent_id: &str,
+        document: Arc<Value>,
+        changed: impl IntoIterator<Item = &'p Pointer>,
+    ) -> bool {
         let Some(agent) = self.agents.get_mut(agent_id) else {
             return false;
         };
-        let old = DocumentPostings::of(&agent.view.document);
-        let new = DocumentPostings::of(&document);
+        let roots = changed_roots(&agent.view.document, &document, changed);
+        let subtrees = (!agent.dotted_keys && !roots.iter().any(Vec::is_empty))
+            .then(|| {
+                let old = DocumentPostings::of_subtrees(&agent.view.document, &roots);
+                let new = DocumentPostings::of_subtrees(&document, &roots);
+                (!new.dotted_keys).then_some((old, new))
+            })
+            .flatten();
+        let (old, new) = match subtrees {
+            Some(pair) => pair,
+            None => (
+                DocumentPostings::of(&agent.view.document),
+                DocumentPostings::of(&document),
+            ),
+        };
+        agent.dotted_keys = new.dotted_keys;
         agent.view.document = document;
         let id = agent.id.clone();
-        let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) else {
-            return true;
-        };
-        let gone = |from: &Vec<String>, to: &Vec<String>| -> Vec<String> {
-            from.iter()
-                .filter(|p| to.binary_search(p).is_err())
-                .cloned()
-                .collect()
-        };
-        for p in gone(&old.paths, &new.paths) {
-            if let Some(set) = ns.paths.get_mut(&p) {
-                set.remove(&id);
-                if set.is_empty() {
-                    ns.paths.remove(&p);
-                }
-            }
-        }
-        for p in gone(&new.paths, &old.paths) {
-            ns.paths.entry(p).or_default().insert(id.clone());
-        }
-        let old_values: HashSet<&(String, ScalarKey)> = old.values.iter().collect();
-        let new_values: HashSet<&(String, ScalarKey)> = new.values.iter().collect();
-        for (p, v) in old_values.difference(&new_values).copied() {
-            if let Some(by_value) = ns.values.get_mut(p) {
-                if let Some(set) = by_value.get_mut(v) {
-                    set.remove(&id);
-                    if set.is_empty() {
-                        by_value.remove(v);
-                    }
-                }
-                if by_value.is_empty() {
-                    ns.values.remove(p);
-                }
-            }
-        }
-        for (p, v) in new_values.difference(&old_values) {
-            ns.values
-                .entry(p.clone())
-                .or_default()
-                .entry(v.clone())
-                .or_default()
-                .insert(id.clone());
-        }
-        for p in gone(&old.partial, &new.partial) {
-            if let Some(n) = ns.partial.get_mut(&p) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    ns.partial.remove(&p);
-                }
-            }
-        }
-        for p in gone(&new.partial, &old.partial) {
-            *ns.partial.entry(p).or_default() += 1;
+        if let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) {
+            ns.repost(&id, &old, &new);
         }
         true
     }
@@ -739,6 +847,75 @@ mod tests {
             assert_eq!(ns_r.partial, ns_f.partial, "{doc}");
         }
         assert!(!replaced.replace_document("nobody", Arc::new(json!({}))));
+    }
+
+    #[test]
+    fn replace_document_at_matches_a_fresh_upsert() {
+        let start = json!({
+            "tags": ["linux", "gpu"],
+            "memory": {"free": 100, "total": 4096, "unit": "MB"},
+            "loadavg": [0.5, 0.4, 0.3],
+            "tools": {"node": {"version": "20.1.0"}, "rust": {"version": "1.95.0"}},
+            "n": 1
+        });
+        let patches = [
+            json!([{"op": "replace", "path": "/memory", "value": {"free": 90, "total": 4096, "unit": "MB"}},
+                   {"op": "replace", "path": "/loadavg", "value": [0.6, 0.4, 0.3]}]),
+            json!([{"op": "replace", "path": "/memory/free", "value": 4000}]),
+            json!([{"op": "add", "path": "/tags/-", "value": "docker"}]),
+            json!([{"op": "remove", "path": "/tags/0"}]),
+            json!([{"op": "add", "path": "/tools/go", "value": {"version": "1.22"}}]),
+            json!([{"op": "move", "from": "/tools/node", "path": "/node"}]),
+            json!([{"op": "copy", "from": "/tools/rust", "path": "/tools/cargo"}]),
+            json!([{"op": "replace", "path": "/memory", "value": 7}]),
+            json!([{"op": "add", "path": "/memory", "value": {"free": 1}}]),
+            json!([{"op": "test", "path": "/n", "value": 1},
+                   {"op": "remove", "path": "/tools"}]),
+            json!([{"op": "add", "path": "/a.b", "value": 1}, {"op": "add", "path": "/a", "value": {"b": 1}}]),
+            json!([{"op": "remove", "path": "/a.b"}]),
+            json!([{"op": "replace", "path": "/a/b", "value": 2}]),
+            json!([{"op": "replace", "path": "", "value": {"tags": ["mac"], "n": 2}}]),
+        ];
+        let queries = [
+            "linux",
+            "gpu",
+            "docker",
+            "mac",
+            "memory.free>=500",
+            "memory.free=1",
+            "n=1",
+            "n=2",
+            "tools.go.version=1.22",
+            "node.version=20.1.0",
+            "tools.cargo?",
+            "a.b=1",
+            "a.b=2",
+        ];
+        let mut replaced = AgentIndex::new();
+        replaced.upsert(view("a", start.clone()));
+        replaced.upsert(view("b", json!({"tags": ["linux"], "n": 1})));
+        let mut doc = start;
+        for patch in patches {
+            let patch: crate::diff::Patch = serde_json::from_value(patch).unwrap();
+            json_patch::patch(&mut doc, &patch).unwrap();
+            let touched = crate::diff::touched(&patch);
+            assert!(replaced.replace_document_at("a", Arc::new(doc.clone()), touched));
+            let mut fresh = AgentIndex::new();
+            fresh.upsert(view("a", doc.clone()));
+            fresh.upsert(view("b", json!({"tags": ["linux"], "n": 1})));
+            let ns_r = &replaced.namespaces["default"];
+            let ns_f = &fresh.namespaces["default"];
+            assert_eq!(ns_r.paths, ns_f.paths, "{doc}");
+            assert_eq!(ns_r.values, ns_f.values, "{doc}");
+            assert_eq!(ns_r.partial, ns_f.partial, "{doc}");
+            for text in queries {
+                assert_eq!(
+                    best(&replaced, text),
+                    best(&fresh, text),
+                    "{text} after {doc}"
+                );
+            }
+        }
     }
 
     #[test]

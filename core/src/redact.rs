@@ -16,6 +16,7 @@
 //! idempotent and a second pass reports nothing.
 
 use crate::limits::join;
+use json_patch::jsonptr::Pointer;
 use serde_json::Value;
 use std::collections::BTreeSet;
 
@@ -108,20 +109,69 @@ pub fn redacted(doc: &Value, extra: &BTreeSet<String>) -> (Value, Vec<String>) {
     (copy, paths)
 }
 
+/// [`redact`] for a document whose every value outside the subtrees at
+/// `changed` (the places a JSON Patch touched, see [`crate::diff::touched`])
+/// is already redacted under the same `extra`: only those subtrees are
+/// walked, and the keys on the way to them checked. A subtree under an
+/// array is walked from the array (a patch can shift items). The result is
+/// what [`redact`] would give; the caller falls back to it when the patch
+/// touched the `sensitive` declaration itself.
+pub fn redact_at<'p>(
+    doc: &mut Value,
+    changed: impl IntoIterator<Item = &'p Pointer>,
+    extra: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for pointer in changed {
+        let mut node = &mut *doc;
+        let mut path = String::new();
+        let mut tokens = pointer.tokens();
+        loop {
+            let token = match (tokens.next(), node.is_object()) {
+                (Some(token), true) => token,
+                // The place itself, or an array or scalar on the way.
+                _ => {
+                    walk(node, &path, extra, &mut out);
+                    break;
+                }
+            };
+            let key = token.decoded();
+            let Some(child) = node.as_object_mut().and_then(|m| m.get_mut(key.as_ref())) else {
+                break; // removed
+            };
+            let child_path = join(&path, &key);
+            if is_sensitive(&key, &child_path, extra) {
+                redact_value(child, child_path, &mut out);
+                break;
+            }
+            node = child;
+            path = child_path;
+        }
+    }
+    out
+}
+
+fn is_sensitive(key: &str, path: &str, extra: &BTreeSet<String>) -> bool {
+    is_sensitive_key(key)
+        || (!extra.is_empty()
+            && (extra.contains(&key.to_ascii_lowercase())
+                || extra.contains(&path.to_ascii_lowercase())))
+}
+
+fn redact_value(value: &mut Value, path: String, out: &mut Vec<String>) {
+    if !value.is_null() && value.as_str() != Some(MARKER) {
+        *value = Value::String(MARKER.to_owned());
+        out.push(path);
+    }
+}
+
 fn walk(value: &mut Value, path: &str, extra: &BTreeSet<String>, out: &mut Vec<String>) {
     match value {
         Value::Object(map) => {
             for (key, child) in map.iter_mut() {
                 let child_path = join(path, key);
-                let sensitive = is_sensitive_key(key)
-                    || (!extra.is_empty()
-                        && (extra.contains(&key.to_ascii_lowercase())
-                            || extra.contains(&child_path.to_ascii_lowercase())));
-                if sensitive {
-                    if !child.is_null() && child.as_str() != Some(MARKER) {
-                        *child = Value::String(MARKER.to_owned());
-                        out.push(child_path);
-                    }
+                if is_sensitive(key, &child_path, extra) {
+                    redact_value(child, child_path, out);
                 } else {
                     walk(child, &child_path, extra, out);
                 }
@@ -140,6 +190,42 @@ fn walk(value: &mut Value, path: &str, extra: &BTreeSet<String>, out: &mut Vec<S
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn redact_at_matches_a_whole_redaction() {
+        let extra: BTreeSet<String> = ["build.signing".to_owned(), "pin".to_owned()].into();
+        let mut doc = json!({
+            "memory": {"free": 1},
+            "x": [1, 2],
+            "build": {"signing": "[redacted]", "name": "a"},
+            "db": {"password": "[redacted]"}
+        });
+        let patches = [
+            json!([{"op": "replace", "path": "/memory", "value": {"free": 2, "api_key": "k1"}}]),
+            json!([{"op": "add", "path": "/x/0", "value": {"password": "p"}},
+                   {"op": "add", "path": "/x/0", "value": 0}]),
+            json!([{"op": "add", "path": "/db/password", "value": "again"}]),
+            json!([{"op": "replace", "path": "/build/signing", "value": {"k": "v"}}]),
+            json!([{"op": "add", "path": "/tools", "value": {"gh": {"githubToken": "t", "pin": 4}}}]),
+            json!([{"op": "add", "path": "/plain", "value": {"a": "b"}},
+                   {"op": "move", "from": "/plain", "path": "/db/nested"}]),
+            json!([{"op": "copy", "from": "/memory", "path": "/m2"}]),
+            json!([{"op": "remove", "path": "/tools"}]),
+            json!([{"op": "replace", "path": "", "value": {"token": "t", "a": {"cookie": 1}}}]),
+        ];
+        for patch in patches {
+            let patch: crate::diff::Patch = serde_json::from_value(patch).unwrap();
+            json_patch::patch(&mut doc, &patch).unwrap();
+            let mut whole = doc.clone();
+            let expected = redact(&mut whole, &extra);
+            let got = redact_at(&mut doc, crate::diff::touched(&patch), &extra);
+            assert_eq!(doc, whole, "after {patch:?}");
+            let (mut got, mut expected) = (got, expected);
+            got.sort();
+            expected.sort();
+            assert_eq!(got, expected, "after {patch:?}");
+        }
+    }
 
     #[test]
     fn words_split_on_case_and_separators() {
