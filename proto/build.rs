@@ -32,6 +32,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // add a clashing `connect` constructor to every client. Clients are
         // built with `new(channel)` instead.
         .build_transport(false)
+        // prost's codec with small per-call buffers (see `src/codec.rs`).
+        .codec_path("crate::codec::CompactCodec")
         .compile_with_config(config, &protos, &includes)?;
     println!("cargo:rerun-if-changed=switchyard");
     Ok(())

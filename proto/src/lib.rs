@@ -10,6 +10,8 @@
 //!   default methods answering `UNIMPLEMENTED`, so a service implements only
 //!   what it serves.
 //! - [`client`]: client endpoints from a URL and optional TLS files.
+//! - [`codec`]: the protobuf codec the generated code uses (prost's, with
+//!   small per-call buffers, for long-lived agent streams).
 //! - [`convert`]: protobuf `Struct`/`Value`/time/patch types to JSON and
 //!   back, shared by the server and the agent.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptor set of the contract, for
@@ -22,6 +24,7 @@ pub mod v1 {
 }
 
 pub mod client;
+pub mod codec;
 pub mod convert;
 
 /// The encoded `FileDescriptorSet` of every `switchyard.v1` file, with source

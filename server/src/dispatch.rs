@@ -66,7 +66,7 @@ impl Default for DispatchSettings {
 }
 
 /// Outbound half of one agent session.
-pub type SessionSender = mpsc::Sender<Result<pb::ConnectResponse, Status>>;
+pub type SessionSender = mpsc::Sender<Box<pb::ConnectResponse>>;
 
 /// One live session on this replica.
 #[derive(Debug, Clone)]
@@ -329,7 +329,7 @@ impl Dispatcher {
         let _ = self.shared.stopped.send(true);
         let sessions: Vec<Session> = self.state().sessions.drain().map(|(_, s)| s).collect();
         for session in sessions {
-            let _ = session.tx.try_send(Ok(drain_message(reason, 1_000)));
+            let _ = session.tx.try_send(Box::new(drain_message(reason, 1_000)));
             // The queued Drain is still delivered before the stream ends.
             session.close.notify_one();
         }
@@ -364,7 +364,7 @@ impl Dispatcher {
             if existing.epoch > epoch {
                 return false;
             }
-            let _ = existing.tx.try_send(Ok(drain_message(
+            let _ = existing.tx.try_send(Box::new(drain_message(
                 &format!("superseded by session epoch {epoch}"),
                 0,
             )));
@@ -444,13 +444,30 @@ impl Dispatcher {
     }
 
     /// Replaces a connected agent's document in the index (a heartbeat's
-    /// diff), re-indexing only what changed.
-    pub fn replace_document(&self, agent_id: Uuid, document: Arc<serde_json::Value>) {
+    /// diff), re-indexing only what changed: under `touched` (the patch's
+    /// paths) when given, else by comparing the whole documents.
+    pub fn replace_document(
+        &self,
+        agent_id: Uuid,
+        document: Arc<serde_json::Value>,
+        touched: Option<&[json_patch::jsonptr::PointerBuf]>,
+    ) {
         let mut buf = Uuid::encode_buffer();
         let key: &str = agent_id.as_hyphenated().encode_lower(&mut buf);
         let mut state = self.state();
         if state.sessions.contains_key(&agent_id) {
-            state.index.replace_document(key, document);
+            match touched {
+                Some(touched) => {
+                    state.index.replace_document_at(
+                        key,
+                        document,
+                        touched.iter().map(|p| p.as_ptr()),
+                    );
+                }
+                None => {
+                    state.index.replace_document(key, document);
+                }
+            }
         }
         drop(state);
         if !self.queue_clear() {
@@ -503,7 +520,7 @@ impl Dispatcher {
         tx.is_some_and(|tx| {
             let depth = tx.max_capacity() - tx.capacity();
             metrics::histogram!(crate::metrics::STREAM_QUEUE_DEPTH).record(depth as f64);
-            tx.try_send(Ok(message)).is_ok()
+            tx.try_send(Box::new(message)).is_ok()
         })
     }
 

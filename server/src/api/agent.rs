@@ -34,6 +34,43 @@ const MAX_MESSAGES_AT_ONCE: usize = 128;
 /// are written to the store behind (see [`PERSIST_VOLATILE_MS`]).
 const VOLATILE: &[&str] = &["/memory/free", "/memory/available", "/loadavg"];
 
+/// Whether the change a patch made at `at` is to volatile facts only: `at`
+/// is at or under a [`VOLATILE`] path, or is above some and nothing but
+/// volatile leaves differ below it (an agent may send `/memory` whole).
+fn volatile_only(old: &Value, new: &Value, at: &json_patch::jsonptr::Pointer) -> bool {
+    fn same_outside(old: Option<&Value>, new: Option<&Value>, at: &str) -> bool {
+        if VOLATILE
+            .iter()
+            .any(|v| at == *v || at.starts_with(&format!("{v}/")))
+        {
+            return true;
+        }
+        match (old, new) {
+            (Some(Value::Object(a)), Some(Value::Object(b)))
+                if VOLATILE.iter().any(|v| v.starts_with(&format!("{at}/"))) =>
+            {
+                a.keys()
+                    .chain(b.keys())
+                    .all(|k| same_outside(a.get(k), b.get(k), &format!("{at}/{k}")))
+            }
+            (a, b) => a == b,
+        }
+    }
+    let at = at.as_str();
+    same_outside(old.pointer(at), new.pointer(at), at)
+}
+
+/// A diff applied to the session's document.
+struct AppliedDiff {
+    /// What the index matches on.
+    document: std::sync::Arc<Value>,
+    /// Whether only volatile facts changed (written behind).
+    volatile: bool,
+    /// Where the document changed, when the index may re-index only there
+    /// (`None`: compare the whole document).
+    touched: Option<Vec<json_patch::jsonptr::PointerBuf>>,
+}
+
 /// How stale the stored copy of volatile facts may get: a heartbeat writes
 /// the document when its last write is older than this.
 const PERSIST_VOLATILE_MS: i64 = 60_000;
@@ -359,18 +396,49 @@ impl AgentService for AgentApi {
                 heartbeat_interval: Some(duration(api.dispatcher.settings().heartbeat_interval_ms)),
             })),
         };
-        tx.try_send(Ok(welcome))
+        tx.try_send(Box::new(welcome))
             .map_err(|_| Status::internal("session queue"))?;
         let close = std::sync::Arc::new(tokio::sync::Notify::new());
         let changed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        if !api.dispatcher.attach(
+        let mut view = mapping::agent_view(&record);
+        let crate::store::AgentRecord {
+            generation,
+            reported,
+            document,
+            provenance,
+            operator_overrides,
+            status,
+            status_reasons,
+            ..
+        } = record;
+        // With no operator tier over it, the index matches on the agent's
+        // own document: one copy, shared by the session and the index.
+        let reported = std::sync::Arc::new(reported);
+        if document == *reported {
+            view.document = reported.clone();
+        }
+        drop(document);
+        let mut session = Session {
+            api: api.clone(),
             agent_id,
             epoch,
-            tx.clone(),
-            close.clone(),
-            changed.clone(),
-            mapping::agent_view(&record),
-        ) {
+            tx: tx.clone(),
+            generation,
+            persisted: generation,
+            persisted_at_ms: api.now_ms(),
+            touched_at_ms: api.now_ms(),
+            held_leases_at_connect,
+            changed: changed.clone(),
+            reported,
+            provenance,
+            operator_overrides,
+            status,
+            status_reasons,
+        };
+        if !api
+            .dispatcher
+            .attach(agent_id, epoch, tx, close.clone(), changed, view)
+        {
             return Err(Status::failed_precondition(
                 "a newer session of this agent is connected",
             ));
@@ -380,23 +448,6 @@ impl AgentService for AgentApi {
         let span = info_span!("session", agent = %agent_id, epoch);
         tokio::spawn(
             async move {
-                let mut session = Session {
-                    api: api.clone(),
-                    agent_id,
-                    epoch,
-                    tx,
-                    generation: record.generation,
-                    persisted: record.generation,
-                    persisted_at_ms: api.now_ms(),
-                    touched_at_ms: api.now_ms(),
-                    held_leases_at_connect,
-                    changed,
-                    reported: record.reported.clone(),
-                    provenance: record.provenance.clone(),
-                    operator_overrides: record.operator_overrides.clone(),
-                    status: record.status.clone(),
-                    status_reasons: record.status_reasons.clone(),
-                };
                 let mut ended = false;
                 while !ended {
                     let first = tokio::select! {
@@ -449,9 +500,12 @@ impl AgentService for AgentApi {
             }
             .instrument(span),
         );
-        Ok(Response::new(Box::pin(
+        // Boxed items keep the channel's preallocated slots small: a
+        // `ConnectResponse` inline is most of a kilobyte, 32 to a block.
+        Ok(Response::new(Box::pin(tokio_stream::StreamExt::map(
             tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+            |m| Ok(*m),
+        ))))
     }
 }
 
@@ -487,8 +541,9 @@ struct Session {
     /// Set by the dispatcher when the stored agent changed under the
     /// session (an operator change): reload before the next diff.
     changed: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// The agent's own tiers at `generation` (diffs apply to it).
-    reported: Value,
+    /// The agent's own tiers at `generation` (diffs apply to it). Shared
+    /// with the dispatcher's index when no operator tier is merged over it.
+    reported: std::sync::Arc<Value>,
     /// The provenance stored with it.
     provenance: Value,
     /// The operator tier, merged over every new document.
@@ -502,7 +557,7 @@ impl Session {
     async fn send(&self, message: pb::ConnectResponse) {
         // A full queue means the agent is not reading; the message is
         // dropped and the sweeper's timeouts take over.
-        let _ = self.tx.try_send(Ok(message));
+        let _ = self.tx.try_send(Box::new(message));
     }
 
     /// Handles messages in order; consecutive lease reports are applied
@@ -617,7 +672,7 @@ impl Session {
         self.generation = record.generation;
         self.persisted = record.generation;
         self.persisted_at_ms = self.api.now_ms();
-        self.reported = record.reported.clone();
+        self.reported = std::sync::Arc::new(record.reported.clone());
         self.provenance = record.provenance.clone();
         self.operator_overrides = record.operator_overrides.clone();
         self.status = record.status.clone();
@@ -661,11 +716,13 @@ impl Session {
         let mut durable_change = status_change.is_some();
         if let Some(d) = hb.capability_diff {
             match self.apply_diff(d) {
-                Ok((document, volatile)) => {
-                    durable_change |= !volatile;
-                    self.api
-                        .dispatcher
-                        .replace_document(self.agent_id, std::sync::Arc::new(document));
+                Ok(applied) => {
+                    durable_change |= !applied.volatile;
+                    self.api.dispatcher.replace_document(
+                        self.agent_id,
+                        applied.document,
+                        applied.touched.as_deref(),
+                    );
                 }
                 Err(reason) => resync = Some(reason),
             }
@@ -762,7 +819,7 @@ impl Session {
     /// and returns the merged document for the matcher and whether the
     /// diff touched only volatile facts; or why it does not apply (and the
     /// generation to resync from).
-    fn apply_diff(&mut self, d: pb::CapabilityDiff) -> Result<(Value, bool), (String, u64)> {
+    fn apply_diff(&mut self, d: pb::CapabilityDiff) -> Result<AppliedDiff, (String, u64)> {
         let patch = super::convert::patch_from_proto(&d.operations)
             .map_err(|reason| (reason, self.generation))?;
         let mut next = diff::apply(
@@ -773,37 +830,52 @@ impl Session {
             &self.api.settings.document_limits,
         )
         .map_err(|err| (err.to_string(), self.generation))?;
+        let touched = diff::touched(&patch);
         let declared = redact::declared_sensitive(&next);
-        let redacted = redact::redact(&mut next, &declared);
+        // What the patch did not touch was redacted when it arrived; the
+        // `sensitive` declaration changing means everything is looked at.
+        let declaration_touched = touched.iter().any(|p| {
+            p.first()
+                .is_none_or(|t| t.decoded().as_ref() == "sensitive")
+        });
+        let redacted = if declaration_touched {
+            redact::redact(&mut next, &declared)
+        } else {
+            redact::redact_at(&mut next, touched.iter().copied(), &declared)
+        };
         if !redacted.is_empty() {
             warn!(paths = ?redacted, "sensitive values in a capability diff were redacted");
         }
-        let volatile = patch.0.iter().all(|op| {
-            let path = serde_json::to_value(op)
-                .ok()
-                .and_then(|v| v.get("path").and_then(Value::as_str).map(str::to_owned))
-                .unwrap_or_default();
-            VOLATILE
-                .iter()
-                .any(|prefix| path == *prefix || path.starts_with(&format!("{prefix}/")))
-        });
+        let volatile = touched
+            .iter()
+            .all(|p| volatile_only(&self.reported, &next, p));
         let no_overrides = self
             .operator_overrides
             .as_object()
             .is_none_or(serde_json::Map::is_empty);
-        let document = if volatile && no_overrides {
+        let next = std::sync::Arc::new(next);
+        let applied = if volatile && no_overrides {
             // The common heartbeat: leaves replaced in place, provenance
-            // unchanged, and nothing to merge over them.
-            next.clone()
+            // unchanged, nothing to merge over them: the index shares the
+            // session's document and re-indexes only what was touched.
+            AppliedDiff {
+                document: next.clone(),
+                volatile,
+                touched: Some(touched.iter().map(|p| p.to_buf()).collect()),
+            }
         } else {
             let (document, provenance) =
                 effective_document(&next, &self.provenance, &self.operator_overrides);
             self.provenance = provenance;
-            document
+            AppliedDiff {
+                document: std::sync::Arc::new(document),
+                volatile,
+                touched: None,
+            }
         };
         self.reported = next;
         self.generation += 1;
-        Ok((document, volatile))
+        Ok(applied)
     }
 
     /// The document the session holds, to write at its generation.
@@ -813,7 +885,7 @@ impl Session {
         crate::store::DocumentWrite {
             expected_generation: self.persisted,
             generation: self.generation,
-            reported: self.reported.clone(),
+            reported: (*self.reported).clone(),
             document,
             provenance,
         }

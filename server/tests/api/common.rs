@@ -458,6 +458,32 @@ impl TestAgent {
                 operations: switchyard_proto::convert::patch_to_proto(&patch),
             }
         });
+        self.beat(status, reasons, diff).await
+    }
+
+    /// A heartbeat whose diff is made as the agents make theirs
+    /// (`switchyard_core::diff::diff`: an object whose members changed may
+    /// be replaced whole); returns the ack and the patch sent.
+    pub async fn heartbeat_as_agents_do(
+        &mut self,
+        next: Value,
+    ) -> (pb::Ack, switchyard_core::diff::Patch) {
+        let patch = switchyard_core::diff::diff(&self.document, &next);
+        self.document = next;
+        let diff = pb::CapabilityDiff {
+            base_generation: self.generation,
+            operations: switchyard_proto::convert::patch_to_proto(&patch),
+        };
+        let ack = self.beat(pb::AgentStatus::Ready, &[], Some(diff)).await;
+        (ack, patch)
+    }
+
+    async fn beat(
+        &mut self,
+        status: pb::AgentStatus,
+        reasons: &[&str],
+        diff: Option<pb::CapabilityDiff>,
+    ) -> pb::Ack {
         let seq = self
             .send(Up::Heartbeat(pb::Heartbeat {
                 status: status as i32,

@@ -414,6 +414,19 @@ async fn volatile_diffs_match_at_once_and_are_written_behind(backend: Backend) {
     // The store still holds the older copy.
     let after = stored(&server, &agent.agent_id).await;
     assert_eq!(after.generation, before.generation);
+    // Agents replace `/memory` whole when that is shorter: still volatile.
+    let mut less_memory = more_memory.clone();
+    less_memory["memory"]["free"] = json!(14000);
+    less_memory["memory"]["available"] = json!(14500);
+    let (ack, patch) = agent.heartbeat_as_agents_do(less_memory).await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    let ops = serde_json::to_value(&patch).unwrap();
+    assert_eq!(ops.as_array().map(Vec::len), Some(1), "{ops}");
+    assert_eq!(ops[0]["path"], json!("/memory"), "{ops}");
+    assert_eq!(
+        stored(&server, &agent.agent_id).await.generation,
+        before.generation
+    );
     // A durable change (a new tool version) writes everything at once.
     let mut upgraded = more_memory;
     upgraded["software"]["node"]["version"] = json!("20.2.0");
@@ -422,7 +435,7 @@ async fn volatile_diffs_match_at_once_and_are_written_behind(backend: Backend) {
         .await;
     assert_eq!(ack.code, 0, "{}", ack.message);
     let written = stored(&server, &agent.agent_id).await;
-    assert_eq!(written.generation, before.generation + 2);
+    assert_eq!(written.generation, before.generation + 3);
     let doc = switchyard_server::api::convert::struct_to_json(written.document.as_ref().unwrap())
         .unwrap();
     assert_eq!(doc["memory"]["free"], json!(15000));
