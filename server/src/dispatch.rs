@@ -32,7 +32,7 @@ use crate::clock::Clock;
 use crate::error::Result;
 use crate::store::{
     Beat, BeatApplied, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, QueueCursor,
-    ReportApplied, Store, StoreEvent, TaskRecord,
+    ReportApplied, Store, StoreEvent, Submission, Submitted, TaskRecord,
 };
 
 /// How the dispatcher behaves; defaults suit production, tests shorten them.
@@ -126,6 +126,8 @@ struct Shared {
     reports: std::sync::OnceLock<GroupCommit<LeaseReport, ReportApplied>>,
     /// Heartbeats of every session, group-committed likewise.
     beats: std::sync::OnceLock<GroupCommit<Beat, BeatApplied>>,
+    /// Submits of every caller, group-committed likewise.
+    submits: std::sync::OnceLock<GroupCommit<Submission, Submitted>>,
     /// Counts signals that a task may be waiting in the queue (a submit
     /// that was not leased on the way in, a re-queue on any replica).
     queued_signals: AtomicU64,
@@ -152,6 +154,7 @@ impl Dispatcher {
                 task_changes,
                 reports: std::sync::OnceLock::new(),
                 beats: std::sync::OnceLock::new(),
+                submits: std::sync::OnceLock::new(),
                 queued_signals: AtomicU64::new(0),
                 clear_at: AtomicU64::new(u64::MAX),
             }),
@@ -215,6 +218,20 @@ impl Dispatcher {
                     }
                 },
             ));
+        let (store, clock) = (self.shared.store.clone(), self.shared.clock.clone());
+        // Concurrent submits share a commit: a caller waits for at most
+        // the batches already in flight, and a lone submit commits at once.
+        let _ = self.shared.submits.set(GroupCommit::start(
+            256,
+            in_flight,
+            Duration::ZERO,
+            move |submissions: Vec<Submission>| {
+                let (store, now) = (store.clone(), clock.now_ms());
+                async move {
+                    crate::metrics::timed("submit_many", store.submit_many(&submissions, now)).await
+                }
+            },
+        ));
         let events = self.shared.store.subscribe();
         vec![
             tokio::spawn(self.clone().dispatch_loop()),
@@ -244,6 +261,26 @@ impl Dispatcher {
             }
         }
         Ok(results)
+    }
+
+    /// Stores a submitted task (leasing it to the agent reserved for it by
+    /// [`Dispatcher::place_now`], if any), group-committed with other
+    /// callers' submits.
+    pub async fn submit(&self, submission: Submission) -> std::result::Result<Submitted, Status> {
+        let mut results = match self.shared.submits.get() {
+            Some(group) => group.submit(vec![submission]).await?,
+            None => {
+                let now = self.shared.clock.now_ms();
+                self.shared
+                    .store
+                    .submit_many(std::slice::from_ref(&submission), now)
+                    .await?
+            }
+        };
+        results
+            .pop()
+            .ok_or_else(|| Status::internal("no submit result"))?
+            .map_err(Status::from)
     }
 
     /// Applies a session's heartbeat, group-committed with other sessions'.

@@ -217,30 +217,24 @@ impl TaskService for TaskApi {
         let now = api.now_ms();
         // An agent connected here with room, and nothing waiting: lease the
         // task in the submit's own transaction (one commit to the agent).
+        // The batch that commits it reads the clock after this pick, so the
+        // lease is stamped after it (see `Dispatcher::grant_page`).
         let target = if task.not_before_ms.is_none_or(|at| at <= now) {
             api.dispatcher.place_now(&compiled, &task.namespace)
         } else {
             None
         };
-        // Stamped after the agent was picked (see `Dispatcher::grant_page`).
-        let now = api.now_ms().max(now);
-        let (record, created, grant) = match target {
-            Some(agent_id) => match crate::metrics::timed(
-                "submit_and_grant",
-                api.store.submit_and_grant(task, agent_id, now),
-            )
-            .await
-            {
-                Ok(submitted) => submitted,
-                Err(err) => {
+        let submission = crate::store::Submission {
+            task,
+            agent_id: target,
+        };
+        let (record, created, grant) = match api.dispatcher.submit(submission).await {
+            Ok(submitted) => submitted,
+            Err(status) => {
+                if let Some(agent_id) = target {
                     api.dispatcher.lease_ended(agent_id);
-                    return Err(err.into());
                 }
-            },
-            None => {
-                let (record, created) =
-                    crate::metrics::timed("submit_task", api.store.submit_task(task, now)).await?;
-                (record, created, None)
+                return Err(status);
             }
         };
         let leased = match (target, grant) {

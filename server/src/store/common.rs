@@ -600,18 +600,7 @@ macro_rules! store_common {
             now_ms: i64,
             events: &mut Vec<StoreEvent>,
         ) -> __Result<(TaskRecord, bool)> {
-            if task.max_attempts == 0 {
-                return Err(__Error::InvalidArgument {
-                    field: "max_attempts",
-                    reason: "must be at least 1",
-                });
-            }
-            if task.lease_ttl_ms <= 0 {
-                return Err(__Error::InvalidArgument {
-                    field: "lease_ttl",
-                    reason: "must be positive",
-                });
-            }
+            check_new_task(task)?;
             if let Some(existing) = task_by_key(conn, task).await? {
                 return Ok((existing, false));
             }
@@ -664,33 +653,94 @@ macro_rules! store_common {
             Ok((must_fetch_task(conn, id).await?, true))
         }
 
+        /// What the store refuses before any statement runs.
+        fn check_new_task(task: &NewTask) -> __Result<()> {
+            if task.max_attempts == 0 {
+                return Err(__Error::InvalidArgument {
+                    field: "max_attempts",
+                    reason: "must be at least 1",
+                });
+            }
+            if task.lease_ttl_ms <= 0 {
+                return Err(__Error::InvalidArgument {
+                    field: "lease_ttl",
+                    reason: "must be positive",
+                });
+            }
+            Ok(())
+        }
+
+        /// A batch of submits in the caller's transaction (see
+        /// `Store::submit_many`): a refused task is answered on its own; a
+        /// statement's failure fails the batch. Every task is inserted
+        /// first; then the ones with a reserved agent are leased in one
+        /// `grant_in`, which locks all their agents at once in id order (one
+        /// by one, two batches could lock them in opposite orders).
+        async fn submit_many(
+            tx: &mut sqlx::Transaction<'static, $db>,
+            submissions: &[Submission],
+            now_ms: i64,
+            events: &mut Vec<StoreEvent>,
+        ) -> __Result<Vec<__Result<Submitted>>> {
+            let mut out: Vec<__Result<Submitted>> = Vec::with_capacity(submissions.len());
+            let mut requests = Vec::new();
+            let mut requested_by = Vec::new();
+            for (i, submission) in submissions.iter().enumerate() {
+                if let Err(err) = check_new_task(&submission.task) {
+                    out.push(Err(err));
+                    continue;
+                }
+                let (record, created) = submit_task(tx, &submission.task, now_ms, events).await?;
+                if let (Some(agent_id), true) = (submission.agent_id, created) {
+                    requests.push(GrantRequest {
+                        task_id: record.id,
+                        agent_id,
+                    });
+                    requested_by.push(i);
+                }
+                out.push(Ok((record, created, None)));
+            }
+            if requests.is_empty() {
+                return Ok(out);
+            }
+            let outcomes = grant_in(tx, &requests, now_ms, events).await?;
+            for (i, outcome) in requested_by.into_iter().zip(outcomes) {
+                let Some(Ok((record, _, grant))) = out.get_mut(i) else {
+                    continue;
+                };
+                if matches!(outcome, GrantOutcome::Granted(_)) {
+                    // Leased before anyone could see it queued.
+                    let id = record.id;
+                    events.retain(
+                        |e| !matches!(e, StoreEvent::TaskQueued { task_id, .. } if *task_id == id),
+                    );
+                    *record = must_fetch_task(tx, id).await?;
+                }
+                *grant = Some(outcome);
+            }
+            Ok(out)
+        }
+
         /// Submits a task and leases it to `agent_id` in the caller's
-        /// transaction (see `Store::submit_and_grant`), through the backend's
-        /// own `grant_in`.
+        /// transaction (see `Store::submit_and_grant`).
         async fn submit_and_grant(
             tx: &mut sqlx::Transaction<'static, $db>,
             task: &NewTask,
             agent_id: __Uuid,
             now_ms: i64,
             events: &mut Vec<StoreEvent>,
-        ) -> __Result<(TaskRecord, bool, Option<GrantOutcome>)> {
-            let (record, created) = submit_task(tx, task, now_ms, events).await?;
-            if !created {
-                return Ok((record, false, None));
-            }
-            let request = GrantRequest {
-                task_id: record.id,
-                agent_id,
+        ) -> __Result<Submitted> {
+            let submission = Submission {
+                task: task.clone(),
+                agent_id: Some(agent_id),
             };
-            let outcome = grant_in(tx, &[request], now_ms, events).await?.pop();
-            let record = if matches!(outcome, Some(GrantOutcome::Granted(_))) {
-                // Leased before anyone could see it queued.
-                events.retain(|e| !matches!(e, StoreEvent::TaskQueued { .. }));
-                must_fetch_task(tx, record.id).await?
-            } else {
-                record
-            };
-            Ok((record, true, outcome))
+            submit_many(tx, std::slice::from_ref(&submission), now_ms, events)
+                .await?
+                .pop()
+                .ok_or_else(|| __Error::Corrupt {
+                    context: "submitting a task",
+                    detail: "no result for the submit".into(),
+                })?
         }
 
         async fn task_by_key(conn: &mut $conn, task: &NewTask) -> __Result<Option<TaskRecord>> {

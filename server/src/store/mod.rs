@@ -30,8 +30,8 @@ pub use model::{
     AgentRecord, AgentRegistration, Beat, BeatApplied, Completion, CompletionOutcome,
     CompletionResult, DEFAULT_BACKOFF_BASE_MS, DocumentWrite, GrantOutcome, GrantRefusal,
     GrantRequest, LeaseRecord, LeaseReport, LeaseState, MAX_BACKOFF_MS, NewTask, Page, QueueCursor,
-    ReportApplied, ReportKind, StoreEvent, TaskEventRecord, TaskFilter, TaskRecord, TaskState,
-    TokenRecord, UnknownState, backoff_ms,
+    ReportApplied, ReportKind, StoreEvent, Submission, Submitted, TaskEventRecord, TaskFilter,
+    TaskRecord, TaskState, TokenRecord, UnknownState, backoff_ms,
 };
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -101,6 +101,16 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
         agent_id: Uuid,
         now_ms: i64,
     ) -> Result<(TaskRecord, bool, Option<GrantOutcome>)>;
+    /// Submits several tasks in one transaction (one commit): each as
+    /// [`Store::submit_task`] would, or, with a reserved agent, as
+    /// [`Store::submit_and_grant`]. Results are in order; a task the store
+    /// refuses (a bad argument) gets its own error, while a failing
+    /// statement fails the whole batch (nothing of it is stored).
+    async fn submit_many(
+        &self,
+        submissions: &[Submission],
+        now_ms: i64,
+    ) -> Result<Vec<Result<Submitted>>>;
     /// The agent acknowledged these grants (GRANTED to ACTIVE); returns how
     /// many it still held.
     async fn ack_leases(&self, agent_id: Uuid, leases: &[(Uuid, u64)], now_ms: i64) -> Result<u64>;

@@ -145,6 +145,22 @@ impl FromStr for LeaseState {
     }
 }
 
+/// One submit of a group-committed batch (see `Store::submit_many`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submission {
+    /// The task.
+    pub task: NewTask,
+    /// The agent the dispatcher reserved for it on the way in, if any: the
+    /// task is leased to it in the same transaction.
+    pub agent_id: Option<Uuid>,
+}
+
+/// What a submit did: the task as stored, whether it was created (`false`:
+/// an idempotent repeat returned the existing task), and the outcome of
+/// leasing it to the reserved agent (`None` when none was reserved, or for
+/// a repeat).
+pub type Submitted = (TaskRecord, bool, Option<GrantOutcome>);
+
 /// A task as submitted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewTask {

@@ -275,6 +275,18 @@ impl Store for PgStore {
         Ok(submitted)
     }
 
+    async fn submit_many(
+        &self,
+        submissions: &[Submission],
+        now_ms: i64,
+    ) -> __Result<Vec<__Result<Submitted>>> {
+        let mut tx = self.begin().await?;
+        let mut events = Vec::new();
+        let submitted = submit_many(&mut tx, submissions, now_ms, &mut events).await?;
+        self.commit(tx, events).await?;
+        Ok(submitted)
+    }
+
     async fn ack_leases(
         &self,
         agent_id: Uuid,

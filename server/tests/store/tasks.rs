@@ -1,9 +1,11 @@
-//! Submitting, reading, listing and ordering tasks; idempotent submit; close
-//! and reopen with nothing lost.
+//! Submitting, reading, listing and ordering tasks; idempotent submit;
+//! group-committed submits; close and reopen with nothing lost.
 
 use serde_json::json;
 use switchyard_server::error::Error;
-use switchyard_server::store::{Page, QueueCursor, TaskFilter, TaskState};
+use switchyard_server::store::{
+    GrantOutcome, GrantRefusal, Page, QueueCursor, StoreEvent, Submission, TaskFilter, TaskState,
+};
 use uuid::Uuid;
 
 use crate::common::{Fixture, T0, agent, grant, submit, task};
@@ -14,7 +16,128 @@ crate::both_backends!(
     priority_then_fifo_and_not_before,
     list_tasks_filters_and_pages,
     close_and_reopen_loses_nothing,
+    submit_many_answers_each_submit_in_one_commit,
 );
+
+/// One batch: plain submits, one leased on the way in, one refused by the
+/// store, one refused a lease (the agent is full), and an idempotency key
+/// used twice in the batch. Each is answered as if submitted alone.
+async fn submit_many_answers_each_submit_in_one_commit(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w1", 1).await;
+    let keyed = |key: &str| {
+        let mut t = task("ns", 0, 3);
+        t.idempotency_key = Some(key.to_owned());
+        t
+    };
+    let mut refused = task("ns", 0, 3);
+    refused.max_attempts = 0;
+    let batch = vec![
+        Submission {
+            task: task("ns", 0, 3),
+            agent_id: None,
+        },
+        Submission {
+            task: task("ns", 0, 3),
+            agent_id: Some(worker.id),
+        },
+        Submission {
+            task: refused,
+            agent_id: None,
+        },
+        Submission {
+            task: task("ns", 0, 3),
+            agent_id: Some(worker.id),
+        },
+        Submission {
+            task: keyed("k1"),
+            agent_id: None,
+        },
+        Submission {
+            task: keyed("k1"),
+            agent_id: None,
+        },
+    ];
+    let mut events = store.subscribe();
+    let results = store.submit_many(&batch, T0).await.unwrap();
+    assert_eq!(results.len(), 6);
+
+    let (plain, created, grant) = results[0].as_ref().unwrap();
+    assert!(*created && grant.is_none());
+    assert_eq!(plain.state, TaskState::Queued);
+
+    let (leased, created, grant) = results[1].as_ref().unwrap();
+    assert!(*created);
+    assert_eq!(leased.state, TaskState::Leased);
+    let Some(GrantOutcome::Granted(lease)) = grant else {
+        panic!("expected a lease, got {grant:?}");
+    };
+    assert_eq!((lease.task_id, lease.agent_id), (leased.id, worker.id));
+
+    assert!(
+        matches!(
+            &results[2],
+            Err(Error::InvalidArgument {
+                field: "max_attempts",
+                ..
+            })
+        ),
+        "{:?}",
+        results[2]
+    );
+
+    let (full, created, grant) = results[3].as_ref().unwrap();
+    assert!(*created);
+    assert_eq!(full.state, TaskState::Queued);
+    assert_eq!(
+        grant,
+        &Some(GrantOutcome::Refused(GrantRefusal::AgentAtCapacity))
+    );
+
+    let (first, created_first, _) = results[4].as_ref().unwrap();
+    let (again, created_again, _) = results[5].as_ref().unwrap();
+    assert!(*created_first && !*created_again);
+    assert_eq!(first.id, again.id);
+
+    // Stored as answered: four tasks, one of them leased.
+    let listed = store
+        .list_tasks(
+            &TaskFilter {
+                namespace: "ns".into(),
+                ..Default::default()
+            },
+            &Page {
+                size: 100,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(listed.len(), 4);
+    assert_eq!(
+        listed
+            .iter()
+            .filter(|t| t.state == TaskState::Leased)
+            .count(),
+        1
+    );
+    let history = store.task_events(leased.id, 0, 100).await.unwrap();
+    let kinds: Vec<&str> = history.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["submitted", "leased"]);
+
+    // Every queued task is announced, in submit order; the leased one is not.
+    let mut announced = Vec::new();
+    while announced.last() != Some(&first.id) {
+        if let StoreEvent::TaskQueued { task_id, .. } =
+            crate::events::wait_for(&mut events, |e| matches!(e, StoreEvent::TaskQueued { .. }))
+                .await
+        {
+            announced.push(task_id);
+        }
+    }
+    assert_eq!(announced, [plain.id, full.id, first.id]);
+}
 
 async fn submit_get_and_history(fx: &mut Fixture) {
     let store = fx.store.as_ref();
