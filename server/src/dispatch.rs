@@ -834,6 +834,9 @@ impl Dispatcher {
                 Ok(StoreEvent::AgentChanged { agent_id }) => {
                     self.refresh_agent(agent_id).await;
                 }
+                // Another replica's sweeper ended a lease of an agent that
+                // may be connected here: its slot is free again.
+                Ok(StoreEvent::LeaseEnded { agent_id }) => self.lease_ended(agent_id),
                 Ok(StoreEvent::LeaseRevoked {
                     lease_id,
                     task_id,

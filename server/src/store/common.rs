@@ -1581,6 +1581,9 @@ macro_rules! store_common {
                 )
                 .await?
                 {
+                    events.push(StoreEvent::LeaseEnded {
+                        agent_id: pair.0.agent_id,
+                    });
                     reclaimed.push(pair);
                 }
             }
@@ -1616,6 +1619,9 @@ macro_rules! store_common {
                 )
                 .await?
                 {
+                    events.push(StoreEvent::LeaseEnded {
+                        agent_id: pair.0.agent_id,
+                    });
                     revoked.push(pair);
                 }
             }

@@ -597,6 +597,13 @@ pub enum StoreEvent {
         /// The agent.
         agent_id: Uuid,
     },
+    /// The sweeper ended a lease (it expired, or its grant was never
+    /// acknowledged): the replica the agent is connected to frees the slot
+    /// its index still counts. Told to other replicas only.
+    LeaseEnded {
+        /// The agent that held it.
+        agent_id: Uuid,
+    },
     /// The holder of a lease must stop (cancel, or revocation by the server).
     LeaseRevoked {
         /// The lease.

@@ -160,8 +160,12 @@ async fn forward_notifications(
         match listener.recv().await {
             Ok(notification) => match serde_json::from_str::<Announced>(notification.payload()) {
                 Ok(announced) => {
+                    // What this replica changed, it applied itself.
                     if announced.origin == origin
-                        && matches!(announced.event, StoreEvent::AgentChanged { .. })
+                        && matches!(
+                            announced.event,
+                            StoreEvent::AgentChanged { .. } | StoreEvent::LeaseEnded { .. }
+                        )
                     {
                         continue;
                     }

@@ -84,7 +84,10 @@ impl SqliteStore {
         for event in events {
             // An agent change made here is applied here by whoever made it
             // (there are no other replicas to tell).
-            if matches!(event, StoreEvent::AgentChanged { .. }) {
+            if matches!(
+                event,
+                StoreEvent::AgentChanged { .. } | StoreEvent::LeaseEnded { .. }
+            ) {
                 continue;
             }
             // No subscriber is fine: nobody needs waking.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use switchyard_server::store::{GrantOutcome, GrantRequest, Store, StoreEvent, TaskState};
 
-use crate::common::{Fixture, Lcg, T0, agent, submit, task};
+use crate::common::{Fixture, Lcg, T0, agent, grant, submit, task};
 use crate::events::wait_for;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -140,6 +140,29 @@ async fn an_event_from_one_replica_reaches_the_other() {
         .await
         .unwrap();
     assert_eq!(wait_for(&mut heard, |e| *e == expected).await, expected);
+
+    // A lease ended by one replica's sweeper frees the slot on the replica
+    // the agent is connected to; the sweeping replica is not told again.
+    other
+        .set_agent_drained(worker.id, false, None, T0)
+        .await
+        .unwrap();
+    let leased = submit(fx.store.as_ref(), task("ns", 0, 3), T0).await;
+    grant(other.as_ref(), leased.id, worker.id, T0).await;
+    let mut heard_by_other = other.subscribe();
+    let mut heard_by_self = fx.store.subscribe();
+    let expired = fx.store.expire_leases(T0 + 3_600_000, 10).await.unwrap();
+    assert_eq!(expired.len(), 1);
+    let ended = StoreEvent::LeaseEnded {
+        agent_id: worker.id,
+    };
+    assert_eq!(wait_for(&mut heard_by_other, |e| *e == ended).await, ended);
+    let later = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    let seen = wait_for(&mut heard_by_self, |e| {
+        *e == ended || matches!(e, StoreEvent::TaskQueued { task_id, .. } if *task_id == later.id)
+    })
+    .await;
+    assert_ne!(seen, ended, "the sweeping replica heard its own lease end");
     other.close().await;
     fx.finish().await;
 }
