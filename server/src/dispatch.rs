@@ -11,6 +11,11 @@
 //! is never held across an `.await`, and each agent stream has a bounded
 //! queue, so a slow agent cannot stall dispatch to the others: a grant that
 //! cannot be queued is left unacknowledged and revoked by the sweeper.
+//!
+//! The index counts each agent's leases itself (a slot is taken when the
+//! agent is picked, before the grant commits). A lease that ends where this
+//! replica does not take part is heard as `LeaseEnded` from the store, and
+//! every tenth sweep recounts, from the store, the agents not picked lately.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -64,6 +69,10 @@ impl Default for DispatchSettings {
         }
     }
 }
+
+/// Every this many sweeps, the lease counts of quiet agents are checked
+/// against the store (see [`Dispatcher::recount_loads`]).
+const RECOUNT_EVERY_SWEEPS: u64 = 10;
 
 /// Outbound half of one agent session.
 pub type SessionSender = mpsc::Sender<Box<pb::ConnectResponse>>;
@@ -746,6 +755,7 @@ impl Dispatcher {
         );
         let mut ticker = tokio::time::interval(period);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sweeps: u64 = 0;
         loop {
             ticker.tick().await;
             if self.stopping() {
@@ -754,7 +764,64 @@ impl Dispatcher {
             if let Err(err) = self.sweep().await {
                 warn!(cause = %err, "sweep failed");
             }
+            sweeps += 1;
+            if sweeps.is_multiple_of(RECOUNT_EVERY_SWEEPS)
+                && let Err(err) = self.recount_loads().await
+            {
+                warn!(cause = %err, "recounting agents' leases failed");
+            }
         }
+    }
+
+    /// Corrects the index's lease counts of agents connected here from the
+    /// store. A slot stays counted if its lease ended where this replica
+    /// did not hear of it: another replica's sweeper, with the notification
+    /// lost while the listener was disconnected, or a submit whose caller
+    /// went away after its agent was reserved. Only agents not picked for
+    /// the last [`RECOUNT_EVERY_SWEEPS`] sweeps are recounted, so no grant
+    /// of theirs is in flight and the stored count is the whole truth.
+    pub async fn recount_loads(&self) -> Result<usize> {
+        let quiet_before = self.shared.clock.now_ms()
+            - self.shared.settings.sweep_interval_ms
+                * i64::try_from(RECOUNT_EVERY_SWEEPS).unwrap_or(10);
+        let quiet = |v: &switchyard_core::matcher::AgentView| {
+            v.active_leases > 0
+                && v.last_granted_at_ms
+                    .is_none_or(|at| i64::try_from(at).unwrap_or(i64::MAX) < quiet_before)
+        };
+        let candidates: Vec<Uuid> = {
+            let state = self.state();
+            state
+                .sessions
+                .keys()
+                .filter(|id| state.index.get(&id.to_string()).is_some_and(quiet))
+                .copied()
+                .collect()
+        };
+        if candidates.is_empty() {
+            return Ok(0);
+        }
+        let stored = self.shared.store.live_lease_counts(&candidates).await?;
+        let mut corrected = 0;
+        let mut state = self.state();
+        for agent_id in candidates {
+            let key = agent_id.to_string();
+            let Some(view) = state.index.get(&key).filter(|v| quiet(v)) else {
+                continue;
+            };
+            let count = stored.get(&agent_id).copied().unwrap_or(0);
+            if count != view.active_leases {
+                warn!(agent = %agent_id, counted = view.active_leases, stored = count, "lease count corrected from the store");
+                let last = view.last_granted_at_ms;
+                state.index.update_load(&key, count, last);
+                corrected += 1;
+            }
+        }
+        drop(state);
+        if corrected > 0 {
+            self.wake();
+        }
+        Ok(corrected)
     }
 
     /// Expires lapsed leases, revokes grants nobody acknowledged, and closes

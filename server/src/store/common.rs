@@ -743,6 +743,34 @@ macro_rules! store_common {
                 })?
         }
 
+        async fn live_lease_counts(
+            conn: &mut $conn,
+            agent_ids: &[__Uuid],
+        ) -> __Result<std::collections::HashMap<__Uuid, u32>> {
+            let mut counts = std::collections::HashMap::new();
+            for chunk in agent_ids.chunks(500) {
+                let mut query = sqlx::QueryBuilder::<$db>::new(
+                    "SELECT agent_id, COUNT(*) FROM leases \
+                     WHERE state IN ('granted', 'active') AND agent_id IN (",
+                );
+                let mut list = query.separated(", ");
+                for id in chunk {
+                    list.push_bind(*id);
+                }
+                query.push(") GROUP BY agent_id");
+                let rows: Vec<(__Uuid, i64)> = query
+                    .build_query_as()
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(db("counting live leases"))?;
+                counts.extend(
+                    rows.into_iter()
+                        .map(|(id, n)| (id, u32::try_from(n).unwrap_or(u32::MAX))),
+                );
+            }
+            Ok(counts)
+        }
+
         async fn task_by_key(conn: &mut $conn, task: &NewTask) -> __Result<Option<TaskRecord>> {
             let Some(key) = &task.idempotency_key else {
                 return Ok(None);

@@ -195,6 +195,12 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     ) -> Result<AgentRecord>;
     /// One agent; `NotFound` if missing.
     async fn get_agent(&self, agent_id: Uuid) -> Result<AgentRecord>;
+    /// How many live (granted or active) leases each of these agents holds;
+    /// an agent holding none is absent.
+    async fn live_lease_counts(
+        &self,
+        agent_ids: &[Uuid],
+    ) -> Result<std::collections::HashMap<Uuid, u32>>;
     /// Agents of a namespace by name, optionally only some statuses.
     async fn list_agents(
         &self,

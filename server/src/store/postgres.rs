@@ -801,6 +801,13 @@ impl Store for PgStore {
         Ok(agent)
     }
 
+    async fn live_lease_counts(
+        &self,
+        agent_ids: &[Uuid],
+    ) -> __Result<std::collections::HashMap<Uuid, u32>> {
+        live_lease_counts(&mut *self.read().await?, agent_ids).await
+    }
+
     async fn get_agent(&self, agent_id: Uuid) -> __Result<AgentRecord> {
         fetch_agent(&mut *self.read().await?, agent_id).await
     }

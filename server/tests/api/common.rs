@@ -63,6 +63,8 @@ pub fn pg_admin_url() -> String {
 /// A running server; call [`TestServer::stop`] at the end.
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The database the server runs on (for a second store instance).
+    pub url: String,
     shutdown: Option<oneshot::Sender<()>>,
     handle: JoinHandle<switchyard_server::error::Result<()>>,
     pg_database: Option<String>,
@@ -118,6 +120,7 @@ impl TestServer {
         }));
         Self {
             addr,
+            url,
             shutdown: Some(tx),
             handle,
             pg_database,

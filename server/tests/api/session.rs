@@ -443,6 +443,34 @@ async fn volatile_diffs_match_at_once_and_are_written_behind(backend: Backend) {
     server.stop().await;
 }
 
+/// A lease ended where the agent's replica did not take part (another store
+/// instance expires it: on SQLite nothing is announced, so the replica's
+/// recount from the store must notice; on PostgreSQL `LeaseEnded` is heard)
+/// frees the agent's slot: the next task goes to the capacity-1 agent.
+async fn a_lease_ended_behind_the_replicas_back_frees_the_slot(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut agent = TestAgent::start(&server, "build-1", linux("20.1.0"), 1).await;
+    let first = submit(&server, "echo", "linux").await;
+    let grant = agent.grant().await;
+    assert_eq!(grant.task.as_ref().unwrap().task_id, first.task_id);
+    let other = switchyard_server::store::open(&server.url).await.unwrap();
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    // An hour on: the lease has expired, and the first task's retry is an
+    // hour away.
+    let expired = other.expire_leases(now + 3_600_000, 10).await.unwrap();
+    assert_eq!(expired.len(), 1);
+    let second = submit(&server, "echo", "linux").await;
+    let next = agent.grant().await;
+    assert_eq!(next.task.as_ref().unwrap().task_id, second.task_id);
+    server.stop().await;
+}
+
 /// With an agent free and nothing waiting, a submit is leased in its own
 /// transaction (the response already says LEASED and the agent gets the
 /// grant); while a task waits for capacity, a newer submit is queued
@@ -567,6 +595,7 @@ async fn operator_overrides_unpark_and_show_their_tier(backend: Backend) {
 }
 
 on_both_stores!(
+    a_lease_ended_behind_the_replicas_back_frees_the_slot,
     volatile_diffs_match_at_once_and_are_written_behind,
     submit_leases_on_the_way_in_but_never_overtakes,
     silent_agent_goes_offline_and_its_stream_closes,

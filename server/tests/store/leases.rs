@@ -27,7 +27,40 @@ crate::both_backends!(
     renewal_extends_every_lease_of_the_agent,
     unacknowledged_grants_are_revoked,
     cancel_queued_and_leased_tasks,
+    live_lease_counts_count_granted_and_active_only,
 );
+
+async fn live_lease_counts_count_granted_and_active_only(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let busy = agent(store, "ns", "busy", 4).await;
+    let idle = agent(store, "ns", "idle", 4).await;
+    let mut leases = Vec::new();
+    for i in 0..3 {
+        let t = submit(store, task("ns", 0, 3), T0 + i).await;
+        leases.push(grant(store, t.id, busy.id, T0 + 10).await);
+    }
+    // One lease ends: it no longer counts.
+    let ended = &leases[0];
+    store
+        .complete_leases(
+            &[Completion {
+                lease_id: ended.id,
+                task_id: ended.task_id,
+                agent_id: busy.id,
+                fencing_token: ended.fencing_token,
+                outcome: CompletionOutcome::Succeeded { result: json!({}) },
+            }],
+            T0 + 20,
+        )
+        .await
+        .unwrap();
+    let counts = store
+        .live_lease_counts(&[busy.id, idle.id, Uuid::now_v7()])
+        .await
+        .unwrap();
+    assert_eq!(counts, HashMap::from([(busy.id, 2)]));
+    assert!(store.live_lease_counts(&[]).await.unwrap().is_empty());
+}
 
 fn completion(
     lease: &switchyard_server::store::LeaseRecord,
