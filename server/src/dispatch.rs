@@ -490,27 +490,30 @@ impl Dispatcher {
     }
 
     /// Replaces a connected agent's document in the index (a heartbeat's
-    /// diff), re-indexing only what changed: under `touched` (the patch's
-    /// paths) when given, else by comparing the whole documents.
+    /// diff), re-indexing only what changed: with `touched` (the document
+    /// the patch was applied to, and the patch's paths), only under those
+    /// paths if the index still holds that document; else by comparing the
+    /// whole documents (the index may hold a copy refreshed from the store).
     pub fn replace_document(
         &self,
         agent_id: Uuid,
         document: Arc<serde_json::Value>,
-        touched: Option<&[json_patch::jsonptr::PointerBuf]>,
+        touched: Option<(&Arc<serde_json::Value>, &[json_patch::jsonptr::PointerBuf])>,
     ) {
         let mut buf = Uuid::encode_buffer();
         let key: &str = agent_id.as_hyphenated().encode_lower(&mut buf);
         let mut state = self.state();
         if state.sessions.contains_key(&agent_id) {
+            let indexed = state.index.get(key).map(|v| v.document.clone());
             match touched {
-                Some(touched) => {
+                Some((from, paths)) if indexed.is_some_and(|d| Arc::ptr_eq(&d, from)) => {
                     state.index.replace_document_at(
                         key,
                         document,
-                        touched.iter().map(|p| p.as_ptr()),
+                        paths.iter().map(|p| p.as_ptr()),
                     );
                 }
-                None => {
+                _ => {
                     state.index.replace_document(key, document);
                 }
             }

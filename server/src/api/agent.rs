@@ -67,8 +67,10 @@ struct AppliedDiff {
     /// Whether only volatile facts changed (written behind).
     volatile: bool,
     /// Where the document changed, when the index may re-index only there
-    /// (`None`: compare the whole document).
-    touched: Option<Vec<json_patch::jsonptr::PointerBuf>>,
+    /// (`None`: compare the whole document), and the document the patch was
+    /// applied to: only if the index still holds that very one does it
+    /// differ from the new one just there.
+    touched: Option<(std::sync::Arc<Value>, Vec<json_patch::jsonptr::PointerBuf>)>,
 }
 
 /// How stale the stored copy of volatile facts may get: a heartbeat writes
@@ -721,7 +723,10 @@ impl Session {
                     self.api.dispatcher.replace_document(
                         self.agent_id,
                         applied.document,
-                        applied.touched.as_deref(),
+                        applied
+                            .touched
+                            .as_ref()
+                            .map(|(from, at)| (from, at.as_slice())),
                     );
                 }
                 Err(reason) => resync = Some(reason),
@@ -861,7 +866,10 @@ impl Session {
             AppliedDiff {
                 document: next.clone(),
                 volatile,
-                touched: Some(touched.iter().map(|p| p.to_buf()).collect()),
+                touched: Some((
+                    self.reported.clone(),
+                    touched.iter().map(|p| p.to_buf()).collect(),
+                )),
             }
         } else {
             let (document, provenance) =
