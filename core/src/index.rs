@@ -115,7 +115,8 @@ struct NamespacePostings {
 
 impl NamespacePostings {
     /// Moves agent `id` from the postings of `old` to those of `new` (two
-    /// whole documents, or the same subtrees of two documents).
+    /// whole documents, the same subtrees of two documents, or a document
+    /// and nothing when an agent is added or removed).
     fn repost(&mut self, id: &Arc<str>, old: &DocumentPostings, new: &DocumentPostings) {
         let gone = |from: &Vec<String>, to: &Vec<String>| -> Vec<String> {
             from.iter()
@@ -363,20 +364,7 @@ impl AgentIndex {
         let postings = DocumentPostings::of(&view.document);
         let ns = self.namespaces.entry(view.namespace.clone()).or_default();
         ns.all.insert(id.clone());
-        for p in &postings.paths {
-            ns.paths.entry(p.clone()).or_default().insert(id.clone());
-        }
-        for (p, v) in &postings.values {
-            ns.values
-                .entry(p.clone())
-                .or_default()
-                .entry(v.clone())
-                .or_default()
-                .insert(id.clone());
-        }
-        for p in &postings.partial {
-            *ns.partial.entry(p.clone()).or_default() += 1;
-        }
+        ns.repost(&id, &DocumentPostings::default(), &postings);
         let agent = IndexedAgent {
             view,
             id: id.clone(),
@@ -449,35 +437,7 @@ impl AgentIndex {
         if let Some(slot) = agent.slot() {
             ns.available.remove(&slot);
         }
-        for p in &postings.paths {
-            if let Some(set) = ns.paths.get_mut(p) {
-                set.remove(&agent.id);
-                if set.is_empty() {
-                    ns.paths.remove(p);
-                }
-            }
-        }
-        for (p, v) in &postings.values {
-            if let Some(by_value) = ns.values.get_mut(p) {
-                if let Some(set) = by_value.get_mut(v) {
-                    set.remove(&agent.id);
-                    if set.is_empty() {
-                        by_value.remove(v);
-                    }
-                }
-                if by_value.is_empty() {
-                    ns.values.remove(p);
-                }
-            }
-        }
-        for p in &postings.partial {
-            if let Some(n) = ns.partial.get_mut(p) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    ns.partial.remove(p);
-                }
-            }
-        }
+        ns.repost(&agent.id, &postings, &DocumentPostings::default());
         if ns.all.is_empty() {
             self.namespaces.remove(&agent.view.namespace);
         }
