@@ -721,28 +721,6 @@ macro_rules! store_common {
             Ok(out)
         }
 
-        /// Submits a task and leases it to `agent_id` in the caller's
-        /// transaction (see `Store::submit_and_grant`).
-        async fn submit_and_grant(
-            tx: &mut sqlx::Transaction<'static, $db>,
-            task: &NewTask,
-            agent_id: __Uuid,
-            now_ms: i64,
-            events: &mut Vec<StoreEvent>,
-        ) -> __Result<Submitted> {
-            let submission = Submission {
-                task: task.clone(),
-                agent_id: Some(agent_id),
-            };
-            submit_many(tx, std::slice::from_ref(&submission), now_ms, events)
-                .await?
-                .pop()
-                .ok_or_else(|| __Error::Corrupt {
-                    context: "submitting a task",
-                    detail: "no result for the submit".into(),
-                })?
-        }
-
         async fn live_lease_counts(
             conn: &mut $conn,
             agent_ids: &[__Uuid],

@@ -90,22 +90,15 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
         requests: &[GrantRequest],
         now_ms: i64,
     ) -> Result<Vec<GrantOutcome>>;
-    /// Submits a task and, in the same transaction, leases it to `agent_id`
-    /// (the dispatcher matched it in memory on the way in): one commit from
-    /// submit to lease. The outcome is `None` for an idempotent repeat (the
-    /// existing task is returned, `false`); a refused grant leaves the task
-    /// QUEUED for the dispatcher, as a plain submit would.
-    async fn submit_and_grant(
-        &self,
-        task: NewTask,
-        agent_id: Uuid,
-        now_ms: i64,
-    ) -> Result<(TaskRecord, bool, Option<GrantOutcome>)>;
-    /// Submits several tasks in one transaction (one commit): each as
-    /// [`Store::submit_task`] would, or, with a reserved agent, as
-    /// [`Store::submit_and_grant`]. Results are in order; a task the store
-    /// refuses (a bad argument) gets its own error, while a failing
-    /// statement fails the whole batch (nothing of it is stored).
+    /// Submits several tasks in one transaction (one commit), each as
+    /// [`Store::submit_task`] would. A task with a reserved agent (the
+    /// dispatcher matched it in memory on the way in) is also leased to it
+    /// in that transaction: one commit from submit to lease. Its outcome is
+    /// `None` for an idempotent repeat, and a refused grant leaves the task
+    /// QUEUED for the dispatcher, as a plain submit would. Results are in
+    /// order; a task the store refuses (a bad argument) gets its own error,
+    /// while a failing statement fails the whole batch (nothing of it is
+    /// stored).
     async fn submit_many(
         &self,
         submissions: &[Submission],

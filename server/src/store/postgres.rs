@@ -266,19 +266,6 @@ impl Store for PgStore {
         Ok(outcomes)
     }
 
-    async fn submit_and_grant(
-        &self,
-        task: NewTask,
-        agent_id: Uuid,
-        now_ms: i64,
-    ) -> __Result<(TaskRecord, bool, Option<GrantOutcome>)> {
-        let mut tx = self.begin().await?;
-        let mut events = Vec::new();
-        let submitted = submit_and_grant(&mut tx, &task, agent_id, now_ms, &mut events).await?;
-        self.commit(tx, events).await?;
-        Ok(submitted)
-    }
-
     async fn submit_many(
         &self,
         submissions: &[Submission],
