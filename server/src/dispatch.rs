@@ -504,9 +504,14 @@ impl Dispatcher {
         let key: &str = agent_id.as_hyphenated().encode_lower(&mut buf);
         let mut state = self.state();
         if state.sessions.contains_key(&agent_id) {
-            let indexed = state.index.get(key).map(|v| v.document.clone());
+            let holds = |from: &Arc<serde_json::Value>| {
+                state
+                    .index
+                    .get(key)
+                    .is_some_and(|v| Arc::ptr_eq(&v.document, from))
+            };
             match touched {
-                Some((from, paths)) if indexed.is_some_and(|d| Arc::ptr_eq(&d, from)) => {
+                Some((from, paths)) if holds(from) => {
                     state.index.replace_document_at(
                         key,
                         document,

@@ -38,16 +38,18 @@ const VOLATILE: &[&str] = &["/memory/free", "/memory/available", "/loadavg"];
 /// is at or under a [`VOLATILE`] path, or is above some and nothing but
 /// volatile leaves differ below it (an agent may send `/memory` whole).
 fn volatile_only(old: &Value, new: &Value, at: &json_patch::jsonptr::Pointer) -> bool {
+    /// Whether pointer `path` is `prefix` or below it.
+    fn at_or_under(path: &str, prefix: &str) -> bool {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
     fn same_outside(old: Option<&Value>, new: Option<&Value>, at: &str) -> bool {
-        if VOLATILE
-            .iter()
-            .any(|v| at == *v || at.starts_with(&format!("{v}/")))
-        {
+        if VOLATILE.iter().any(|v| at_or_under(at, v)) {
             return true;
         }
         match (old, new) {
             (Some(Value::Object(a)), Some(Value::Object(b)))
-                if VOLATILE.iter().any(|v| v.starts_with(&format!("{at}/"))) =>
+                if VOLATILE.iter().any(|v| at_or_under(v, at)) =>
             {
                 a.keys()
                     .chain(b.keys())
