@@ -454,13 +454,7 @@ async fn a_lease_ended_behind_the_replicas_back_frees_the_slot(backend: Backend)
     let grant = agent.grant().await;
     assert_eq!(grant.task.as_ref().unwrap().task_id, first.task_id);
     let other = switchyard_server::store::open(&server.url).await.unwrap();
-    let now = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap();
+    let now = switchyard_server::clock::Clock::system().now_ms();
     // An hour on: the lease has expired, and the first task's retry is an
     // hour away.
     let expired = other.expire_leases(now + 3_600_000, 10).await.unwrap();
