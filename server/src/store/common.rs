@@ -670,57 +670,6 @@ macro_rules! store_common {
             Ok(())
         }
 
-        /// A batch of submits in the caller's transaction (see
-        /// `Store::submit_many`): a refused task is answered on its own; a
-        /// statement's failure fails the batch. Every task is inserted
-        /// first; then the ones with a reserved agent are leased in one
-        /// `grant_in`, which locks all their agents at once in id order (one
-        /// by one, two batches could lock them in opposite orders).
-        async fn submit_many(
-            tx: &mut sqlx::Transaction<'static, $db>,
-            submissions: &[Submission],
-            now_ms: i64,
-            events: &mut Vec<StoreEvent>,
-        ) -> __Result<Vec<__Result<Submitted>>> {
-            let mut out: Vec<__Result<Submitted>> = Vec::with_capacity(submissions.len());
-            let mut requests = Vec::new();
-            let mut requested_by = Vec::new();
-            for (i, submission) in submissions.iter().enumerate() {
-                if let Err(err) = check_new_task(&submission.task) {
-                    out.push(Err(err));
-                    continue;
-                }
-                let (record, created) = submit_task(tx, &submission.task, now_ms, events).await?;
-                if let (Some(agent_id), true) = (submission.agent_id, created) {
-                    requests.push(GrantRequest {
-                        task_id: record.id,
-                        agent_id,
-                    });
-                    requested_by.push(i);
-                }
-                out.push(Ok((record, created, None)));
-            }
-            if requests.is_empty() {
-                return Ok(out);
-            }
-            let outcomes = grant_in(tx, &requests, now_ms, events).await?;
-            for (i, outcome) in requested_by.into_iter().zip(outcomes) {
-                let Some(Ok((record, _, grant))) = out.get_mut(i) else {
-                    continue;
-                };
-                if matches!(outcome, GrantOutcome::Granted(_)) {
-                    // Leased before anyone could see it queued.
-                    let id = record.id;
-                    events.retain(
-                        |e| !matches!(e, StoreEvent::TaskQueued { task_id, .. } if *task_id == id),
-                    );
-                    *record = must_fetch_task(tx, id).await?;
-                }
-                *grant = Some(outcome);
-            }
-            Ok(out)
-        }
-
         async fn live_lease_counts(
             conn: &mut $conn,
             agent_ids: &[__Uuid],

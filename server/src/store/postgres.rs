@@ -139,6 +139,88 @@ impl PgStore {
         tx.commit().await.map_err(db("committing"))
     }
 
+    /// Announces `event` as this replica: the payload of its notification.
+    fn announce(&self, event: StoreEvent) -> __Result<String> {
+        serde_json::to_string(&Announced {
+            origin: self.origin,
+            event,
+        })
+        .map_err(|err| __Error::Corrupt {
+            context: "encoding store events",
+            detail: err.to_string(),
+        })
+    }
+
+    /// [`Store::submit_many`] in as few round trips as the batch allows:
+    /// one statement inserts every task, its history, the leases of the
+    /// tasks with a reserved agent and the notifications. Without reserved
+    /// agents that statement is the whole transaction; with them, the
+    /// agents are locked first (in id order, as every grant locks them), so
+    /// that the statement's count of their live leases sees every grant
+    /// committed before ours. Only an idempotency key already taken costs
+    /// a read of its own.
+    async fn submit_batch(
+        &self,
+        submissions: &[Submission],
+        now_ms: i64,
+    ) -> __Result<Vec<__Result<Submitted>>> {
+        let mut out: Vec<Option<__Result<Submitted>>> = Vec::with_capacity(submissions.len());
+        let mut rows = SubmitRows::default();
+        for submission in submissions {
+            if let Err(err) = check_new_task(&submission.task) {
+                out.push(Some(Err(err)));
+                continue;
+            }
+            out.push(None);
+            let task = &submission.task;
+            let id = Uuid::now_v7();
+            rows.slot.push(out.len() - 1);
+            rows.ids.push(id);
+            rows.namespaces.push(&task.namespace);
+            rows.kinds.push(&task.kind);
+            rows.payloads.push(json_text(&task.payload)?);
+            rows.placements.push(json_text(&task.placement)?);
+            rows.priorities.push(task.priority);
+            rows.max_attempts.push(i64::from(task.max_attempts));
+            rows.ttls.push(task.lease_ttl_ms);
+            rows.keys.push(task.idempotency_key.as_deref());
+            rows.not_before.push(task.not_before_ms.unwrap_or(now_ms));
+            rows.labels.push(json_text(&task.labels)?);
+            rows.agents.push(submission.agent_id);
+            rows.leases
+                .push(submission.agent_id.map(|_| Uuid::now_v7()));
+            rows.queued_notes
+                .push(self.announce(StoreEvent::TaskQueued {
+                    namespace: task.namespace.clone(),
+                    task_id: id,
+                })?);
+            rows.leased_notes
+                .push(self.announce(StoreEvent::TaskChanged {
+                    task_id: id,
+                    state: TaskState::Leased,
+                })?);
+        }
+        if rows.ids.is_empty() {
+            return Ok(out.into_iter().flatten().collect());
+        }
+        let mut reserved: Vec<Uuid> = rows.agents.iter().flatten().copied().collect();
+        reserved.sort_unstable();
+        reserved.dedup();
+        if reserved.is_empty() {
+            let mut conn = self.read().await?;
+            return insert_submits(&mut conn, submissions, &rows, out, now_ms).await;
+        }
+        let mut tx = self.begin().await?;
+        sqlx::query("SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(&reserved)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("locking agents to grant"))?;
+        let out = insert_submits(&mut tx, submissions, &rows, out, now_ms).await?;
+        tx.commit().await.map_err(db("committing"))?;
+        Ok(out)
+    }
+
     /// A connection for reads.
     async fn read(&self) -> __Result<sqlx::pool::PoolConnection<Postgres>> {
         self.pool
@@ -146,6 +228,202 @@ impl PgStore {
             .await
             .map_err(db("acquiring a connection"))
     }
+}
+
+/// The columns of a batch of submits, one array per column (see
+/// [`SUBMIT_BATCH`]).
+#[derive(Default)]
+struct SubmitRows<'a> {
+    /// Where each row's answer goes in the batch.
+    slot: Vec<usize>,
+    ids: Vec<Uuid>,
+    namespaces: Vec<&'a str>,
+    kinds: Vec<&'a str>,
+    payloads: Vec<String>,
+    placements: Vec<String>,
+    priorities: Vec<i32>,
+    max_attempts: Vec<i64>,
+    ttls: Vec<i64>,
+    keys: Vec<Option<&'a str>>,
+    not_before: Vec<i64>,
+    labels: Vec<String>,
+    /// The agent reserved for the task, if any, and the id of its lease.
+    agents: Vec<Option<Uuid>>,
+    leases: Vec<Option<Uuid>>,
+    /// The notification of each outcome.
+    queued_notes: Vec<String>,
+    leased_notes: Vec<String>,
+}
+
+/// JSON as text, for a `text[]` parameter cast to `jsonb`.
+fn json_text<T: serde::Serialize>(value: &T) -> __Result<String> {
+    serde_json::to_string(value).map_err(|err| __Error::Corrupt {
+        context: "encoding a task",
+        detail: err.to_string(),
+    })
+}
+
+/// One batch of submits in one statement. A task with a reserved agent is
+/// leased if the agent's live leases plus the batch's earlier grants to it
+/// leave room (the caller holds the agent's row lock, so the count is the
+/// truth); it is inserted LEASED with its lease, its history says
+/// `submitted` then `leased`, and it is announced as changed, not queued.
+/// A task whose idempotency key is taken is not inserted. Notifications go
+/// out in submit order (a volatile function is evaluated after the sort).
+const SUBMIT_BATCH: &str = "\
+WITH s AS ( \
+  SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
+  $6::int4[], $7::int8[], $8::int8[], $9::text[], $10::int8[], $11::text[], $12::uuid[], \
+  $13::uuid[], $14::text[], $15::text[]) WITH ORDINALITY AS s(id, namespace, kind, payload, \
+  placement, priority, max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, labels, \
+  agent_id, lease_id, queued_note, leased_note, ord) \
+), live AS ( \
+  SELECT l.agent_id, COUNT(*) AS n FROM leases l \
+  WHERE l.agent_id = ANY($12) AND l.state IN ('granted', 'active') GROUP BY l.agent_id \
+), plan AS ( \
+  SELECT s.ord, a.id IS NOT NULL AS known, \
+  COALESCE(COALESCE(live.n, 0) + ROW_NUMBER() OVER (PARTITION BY s.agent_id ORDER BY s.ord) \
+  <= a.capacity, FALSE) AS leased \
+  FROM s LEFT JOIN agents a ON a.id = s.agent_id LEFT JOIN live ON live.agent_id = s.agent_id \
+), ins AS ( \
+  INSERT INTO tasks (id, namespace, kind, payload, placement, priority, state, attempts, \
+  max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, fencing_token, lease_id, \
+  agent_id, cancel_requested, labels, created_at_ms, updated_at_ms) \
+  SELECT s.id, s.namespace, s.kind, s.payload::jsonb, s.placement::jsonb, s.priority, \
+  CASE WHEN p.leased THEN 'leased' ELSE 'queued' END, 0, s.max_attempts, s.lease_ttl_ms, \
+  s.idempotency_key, s.not_before_ms, CASE WHEN p.leased THEN 1 ELSE 0 END, \
+  CASE WHEN p.leased THEN s.lease_id END, CASE WHEN p.leased THEN s.agent_id END, FALSE, \
+  s.labels::jsonb, $16, $16 \
+  FROM s JOIN plan p ON p.ord = s.ord ORDER BY s.ord \
+  ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
+  RETURNING id, state = 'leased' AS leased \
+), new_leases AS ( \
+  INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, granted_at_ms, \
+  expires_at_ms) \
+  SELECT s.lease_id, s.id, s.agent_id, 1, 'granted', FALSE, $16, $16 + s.lease_ttl_ms \
+  FROM s JOIN ins ON ins.id = s.id WHERE ins.leased \
+), history AS ( \
+  INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, lease_id, \
+  occurred_at_ms) \
+  SELECT s.id, 1, 'submitted', 'queued', 'submitted', NULL, NULL, $16 \
+  FROM s JOIN ins ON ins.id = s.id \
+  UNION ALL \
+  SELECT s.id, 2, 'leased', 'leased', 'leased to agent ' || s.agent_id::text || \
+  ' with fencing token 1', s.agent_id, s.lease_id, $16 \
+  FROM s JOIN ins ON ins.id = s.id WHERE ins.leased \
+), notes AS MATERIALIZED ( \
+  SELECT pg_notify($17, CASE WHEN ins.leased THEN s.leased_note ELSE s.queued_note END) \
+  FROM s JOIN ins ON ins.id = s.id ORDER BY s.ord \
+) \
+SELECT ins.id, ins.leased, p.known FROM ins JOIN s ON s.id = ins.id JOIN plan p ON p.ord = s.ord \
+WHERE (SELECT COUNT(*) FROM notes) >= 0";
+
+/// Runs [`SUBMIT_BATCH`] over `rows` and answers each submission: the
+/// task as inserted (built from what was sent, not read back), or the
+/// task that already holds its idempotency key. `out` holds the answers
+/// of the submissions refused before any statement.
+async fn insert_submits(
+    executor: &mut sqlx::PgConnection,
+    submissions: &[Submission],
+    rows: &SubmitRows<'_>,
+    mut out: Vec<Option<__Result<Submitted>>>,
+    now_ms: i64,
+) -> __Result<Vec<__Result<Submitted>>> {
+    // Each row: the task's id, whether it was inserted (an idempotency
+    // key already taken is not) and whether it was leased; a reserved
+    // agent that is gone is told apart from a full one.
+    let inserted: Vec<(Uuid, bool, bool)> = sqlx::query_as(SUBMIT_BATCH)
+        .bind(&rows.ids)
+        .bind(&rows.namespaces)
+        .bind(&rows.kinds)
+        .bind(&rows.payloads)
+        .bind(&rows.placements)
+        .bind(&rows.priorities)
+        .bind(&rows.max_attempts)
+        .bind(&rows.ttls)
+        .bind(&rows.keys)
+        .bind(&rows.not_before)
+        .bind(&rows.labels)
+        .bind(&rows.agents)
+        .bind(&rows.leases)
+        .bind(&rows.queued_notes)
+        .bind(&rows.leased_notes)
+        .bind(now_ms)
+        .bind(CHANNEL)
+        .fetch_all(&mut *executor)
+        .await
+        .map_err(db("inserting tasks"))?;
+    let inserted: HashMap<Uuid, (bool, bool)> = inserted
+        .into_iter()
+        .map(|(id, leased, known)| (id, (leased, known)))
+        .collect();
+    for (row, &slot) in rows.slot.iter().enumerate() {
+        let submission = &submissions[slot];
+        let task = &submission.task;
+        let id = rows.ids[row];
+        let Some(&(leased, known)) = inserted.get(&id) else {
+            // Another submit with the same key came first (maybe in
+            // this batch): answer with its task.
+            let existing = task_by_key(executor, task)
+                .await?
+                .ok_or_else(|| __Error::Corrupt {
+                    context: "inserting tasks",
+                    detail: format!("task {id} was neither inserted nor found by its key"),
+                })?;
+            out[slot] = Some(Ok((existing, false, None)));
+            continue;
+        };
+        let mut record = TaskRecord {
+            id,
+            namespace: task.namespace.clone(),
+            kind: task.kind.clone(),
+            payload: task.payload.clone(),
+            placement: task.placement.clone(),
+            priority: task.priority,
+            state: TaskState::Queued,
+            attempts: 0,
+            max_attempts: task.max_attempts,
+            lease_ttl_ms: task.lease_ttl_ms,
+            idempotency_key: task.idempotency_key.clone(),
+            not_before_ms: rows.not_before[row],
+            result: None,
+            error: None,
+            fencing_token: 0,
+            lease_id: None,
+            agent_id: None,
+            lease_expires_at_ms: None,
+            cancel_requested: false,
+            progress: None,
+            labels: task.labels.clone(),
+            created_at_ms: now_ms,
+            updated_at_ms: now_ms,
+        };
+        let grant = match (submission.agent_id, rows.leases[row]) {
+            (Some(agent_id), Some(lease_id)) if leased => {
+                let expires_at_ms = now_ms.saturating_add(task.lease_ttl_ms);
+                record.state = TaskState::Leased;
+                record.fencing_token = 1;
+                record.lease_id = Some(lease_id);
+                record.agent_id = Some(agent_id);
+                record.lease_expires_at_ms = Some(expires_at_ms);
+                Some(GrantOutcome::Granted(LeaseRecord {
+                    id: lease_id,
+                    task_id: id,
+                    agent_id,
+                    fencing_token: 1,
+                    state: LeaseState::Granted,
+                    granted_at_ms: now_ms,
+                    acked: false,
+                    expires_at_ms,
+                }))
+            }
+            (Some(_), _) if known => Some(GrantOutcome::Refused(GrantRefusal::AgentAtCapacity)),
+            (Some(_), _) => Some(GrantOutcome::Refused(GrantRefusal::AgentUnknown)),
+            (None, _) => None,
+        };
+        out[slot] = Some(Ok((record, true, grant)));
+    }
+    Ok(out.into_iter().flatten().collect())
 }
 
 /// Feeds notifications to the broadcast until the store is dropped. The
@@ -271,11 +549,7 @@ impl Store for PgStore {
         submissions: &[Submission],
         now_ms: i64,
     ) -> __Result<Vec<__Result<Submitted>>> {
-        let mut tx = self.begin().await?;
-        let mut events = Vec::new();
-        let submitted = submit_many(&mut tx, submissions, now_ms, &mut events).await?;
-        self.commit(tx, events).await?;
-        Ok(submitted)
+        self.submit_batch(submissions, now_ms).await
     }
 
     async fn ack_leases(

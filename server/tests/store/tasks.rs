@@ -99,6 +99,10 @@ async fn submit_many_answers_each_submit_in_one_commit(fx: &mut Fixture) {
     assert!(*created_first && !*created_again);
     assert_eq!(first.id, again.id);
 
+    // Each answer is the task as stored.
+    for result in results.iter().flatten() {
+        assert_eq!(store.get_task(result.0.id).await.unwrap(), result.0);
+    }
     // Stored as answered: four tasks, one of them leased.
     let listed = store
         .list_tasks(
