@@ -8,7 +8,8 @@
 //! task matched), `switchyard_connected_agents` (gauge),
 //! `switchyard_stream_queue_depth` (histogram of an agent stream's queued
 //! messages, sampled at each push), `switchyard_store_seconds{op}`
-//! (histogram).
+//! (histogram), `switchyard_notifications_dropped_total` (PostgreSQL
+//! change notifications dropped while the database was unreachable).
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -35,6 +36,8 @@ pub const STREAM_QUEUE_DEPTH: &str = "switchyard_stream_queue_depth";
 pub const STORE_SECONDS: &str = "switchyard_store_seconds";
 /// Items per group-committed batch (lease reports, heartbeats, submits).
 pub const BATCH_ITEMS: &str = "switchyard_batch_items";
+/// Change notifications the notifier dropped (its queue was full).
+pub const NOTIFICATIONS_DROPPED: &str = "switchyard_notifications_dropped_total";
 /// Tasks by namespace and state.
 pub const TASKS: &str = "switchyard_tasks";
 

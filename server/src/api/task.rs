@@ -143,6 +143,10 @@ fn check_name(field: &str, value: &str, required: bool) -> Result<(), Status> {
     Ok(())
 }
 
+/// How long a watch waits for a change notification before it re-reads the
+/// task anyway.
+const WATCH_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchTaskResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -411,10 +415,15 @@ impl TaskService for TaskApi {
                 if record.state.is_terminal() {
                     return;
                 }
-                // Wait for this task to change (on any replica).
+                // Wait for this task to change (on any replica), or re-read
+                // it now and then: a notification can be lost (the database
+                // restarted, or the replica that changed it died on the way).
+                let recheck = tokio::time::sleep(WATCH_RECHECK);
+                tokio::pin!(recheck);
                 loop {
                     let changed = tokio::select! {
                         changed = changes.recv() => changed,
+                        () = &mut recheck => break,
                         () = api.dispatcher.stopped() => {
                             let _ = tx
                                 .send(Err(Status::unavailable("server shutting down; watch again on another replica")))

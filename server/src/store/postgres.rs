@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
@@ -34,6 +34,12 @@ const CHANNEL: &str = "switchyard_events";
 /// How many events a slow subscriber may fall behind before it lags.
 const EVENT_BUFFER: usize = 4_096;
 
+/// Notifies every payload of a `text[]`, in order.
+const NOTIFY: &str = "SELECT pg_notify($1, p) FROM UNNEST($2::text[]) AS p";
+
+/// How many notifications may wait for the notifier.
+const NOTIFIER_QUEUE: usize = 65_536;
+
 /// A store on a PostgreSQL database.
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -47,6 +53,8 @@ pub struct PgStore {
     listener: Arc<ListenerTask>,
     /// This replica's mark on the events it announces.
     origin: Uuid,
+    /// Where committed changes' notifications wait for the notifier.
+    notifier: mpsc::Sender<String>,
 }
 
 /// An event as announced: with the replica that made it, so a replica can
@@ -91,12 +99,15 @@ impl PgStore {
             .map_err(db("listening for store events"))?;
         let origin = Uuid::now_v7();
         let task = tokio::spawn(forward_notifications(listener, events.clone(), origin));
+        let (notifier, queue) = mpsc::channel(NOTIFIER_QUEUE);
+        tokio::spawn(notify_committed(pool.clone(), queue));
         Ok(Self {
             pool,
             events,
             options,
             listener: Arc::new(ListenerTask(task)),
             origin,
+            notifier,
         })
     }
 
@@ -108,35 +119,47 @@ impl PgStore {
             .map_err(db("starting a transaction"))
     }
 
-    /// Announces `events` to every replica and commits: the notifications
-    /// are delivered at commit, and only if it succeeds.
+    /// Commits, announcing `events` to every replica. An agent change or a
+    /// revocation is notified in the transaction (delivered at commit, and
+    /// only if it commits); the rest, after the commit, by the notifier.
     async fn commit(
         &self,
         mut tx: Transaction<'static, Postgres>,
         events: Vec<StoreEvent>,
     ) -> __Result<()> {
-        if !events.is_empty() {
-            let payloads = events
+        let (urgent, lazy): (Vec<StoreEvent>, Vec<StoreEvent>) =
+            events.into_iter().partition(|event| {
+                matches!(
+                    event,
+                    StoreEvent::AgentChanged { .. } | StoreEvent::LeaseRevoked { .. }
+                )
+            });
+        if !urgent.is_empty() {
+            let payloads = urgent
                 .into_iter()
-                .map(|event| {
-                    serde_json::to_string(&Announced {
-                        origin: self.origin,
-                        event,
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|err| __Error::Corrupt {
-                    context: "encoding store events",
-                    detail: err.to_string(),
-                })?;
-            sqlx::query("SELECT pg_notify($1, p) FROM UNNEST($2::text[]) AS p")
+                .map(|event| self.announce(event))
+                .collect::<__Result<Vec<_>>>()?;
+            sqlx::query(NOTIFY)
                 .bind(CHANNEL)
                 .bind(&payloads)
                 .execute(&mut *tx)
                 .await
                 .map_err(db("notifying replicas"))?;
         }
-        tx.commit().await.map_err(db("committing"))
+        tx.commit().await.map_err(db("committing"))?;
+        for event in lazy {
+            self.notify_later(self.announce(event)?);
+        }
+        Ok(())
+    }
+
+    /// Hands a committed change's notification to the notifier. A full
+    /// queue (the database unreachable for long) drops it: every replica
+    /// also re-reads the queue, lease counts and watched tasks on timers.
+    fn notify_later(&self, payload: String) {
+        if self.notifier.try_send(payload).is_err() {
+            metrics::counter!(crate::metrics::NOTIFICATIONS_DROPPED).increment(1);
+        }
     }
 
     /// Announces `event` as this replica: the payload of its notification.
@@ -189,16 +212,6 @@ impl PgStore {
             rows.agents.push(submission.agent_id);
             rows.leases
                 .push(submission.agent_id.map(|_| Uuid::now_v7()));
-            rows.queued_notes
-                .push(self.announce(StoreEvent::TaskQueued {
-                    namespace: task.namespace.clone(),
-                    task_id: id,
-                })?);
-            rows.leased_notes
-                .push(self.announce(StoreEvent::TaskChanged {
-                    task_id: id,
-                    state: TaskState::Leased,
-                })?);
         }
         if rows.ids.is_empty() {
             return Ok(out.into_iter().flatten().collect());
@@ -206,18 +219,24 @@ impl PgStore {
         let mut reserved: Vec<Uuid> = rows.agents.iter().flatten().copied().collect();
         reserved.sort_unstable();
         reserved.dedup();
-        if reserved.is_empty() {
+        let mut events = Vec::new();
+        let out = if reserved.is_empty() {
             let mut conn = self.read().await?;
-            return insert_submits(&mut conn, submissions, &rows, out, now_ms).await;
+            insert_submits(&mut conn, submissions, &rows, out, now_ms, &mut events).await?
+        } else {
+            let mut tx = self.begin().await?;
+            sqlx::query("SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+                .bind(&reserved)
+                .execute(&mut *tx)
+                .await
+                .map_err(db("locking agents to grant"))?;
+            let out = insert_submits(&mut tx, submissions, &rows, out, now_ms, &mut events).await?;
+            tx.commit().await.map_err(db("committing"))?;
+            out
+        };
+        for event in events {
+            self.notify_later(self.announce(event)?);
         }
-        let mut tx = self.begin().await?;
-        sqlx::query("SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE")
-            .bind(&reserved)
-            .execute(&mut *tx)
-            .await
-            .map_err(db("locking agents to grant"))?;
-        let out = insert_submits(&mut tx, submissions, &rows, out, now_ms).await?;
-        tx.commit().await.map_err(db("committing"))?;
         Ok(out)
     }
 
@@ -250,9 +269,6 @@ struct SubmitRows<'a> {
     /// The agent reserved for the task, if any, and the id of its lease.
     agents: Vec<Option<Uuid>>,
     leases: Vec<Option<Uuid>>,
-    /// The notification of each outcome.
-    queued_notes: Vec<String>,
-    leased_notes: Vec<String>,
 }
 
 /// JSON as text, for a `text[]` parameter cast to `jsonb`.
@@ -268,15 +284,14 @@ fn json_text<T: serde::Serialize>(value: &T) -> __Result<String> {
 /// leave room (the caller holds the agent's row lock, so the count is the
 /// truth); it is inserted LEASED with its lease, its history says
 /// `submitted` then `leased`, and it is announced as changed, not queued.
-/// A task whose idempotency key is taken is not inserted. Notifications go
-/// out in submit order (a volatile function is evaluated after the sort).
+/// A task whose idempotency key is taken is not inserted.
 const SUBMIT_BATCH: &str = "\
 WITH s AS ( \
   SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
   $6::int4[], $7::int8[], $8::int8[], $9::text[], $10::int8[], $11::text[], $12::uuid[], \
-  $13::uuid[], $14::text[], $15::text[]) WITH ORDINALITY AS s(id, namespace, kind, payload, \
-  placement, priority, max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, labels, \
-  agent_id, lease_id, queued_note, leased_note, ord) \
+  $13::uuid[]) WITH ORDINALITY AS s(id, namespace, kind, payload, placement, priority, \
+  max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, labels, agent_id, lease_id, \
+  ord) \
 ), live AS ( \
   SELECT l.agent_id, COUNT(*) AS n FROM leases l \
   WHERE l.agent_id = ANY($12) AND l.state IN ('granted', 'active') GROUP BY l.agent_id \
@@ -293,41 +308,39 @@ WITH s AS ( \
   CASE WHEN p.leased THEN 'leased' ELSE 'queued' END, 0, s.max_attempts, s.lease_ttl_ms, \
   s.idempotency_key, s.not_before_ms, CASE WHEN p.leased THEN 1 ELSE 0 END, \
   CASE WHEN p.leased THEN s.lease_id END, CASE WHEN p.leased THEN s.agent_id END, FALSE, \
-  s.labels::jsonb, $16, $16 \
+  s.labels::jsonb, $14, $14 \
   FROM s JOIN plan p ON p.ord = s.ord ORDER BY s.ord \
   ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
   RETURNING id, state = 'leased' AS leased \
 ), new_leases AS ( \
   INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, granted_at_ms, \
   expires_at_ms) \
-  SELECT s.lease_id, s.id, s.agent_id, 1, 'granted', FALSE, $16, $16 + s.lease_ttl_ms \
+  SELECT s.lease_id, s.id, s.agent_id, 1, 'granted', FALSE, $14, $14 + s.lease_ttl_ms \
   FROM s JOIN ins ON ins.id = s.id WHERE ins.leased \
 ), history AS ( \
   INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, lease_id, \
   occurred_at_ms) \
-  SELECT s.id, 1, 'submitted', 'queued', 'submitted', NULL, NULL, $16 \
+  SELECT s.id, 1, 'submitted', 'queued', 'submitted', NULL, NULL, $14 \
   FROM s JOIN ins ON ins.id = s.id \
   UNION ALL \
   SELECT s.id, 2, 'leased', 'leased', 'leased to agent ' || s.agent_id::text || \
-  ' with fencing token 1', s.agent_id, s.lease_id, $16 \
+  ' with fencing token 1', s.agent_id, s.lease_id, $14 \
   FROM s JOIN ins ON ins.id = s.id WHERE ins.leased \
-), notes AS MATERIALIZED ( \
-  SELECT pg_notify($17, CASE WHEN ins.leased THEN s.leased_note ELSE s.queued_note END) \
-  FROM s JOIN ins ON ins.id = s.id ORDER BY s.ord \
 ) \
-SELECT ins.id, ins.leased, p.known FROM ins JOIN s ON s.id = ins.id JOIN plan p ON p.ord = s.ord \
-WHERE (SELECT COUNT(*) FROM notes) >= 0";
+SELECT ins.id, ins.leased, p.known FROM ins JOIN s ON s.id = ins.id JOIN plan p ON p.ord = s.ord";
 
 /// Runs [`SUBMIT_BATCH`] over `rows` and answers each submission: the
 /// task as inserted (built from what was sent, not read back), or the
 /// task that already holds its idempotency key. `out` holds the answers
-/// of the submissions refused before any statement.
+/// of the submissions refused before any statement; the events to announce
+/// once committed are added to `events`.
 async fn insert_submits(
     executor: &mut sqlx::PgConnection,
     submissions: &[Submission],
     rows: &SubmitRows<'_>,
     mut out: Vec<Option<__Result<Submitted>>>,
     now_ms: i64,
+    events: &mut Vec<StoreEvent>,
 ) -> __Result<Vec<__Result<Submitted>>> {
     // Each row: the task's id, whether it was inserted (an idempotency
     // key already taken is not) and whether it was leased; a reserved
@@ -346,10 +359,7 @@ async fn insert_submits(
         .bind(&rows.labels)
         .bind(&rows.agents)
         .bind(&rows.leases)
-        .bind(&rows.queued_notes)
-        .bind(&rows.leased_notes)
         .bind(now_ms)
-        .bind(CHANNEL)
         .fetch_all(&mut *executor)
         .await
         .map_err(db("inserting tasks"))?;
@@ -421,9 +431,43 @@ async fn insert_submits(
             (Some(_), _) => Some(GrantOutcome::Refused(GrantRefusal::AgentUnknown)),
             (None, _) => None,
         };
+        events.push(if record.state == TaskState::Leased {
+            StoreEvent::TaskChanged {
+                task_id: id,
+                state: TaskState::Leased,
+            }
+        } else {
+            StoreEvent::TaskQueued {
+                namespace: task.namespace.clone(),
+                task_id: id,
+            }
+        });
         out[slot] = Some(Ok((record, true, grant)));
     }
     Ok(out.into_iter().flatten().collect())
+}
+
+/// The notifier: sends the notifications of committed changes, all that
+/// wait in one statement. NOTIFY serialises the commits of the
+/// transactions that issue it (on one lock, held through the commit's
+/// flush), so the busy transactions leave it to this one: they commit in
+/// parallel, and one notifying commit at a time carries everyone's
+/// notifications. Ends when every handle of the store is dropped.
+async fn notify_committed(pool: PgPool, mut queue: mpsc::Receiver<String>) {
+    let mut batch = Vec::new();
+    while queue.recv_many(&mut batch, 4_096).await > 0 {
+        if let Err(err) = sqlx::query(NOTIFY)
+            .bind(CHANNEL)
+            .bind(&batch)
+            .execute(&pool)
+            .await
+        {
+            // The replicas' timers re-read what the notifications said.
+            tracing::warn!(cause = %err, dropped = batch.len(), "cannot notify replicas of committed changes");
+            metrics::counter!(crate::metrics::NOTIFICATIONS_DROPPED).increment(batch.len() as u64);
+        }
+        batch.clear();
+    }
 }
 
 /// Feeds notifications to the broadcast until the store is dropped. The
