@@ -791,24 +791,61 @@ macro_rules! store_common {
             after: Option<&QueueCursor>,
             limit: u32,
         ) -> __Result<Vec<TaskRecord>> {
+            // Each query is one range of the queue index (`tasks_queue`), so
+            // a page costs its own rows however deep in the queue it starts:
+            // the rest of the cursor's priority, then the lower priorities.
+            let Some(after) = after else {
+                let rows = sqlx::query(concat!(
+                    task_select!(),
+                    "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
+                     AND ($2 IS NULL OR t.namespace = $2) \
+                     ORDER BY t.priority DESC, t.created_at_ms, t.id LIMIT $3"
+                ))
+                .bind(now_ms)
+                .bind(namespace)
+                .bind(i64::from(limit))
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(db("listing queued tasks"))?;
+                return rows.iter().map(task_from_row).collect();
+            };
             let rows = sqlx::query(concat!(
                 task_select!(),
                 "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
                  AND ($2 IS NULL OR t.namespace = $2) \
-                 AND ($4 IS NULL OR t.priority < $4 OR (t.priority = $4 AND \
-                      (t.created_at_ms > $5 OR (t.created_at_ms = $5 AND t.id > $6)))) \
+                 AND t.priority = $4 AND (t.created_at_ms, t.id) > ($5, $6) \
                  ORDER BY t.priority DESC, t.created_at_ms, t.id LIMIT $3"
             ))
             .bind(now_ms)
             .bind(namespace)
             .bind(i64::from(limit))
-            .bind(after.map(|c| c.priority))
-            .bind(after.map(|c| c.created_at_ms))
-            .bind(after.map(|c| c.task_id))
+            .bind(after.priority)
+            .bind(after.created_at_ms)
+            .bind(after.task_id)
             .fetch_all(&mut *conn)
             .await
             .map_err(db("listing queued tasks"))?;
-            rows.iter().map(task_from_row).collect()
+            let mut tasks = rows.iter().map(task_from_row).collect::<__Result<Vec<_>>>()?;
+            let rest = limit.saturating_sub(u32::try_from(tasks.len()).unwrap_or(u32::MAX));
+            if rest > 0 {
+                let rows = sqlx::query(concat!(
+                    task_select!(),
+                    "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
+                     AND ($2 IS NULL OR t.namespace = $2) AND t.priority < $4 \
+                     ORDER BY t.priority DESC, t.created_at_ms, t.id LIMIT $3"
+                ))
+                .bind(now_ms)
+                .bind(namespace)
+                .bind(i64::from(rest))
+                .bind(after.priority)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(db("listing queued tasks"))?;
+                for row in &rows {
+                    tasks.push(task_from_row(row)?);
+                }
+            }
+            Ok(tasks)
         }
 
         /// Reads the named lease and checks the report comes from it.

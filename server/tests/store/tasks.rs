@@ -260,6 +260,29 @@ async fn priority_then_fifo_and_not_before(fx: &mut Fixture) {
         .await
         .unwrap();
     assert_eq!(ids(rest), vec![low_b.id]);
+
+    // One task at a time, through priorities and submit-time ties (two
+    // more submitted in the same millisecond), the walk sees the whole
+    // queue in order, each task once.
+    submit(store, task("ns", 1, 1), T0 + 2).await;
+    submit(store, task("ns", 1, 1), T0 + 2).await;
+    let whole = ids(store
+        .queued_tasks(Some("ns"), T0 + 60_000, None, 100)
+        .await
+        .unwrap());
+    assert_eq!(whole.len(), 5);
+    let mut walked = Vec::new();
+    let mut cursor: Option<QueueCursor> = None;
+    loop {
+        let page = store
+            .queued_tasks(Some("ns"), T0 + 60_000, cursor.as_ref(), 1)
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        cursor = Some(QueueCursor::after(last));
+        walked.extend(ids(page));
+    }
+    assert_eq!(walked, whole);
 }
 
 async fn list_tasks_filters_and_pages(fx: &mut Fixture) {
