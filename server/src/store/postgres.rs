@@ -470,6 +470,39 @@ async fn notify_committed(pool: PgPool, mut queue: mpsc::Receiver<String>) {
     }
 }
 
+/// The grants of a batch that fit their agents' free slots, written: the
+/// leases, the tasks LEASED, one history entry each. Answers the task ids
+/// that fit and those leased (the same, with the tasks locked).
+const GRANT_LEASES: &str = "\
+WITH g AS ( \
+  SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
+  WITH ORDINALITY AS g(lease_id, task_id, agent_id, token, expires_at_ms, ord) \
+), live AS ( \
+  SELECT l.agent_id, COUNT(*) AS n FROM leases l \
+  WHERE l.agent_id = ANY($3) AND l.state IN ('granted', 'active') GROUP BY l.agent_id \
+), fit AS ( \
+  SELECT r.* FROM ( \
+    SELECT g.*, ROW_NUMBER() OVER (PARTITION BY g.agent_id ORDER BY g.ord) AS rn FROM g \
+  ) r JOIN agents a ON a.id = r.agent_id LEFT JOIN live ON live.agent_id = r.agent_id \
+  WHERE COALESCE(live.n, 0) + r.rn <= a.capacity \
+), new_leases AS ( \
+  INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, granted_at_ms, \
+  expires_at_ms) \
+  SELECT lease_id, task_id, agent_id, token, 'granted', FALSE, $6, expires_at_ms FROM fit \
+), leased AS ( \
+  UPDATE tasks t SET state = 'leased', fencing_token = fit.token, lease_id = fit.lease_id, \
+  agent_id = fit.agent_id, progress = NULL, updated_at_ms = $6 FROM fit \
+  WHERE t.id = fit.task_id AND t.state = 'queued' RETURNING t.id \
+), history AS ( \
+  INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, lease_id, \
+  occurred_at_ms) \
+  SELECT fit.task_id, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
+  WHERE e.task_id = fit.task_id), 0) + 1, 'leased', 'leased', \
+  'leased to agent ' || fit.agent_id::text || ' with fencing token ' || fit.token::text, \
+  fit.agent_id, fit.lease_id, $6 FROM fit \
+) \
+SELECT ARRAY(SELECT task_id FROM fit), ARRAY(SELECT id FROM leased)";
+
 /// Feeds notifications to the broadcast until the store is dropped. The
 /// listener reconnects (and re-listens) by itself; while it is down nothing is
 /// emitted, and the dispatcher's slow safety sweep covers what was missed.
@@ -1282,10 +1315,19 @@ async fn whole_attempts(
     task_ids.dedup();
     // Every task of the batch, locked in id order (the one-by-one path
     // then finds its rows already held: one lock order for the batch).
-    let rows = sqlx::query(concat!(
-        task_select!(),
-        "WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t"
-    ))
+    // Settling reads none of a task's documents (payload, placement,
+    // result, error, progress, labels): they stay in the database, and the
+    // records here hold nulls and no labels in their place.
+    let rows = sqlx::query(
+        "SELECT t.id, t.namespace, t.kind, 'null'::jsonb AS payload, \
+         'null'::jsonb AS placement, t.priority, t.state, t.attempts, t.max_attempts, \
+         t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, NULL::jsonb AS result, \
+         NULL::jsonb AS error, t.fencing_token, t.lease_id, t.agent_id, \
+         l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, \
+         NULL::jsonb AS progress, '{}'::jsonb AS labels, t.created_at_ms, t.updated_at_ms \
+         FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id \
+         WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t",
+    )
     .bind(&task_ids)
     .fetch_all(&mut **tx)
     .await
@@ -1504,39 +1546,22 @@ async fn whole_attempts(
 
 /// Leases tasks to agents inside the caller's transaction (see
 /// [`Store::grant_leases`]); the events to announce are added to `events`.
+///
+/// Four statements: the queued tasks are locked (`SKIP LOCKED`: one another
+/// transaction is changing is refused), then the agents (in id order, as
+/// every grant and submit locks them, so concurrent grants queue instead of
+/// deadlocking), and then one statement counts the agents' live leases,
+/// keeps the grants that fit their capacity, and writes leases, tasks and
+/// history. The count is a statement after the agent locks, so it sees
+/// every grant committed before ours; the agents stay locked only for that
+/// statement and the commit.
 async fn grant_in(
     tx: &mut Transaction<'static, Postgres>,
     requests: &[GrantRequest],
     now_ms: i64,
     events: &mut Vec<StoreEvent>,
 ) -> __Result<Vec<GrantOutcome>> {
-    let agent_ids: Vec<Uuid> = requests.iter().map(|r| r.agent_id).collect();
     let task_ids: Vec<Uuid> = requests.iter().map(|r| r.task_id).collect();
-    // Agent rows first, in id order (every grant locks them in the same
-    // order, so concurrent grants queue instead of deadlocking).
-    let agent_rows: Vec<(Uuid, i64)> =
-        sqlx::query_as("SELECT id, capacity FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE")
-            .bind(&agent_ids)
-            .fetch_all(&mut **tx)
-            .await
-            .map_err(db("locking agents to grant"))?;
-    // Their live leases, counted after the locks are held (a statement
-    // of its own, so it sees every grant committed before ours).
-    // Leases are counted, not kept on the agent row: final reports then
-    // never touch agent rows, and grants and completions never queue on
-    // the same row.
-    let live: HashMap<Uuid, i64> = sqlx::query_as::<_, (Uuid, i64)>(
-        "SELECT agent_id, COUNT(*) FROM leases WHERE agent_id = ANY($1) \
-         AND state IN ('granted', 'active') GROUP BY agent_id",
-    )
-    .bind(&agent_ids)
-    .fetch_all(&mut **tx)
-    .await
-    .map_err(db("counting agents' live leases"))?
-    .into_iter()
-    .collect();
-    // Queued task rows another transaction is not changing right now; a
-    // locked one is refused (it will be announced again if it re-queues).
     let task_rows: Vec<(Uuid, i64, i64, i64)> = sqlx::query_as(
         "SELECT id, not_before_ms, fencing_token, lease_ttl_ms FROM tasks \
          WHERE id = ANY($1) AND state = 'queued' FOR UPDATE SKIP LOCKED",
@@ -1545,10 +1570,6 @@ async fn grant_in(
     .fetch_all(&mut **tx)
     .await
     .map_err(db("locking tasks to grant"))?;
-    let agents: HashMap<Uuid, (i64, i64)> = agent_rows
-        .into_iter()
-        .map(|(id, capacity)| (id, (capacity, live.get(&id).copied().unwrap_or(0))))
-        .collect();
     let tasks: HashMap<Uuid, GrantableTask> = task_rows
         .into_iter()
         .map(|(id, not_before_ms, fencing_token, lease_ttl_ms)| {
@@ -1563,55 +1584,61 @@ async fn grant_in(
             )
         })
         .collect();
-    let plan = plan_grants(requests, &agents, &tasks, now_ms);
-    let granted: Vec<_> = plan.iter().filter_map(|p| p.as_ref().ok()).collect();
-    if !granted.is_empty() {
-        let lease_ids: Vec<Uuid> = granted.iter().map(|g| g.lease_id).collect();
-        let task_ids: Vec<Uuid> = granted.iter().map(|g| g.task_id).collect();
-        let agent_ids: Vec<Uuid> = granted.iter().map(|g| g.agent_id).collect();
-        let tokens: Vec<i64> = granted.iter().map(|g| g.fencing_token).collect();
-        let expiries: Vec<i64> = granted.iter().map(|g| g.expires_at_ms).collect();
-        // One round trip for the whole batch: leases, tasks and history.
-        let leased: i64 = sqlx::query_scalar(
-            "WITH g AS ( \
-               SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], \
-               $5::int8[]) AS g(lease_id, task_id, agent_id, token, expires_at_ms) \
-             ), new_leases AS ( \
-               INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, \
-               granted_at_ms, expires_at_ms) \
-               SELECT lease_id, task_id, agent_id, token, 'granted', FALSE, $6, \
-               expires_at_ms FROM g \
-             ), leased AS ( \
-               UPDATE tasks t SET state = 'leased', fencing_token = g.token, \
-               lease_id = g.lease_id, agent_id = g.agent_id, progress = NULL, \
-               updated_at_ms = $6 FROM g WHERE t.id = g.task_id AND t.state = 'queued' \
-               RETURNING t.id \
-             ), history AS ( \
-               INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
-               lease_id, occurred_at_ms) \
-               SELECT g.task_id, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
-               WHERE e.task_id = g.task_id), 0) + 1, 'leased', 'leased', \
-               'leased to agent ' || g.agent_id::text || ' with fencing token ' || \
-               g.token::text, g.agent_id, g.lease_id, $6 FROM g \
-             ) \
-             SELECT COUNT(*) FROM leased",
-        )
-        .bind(&lease_ids)
-        .bind(&task_ids)
-        .bind(&agent_ids)
-        .bind(&tokens)
-        .bind(&expiries)
-        .bind(now_ms)
-        .fetch_one(&mut **tx)
-        .await
-        .map_err(db("granting leases"))?;
-        if usize::try_from(leased).ok() != Some(granted.len()) {
+    let mut agent_ids: Vec<Uuid> = requests
+        .iter()
+        .filter(|r| tasks.contains_key(&r.task_id))
+        .map(|r| r.agent_id)
+        .collect();
+    agent_ids.sort_unstable();
+    agent_ids.dedup();
+    let known: Vec<Uuid> = if agent_ids.is_empty() {
+        Vec::new()
+    } else {
+        sqlx::query_scalar("SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(&agent_ids)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db("locking agents to grant"))?
+    };
+    // Planned as if every agent had room; the statement keeps, agent by
+    // agent in request order, the grants its free slots allow.
+    let unbounded: HashMap<Uuid, (i64, i64)> =
+        known.iter().map(|id| (*id, (i64::MAX, 0))).collect();
+    let mut plan = plan_grants(requests, &unbounded, &tasks, now_ms);
+    let planned: Vec<_> = plan.iter().filter_map(|p| p.as_ref().ok()).collect();
+    if !planned.is_empty() {
+        let lease_ids: Vec<Uuid> = planned.iter().map(|g| g.lease_id).collect();
+        let task_ids: Vec<Uuid> = planned.iter().map(|g| g.task_id).collect();
+        let agent_ids: Vec<Uuid> = planned.iter().map(|g| g.agent_id).collect();
+        let tokens: Vec<i64> = planned.iter().map(|g| g.fencing_token).collect();
+        let expiries: Vec<i64> = planned.iter().map(|g| g.expires_at_ms).collect();
+        let (fitting, leased): (Vec<Uuid>, Vec<Uuid>) = sqlx::query_as(GRANT_LEASES)
+            .bind(&lease_ids)
+            .bind(&task_ids)
+            .bind(&agent_ids)
+            .bind(&tokens)
+            .bind(&expiries)
+            .bind(now_ms)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(db("granting leases"))?;
+        if leased.len() != fitting.len() {
             // Cannot happen with the rows locked above; refuse to commit
             // rather than count capacity wrongly.
             return Err(__Error::Corrupt {
                 context: "granting leases",
-                detail: format!("{leased} of {} locked tasks were leased", granted.len()),
+                detail: format!(
+                    "{} of {} locked tasks were leased",
+                    leased.len(),
+                    fitting.len()
+                ),
             });
+        }
+        let leased: std::collections::HashSet<Uuid> = leased.into_iter().collect();
+        for planned in &mut plan {
+            if planned.as_ref().is_ok_and(|g| !leased.contains(&g.task_id)) {
+                *planned = Err(GrantRefusal::AgentAtCapacity);
+            }
         }
     }
     let outcomes = plan
