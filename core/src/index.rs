@@ -444,6 +444,24 @@ impl AgentIndex {
         Some(agent.view)
     }
 
+    /// The free lease slots of the agents that can take a lease now (every namespace), counted
+    /// up to `limit`: O(min(available agents, limit)).
+    pub fn free_slots(&self, limit: u64) -> u64 {
+        let mut free = 0u64;
+        for ns in self.namespaces.values() {
+            for slot in &ns.available {
+                if let Some(agent) = self.agents.get(&slot.agent_id) {
+                    let v = &agent.view;
+                    free += u64::from(v.capacity.saturating_sub(v.active_leases));
+                }
+                if free >= limit {
+                    return free;
+                }
+            }
+        }
+        free
+    }
+
     /// Records an agent's lease count and last grant time. Returns false for an unknown agent.
     pub fn update_load(
         &mut self,
@@ -732,6 +750,28 @@ mod tests {
             let expected = index.explain(&c, "default").ranked.first().cloned();
             assert_eq!(best(&index, text), expected, "{text}");
         }
+    }
+
+    #[test]
+    fn free_slots_count_agents_that_take_work() {
+        let mut index = AgentIndex::new();
+        assert_eq!(index.free_slots(100), 0);
+        index.upsert(view("a", json!({})));
+        let mut busy = view("b", json!({}));
+        busy.capacity = 5;
+        busy.active_leases = 2;
+        index.upsert(busy);
+        let mut draining = view("c", json!({}));
+        draining.status = AgentStatus::Draining;
+        index.upsert(draining);
+        let mut elsewhere = view("d", json!({}));
+        elsewhere.namespace = "other".into();
+        index.upsert(elsewhere);
+        // a: 2 free, b: 3, c: none (draining), d: 2 in another namespace.
+        assert_eq!(index.free_slots(100), 7);
+        assert!(index.free_slots(3) >= 3);
+        index.update_load("b", 5, None);
+        assert_eq!(index.free_slots(100), 4);
     }
 
     #[test]

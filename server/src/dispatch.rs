@@ -636,19 +636,6 @@ impl Dispatcher {
         }
     }
 
-    /// Whether some connected agent could take a lease now.
-    fn any_free_slot(&self) -> bool {
-        let state = self.state();
-        let mut buf = uuid::Uuid::encode_buffer();
-        state.sessions.keys().any(|id| {
-            let key: &str = id.as_hyphenated().encode_lower(&mut buf);
-            state
-                .index
-                .get(key)
-                .is_some_and(|v| v.status.takes_work() && v.active_leases < v.capacity)
-        })
-    }
-
     /// One round: walk the queue in priority order, page by page, matching
     /// each task against the connected agents, until no agent has room or
     /// the queue ends. A parked task is skipped, never a blocker: the walk
@@ -656,6 +643,8 @@ impl Dispatcher {
     pub async fn dispatch_round(&self) -> Result<usize> {
         /// Pages one round reads at most; the next wake continues.
         const MAX_PAGES: usize = 64;
+        /// The shortest page read while any slot is free.
+        const MIN_PAGE: u32 = 16;
         if self.stopping() || self.state().sessions.is_empty() {
             return Ok(0);
         }
@@ -667,14 +656,22 @@ impl Dispatcher {
         let mut read = 0;
         let mut walked = false;
         for _ in 0..MAX_PAGES {
-            if !self.any_free_slot() {
+            // A page as long as the free slots could use (twice over, for
+            // tasks only busy agents match), up to the batch size: under
+            // load a round fills a few freed slots, and reading and decoding
+            // a whole batch of tasks for them is most of the round's cost.
+            let free = self.state().index.free_slots(u64::from(batch));
+            if free == 0 {
                 break;
             }
+            let limit = u32::try_from(free.saturating_mul(2))
+                .unwrap_or(u32::MAX)
+                .clamp(MIN_PAGE.min(batch), batch);
             let tasks = crate::metrics::timed(
                 "queued_tasks",
                 self.shared
                     .store
-                    .queued_tasks(None, now, cursor.as_ref(), batch),
+                    .queued_tasks(None, now, cursor.as_ref(), limit),
             )
             .await?;
             let Some(last) = tasks.last() else {
@@ -684,7 +681,7 @@ impl Dispatcher {
             cursor = Some(QueueCursor::after(last));
             read += tasks.len();
             granted += self.grant_page(&tasks, now).await?;
-            if tasks.len() < batch as usize {
+            if tasks.len() < limit as usize {
                 walked = true;
                 break;
             }
