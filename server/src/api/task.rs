@@ -373,9 +373,14 @@ impl TaskService for TaskApi {
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             let mut last_sequence = 0;
+            let mut sent_state = None;
             let mut record = record;
             loop {
-                // Everything in the history since the last message, then the task.
+                // Everything in the history since the last message, each
+                // with the task as last read. The history can run ahead of
+                // that read (a change committed in between); the next read
+                // then brings no new entry, and the task is sent alone, so
+                // the last message always shows the task as it ends.
                 let events = match api.store.task_events(id, last_sequence, 1000).await {
                     Ok(events) => events,
                     Err(err) => {
@@ -391,7 +396,7 @@ impl TaskService for TaskApi {
                     }
                 };
                 if events.is_empty()
-                    && last_sequence == 0
+                    && sent_state != Some(record.state)
                     && tx
                         .send(Ok(pb::WatchTaskResponse {
                             event: None,
@@ -402,6 +407,7 @@ impl TaskService for TaskApi {
                 {
                     return;
                 }
+                sent_state = Some(record.state);
                 for event in &events {
                     last_sequence = event.sequence;
                     let item = pb::WatchTaskResponse {
