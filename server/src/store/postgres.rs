@@ -1,9 +1,12 @@
 //! The PostgreSQL store: many server replicas on one database. Transitions
 //! lock rows (`FOR UPDATE`; grants and sweeps `SKIP LOCKED` what another
-//! replica is working on), grants go to the database as one set-based
-//! statement per batch, and every transaction that queues or changes a task,
-//! agent or lease issues `pg_notify('switchyard_events', …)` so every
-//! replica's [`PgListener`] learns of it at commit.
+//! replica is working on); submits, grants and whole attempts go to the
+//! database as one set-based statement per batch. Every change is announced
+//! on `switchyard_events` so every replica's [`PgListener`] learns of it: an
+//! agent change or a revocation by `pg_notify` in its own transaction
+//! (delivered at its commit), a task queued or changed or a lease ended by
+//! the notifier task right after the commit (NOTIFY serialises the commits
+//! that issue it).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -175,9 +178,10 @@ impl PgStore {
     }
 
     /// [`Store::submit_many`] in as few round trips as the batch allows:
-    /// one statement inserts every task, its history, the leases of the
-    /// tasks with a reserved agent and the notifications. Without reserved
-    /// agents that statement is the whole transaction; with them, the
+    /// one statement inserts every task, its history and the leases of the
+    /// tasks with a reserved agent (the notifications follow the commit).
+    /// Without reserved agents that statement is the whole transaction (it
+    /// runs on its own, autocommitted); with them, the
     /// agents are locked first (in id order, as every grant locks them), so
     /// that the statement's count of their live leases sees every grant
     /// committed before ours. Only an idempotency key already taken costs
