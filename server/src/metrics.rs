@@ -8,7 +8,8 @@
 //! task matched), `switchyard_connected_agents` (gauge),
 //! `switchyard_stream_queue_depth` (histogram of an agent stream's queued
 //! messages, sampled at each push), `switchyard_store_seconds{op}`
-//! (histogram), `switchyard_notifications_dropped_total` (PostgreSQL
+//! (histogram), `switchyard_batch_items` (histogram of items per
+//! group-committed batch), `switchyard_notifications_dropped_total` (PostgreSQL
 //! change notifications dropped while the database was unreachable).
 
 use std::net::SocketAddr;
