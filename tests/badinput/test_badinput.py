@@ -13,10 +13,15 @@ Where the stubs cannot build the bad message (invalid UTF-8, unknown fields
 of the wrong wire type, truncated bytes), the request is hand-encoded and sent
 with a raw bytes serializer.
 
+A request that does not decode as protobuf (truncated, a wrong wire type,
+invalid UTF-8, nesting past prost's limit) is INVALID_ARGUMENT naming the
+message and, where prost says, the field (the server's codec turns prost's
+INTERNAL into the caller's error).
+
 CURRENT BEHAVIOUR, NOT A CONTRACT: cases marked ``# FINDING`` assert what the
-server does today where it is arguably wrong (e.g. tonic answers INTERNAL for
-a request it cannot decode, where INVALID_ARGUMENT is meant). They are
-reported to the lead; change the expectation when the server changes.
+server does today where it is arguably wrong (e.g. tonic answers OUT_OF_RANGE
+for a message over its size limit). They are reported to the lead; change the
+expectation when the server changes.
 ``BADINPUT_SHOW=1 pytest -s tests/badinput`` prints every answer.
 """
 
@@ -381,7 +386,7 @@ CASES: list[Case] = [
     ("overrides nested 33 deep", unary(overrides(nested(33))), INVALID, ["overrides", "depth"]),
     # ... and past prost's recursion limit (100) the request does not even decode.
     ("payload nested 60 deep (hand-encoded)", raw_submit(ld(2, b"ok") + ld(3, raw_nested_struct(60))),
-     grpc.StatusCode.INTERNAL, ["failed to decode"]),  # FINDING: INTERNAL for a client error
+     INVALID, ["does not decode as a SubmitTaskRequest", "recursion"]),
     # Numbers JSON cannot hold.
     ("NaN in payload", unary(submit(payload=nan_struct())), INVALID, ["payload.x", "NaN"]),
     # Malformed selectors: INVALID_ARGUMENT naming placement.selector and the offset.
@@ -449,17 +454,19 @@ CASES: list[Case] = [
     ("lease_ttl negative", unary(submit(lease_ttl=duration_pb2.Duration(seconds=-5))), INVALID, ["lease_ttl"]),
     ("namespace with capitals", unary(submit(namespace="Bad/NS")), INVALID, ["namespace"]),
     ("capacity 0", unary(register("zero-capacity", {"tags": []}, capacity=0)), INVALID, ["capacity"]),
-    # Invalid UTF-8 in string fields, hand-encoded: prost refuses to decode.
+    # Invalid UTF-8 in string fields, hand-encoded: prost refuses to decode,
+    # and the error names the message and the field.
     ("invalid UTF-8 in kind", raw_submit(ld(2, b"\xff\xfe bad")),
-     grpc.StatusCode.INTERNAL, ["UTF-8"]),  # FINDING: INTERNAL for a client error
+     INVALID, ["does not decode as a SubmitTaskRequest", "kind", "UTF-8"]),
     ("invalid UTF-8 in a payload key", raw_submit(ld(2, b"ok") + ld(3, ld(1, ld(1, b"\xc3\x28") + ld(2, b"")))),
-     grpc.StatusCode.INTERNAL, ["UTF-8"]),  # FINDING
+     INVALID, ["does not decode as a SubmitTaskRequest", "payload", "UTF-8"]),
     ("invalid UTF-8 in a selector", raw_submit(ld(2, b"ok") + ld(4, ld(5, b"linux, \xed\xa0\x80"))),
-     grpc.StatusCode.INTERNAL, ["UTF-8"]),  # FINDING
-    ("invalid UTF-8 in task id", raw_get_task(ld(1, b"\x80\x80")), grpc.StatusCode.INTERNAL, ["UTF-8"]),  # FINDING
+     INVALID, ["does not decode as a SubmitTaskRequest", "selector", "UTF-8"]),
+    ("invalid UTF-8 in task id", raw_get_task(ld(1, b"\x80\x80")),
+     INVALID, ["does not decode as a GetTaskRequest", "task_id", "UTF-8"]),
     # Bytes that are not protobuf at all.
-    ("truncated message", raw_submit(b"\x12\x10ab"), grpc.StatusCode.INTERNAL, ["decode"]),  # FINDING
-    ("wrong wire type for kind", raw_submit(b"\x10\x05"), grpc.StatusCode.INTERNAL, ["decode"]),  # FINDING
+    ("truncated message", raw_submit(b"\x12\x10ab"), INVALID, ["does not decode as a SubmitTaskRequest"]),
+    ("wrong wire type for kind", raw_submit(b"\x10\x05"), INVALID, ["does not decode as a SubmitTaskRequest"]),
 ]
 
 
