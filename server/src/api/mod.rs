@@ -67,6 +67,63 @@ pub struct Api {
     pub settings: Arc<ApiSettings>,
     /// Who may call what.
     pub tokens: Tokens,
+    /// Recent queued-task counts per namespace, for the submit cap.
+    pub queued_counts: Arc<QueuedCounts>,
+}
+
+/// Queued-task counts per namespace, for `--max-queued-tasks-per-namespace`.
+/// Counting a deep queue costs a scan of its index, so while a namespace is
+/// below nine tenths of the cap a count up to a second old serves, plus the
+/// submits this replica admitted since; nearer the cap every submit counts
+/// afresh. The cap is therefore exact for one replica's own submits near
+/// it, and other replicas' submits and re-queued tasks are seen within a
+/// second.
+#[derive(Debug, Default)]
+pub struct QueuedCounts(
+    std::sync::Mutex<std::collections::HashMap<String, (u64, std::time::Instant)>>,
+);
+
+impl QueuedCounts {
+    /// How long a count serves while below nine tenths of the cap.
+    const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// Admits one more submit to `namespace` under `cap`, or says how many
+    /// tasks are queued there when that is already the cap.
+    pub async fn admit(&self, store: &dyn Store, namespace: &str, cap: u64) -> Result<(), Status> {
+        let trusted_below = cap - cap / 10;
+        {
+            let mut counts = self.lock();
+            if let Some((count, at)) = counts.get_mut(namespace)
+                && at.elapsed() < Self::FRESH
+                && *count < trusted_below
+            {
+                *count += 1;
+                return Ok(());
+            }
+        }
+        let (queued, _) = store.count_in_namespace(namespace).await?;
+        let admitted = queued < cap;
+        let counted = if admitted { queued + 1 } else { queued };
+        self.lock()
+            .insert(namespace.to_owned(), (counted, std::time::Instant::now()));
+        if admitted {
+            Ok(())
+        } else {
+            Err(Status::resource_exhausted(format!(
+                "namespace {namespace} has {queued} queued tasks; the limit is {cap} \
+                 (--max-queued-tasks-per-namespace)"
+            )))
+        }
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (u64, std::time::Instant)>>
+    {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl Api {
@@ -82,6 +139,7 @@ impl Api {
             dispatcher,
             settings: Arc::new(settings),
             tokens,
+            queued_counts: Arc::default(),
         }
     }
 

@@ -178,13 +178,9 @@ impl TaskService for TaskApi {
         let placement = super::placement::from_proto(req.placement.as_ref())?;
         let cap = api.settings.max_queued_tasks_per_namespace;
         if cap > 0 {
-            let (queued, _) = api.store.count_in_namespace(&namespace).await?;
-            if queued >= cap {
-                return Err(Status::resource_exhausted(format!(
-                    "namespace {namespace} has {queued} queued tasks; the limit is {cap} \
-                     (--max-queued-tasks-per-namespace)"
-                )));
-            }
+            api.queued_counts
+                .admit(api.store.as_ref(), &namespace, cap)
+                .await?;
         }
         let max_attempts = match req.max_attempts {
             0 => api.settings.default_max_attempts,

@@ -508,6 +508,35 @@ async fn an_agent_reports_only_on_its_own_leases(backend: Backend) {
     server.stop().await;
 }
 
+/// Far below the cap a submit is admitted on a recent count; near it every
+/// submit counts afresh, so the cap still holds to the task.
+async fn the_queue_cap_is_exact_near_the_cap(backend: Backend) {
+    let server = TestServer::start_with(backend, |c| {
+        c.max_queued_tasks_per_namespace = 20;
+    })
+    .await;
+    let mut tasks = server.tasks().await;
+    let submit = || pb::SubmitTaskRequest {
+        kind: "k".into(),
+        ..Default::default()
+    };
+    for i in 0..20 {
+        tasks
+            .submit_task(submit())
+            .await
+            .unwrap_or_else(|e| panic!("submit {i}: {e}"));
+    }
+    let err = tasks.submit_task(submit()).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(
+        err.message()
+            .contains("namespace default has 20 queued tasks; the limit is 20"),
+        "{}",
+        err.message()
+    );
+    server.stop().await;
+}
+
 async fn limits_refuse_with_the_right_code_and_message(backend: Backend) {
     let server = TestServer::start_with(backend, |c| {
         c.max_queued_tasks_per_namespace = 2;
@@ -603,5 +632,6 @@ async fn limits_refuse_with_the_right_code_and_message(backend: Backend) {
 crate::on_both_stores!(
     auth_matrix,
     an_agent_reports_only_on_its_own_leases,
-    limits_refuse_with_the_right_code_and_message
+    limits_refuse_with_the_right_code_and_message,
+    the_queue_cap_is_exact_near_the_cap
 );
