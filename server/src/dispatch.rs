@@ -655,6 +655,10 @@ impl Dispatcher {
         let mut granted = 0;
         let mut read = 0;
         let mut walked = false;
+        // The shortest page to read next: it doubles after every page that
+        // left tasks behind, so a walk past many parked tasks soon reads
+        // whole batches and goes as deep as it did with whole batches.
+        let mut min_page = MIN_PAGE.min(batch);
         for _ in 0..MAX_PAGES {
             // A page as long as the free slots could use (twice over, for
             // tasks only busy agents match), up to the batch size: under
@@ -666,7 +670,7 @@ impl Dispatcher {
             }
             let limit = u32::try_from(free.saturating_mul(2))
                 .unwrap_or(u32::MAX)
-                .clamp(MIN_PAGE.min(batch), batch);
+                .clamp(min_page, batch);
             let tasks = crate::metrics::timed(
                 "queued_tasks",
                 self.shared
@@ -680,7 +684,11 @@ impl Dispatcher {
             };
             cursor = Some(QueueCursor::after(last));
             read += tasks.len();
-            granted += self.grant_page(&tasks, now).await?;
+            let page_granted = self.grant_page(&tasks, now).await?;
+            granted += page_granted;
+            if page_granted < tasks.len() {
+                min_page = limit.saturating_mul(2).min(batch);
+            }
             if tasks.len() < limit as usize {
                 walked = true;
                 break;

@@ -350,8 +350,10 @@ async fn bad_input_is_invalid_argument_naming_the_field(backend: Backend) {
 async fn parked_high_priority_tasks_never_block_runnable_ones(backend: Backend) {
     let server = TestServer::start(backend).await;
     let mut tasks = server.tasks().await;
-    // More parked high-priority tasks than one page of the queue holds.
-    for _ in 0..300 {
+    // More parked high-priority tasks than one page of the queue holds, and
+    // more than a round reads in pages sized to one free slot (64 x 16):
+    // pages grow while they leave tasks behind.
+    for _ in 0..1_100 {
         tasks
             .submit_task(pb::SubmitTaskRequest {
                 kind: "train".into(),
