@@ -327,6 +327,22 @@ macro_rules! task_select {
     };
 }
 
+/// A page of the queue, leasable at `$1`, in namespace `$2` (any if NULL),
+/// at most `$3` tasks, within `$range` (a condition on the queue index's
+/// leading columns, so the page is one range of `tasks_queue`), in queue
+/// order.
+macro_rules! queue_page {
+    ($range:literal) => {
+        concat!(
+            task_select!(),
+            "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
+             AND ($2 IS NULL OR t.namespace = $2) ",
+            $range,
+            " ORDER BY t.priority DESC, t.created_at_ms, t.id LIMIT $3"
+        )
+    };
+}
+
 /// The SELECT list that reads a [`LeaseRecord`](super::LeaseRecord).
 macro_rules! lease_columns {
     () => {
@@ -345,7 +361,7 @@ macro_rules! agent_columns {
     };
 }
 
-pub(crate) use {agent_columns, lease_columns, task_select};
+pub(crate) use {agent_columns, lease_columns, queue_page, task_select};
 
 /// Expands, inside a backend module, to the transitions both backends share.
 /// `$db` is the sqlx database, `$row` its row type, `$conn` its connection
@@ -365,7 +381,7 @@ macro_rules! store_common {
         use $crate::store::common::{
             CompletionPlan, SettledAttempt, agent_columns, check_holder, db,
             lease_columns, lease_lost_error, parse_task_cursor, plan_completion, task_cursor,
-            task_select, to_i64, to_u32, to_u64,
+            queue_page, task_select, to_i64, to_u32, to_u64,
         };
         use $crate::store::model::*;
 
@@ -795,26 +811,17 @@ macro_rules! store_common {
             // a page costs its own rows however deep in the queue it starts:
             // the rest of the cursor's priority, then the lower priorities.
             let Some(after) = after else {
-                let rows = sqlx::query(concat!(
-                    task_select!(),
-                    "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
-                     AND ($2 IS NULL OR t.namespace = $2) \
-                     ORDER BY t.priority DESC, t.created_at_ms, t.id LIMIT $3"
-                ))
-                .bind(now_ms)
-                .bind(namespace)
-                .bind(i64::from(limit))
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(db("listing queued tasks"))?;
+                let rows = sqlx::query(queue_page!(""))
+                    .bind(now_ms)
+                    .bind(namespace)
+                    .bind(i64::from(limit))
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(db("listing queued tasks"))?;
                 return rows.iter().map(task_from_row).collect();
             };
-            let rows = sqlx::query(concat!(
-                task_select!(),
-                "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
-                 AND ($2 IS NULL OR t.namespace = $2) \
-                 AND t.priority = $4 AND (t.created_at_ms, t.id) > ($5, $6) \
-                 ORDER BY t.priority DESC, t.created_at_ms, t.id LIMIT $3"
+            let mut rows = sqlx::query(queue_page!(
+                "AND t.priority = $4 AND (t.created_at_ms, t.id) > ($5, $6)"
             ))
             .bind(now_ms)
             .bind(namespace)
@@ -825,27 +832,20 @@ macro_rules! store_common {
             .fetch_all(&mut *conn)
             .await
             .map_err(db("listing queued tasks"))?;
-            let mut tasks = rows.iter().map(task_from_row).collect::<__Result<Vec<_>>>()?;
-            let rest = limit.saturating_sub(u32::try_from(tasks.len()).unwrap_or(u32::MAX));
+            let rest = limit.saturating_sub(u32::try_from(rows.len()).unwrap_or(u32::MAX));
             if rest > 0 {
-                let rows = sqlx::query(concat!(
-                    task_select!(),
-                    "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
-                     AND ($2 IS NULL OR t.namespace = $2) AND t.priority < $4 \
-                     ORDER BY t.priority DESC, t.created_at_ms, t.id LIMIT $3"
-                ))
-                .bind(now_ms)
-                .bind(namespace)
-                .bind(i64::from(rest))
-                .bind(after.priority)
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(db("listing queued tasks"))?;
-                for row in &rows {
-                    tasks.push(task_from_row(row)?);
-                }
+                rows.extend(
+                    sqlx::query(queue_page!("AND t.priority < $4"))
+                        .bind(now_ms)
+                        .bind(namespace)
+                        .bind(i64::from(rest))
+                        .bind(after.priority)
+                        .fetch_all(&mut *conn)
+                        .await
+                        .map_err(db("listing queued tasks"))?,
+                );
             }
-            Ok(tasks)
+            rows.iter().map(task_from_row).collect()
         }
 
         /// Reads the named lease and checks the report comes from it.

@@ -205,8 +205,8 @@ impl PgStore {
             rows.ids.push(id);
             rows.namespaces.push(&task.namespace);
             rows.kinds.push(&task.kind);
-            rows.payloads.push(json_text(&task.payload)?);
-            rows.placements.push(json_text(&task.placement)?);
+            rows.payloads.push(task.payload.to_string());
+            rows.placements.push(task.placement.to_string());
             rows.priorities.push(task.priority);
             rows.max_attempts.push(i64::from(task.max_attempts));
             rows.ttls.push(task.lease_ttl_ms);
