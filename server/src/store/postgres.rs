@@ -40,6 +40,11 @@ const EVENT_BUFFER: usize = 4_096;
 /// Notifies every payload of a `text[]`, in order.
 const NOTIFY: &str = "SELECT pg_notify($1, p) FROM UNNEST($2::text[]) AS p";
 
+/// Locks agent rows to grant to them, in id order (every grant and submit
+/// locks them so, and concurrent ones queue instead of deadlocking);
+/// answers the ids of those that exist.
+const LOCK_AGENTS: &str = "SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+
 /// How many notifications may wait for the notifier.
 const NOTIFIER_QUEUE: usize = 65_536;
 
@@ -229,7 +234,7 @@ impl PgStore {
             insert_submits(&mut conn, submissions, &rows, out, now_ms, &mut events).await?
         } else {
             let mut tx = self.begin().await?;
-            sqlx::query("SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            sqlx::query(LOCK_AGENTS)
                 .bind(&reserved)
                 .execute(&mut *tx)
                 .await
@@ -1598,7 +1603,7 @@ async fn grant_in(
     let known: Vec<Uuid> = if agent_ids.is_empty() {
         Vec::new()
     } else {
-        sqlx::query_scalar("SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        sqlx::query_scalar(LOCK_AGENTS)
             .bind(&agent_ids)
             .fetch_all(&mut **tx)
             .await
