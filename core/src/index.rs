@@ -649,6 +649,27 @@ impl AgentIndex {
         })
     }
 
+    /// Whether some agent of `namespace` that takes work satisfies
+    /// `placement`, free slot or not: false exactly when the matcher's
+    /// outcome is [`Outcome::Parked`](crate::matcher::Outcome::Parked). Walks
+    /// only the agents in the placement's narrowest required posting.
+    pub fn any_capable(&self, placement: &CompiledPlacement, namespace: &str) -> bool {
+        let Some(ns) = self.namespaces.get(namespace) else {
+            return false;
+        };
+        let Some(required) = Self::required_postings(ns, placement) else {
+            return false;
+        };
+        let candidates = required.first().copied().unwrap_or(&ns.all);
+        candidates.iter().any(|id| {
+            self.agents.get(id).is_some_and(|agent| {
+                agent.view.status.takes_work()
+                    && required.iter().all(|p| p.contains(id))
+                    && placement.satisfied_by(&agent.view.document)
+            })
+        })
+    }
+
     /// Full explanation over every agent of every namespace (other namespaces appear as
     /// ineligible), in agent id order. O(n · e).
     pub fn explain(&self, placement: &CompiledPlacement, namespace: &str) -> Explanation {
@@ -683,6 +704,54 @@ mod tests {
 
     fn best(index: &AgentIndex, text: &str) -> Option<String> {
         index.select_best(&sel(text), "default").map(|s| s.agent_id)
+    }
+
+    #[test]
+    fn any_capable_is_not_parked() {
+        let mut index = AgentIndex::new();
+        for i in 0..12 {
+            let tags = match i % 4 {
+                0 => json!(["linux", "gpu"]),
+                1 => json!(["linux", "tpu"]),
+                _ => json!(["linux"]),
+            };
+            let mut v = view(
+                &format!("a{i:02}"),
+                json!({"tags": tags, "memory": {"total": 1024 * i}, "n": i}),
+            );
+            // Every tpu agent drains; one gpu agent is full.
+            if i % 4 == 1 {
+                v.status = AgentStatus::Draining;
+            }
+            if i == 4 {
+                v.active_leases = v.capacity;
+            }
+            index.upsert(v);
+        }
+        for text in [
+            "linux",
+            "gpu",
+            "tpu",
+            "fpga",
+            "gpu, n=4",
+            "gpu, n=5",
+            "n=3",
+            "memory.total>=11264",
+            "memory.total>=11265",
+            "!linux",
+            "missing?",
+            "prefer: tpu",
+        ] {
+            let c = sel(text);
+            let parked = matches!(
+                index.explain(&c, "default").outcome,
+                crate::matcher::Outcome::Parked(_)
+            );
+            assert_eq!(index.any_capable(&c, "default"), !parked, "{text}");
+            assert!(!index.any_capable(&c, "elsewhere"), "{text}");
+        }
+        assert!(index.any_capable(&sel("gpu, n=4"), "default"));
+        assert!(!index.any_capable(&sel("tpu"), "default"));
     }
 
     #[test]

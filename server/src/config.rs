@@ -126,6 +126,17 @@ pub struct ServerConfig {
     )]
     pub sweep_interval_ms: i64,
 
+    /// How many queued tasks one dispatch round reads from the store at a
+    /// time, at most (a round reads up to 64 such pages).
+    #[arg(
+        long,
+        env = "SWITCHYARD_DISPATCH_PAGE",
+        default_value_t = 256,
+        value_parser = clap::value_parser!(u32).range(1..=10_000),
+        global = true
+    )]
+    pub dispatch_page: u32,
+
     /// Attempts a task gets when its submit does not say.
     #[arg(
         long,
@@ -234,6 +245,7 @@ impl ServerConfig {
             lease_ttl_ms: 30_000,
             ack_window_ms: 5_000,
             sweep_interval_ms: 1_000,
+            dispatch_page: 256,
             max_attempts: 3,
             tokens_file: None,
             insecure: false,

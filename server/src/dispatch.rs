@@ -36,8 +36,8 @@ use crate::batch::GroupCommit;
 use crate::clock::Clock;
 use crate::error::Result;
 use crate::store::{
-    Beat, BeatApplied, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, QueueCursor,
-    ReportApplied, Store, StoreEvent, Submission, Submitted, TaskRecord,
+    Beat, BeatApplied, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, ParkedPlacement,
+    QueueCursor, ReportApplied, Store, StoreEvent, Submission, Submitted, TaskRecord,
 };
 
 /// How the dispatcher behaves; defaults suit production, tests shorten them.
@@ -74,8 +74,21 @@ impl Default for DispatchSettings {
 /// against the store (see [`Dispatcher::recount_loads`]).
 const RECOUNT_EVERY_SWEEPS: u64 = 10;
 
+/// The most distinct parked placements a dispatcher remembers; the tasks of
+/// any more are read and skipped by every round, as all were before.
+const MAX_PARKED_PLACEMENTS: usize = 256;
+
 /// Outbound half of one agent session.
 pub type SessionSender = mpsc::Sender<Box<pb::ConnectResponse>>;
+
+/// What matching one page of the queue did.
+#[derive(Debug, Default, Clone, Copy)]
+struct PageOutcome {
+    /// Tasks leased.
+    granted: usize,
+    /// Tasks left out of later pages: no agent here can run them.
+    parked: usize,
+}
 
 /// One live session on this replica.
 #[derive(Debug, Clone)]
@@ -103,6 +116,43 @@ struct State {
     sessions: HashMap<Uuid, Session>,
     /// Compiled placements by task id, so a waiting task is compiled once.
     placements: HashMap<Uuid, Arc<CompiledPlacement>>,
+    /// Placements no agent here can run (at most [`MAX_PARKED_PLACEMENTS`]):
+    /// the queue walk leaves their tasks out, and an agent that connects or
+    /// changes is tested against each, to put its tasks back in the walk.
+    parked: HashMap<ParkedPlacement, Arc<CompiledPlacement>>,
+    /// Counts placements forgotten from `parked`; a round that sees it move
+    /// walks again from the head, so their oldest tasks go first.
+    unparked: u64,
+}
+
+impl State {
+    /// Forgets the parked placements `view`'s agent can run; true if any.
+    fn unpark_for(&mut self, view: &AgentView) -> bool {
+        if self.parked.is_empty() || !view.status.takes_work() {
+            return false;
+        }
+        let before = self.parked.len();
+        self.parked.retain(|key, placement| {
+            key.namespace != view.namespace || !placement.satisfied_by(&view.document)
+        });
+        if self.parked.len() == before {
+            return false;
+        }
+        metrics::gauge!(crate::metrics::PARKED_PLACEMENTS).set(self.parked.len() as f64);
+        self.unparked += 1;
+        true
+    }
+
+    /// Forgets the parked placements the indexed agent `key` can run.
+    fn unpark_for_agent(&mut self, key: &str) -> bool {
+        if self.parked.is_empty() {
+            return false;
+        }
+        match self.index.get(key).cloned() {
+            Some(view) => self.unpark_for(&view),
+            None => false,
+        }
+    }
 }
 
 /// The dispatcher handle; cheap to clone.
@@ -427,13 +477,23 @@ impl Dispatcher {
             },
         );
         metrics::gauge!(crate::metrics::CONNECTED_AGENTS).set(state.sessions.len() as f64);
+        let unparked = state.unpark_for(&view);
         state.index.upsert(view);
         drop(state);
-        // A new agent matters only to tasks that wait.
+        self.changed_agent(unparked);
+        true
+    }
+
+    /// After an agent connected or changed: parked tasks it can run wait
+    /// again (so no submit overtakes them), and any task that waits gets a
+    /// round.
+    fn changed_agent(&self, unparked: bool) {
+        if unparked {
+            self.note_queued();
+        }
         if !self.queue_clear() {
             self.wake();
         }
-        true
     }
 
     /// Removes a session if it is still the given epoch.
@@ -479,14 +539,14 @@ impl Dispatcher {
             Err(_) => return,
         };
         let mut state = self.state();
+        let mut unparked = false;
         if state.sessions.contains_key(&id) {
+            unparked = state.unpark_for(&view);
             state.index.upsert(view);
         }
         drop(state);
         // A changed agent matters only to tasks that wait.
-        if !self.queue_clear() {
-            self.wake();
-        }
+        self.changed_agent(unparked);
     }
 
     /// Replaces a connected agent's document in the index (a heartbeat's
@@ -503,6 +563,7 @@ impl Dispatcher {
         let mut buf = Uuid::encode_buffer();
         let key: &str = agent_id.as_hyphenated().encode_lower(&mut buf);
         let mut state = self.state();
+        let mut unparked = false;
         if state.sessions.contains_key(&agent_id) {
             let holds = |from: &Arc<serde_json::Value>| {
                 state
@@ -522,11 +583,10 @@ impl Dispatcher {
                     state.index.replace_document(key, document);
                 }
             }
+            unparked = state.unpark_for_agent(key);
         }
         drop(state);
-        if !self.queue_clear() {
-            self.wake();
-        }
+        self.changed_agent(unparked);
     }
 
     /// What matching says about a placement against the agents connected to
@@ -653,12 +713,14 @@ impl Dispatcher {
         let batch = self.shared.settings.batch_size;
         let mut cursor: Option<QueueCursor> = None;
         let mut granted = 0;
-        let mut read = 0;
+        // Tasks read and left waiting that an agent here could run.
+        let mut left = 0;
         let mut walked = false;
         // The shortest page to read next: it doubles after every page that
         // left tasks behind, so a walk past many parked tasks soon reads
         // whole batches and goes as deep as it did with whole batches.
         let mut min_page = MIN_PAGE.min(batch);
+        let mut seen_unparked = self.state().unparked;
         for _ in 0..MAX_PAGES {
             // A page as long as the free slots could use (twice over, for
             // tasks only busy agents match), up to the batch size: under
@@ -671,11 +733,20 @@ impl Dispatcher {
             let limit = u32::try_from(free.saturating_mul(2))
                 .unwrap_or(u32::MAX)
                 .clamp(min_page, batch);
+            let (parked, unparked) = {
+                let state = self.state();
+                let keys: Vec<ParkedPlacement> = state.parked.keys().cloned().collect();
+                (keys, state.unparked)
+            };
+            if unparked != seen_unparked {
+                // Tasks passed over may be placeable now: start again.
+                (seen_unparked, cursor, left) = (unparked, None, 0);
+            }
             let tasks = crate::metrics::timed(
                 "queued_tasks",
                 self.shared
                     .store
-                    .queued_tasks(None, now, cursor.as_ref(), limit),
+                    .queued_tasks(None, now, cursor.as_ref(), &parked, limit),
             )
             .await?;
             let Some(last) = tasks.last() else {
@@ -683,9 +754,10 @@ impl Dispatcher {
                 break;
             };
             cursor = Some(QueueCursor::after(last));
-            read += tasks.len();
-            let page_granted = self.grant_page(&tasks, now).await?;
-            granted += page_granted;
+            let page = self.grant_page(&tasks, now).await?;
+            granted += page.granted;
+            left += tasks.len() - page.granted - page.parked;
+            let page_granted = page.granted;
             if page_granted < tasks.len() {
                 min_page = limit.saturating_mul(2).min(batch);
             }
@@ -694,17 +766,19 @@ impl Dispatcher {
                 break;
             }
         }
-        if walked && granted == read {
-            // Nothing was left waiting as of `signals`.
+        if walked && left == 0 {
+            // Nothing an agent here can run was left waiting as of `signals`.
             self.shared.clear_at.store(signals, Ordering::SeqCst);
         }
         Ok(granted)
     }
 
-    /// Matches one page of queued tasks and grants in one batch.
-    async fn grant_page(&self, tasks: &[TaskRecord], now: i64) -> Result<usize> {
+    /// Matches one page of queued tasks and grants in one batch; remembers
+    /// the placements of tasks no agent here can run.
+    async fn grant_page(&self, tasks: &[TaskRecord], now: i64) -> Result<PageOutcome> {
         let mut requests = Vec::new();
         let mut picked: Vec<&TaskRecord> = Vec::new();
+        let mut outcome = PageOutcome::default();
         for task in tasks {
             let Some(compiled) = self.compiled(task) else {
                 continue;
@@ -715,6 +789,19 @@ impl Dispatcher {
             metrics::histogram!(crate::metrics::MATCH_SECONDS)
                 .record(started.elapsed().as_secs_f64());
             let Some(selection) = selected else {
+                if !state.index.any_capable(&compiled, &task.namespace) {
+                    let key = ParkedPlacement {
+                        namespace: task.namespace.clone(),
+                        placement: task.placement.to_string(),
+                    };
+                    if state.parked.contains_key(&key) || state.parked.len() < MAX_PARKED_PLACEMENTS
+                    {
+                        state.parked.insert(key, compiled);
+                        metrics::gauge!(crate::metrics::PARKED_PLACEMENTS)
+                            .set(state.parked.len() as f64);
+                        outcome.parked += 1;
+                    }
+                }
                 continue;
             };
             // Reserve the slot so the next task of this round sees it taken.
@@ -735,7 +822,7 @@ impl Dispatcher {
             picked.push(task);
         }
         if requests.is_empty() {
-            return Ok(0);
+            return Ok(outcome);
         }
         // The grant's own time, read after the agents were picked: a slot
         // freed while the page was read was freed by a commit stamped
@@ -746,11 +833,10 @@ impl Dispatcher {
             self.shared.store.grant_leases(&requests, granted_at),
         )
         .await?;
-        let mut granted = 0;
-        for ((request, task), outcome) in requests.iter().zip(picked).zip(outcomes) {
-            match outcome {
+        for ((request, task), granted) in requests.iter().zip(picked).zip(outcomes) {
+            match granted {
                 GrantOutcome::Granted(lease) => {
-                    granted += 1;
+                    outcome.granted += 1;
                     self.push_grant(task, &lease);
                 }
                 GrantOutcome::Refused(refusal) => {
@@ -759,7 +845,7 @@ impl Dispatcher {
                 }
             }
         }
-        Ok(granted)
+        Ok(outcome)
     }
 
     async fn sweep_loop(self) {

@@ -31,6 +31,9 @@ pub const REQUEUES: &str = "switchyard_requeues_total";
 pub const MATCH_SECONDS: &str = "switchyard_match_seconds";
 /// Agents with a live session on this replica.
 pub const CONNECTED_AGENTS: &str = "switchyard_connected_agents";
+/// Distinct placements no agent on this replica can run, whose tasks the
+/// dispatcher's queue walk leaves out.
+pub const PARKED_PLACEMENTS: &str = "switchyard_parked_placements";
 /// Messages waiting in an agent stream's queue when one is pushed.
 pub const STREAM_QUEUE_DEPTH: &str = "switchyard_stream_queue_depth";
 /// Store call latency by operation.

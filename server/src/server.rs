@@ -125,6 +125,7 @@ pub async fn run_with_clock(
             heartbeat_interval_ms: config.heartbeat_interval_ms,
             ack_window_ms: config.ack_window_ms,
             sweep_interval_ms: config.sweep_interval_ms,
+            batch_size: config.dispatch_page,
             ..DispatchSettings::default()
         },
     );

@@ -329,15 +329,17 @@ macro_rules! task_select {
 
 /// A page of the queue, leasable at `$1`, in namespace `$2` (any if NULL),
 /// at most `$3` tasks, within `$range` (a condition on the queue index's
-/// leading columns, so the page is one range of `tasks_queue`), in queue
-/// order.
+/// leading columns, so the page is one range of `tasks_queue`), leaving out
+/// by `$not_parked` the parked placements in `$4` (a JSON array of
+/// `[namespace, placement text]` pairs), in queue order.
 macro_rules! queue_page {
-    ($range:literal) => {
+    ($range:literal, $not_parked:literal) => {
         concat!(
             task_select!(),
             "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
              AND ($2 IS NULL OR t.namespace = $2) ",
             $range,
+            $not_parked,
             " ORDER BY t.priority DESC, t.created_at_ms, t.id LIMIT $3"
         )
     };
@@ -367,9 +369,11 @@ pub(crate) use {agent_columns, lease_columns, queue_page, task_select};
 /// `$db` is the sqlx database, `$row` its row type, `$conn` its connection
 /// type; `$lock_task` is appended to the task SELECT to lock the row
 /// (`FOR UPDATE OF t` on PostgreSQL, nothing on SQLite), `$skip_locked` to
-/// sweeper candidate queries so replicas sweeping at once share the work.
+/// sweeper candidate queries so replicas sweeping at once share the work,
+/// and `$not_parked` is the queue page's condition that leaves out the
+/// parked placements in `$4` (see [`queue_page!`]).
 macro_rules! store_common {
-    ($db:ty, $row:ty, $conn:ty, $lock_task:literal, $skip_locked:literal) => {
+    ($db:ty, $row:ty, $conn:ty, $lock_task:literal, $skip_locked:literal, $not_parked:literal) => {
         use std::collections::BTreeMap as __BTreeMap;
 
         use serde_json::Value as __Value;
@@ -805,27 +809,37 @@ macro_rules! store_common {
             namespace: Option<&str>,
             now_ms: i64,
             after: Option<&QueueCursor>,
+            parked: &[ParkedPlacement],
             limit: u32,
         ) -> __Result<Vec<TaskRecord>> {
+            let parked = Json(
+                parked
+                    .iter()
+                    .map(|p| [p.namespace.as_str(), p.placement.as_str()])
+                    .collect::<Vec<_>>(),
+            );
             // Each query is one range of the queue index (`tasks_queue`), so
             // a page costs its own rows however deep in the queue it starts:
             // the rest of the cursor's priority, then the lower priorities.
             let Some(after) = after else {
-                let rows = sqlx::query(queue_page!(""))
+                let rows = sqlx::query(queue_page!("", $not_parked))
                     .bind(now_ms)
                     .bind(namespace)
                     .bind(i64::from(limit))
+                    .bind(&parked)
                     .fetch_all(&mut *conn)
                     .await
                     .map_err(db("listing queued tasks"))?;
                 return rows.iter().map(task_from_row).collect();
             };
             let mut rows = sqlx::query(queue_page!(
-                "AND t.priority = $4 AND (t.created_at_ms, t.id) > ($5, $6)"
+                "AND t.priority = $5 AND (t.created_at_ms, t.id) > ($6, $7)",
+                $not_parked
             ))
             .bind(now_ms)
             .bind(namespace)
             .bind(i64::from(limit))
+            .bind(&parked)
             .bind(after.priority)
             .bind(after.created_at_ms)
             .bind(after.task_id)
@@ -835,10 +849,11 @@ macro_rules! store_common {
             let rest = limit.saturating_sub(u32::try_from(rows.len()).unwrap_or(u32::MAX));
             if rest > 0 {
                 rows.extend(
-                    sqlx::query(queue_page!("AND t.priority < $4"))
+                    sqlx::query(queue_page!("AND t.priority < $5", $not_parked))
                         .bind(now_ms)
                         .bind(namespace)
                         .bind(i64::from(rest))
+                        .bind(&parked)
                         .bind(after.priority)
                         .fetch_all(&mut *conn)
                         .await

@@ -29,9 +29,9 @@ use uuid::Uuid;
 pub use model::{
     AgentRecord, AgentRegistration, Beat, BeatApplied, Completion, CompletionOutcome,
     CompletionResult, DEFAULT_BACKOFF_BASE_MS, DocumentWrite, GrantOutcome, GrantRefusal,
-    GrantRequest, LeaseRecord, LeaseReport, LeaseState, MAX_BACKOFF_MS, NewTask, Page, QueueCursor,
-    ReportApplied, ReportKind, StoreEvent, Submission, Submitted, TaskEventRecord, TaskFilter,
-    TaskRecord, TaskState, TokenRecord, UnknownState, backoff_ms,
+    GrantRequest, LeaseRecord, LeaseReport, LeaseState, MAX_BACKOFF_MS, NewTask, Page,
+    ParkedPlacement, QueueCursor, ReportApplied, ReportKind, StoreEvent, Submission, Submitted,
+    TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord, UnknownState, backoff_ms,
 };
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
@@ -73,12 +73,14 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<TaskEventRecord>>;
     /// The dispatcher's candidates: QUEUED tasks whose `not_before` has
-    /// passed, by priority (higher first) then first-in first-out.
+    /// passed, by priority (higher first) then first-in first-out, leaving
+    /// out those of the `parked` placements.
     async fn queued_tasks(
         &self,
         namespace: Option<&str>,
         now_ms: i64,
         after: Option<&QueueCursor>,
+        parked: &[ParkedPlacement],
         limit: u32,
     ) -> Result<Vec<TaskRecord>>;
 

@@ -368,7 +368,6 @@ pub struct Page {
     pub after: Option<String>,
 }
 
-/// Asks to lease a task to an agent.
 /// Where a walk down the queue stopped: the last task seen, in queue order
 /// (priority descending, then submission order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -392,6 +391,20 @@ impl QueueCursor {
     }
 }
 
+/// A placement no agent connected to this replica can run: the
+/// dispatcher's walk down the queue leaves out the queued tasks of this
+/// namespace with exactly this placement until an agent that can run it
+/// appears, so a great many parked tasks cost a round nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ParkedPlacement {
+    /// The tasks' namespace.
+    pub namespace: String,
+    /// The tasks' placement as JSON text (`TaskRecord::placement`
+    /// serialized); compared as JSON, not as text, where the store can.
+    pub placement: String,
+}
+
+/// Asks to lease a task to an agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GrantRequest {
     /// The task to lease.

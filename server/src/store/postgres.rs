@@ -28,7 +28,10 @@ store_common!(
     sqlx::postgres::PgRow,
     sqlx::PgConnection,
     " FOR UPDATE OF t",
-    " FOR UPDATE OF t SKIP LOCKED"
+    " FOR UPDATE OF t SKIP LOCKED",
+    // A hashed subplan: one probe per task however many are parked.
+    " AND (t.namespace, t.placement) NOT IN \
+     (SELECT p->>0, (p->>1)::jsonb FROM jsonb_array_elements($4::jsonb) AS p)"
 );
 
 /// The notification channel every replica listens on.
@@ -610,9 +613,11 @@ impl Store for PgStore {
         namespace: Option<&str>,
         now_ms: i64,
         after: Option<&QueueCursor>,
+        parked: &[ParkedPlacement],
         limit: u32,
     ) -> __Result<Vec<TaskRecord>> {
-        queued_tasks(&mut *self.read().await?, namespace, now_ms, after, limit).await
+        let mut conn = self.read().await?;
+        queued_tasks(&mut conn, namespace, now_ms, after, parked, limit).await
     }
 
     async fn grant_leases(

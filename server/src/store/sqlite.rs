@@ -25,7 +25,12 @@ store_common!(
     sqlx::sqlite::SqliteRow,
     sqlx::SqliteConnection,
     "",
-    ""
+    "",
+    // SQLite keeps the placement as the text it was given, which is how
+    // the dispatcher spells it too.
+    " AND (t.namespace, t.placement) NOT IN \
+     (SELECT json_extract(p.value, '$[0]'), json_extract(p.value, '$[1]') \
+     FROM json_each($4) AS p)"
 );
 
 /// How many events a slow subscriber may fall behind before it lags.
@@ -167,9 +172,11 @@ impl Store for SqliteStore {
         namespace: Option<&str>,
         now_ms: i64,
         after: Option<&QueueCursor>,
+        parked: &[ParkedPlacement],
         limit: u32,
     ) -> __Result<Vec<TaskRecord>> {
-        queued_tasks(&mut *self.read().await?, namespace, now_ms, after, limit).await
+        let mut conn = self.read().await?;
+        queued_tasks(&mut conn, namespace, now_ms, after, parked, limit).await
     }
 
     async fn grant_leases(

@@ -374,6 +374,62 @@ async fn parked_high_priority_tasks_never_block_runnable_ones(backend: Backend) 
     server.stop().await;
 }
 
+/// Parked tasks deeper than one dispatch round reads (64 pages; here pages
+/// of 4 tasks) neither starve a runnable task behind them nor lose their
+/// own turn: each is leased, oldest first, once an agent that can run it
+/// appears, whether it connects or gains the capability by a heartbeat.
+async fn parked_tasks_deeper_than_a_round_reads_never_starve(backend: Backend) {
+    let server = TestServer::start_with(backend, |c| c.dispatch_page = 4).await;
+    let mut tasks = server.tasks().await;
+    let mut first = std::collections::HashMap::new();
+    for i in 0..300 {
+        // Two placements nobody can run, interleaved.
+        let selector = if i % 2 == 0 { "gpu" } else { "tpu" };
+        let task = tasks
+            .submit_task(pb::SubmitTaskRequest {
+                kind: "train".into(),
+                priority: 10,
+                placement: Some(pb::Placement {
+                    selector: selector.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .task
+            .unwrap();
+        first.entry(selector).or_insert(task.task_id);
+    }
+    let runnable = submit(&server, "echo", "linux").await;
+    let mut agent = TestAgent::start(&server, "build-1", linux("20.0.0"), 1).await;
+    let grant = agent.grant().await;
+    assert_eq!(grant.task.as_ref().unwrap().task_id, runnable.task_id);
+    agent.run_to_success(&grant, json!({})).await;
+    // A second runnable task, submitted while the parked ones wait.
+    let next = submit(&server, "echo", "linux").await;
+    let grant = agent.grant().await;
+    assert_eq!(grant.task.as_ref().unwrap().task_id, next.task_id);
+    agent.run_to_success(&grant, json!({})).await;
+    // An agent that can run one placement connects: the oldest of it first.
+    let mut tpu = linux("20.0.0");
+    tpu["tags"] = json!(["linux", "tpu"]);
+    let mut tpu_agent = TestAgent::start(&server, "tpu-1", tpu, 1).await;
+    let grant = tpu_agent.grant().await;
+    assert_eq!(grant.task.as_ref().unwrap().task_id, first["tpu"]);
+    // The first agent gains the other capability by a heartbeat.
+    let mut gpu = linux("20.0.0");
+    gpu["tags"] = json!(["linux", "gpu"]);
+    let ack = agent
+        .heartbeat(pb::AgentStatus::Ready, &[], Some(gpu))
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    let grant = agent.grant().await;
+    assert_eq!(grant.task.as_ref().unwrap().task_id, first["gpu"]);
+    server.stop().await;
+}
+
 /// The capabilities the store holds for an agent.
 async fn stored(server: &TestServer, agent_id: &str) -> pb::CapabilityView {
     server
@@ -598,6 +654,7 @@ on_both_stores!(
     operator_overrides_unpark_and_show_their_tier,
     register_lease_complete,
     parked_high_priority_tasks_never_block_runnable_ones,
+    parked_tasks_deeper_than_a_round_reads_never_starve,
     parked_task_unparks_on_diff,
     degraded_capability_stops_only_what_needs_it,
     drained_agent_gets_nothing_until_undrained,

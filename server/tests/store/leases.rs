@@ -458,7 +458,7 @@ async fn failed_attempt_retries_after_backoff(fx: &mut Fixture) {
     assert_eq!(retried.error.as_ref().unwrap()["code"], "handler_error");
     assert!(
         store
-            .queued_tasks(Some("ns"), T0 + 10 + BACKOFF_BASE_MS - 1, None, 10)
+            .queued_tasks(Some("ns"), T0 + 10 + BACKOFF_BASE_MS - 1, None, &[], 10)
             .await
             .unwrap()
             .is_empty()
@@ -479,7 +479,7 @@ async fn failed_attempt_retries_after_backoff(fx: &mut Fixture) {
     let now = T0 + 10 + BACKOFF_BASE_MS;
     assert_eq!(
         store
-            .queued_tasks(Some("ns"), now, None, 10)
+            .queued_tasks(Some("ns"), now, None, &[], 10)
             .await
             .unwrap()
             .len(),

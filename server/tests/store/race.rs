@@ -44,7 +44,7 @@ async fn two_replicas_grant_1000_tasks_to_50_agents_exactly_once() {
                 let mut refused = 0_usize;
                 loop {
                     let candidates = store
-                        .queued_tasks(Some("ns"), T0 + 10_000, None, 64)
+                        .queued_tasks(Some("ns"), T0 + 10_000, None, &[], 64)
                         .await
                         .unwrap();
                     if candidates.is_empty() {

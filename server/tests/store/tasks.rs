@@ -4,7 +4,8 @@
 use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::store::{
-    GrantOutcome, GrantRefusal, Page, QueueCursor, StoreEvent, Submission, TaskFilter, TaskState,
+    GrantOutcome, GrantRefusal, Page, ParkedPlacement, QueueCursor, StoreEvent, Submission,
+    TaskFilter, TaskState,
 };
 use uuid::Uuid;
 
@@ -14,6 +15,7 @@ crate::both_backends!(
     submit_get_and_history,
     idempotent_submit,
     priority_then_fifo_and_not_before,
+    the_queue_walk_leaves_out_parked_placements,
     list_tasks_filters_and_pages,
     close_and_reopen_loses_nothing,
     submit_many_answers_each_submit_in_one_commit,
@@ -220,18 +222,18 @@ async fn priority_then_fifo_and_not_before(fx: &mut Fixture) {
         tasks.into_iter().map(|t| t.id).collect::<Vec<_>>()
     };
     let queued = store
-        .queued_tasks(Some("ns"), T0 + 10, None, 10)
+        .queued_tasks(Some("ns"), T0 + 10, None, &[], 10)
         .await
         .unwrap();
     assert_eq!(ids(queued), vec![high.id, low_a.id, low_b.id]);
     let queued = store
-        .queued_tasks(Some("ns"), T0 + 60_000, None, 10)
+        .queued_tasks(Some("ns"), T0 + 60_000, None, &[], 10)
         .await
         .unwrap();
     assert_eq!(ids(queued), vec![delayed.id, high.id, low_a.id, low_b.id]);
     assert_eq!(
         store
-            .queued_tasks(None, T0 + 10, None, 10)
+            .queued_tasks(None, T0 + 10, None, &[], 10)
             .await
             .unwrap()
             .len(),
@@ -243,20 +245,20 @@ async fn priority_then_fifo_and_not_before(fx: &mut Fixture) {
     let worker = agent(store, "ns", "w1", 1).await;
     grant(store, low_a.id, worker.id, T0 + 20).await;
     let queued = store
-        .queued_tasks(Some("ns"), T0 + 20, None, 10)
+        .queued_tasks(Some("ns"), T0 + 20, None, &[], 10)
         .await
         .unwrap();
     assert_eq!(ids(queued), vec![high.id, low_b.id]);
 
     // The queue can be walked page by page from a cursor, in the same order.
     let first = store
-        .queued_tasks(Some("ns"), T0 + 60_000, None, 2)
+        .queued_tasks(Some("ns"), T0 + 60_000, None, &[], 2)
         .await
         .unwrap();
     assert_eq!(ids(first.clone()), vec![delayed.id, high.id]);
     let cursor = QueueCursor::after(first.last().unwrap());
     let rest = store
-        .queued_tasks(Some("ns"), T0 + 60_000, Some(&cursor), 2)
+        .queued_tasks(Some("ns"), T0 + 60_000, Some(&cursor), &[], 2)
         .await
         .unwrap();
     assert_eq!(ids(rest), vec![low_b.id]);
@@ -267,7 +269,7 @@ async fn priority_then_fifo_and_not_before(fx: &mut Fixture) {
     submit(store, task("ns", 1, 1), T0 + 2).await;
     submit(store, task("ns", 1, 1), T0 + 2).await;
     let whole = ids(store
-        .queued_tasks(Some("ns"), T0 + 60_000, None, 100)
+        .queued_tasks(Some("ns"), T0 + 60_000, None, &[], 100)
         .await
         .unwrap());
     assert_eq!(whole.len(), 5);
@@ -275,7 +277,7 @@ async fn priority_then_fifo_and_not_before(fx: &mut Fixture) {
     let mut cursor: Option<QueueCursor> = None;
     loop {
         let page = store
-            .queued_tasks(Some("ns"), T0 + 60_000, cursor.as_ref(), 1)
+            .queued_tasks(Some("ns"), T0 + 60_000, cursor.as_ref(), &[], 1)
             .await
             .unwrap();
         let Some(last) = page.last() else { break };
@@ -283,6 +285,83 @@ async fn priority_then_fifo_and_not_before(fx: &mut Fixture) {
         walked.extend(ids(page));
     }
     assert_eq!(walked, whole);
+}
+
+/// The dispatcher names the placements no agent of its own can run, as the
+/// store gave them back; every page of the walk, from the head or from a
+/// cursor, leaves out exactly the queued tasks of those placements in
+/// those namespaces.
+async fn the_queue_walk_leaves_out_parked_placements(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let placed = |ns: &str, priority: i32, placement: serde_json::Value| {
+        let mut t = task(ns, priority, 1);
+        t.placement = placement;
+        t
+    };
+    let gpu = json!({"required_tags": ["gpu"]});
+    let big = json!({"required_tags": ["linux"], "requirements": [
+        {"key": "memory.total", "operator": "gte", "values": [16384.5, "x", {"b": 1, "a": [true, null]}]}
+    ]});
+    let mut all = Vec::new();
+    for i in 0..4 {
+        all.push(submit(store, placed("ns", 5 - i, gpu.clone()), T0 + i64::from(i)).await);
+        all.push(submit(store, placed("ns", 5 - i, big.clone()), T0 + i64::from(i)).await);
+        all.push(submit(store, task("ns", 5 - i, 1), T0 + i64::from(i)).await);
+        all.push(
+            submit(
+                store,
+                placed("other", 5 - i, gpu.clone()),
+                T0 + i64::from(i),
+            )
+            .await,
+        );
+    }
+    let key = |t: &switchyard_server::store::TaskRecord| ParkedPlacement {
+        namespace: t.namespace.clone(),
+        placement: t.placement.to_string(),
+    };
+    // gpu in `ns` and the big placement in `ns`, named from the tasks read.
+    let parked = [key(&all[0]), key(&all[1])];
+    let expected: Vec<Uuid> = all
+        .iter()
+        .filter(|t| !parked.contains(&key(t)))
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(expected.len(), 8);
+    let whole: Vec<Uuid> = store
+        .queued_tasks(None, T0 + 10, None, &parked, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    let mut sorted = whole.clone();
+    sorted.sort();
+    let mut want = expected.clone();
+    want.sort();
+    assert_eq!(sorted, want);
+    // Page by page, through the priorities, the same tasks in the same order.
+    let mut walked = Vec::new();
+    let mut cursor: Option<QueueCursor> = None;
+    loop {
+        let page = store
+            .queued_tasks(None, T0 + 10, cursor.as_ref(), &parked, 3)
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        cursor = Some(QueueCursor::after(last));
+        walked.extend(page.into_iter().map(|t| t.id));
+    }
+    assert_eq!(walked, whole);
+    // Nothing parked: every task.
+    assert_eq!(
+        store
+            .queued_tasks(None, T0 + 10, None, &[], 100)
+            .await
+            .unwrap()
+            .len(),
+        16
+    );
 }
 
 async fn list_tasks_filters_and_pages(fx: &mut Fixture) {
