@@ -74,8 +74,9 @@ impl Default for DispatchSettings {
 /// against the store (see [`Dispatcher::recount_loads`]).
 const RECOUNT_EVERY_SWEEPS: u64 = 10;
 
-/// The most distinct parked placements a dispatcher remembers; the tasks of
-/// any more are read and skipped by every round, as all were before.
+/// The most distinct parked placements a dispatcher remembers. One more
+/// makes it forget them all and find again those whose tasks still wait
+/// (each costs a page of the next walk).
 const MAX_PARKED_PLACEMENTS: usize = 256;
 
 /// Outbound half of one agent session.
@@ -123,6 +124,10 @@ struct State {
     /// Counts placements forgotten from `parked`; a round that sees it move
     /// walks again from the head, so their oldest tasks go first.
     unparked: u64,
+    /// Where the last round stopped when it read its most pages with slots
+    /// still free: the next round goes on from there, so every task is read
+    /// within a few rounds however much waits ahead of it.
+    resume: Option<QueueCursor>,
 }
 
 impl State {
@@ -699,7 +704,11 @@ impl Dispatcher {
     /// One round: walk the queue in priority order, page by page, matching
     /// each task against the connected agents, until no agent has room or
     /// the queue ends. A parked task is skipped, never a blocker: the walk
-    /// goes on to lower priorities. Returns how many leases were granted.
+    /// goes on to lower priorities, and the tasks of placements known to be
+    /// parked are not read at all. A round reads at most `MAX_PAGES` pages;
+    /// if it stops there with slots free, the next one goes on from where it
+    /// stopped, and the one after that starts at the head again. Returns
+    /// how many leases were granted.
     pub async fn dispatch_round(&self) -> Result<usize> {
         /// Pages one round reads at most; the next wake continues.
         const MAX_PAGES: usize = 64;
@@ -711,7 +720,9 @@ impl Dispatcher {
         let signals = self.shared.queued_signals.load(Ordering::SeqCst);
         let now = self.shared.clock.now_ms();
         let batch = self.shared.settings.batch_size;
-        let mut cursor: Option<QueueCursor> = None;
+        let mut cursor: Option<QueueCursor> = self.state().resume.take();
+        let mut from_head = cursor.is_none();
+        let mut full = false;
         let mut granted = 0;
         // Tasks read and left waiting that an agent here could run.
         let mut left = 0;
@@ -728,6 +739,7 @@ impl Dispatcher {
             // a whole batch of tasks for them is most of the round's cost.
             let free = self.state().index.free_slots(u64::from(batch));
             if free == 0 {
+                full = true;
                 break;
             }
             let limit = u32::try_from(free.saturating_mul(2))
@@ -740,7 +752,7 @@ impl Dispatcher {
             };
             if unparked != seen_unparked {
                 // Tasks passed over may be placeable now: start again.
-                (seen_unparked, cursor, left) = (unparked, None, 0);
+                (seen_unparked, cursor, left, from_head) = (unparked, None, 0, true);
             }
             let tasks = crate::metrics::timed(
                 "queued_tasks",
@@ -766,9 +778,12 @@ impl Dispatcher {
                 break;
             }
         }
-        if walked && left == 0 {
+        if walked && from_head && left == 0 {
             // Nothing an agent here can run was left waiting as of `signals`.
             self.shared.clear_at.store(signals, Ordering::SeqCst);
+        }
+        if !walked && !full {
+            self.state().resume = cursor;
         }
         Ok(granted)
     }
@@ -794,13 +809,19 @@ impl Dispatcher {
                         namespace: task.namespace.clone(),
                         placement: task.placement.to_string(),
                     };
-                    if state.parked.contains_key(&key) || state.parked.len() < MAX_PARKED_PLACEMENTS
+                    if !state.parked.contains_key(&key)
+                        && state.parked.len() >= MAX_PARKED_PLACEMENTS
                     {
-                        state.parked.insert(key, compiled);
-                        metrics::gauge!(crate::metrics::PARKED_PLACEMENTS)
-                            .set(state.parked.len() as f64);
-                        outcome.parked += 1;
+                        // Some may be stale (their tasks gone): start over;
+                        // the walk finds the live ones again in a page each,
+                        // and until it has, nothing overtakes their tasks.
+                        state.parked.clear();
+                        self.note_queued();
                     }
+                    state.parked.insert(key, compiled);
+                    metrics::gauge!(crate::metrics::PARKED_PLACEMENTS)
+                        .set(state.parked.len() as f64);
+                    outcome.parked += 1;
                 }
                 continue;
             };

@@ -430,6 +430,22 @@ async fn parked_tasks_deeper_than_a_round_reads_never_starve(backend: Backend) {
     server.stop().await;
 }
 
+/// More distinct parked placements than the dispatcher remembers (256),
+/// over twice as deep as a round reads (64 pages of 4): the next round goes
+/// on where the last one stopped, so the runnable task behind them is still
+/// reached. Fails if rounds always start at the head.
+async fn parked_tasks_of_many_placements_never_starve(backend: Backend) {
+    let server = TestServer::start_with(backend, |c| c.dispatch_page = 4).await;
+    for slot in 0..600 {
+        submit(&server, "pinned", &format!("custom_properties.slot={slot}")).await;
+    }
+    let runnable = submit(&server, "echo", "linux").await;
+    let mut agent = TestAgent::start(&server, "build-1", linux("20.0.0"), 1).await;
+    let grant = agent.grant().await;
+    assert_eq!(grant.task.as_ref().unwrap().task_id, runnable.task_id);
+    server.stop().await;
+}
+
 /// The capabilities the store holds for an agent.
 async fn stored(server: &TestServer, agent_id: &str) -> pb::CapabilityView {
     server
@@ -655,6 +671,7 @@ on_both_stores!(
     register_lease_complete,
     parked_high_priority_tasks_never_block_runnable_ones,
     parked_tasks_deeper_than_a_round_reads_never_starve,
+    parked_tasks_of_many_placements_never_starve,
     parked_task_unparks_on_diff,
     degraded_capability_stops_only_what_needs_it,
     drained_agent_gets_nothing_until_undrained,
