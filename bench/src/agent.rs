@@ -123,7 +123,24 @@ pub async fn register(
     index: usize,
     capacity: u32,
 ) -> anyhow::Result<Registered> {
-    let document = fleet::document(index, capacity);
+    register_as(
+        channel,
+        run,
+        index,
+        fleet::document(index, capacity),
+        capacity,
+    )
+    .await
+}
+
+/// Registers agent `index` of run `run` with `document`.
+pub async fn register_as(
+    channel: Channel,
+    run: &str,
+    index: usize,
+    document: Value,
+    capacity: u32,
+) -> anyhow::Result<Registered> {
     let reg = AgentServiceClient::new(channel)
         .register_agent(pb::RegisterAgentRequest {
             name: format!("bench-{run}-{index:05}"),
@@ -143,14 +160,36 @@ pub async fn register(
     })
 }
 
-/// Runs one agent's session until `stop` turns true or the stream ends.
-/// Returns once the Welcome arrived through `welcomed`.
+/// How an agent's session ends when told to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leave {
+    /// Hang up at once (the end of a run).
+    HangUp,
+    /// As a real agent leaves: say DRAINING, finish what was granted before
+    /// the server heard it, and hang up once every report is acknowledged
+    /// and [`LEAVE_LINGER`] passed since DRAINING was (or after
+    /// [`LEAVE_TIMEOUT`]).
+    Drain,
+}
+
+/// The longest a draining agent waits for its last acks.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a draining agent stays after the server acknowledged DRAINING:
+/// a grant picked for it just before can still be on its way (see
+/// BENCHMARKS.md), and hanging up on it would leave it to the ack window.
+const LEAVE_LINGER: Duration = Duration::from_millis(500);
+
+/// Runs one agent's session until `stop` turns true (then leaves as
+/// `leave` says) or the stream ends. Says when the Welcome arrived through
+/// `welcomed`.
 pub async fn run(
     channel: Channel,
     agent: Registered,
     counters: Arc<Counters>,
     mut stop: watch::Receiver<bool>,
     welcomed: tokio::sync::oneshot::Sender<()>,
+    leave: Leave,
 ) -> anyhow::Result<()> {
     let Registered {
         index,
@@ -197,10 +236,34 @@ pub async fn run(
     let mut welcomed = Some(welcomed);
     let mut beat = 0u64;
     let mut running = 0u32;
+    // Draining: the sequence of the DRAINING heartbeat, when the server
+    // acknowledged it, and when to give up waiting.
+    let mut leaving: Option<(u64, Option<tokio::time::Instant>, tokio::time::Instant)> = None;
     loop {
+        if let Some((_, Some(acked_at), _)) = leaving
+            && session.succeeded.is_empty()
+            && acked_at.elapsed() >= LEAVE_LINGER
+        {
+            break;
+        }
         tokio::select! {
-            _ = stop.changed() => break,
-            _ = ticker.tick(), if welcomed.is_none() => {
+            _ = stop.changed(), if leaving.is_none() => {
+                if leave == Leave::HangUp || welcomed.is_some() {
+                    break;
+                }
+                let load = document["loadavg"]["1min"].as_f64().unwrap_or(0.0);
+                session.send(Up::Heartbeat(pb::Heartbeat {
+                    status: pb::AgentStatus::Draining as i32,
+                    status_reasons: vec!["leaving".into()],
+                    load: Some(pb::AgentLoad { running_leases: running, load_average: load }),
+                    capability_diff: None,
+                })).await?;
+                leaving = Some((session.sequence, None, tokio::time::Instant::now() + LEAVE_TIMEOUT));
+            }
+            _ = tokio::time::sleep_until(leaving.map_or_else(tokio::time::Instant::now, |l| l.2)), if leaving.is_some() => break,
+            _ = tokio::time::sleep_until(leaving.and_then(|l| l.1).map_or_else(tokio::time::Instant::now, |at| at + LEAVE_LINGER)),
+                if leaving.is_some_and(|l| l.1.is_some()) => {}
+            _ = ticker.tick(), if welcomed.is_none() && leaving.is_none() => {
                 beat += 1;
                 fleet::drift(&mut document, index, beat);
                 // Diff against what the server acknowledged holding; while a
@@ -278,6 +341,10 @@ pub async fn run(
                         running -= 1;
                     }
                     Down::Ack(ack) => {
+                        if let Some((sequence, acked, _)) = leaving.as_mut()
+                            && *sequence == ack.sequence {
+                                *acked = Some(tokio::time::Instant::now());
+                            }
                         if session.pending.as_ref().is_some_and(|p| p.0 == ack.sequence)
                             && let Some((_, held)) = session.pending.take()
                                 && ack.code == 0 {

@@ -11,14 +11,20 @@
 //! queue; no agent exists yet), then the fleet connects and drains the
 //! queue, as the job-queue peers in `bench/peers` are measured.
 //!
+//! With `--parked N` the queue first gets N tasks no agent can run, ahead of
+//! every other; `--churn R` has agents join and leave while the tasks flow;
+//! `--drain-parked D` then connects agents that can run the parked tasks.
+//!
 //! # Layout
 //! - [`fleet`]: the agents' capability documents and the placement mix.
+//! - [`parked`]: parked tasks, churning agents, and the parked tasks' drain.
 //! - [`agent`]: one simulated agent's session, and the shared counters.
 //! - [`server`]: starting a server binary, and reading `/proc` for its cost.
 //! - [`report`]: percentiles and the printed result.
 
 mod agent;
 mod fleet;
+mod parked;
 mod report;
 mod server;
 
@@ -124,6 +130,24 @@ struct Cli {
     /// Print the report as JSON.
     #[arg(long, env = "SWITCHYARD_BENCH_JSON")]
     json: bool,
+    /// Before anything else, submit this many tasks (priority 10, ahead of
+    /// the others) that no agent of the fleet can run: they stay parked.
+    #[arg(long, env = "SWITCHYARD_BENCH_PARKED", default_value_t = 0)]
+    parked: u64,
+    /// Distinct placements the parked tasks are spread over.
+    #[arg(long, env = "SWITCHYARD_BENCH_PARKED_PLACEMENTS", default_value_t = 16)]
+    parked_placements: usize,
+    /// Agents joining per second while the tasks flow (each leaves, draining
+    /// first, after --churn-life-secs).
+    #[arg(long, env = "SWITCHYARD_BENCH_CHURN", default_value_t = 0.0)]
+    churn: f64,
+    /// How long each churning agent stays connected.
+    #[arg(long, env = "SWITCHYARD_BENCH_CHURN_LIFE_SECS", default_value_t = 10.0)]
+    churn_life_secs: f64,
+    /// After the run, connect this many agents that can run every parked
+    /// task, and measure how fast they drain them.
+    #[arg(long, env = "SWITCHYARD_BENCH_DRAIN_PARKED", default_value_t = 0)]
+    drain_parked: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -138,6 +162,17 @@ fn main() -> anyhow::Result<()> {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut mix = fleet::Mix::named(&cli.placements, cli.agents)?;
     mix.selectivity(cli.agents, cli.capacity)?;
+    if cli.parked > 0 {
+        anyhow::ensure!(
+            cli.parked_placements > 0,
+            "--parked-placements must be at least 1"
+        );
+        let churners = (cli.churn * 3_600.0) as usize;
+        parked::check(cli.agents, churners, cli.capacity, cli.parked_placements)?;
+    }
+    if cli.churn > 0.0 {
+        anyhow::ensure!(cli.churn.is_finite(), "--churn must be finite");
+    }
     let mix = Arc::new(mix);
 
     let spawned = match (&cli.server, &cli.server_bin) {
@@ -212,7 +247,15 @@ async fn connect_fleet(
         let (welcomed_tx, welcomed_rx) = tokio::sync::oneshot::channel();
         sessions.spawn(async move {
             let registered = agent::register(ch.clone(), &run_id, i, capacity).await?;
-            agent::run(ch, registered, counters, stop, welcomed_tx).await
+            agent::run(
+                ch,
+                registered,
+                counters,
+                stop,
+                welcomed_tx,
+                agent::Leave::HangUp,
+            )
+            .await
         });
         connecting.spawn(async move {
             let ok = welcomed_rx.await.is_ok();
@@ -346,6 +389,37 @@ async fn drive(
         channels.push(channel(url).await?);
     }
 
+    // Parked tasks first, ahead of everything else.
+    let mut parked_report = None;
+    if cli.parked > 0 {
+        let before = pid.and_then(server::sample);
+        let (ok, errors, seconds) = parked::submit(
+            channel(url).await?,
+            cli.parked,
+            cli.parked_placements,
+            cli.submitters,
+        )
+        .await?;
+        let after = pid.and_then(server::sample);
+        parked_report = Some(parked::ParkedReport {
+            tasks: ok,
+            submit_errors: errors,
+            placements: cli.parked_placements,
+            submit_seconds: seconds,
+            submits_per_sec: if seconds > 0.0 {
+                ok as f64 / seconds
+            } else {
+                0.0
+            },
+            submit_cpu_seconds: before
+                .zip(after.as_ref())
+                .map(|(a, b)| b.cpu_seconds - a.cpu_seconds),
+            rss_mib_after_submit: after.map(|a| a.rss_kib as f64 / 1024.0),
+            churn: None,
+            drain: None,
+        });
+    }
+
     // Preloaded: queue every task while no agent exists.
     let mut preload_cpu_seconds = None;
     let mut submitted = None;
@@ -400,6 +474,19 @@ async fn drive(
     let hb_count_at_connect = counters.heartbeats.load(Ordering::Relaxed);
     let connected_at = Instant::now();
 
+    // Agents join and leave while the tasks flow.
+    let churn = (cli.churn > 0.0).then(|| {
+        parked::Churn::start(
+            channels.clone(),
+            run_id.clone(),
+            cli.agents,
+            cli.capacity,
+            cli.churn,
+            Duration::from_secs_f64(cli.churn_life_secs.max(0.0)),
+            counters.clone(),
+        )
+    });
+
     // Ordinary: submit to the connected fleet.
     let submitted = match submitted {
         Some(s) => s,
@@ -452,10 +539,39 @@ async fn drive(
                 Some(100.0 * (b.cpu_seconds - a.cpu_seconds) / t0.elapsed().as_secs_f64());
         }
     }
+    if let Some(churn) = churn {
+        let report = churn.stop().await?;
+        if let Some(p) = parked_report.as_mut() {
+            p.churn = Some(report);
+        } else {
+            eprintln!(
+                "churn: {} agents joined, {} left, {} failed",
+                report.joined, report.left, report.failed
+            );
+        }
+    }
     let connected_minutes = connected_at.elapsed().as_secs_f64() / 60.0;
     let hb_bytes = counters.heartbeat_bytes.load(Ordering::Relaxed) - hb_bytes_at_connect;
     let hb_count = counters.heartbeats.load(Ordering::Relaxed) - hb_count_at_connect;
     let end = pid.and_then(server::sample);
+    if cli.drain_parked > 0
+        && let Some(p) = parked_report.as_mut()
+    {
+        p.drain = Some(
+            parked::drain(
+                &channels,
+                &run_id,
+                cli.agents + 1_000_000,
+                cli.drain_parked,
+                cli.capacity,
+                cli.parked_placements,
+                p.tasks,
+                Duration::from_secs(cli.timeout_secs),
+                pid,
+            )
+            .await?,
+        );
+    }
     let _ = stop_tx.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(joined) = sessions.join_next().await {
@@ -564,5 +680,6 @@ async fn drive(
         },
         heartbeat_interval_ms: cli.heartbeat_interval_ms,
         server,
+        parked: parked_report,
     })
 }

@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use crate::parked::ParkedReport;
+
 /// Everything a run measured.
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -59,6 +61,9 @@ pub struct Report {
     pub heartbeat_interval_ms: u64,
     /// The server's process, when known.
     pub server: Option<ServerCost>,
+    /// Parked tasks, churning agents and the parked tasks' drain
+    /// (`--parked`).
+    pub parked: Option<ParkedReport>,
 }
 
 /// The server's resource use.
@@ -256,6 +261,50 @@ impl Report {
                     s.peak_rss_mib, s.connected_rss_mib, s.rss_mib, s.threads, s.pid
                 ),
             ));
+        }
+        if let Some(p) = &self.parked {
+            rows.push((
+                "parked".into(),
+                format!(
+                    "{} tasks over {} placements, priority 10, submitted in {:.2} s ({:.0}/s, {} errors){}{}",
+                    p.tasks,
+                    p.placements,
+                    p.submit_seconds,
+                    p.submits_per_sec,
+                    p.submit_errors,
+                    p.submit_cpu_seconds
+                        .map(|c| format!(", server {c:.2} s CPU"))
+                        .unwrap_or_default(),
+                    p.rss_mib_after_submit
+                        .map(|r| format!(", RSS {r:.1} MiB after"))
+                        .unwrap_or_default()
+                ),
+            ));
+            if let Some(c) = &p.churn {
+                rows.push((
+                    "  churn".into(),
+                    format!(
+                        "{}/s joining for {:.0} s each: {} joined, {} left, {} failed",
+                        c.rate_per_sec, c.life_secs, c.joined, c.left, c.failed
+                    ),
+                ));
+            }
+            if let Some(d) = &p.drain {
+                rows.push((
+                    "  drain".into(),
+                    format!(
+                        "{} agents x {}: {} completed in {:.2} s ({:.0}/s){}",
+                        d.agents,
+                        d.capacity,
+                        d.completions,
+                        d.seconds,
+                        d.completions_per_sec,
+                        d.server_cpu_percent
+                            .map(|c| format!(", server {c:.0}% of a core"))
+                            .unwrap_or_default()
+                    ),
+                ));
+            }
         }
         let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
         rows.iter()
