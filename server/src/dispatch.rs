@@ -89,6 +89,8 @@ struct PageOutcome {
     granted: usize,
     /// Tasks left out of later pages: no agent here can run them.
     parked: usize,
+    /// The first task of the page that is not parked.
+    first_live: Option<usize>,
 }
 
 /// One live session on this replica.
@@ -128,7 +130,32 @@ struct State {
     /// still free: the next round goes on from there, so every task is read
     /// within a few rounds however much waits ahead of it.
     resume: Option<QueueCursor>,
+    /// Counts changes that put parked tasks back in the walk: placements
+    /// forgotten because an agent can run them, or all of them at the cap.
+    parked_epoch: u64,
+    /// How far the head of the queue is parked tasks only, as the last walk
+    /// from the head found it.
+    skip: Option<Skip>,
 }
+
+/// The head of the queue up to `to` holds only tasks of parked placements
+/// (every due queued task, if `to` is `None`): a walk from the head may
+/// start at `to`. The store leaves those tasks out of every page, but it
+/// still reads each to do so, and a hundred thousand of them cost a page
+/// tens of milliseconds. Valid while nothing was queued ahead of `to`
+/// (`signals`), no parked placement was forgotten (`parked_epoch`), and
+/// for [`SKIP_TTL_MS`] at most: a delayed task ahead of `to` that came due
+/// is read within that time.
+#[derive(Debug, Clone, Copy)]
+struct Skip {
+    to: Option<QueueCursor>,
+    signals: u64,
+    parked_epoch: u64,
+    made_at_ms: i64,
+}
+
+/// How long a [`Skip`] holds at most.
+const SKIP_TTL_MS: i64 = 5_000;
 
 impl State {
     /// Forgets the parked placements `view`'s agent can run; true if any.
@@ -145,6 +172,7 @@ impl State {
         }
         metrics::gauge!(crate::metrics::PARKED_PLACEMENTS).set(self.parked.len() as f64);
         self.unparked += 1;
+        self.parked_epoch += 1;
         true
     }
 
@@ -369,6 +397,22 @@ impl Dispatcher {
     /// way in until a dispatch round has seen the queue empty again.
     pub fn note_queued(&self) {
         self.shared.queued_signals.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// [`Dispatcher::note_queued`] for a task whose place in the queue is
+    /// known: a walk may still skip the parked head of the queue if the
+    /// task is behind it.
+    pub fn note_queued_at(&self, priority: i32, created_at_ms: i64, task_id: Uuid) {
+        let mut state = self.state();
+        let before = self.shared.queued_signals.fetch_add(1, Ordering::SeqCst);
+        if let Some(skip) = state.skip.as_mut()
+            && skip.signals == before
+            && skip
+                .to
+                .is_some_and(|to| to.reaches(priority, created_at_ms, task_id))
+        {
+            skip.signals = before + 1;
+        }
     }
 
     /// Picks and reserves an agent for a task being submitted, if one
@@ -722,6 +766,31 @@ impl Dispatcher {
         let batch = self.shared.settings.batch_size;
         let mut cursor: Option<QueueCursor> = self.state().resume.take();
         let mut from_head = cursor.is_none();
+        let epoch = self.state().parked_epoch;
+        if from_head {
+            let skip = self.state().skip;
+            match skip {
+                Some(skip)
+                    if skip.signals == signals
+                        && skip.parked_epoch == epoch
+                        && now - skip.made_at_ms < SKIP_TTL_MS =>
+                {
+                    match skip.to {
+                        Some(to) => cursor = Some(to),
+                        // Every due task is parked, and nothing came since.
+                        None => {
+                            self.shared.clear_at.store(signals, Ordering::SeqCst);
+                            return Ok(0);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let skip_from = cursor;
+        // Just before the first task of this walk from the head that is
+        // not parked (where the next walk from the head may start).
+        let mut first_live: Option<QueueCursor> = None;
         let mut full = false;
         let mut granted = 0;
         // Tasks read and left waiting that an agent here could run.
@@ -753,6 +822,7 @@ impl Dispatcher {
             if unparked != seen_unparked {
                 // Tasks passed over may be placeable now: start again.
                 (seen_unparked, cursor, left, from_head) = (unparked, None, 0, true);
+                first_live = None;
             }
             let tasks = crate::metrics::timed(
                 "queued_tasks",
@@ -767,6 +837,11 @@ impl Dispatcher {
             };
             cursor = Some(QueueCursor::after(last));
             let page = self.grant_page(&tasks, now).await?;
+            if first_live.is_none()
+                && let Some(i) = page.first_live
+            {
+                first_live = Some(QueueCursor::before(&tasks[i]));
+            }
             granted += page.granted;
             left += tasks.len() - page.granted - page.parked;
             let page_granted = page.granted;
@@ -782,6 +857,23 @@ impl Dispatcher {
             // Nothing an agent here can run was left waiting as of `signals`.
             self.shared.clear_at.store(signals, Ordering::SeqCst);
         }
+        if from_head {
+            let to = match (first_live, walked, cursor.or(skip_from)) {
+                (Some(at), _, _) => Some(Some(at)),
+                (None, true, _) => Some(None),
+                // Every task read was parked: up to the last one.
+                (None, false, Some(last)) => Some(Some(last)),
+                // Nothing read (no free slot): nothing learned.
+                (None, false, None) => None,
+            };
+            let mut state = self.state();
+            state.skip = to.filter(|_| state.parked_epoch == epoch).map(|to| Skip {
+                to,
+                signals,
+                parked_epoch: epoch,
+                made_at_ms: now,
+            });
+        }
         if !walked && !full {
             self.state().resume = cursor;
         }
@@ -794,8 +886,9 @@ impl Dispatcher {
         let mut requests = Vec::new();
         let mut picked: Vec<&TaskRecord> = Vec::new();
         let mut outcome = PageOutcome::default();
-        for task in tasks {
+        for (i, task) in tasks.iter().enumerate() {
             let Some(compiled) = self.compiled(task) else {
+                outcome.first_live.get_or_insert(i);
                 continue;
             };
             let mut state = self.state();
@@ -816,15 +909,19 @@ impl Dispatcher {
                         // the walk finds the live ones again in a page each,
                         // and until it has, nothing overtakes their tasks.
                         state.parked.clear();
+                        state.parked_epoch += 1;
                         self.note_queued();
                     }
                     state.parked.insert(key, compiled);
                     metrics::gauge!(crate::metrics::PARKED_PLACEMENTS)
                         .set(state.parked.len() as f64);
                     outcome.parked += 1;
+                } else {
+                    outcome.first_live.get_or_insert(i);
                 }
                 continue;
             };
+            outcome.first_live.get_or_insert(i);
             // Reserve the slot so the next task of this round sees it taken.
             if let Some(view) = state.index.get(&selection.agent_id) {
                 let active = view.active_leases + 1;
@@ -1011,8 +1108,16 @@ impl Dispatcher {
     async fn event_loop(self, mut events: broadcast::Receiver<StoreEvent>) {
         loop {
             match events.recv().await {
-                Ok(StoreEvent::TaskQueued { .. }) => {
-                    self.note_queued();
+                Ok(StoreEvent::TaskQueued {
+                    task_id,
+                    priority,
+                    created_at_ms,
+                    ..
+                }) => {
+                    match (priority, created_at_ms) {
+                        (Some(p), Some(c)) => self.note_queued_at(p, c, task_id),
+                        _ => self.note_queued(),
+                    }
                     self.wake();
                 }
                 Ok(StoreEvent::TaskChanged { task_id, .. }) => {

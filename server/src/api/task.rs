@@ -250,7 +250,8 @@ impl TaskService for TaskApi {
         };
         tracing::info!(task = %record.id, created, leased, "task submitted");
         if created && !leased {
-            api.dispatcher.note_queued();
+            api.dispatcher
+                .note_queued_at(record.priority, record.created_at_ms, record.id);
             api.dispatcher.wake();
         }
         // The reason from this replica's connected agents, in memory: reading

@@ -666,11 +666,9 @@ macro_rules! store_common {
                 now_ms,
             )
             .await?;
-            events.push(StoreEvent::TaskQueued {
-                namespace: task.namespace.clone(),
-                task_id: id,
-            });
-            Ok((must_fetch_task(conn, id).await?, true))
+            let record = must_fetch_task(conn, id).await?;
+            events.push(StoreEvent::queued(&record));
+            Ok((record, true))
         }
 
         /// What the store refuses before any statement runs.
@@ -1076,10 +1074,7 @@ macro_rules! store_common {
             .await
             .map_err(db("settling a task"))?;
             if state == TaskState::Queued {
-                events.push(StoreEvent::TaskQueued {
-                    namespace: task.namespace.clone(),
-                    task_id: task.id,
-                });
+                events.push(StoreEvent::queued(task));
             }
             events.push(StoreEvent::TaskChanged {
                 task_id: task.id,

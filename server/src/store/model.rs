@@ -389,6 +389,23 @@ impl QueueCursor {
             task_id: task.id,
         }
     }
+
+    /// The cursor just before `task`: a walk from it reads `task` first.
+    pub fn before(task: &TaskRecord) -> Self {
+        Self {
+            priority: task.priority,
+            created_at_ms: task.created_at_ms,
+            task_id: Uuid::from_u128(task.id.as_u128().saturating_sub(1)),
+        }
+    }
+
+    /// Whether a walk from this cursor reads a task at this place in the
+    /// queue (it comes after the cursor).
+    pub fn reaches(&self, priority: i32, created_at_ms: i64, task_id: Uuid) -> bool {
+        priority < self.priority
+            || (priority == self.priority
+                && (created_at_ms, task_id) > (self.created_at_ms, self.task_id))
+    }
 }
 
 /// A placement no agent connected to this replica can run: the
@@ -597,6 +614,13 @@ pub enum StoreEvent {
         namespace: String,
         /// The task.
         task_id: Uuid,
+        /// Its place in the queue (priority, then submit time), so a
+        /// dispatcher knows whether it waits ahead of what it has walked
+        /// past; absent from older replicas.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        priority: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        created_at_ms: Option<i64>,
     },
     /// A task changed state.
     TaskChanged {
@@ -628,6 +652,18 @@ pub enum StoreEvent {
         /// Why.
         reason: String,
     },
+}
+
+impl StoreEvent {
+    /// `task` was queued or re-queued.
+    pub fn queued(task: &TaskRecord) -> Self {
+        StoreEvent::TaskQueued {
+            namespace: task.namespace.clone(),
+            task_id: task.id,
+            priority: Some(task.priority),
+            created_at_ms: Some(task.created_at_ms),
+        }
+    }
 }
 
 /// The first retry delay unless a store is configured otherwise.

@@ -449,10 +449,7 @@ async fn insert_submits(
                 state: TaskState::Leased,
             }
         } else {
-            StoreEvent::TaskQueued {
-                namespace: task.namespace.clone(),
-                task_id: id,
-            }
+            StoreEvent::queued(&record)
         });
         out[slot] = Some(Ok((record, true, grant)));
     }
@@ -897,10 +894,7 @@ impl Store for PgStore {
                     });
                 };
                 if settled.task_state == TaskState::Queued {
-                    events.push(StoreEvent::TaskQueued {
-                        namespace: task.namespace.clone(),
-                        task_id: task.id,
-                    });
+                    events.push(StoreEvent::queued(task));
                 }
                 events.push(StoreEvent::TaskChanged {
                     task_id: task.id,
@@ -1542,10 +1536,7 @@ async fn whole_attempts(
     }
     for (c, _, task, settled) in &settle {
         if settled.task_state == TaskState::Queued {
-            events.push(StoreEvent::TaskQueued {
-                namespace: task.namespace.clone(),
-                task_id: task.id,
-            });
+            events.push(StoreEvent::queued(task));
         }
         events.push(StoreEvent::TaskChanged {
             task_id: task.id,

@@ -36,7 +36,24 @@ async fn subscribers_hear_queued_and_changed_tasks(fx: &mut Fixture) {
         queued,
         StoreEvent::TaskQueued {
             namespace: "ns".to_owned(),
-            task_id: t.id
+            task_id: t.id,
+            priority: Some(0),
+            created_at_ms: Some(T0),
+        }
+    );
+    // As a replica of an older version announces it (no place in the
+    // queue): still understood.
+    let older: StoreEvent = serde_json::from_value(serde_json::json!({
+        "t": "task_queued", "namespace": "ns", "task_id": t.id,
+    }))
+    .unwrap();
+    assert_eq!(
+        older,
+        StoreEvent::TaskQueued {
+            namespace: "ns".to_owned(),
+            task_id: t.id,
+            priority: None,
+            created_at_ms: None,
         }
     );
     // Agent changes are announced to other replicas only (see the race

@@ -120,6 +120,8 @@ async fn an_event_from_one_replica_reaches_the_other() {
     let expected = StoreEvent::TaskQueued {
         namespace: "ns".to_owned(),
         task_id: t.id,
+        priority: Some(0),
+        created_at_ms: Some(T0),
     };
     assert_eq!(
         wait_for(&mut heard_by_other, |e| *e == expected).await,
