@@ -42,6 +42,7 @@ use crate::matcher::{self, AgentStatus, AgentView, Availability, Explanation};
 use crate::placement::{CompiledPlacement, Operator, PreferenceCondition};
 use json_patch::jsonptr::Pointer;
 use serde_json::Value;
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -502,8 +503,8 @@ impl AgentIndex {
     fn required_postings<'a>(
         ns: &'a NamespacePostings,
         placement: &CompiledPlacement,
-    ) -> Option<Vec<&'a Posting>> {
-        let mut required: Vec<&Posting> = Vec::new();
+    ) -> Option<Vec<Cow<'a, Posting>>> {
+        let mut required: Vec<Cow<'a, Posting>> = Vec::new();
         let value_posting = |path: &str, v: &Value| -> Option<&'a Posting> {
             if ns.partial.contains_key(path) {
                 return ns.paths.get(path);
@@ -511,26 +512,81 @@ impl AgentIndex {
             ns.values.get(path)?.get(&ScalarKey::of(v)?)
         };
         for tag in &placement.placement().required_tags {
-            required.push(value_posting("tags", &Value::String(tag.clone()))?);
+            required.push(Cow::Borrowed(value_posting(
+                "tags",
+                &Value::String(tag.clone()),
+            )?));
         }
-        for r in placement.requirements() {
-            let r = r.requirement();
+        for compiled in placement.requirements() {
+            let r = compiled.requirement();
             if may_index_array(&r.key) {
                 continue;
             }
             match r.operator {
                 Operator::NotExists | Operator::NotIn => {}
                 Operator::Eq if r.values.first().and_then(ScalarKey::of).is_some() => {
-                    required.push(r.values.first().and_then(|v| value_posting(&r.key, v))?);
+                    required.push(Cow::Borrowed(
+                        r.values.first().and_then(|v| value_posting(&r.key, v))?,
+                    ));
                 }
-                _ => required.push(ns.paths.get(r.key.as_str())?),
+                _ => match Self::numeric_range_posting(ns, compiled) {
+                    Some(posting) if posting.is_empty() => return None,
+                    Some(posting) => required.push(Cow::Owned(posting)),
+                    None => required.push(Cow::Borrowed(ns.paths.get(r.key.as_str())?)),
+                },
             }
         }
         for c in &placement.placement().capabilities {
-            required.push(ns.paths.get(format!("provides.{}", c.name).as_str())?);
+            required.push(Cow::Borrowed(
+                ns.paths.get(format!("provides.{}", c.name).as_str())?,
+            ));
         }
         required.sort_by_key(|p| p.len());
         Some(required)
+    }
+
+    /// For a numeric comparison (`memory.total>=32768`) on a path with few
+    /// distinct values: the agents holding a value there that satisfies it.
+    /// An array, an object, null or a boolean never satisfies a comparison,
+    /// so every agent that does is among them. `None` when the path's values
+    /// are too many or not all indexed: then only its presence narrows.
+    /// Without this, a comparison every agent has the path for (but few
+    /// satisfy) walks every available agent.
+    fn numeric_range_posting(
+        ns: &NamespacePostings,
+        requirement: &crate::placement::CompiledRequirement,
+    ) -> Option<Posting> {
+        /// Distinct values at most to look through.
+        const MAX_VALUES: usize = 64;
+        let r = requirement.requirement();
+        let numeric_operand = r.values.len() == 1 && r.values[0].is_number();
+        if !matches!(
+            r.operator,
+            Operator::Gt | Operator::Gte | Operator::Lt | Operator::Lte
+        ) || !numeric_operand
+            || ns.partial.contains_key(r.key.as_str())
+        {
+            return None;
+        }
+        let values = ns.values.get(r.key.as_str())?;
+        if values.len() > MAX_VALUES {
+            return None;
+        }
+        let mut posting = Posting::new();
+        for (key, agents) in values {
+            // The value as the matcher compares it: a number as its f64.
+            let value = match key {
+                ScalarKey::Null => Value::Null,
+                ScalarKey::Bool(b) => Value::Bool(*b),
+                ScalarKey::Number(bits) => serde_json::Number::from_f64(f64::from_bits(*bits))
+                    .map_or(Value::Null, Value::Number),
+                ScalarKey::String(s) => Value::String(s.clone()),
+            };
+            if requirement.holds_for(&value) {
+                posting.extend(agents.iter().cloned());
+            }
+        }
+        Some(posting)
     }
 
     /// Each preference's weight with the posting an agent must be in to satisfy it (`None`: any
@@ -589,7 +645,7 @@ impl AgentIndex {
         let mut best: Option<(u64, &IndexedAgent)> = None;
         match required.first() {
             Some(candidates) if candidates.len().saturating_mul(32) <= ns.available.len() => {
-                for id in *candidates {
+                for id in candidates.iter() {
                     let Some(agent) = self.agents.get(id) else {
                         continue;
                     };
@@ -660,7 +716,7 @@ impl AgentIndex {
         let Some(required) = Self::required_postings(ns, placement) else {
             return false;
         };
-        let candidates = required.first().copied().unwrap_or(&ns.all);
+        let candidates: &Posting = required.first().map_or(&ns.all, |p| p);
         candidates.iter().any(|id| {
             self.agents.get(id).is_some_and(|agent| {
                 agent.view.status.takes_work()

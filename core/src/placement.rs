@@ -738,7 +738,19 @@ impl CompiledRequirement {
                 Err((None, None))
             };
         };
-        let fail = |note: Option<String>| Err((Some(actual), note));
+        self.check_value(actual)
+            .map_err(|note| (Some(actual), note))
+    }
+
+    /// Whether `value`, found at the requirement's key, satisfies it.
+    pub fn holds_for(&self, value: &Value) -> bool {
+        self.check_value(value).is_ok()
+    }
+
+    /// [`CompiledRequirement::check`] of the value found at the key.
+    fn check_value(&self, actual: &Value) -> Result<(), Option<String>> {
+        let op = self.requirement.operator;
+        let fail = |note: Option<String>| Err(note);
         let holds = match (&self.operand, op) {
             (_, Operator::Exists) => true,
             (_, Operator::NotExists) => false,

@@ -155,10 +155,22 @@ proptest! {
             Just("linux"), Just("linux, docker"), Just("!gpu"), Just("n>=20"), Just("n=7"),
             Just("linux, prefer 3: gpu"), Just("prefer 2: docker, prefer 1: n<10"), Just("v@^2"),
             Just("provides ai.llm@1"), Just("prefer 4: provides ai.llm@1, docker"), Just(""),
+            Just("n<3, linux"), Just("m>=16"), Just("m>8, n<=30"), Just("s>=2"), Just("w<2"),
         ],
     ) {
         let agents: Vec<AgentView> = specs.iter().enumerate().map(|(i, (tags, cap, active, last, status, n, llm))| {
-            let mut doc = json!({"tags": tags, "n": n, "v": format!("{}.{}.0", n % 4, n)});
+            // `m`: few distinct numbers; `s`: numbers as text, or absent;
+            // `w`: an array for some agents, an object for others.
+            let m = [4, 8, 16, 32][(*n % 4) as usize];
+            let mut doc = json!({"tags": tags, "n": n, "v": format!("{}.{}.0", n % 4, n), "m": m});
+            if n % 3 == 0 {
+                doc["s"] = json!(format!("{}", n % 5));
+            }
+            doc["w"] = match n % 5 {
+                0 => json!([1, 3]),
+                1 => json!({"x": 1}),
+                _ => json!(n % 4),
+            };
             if *llm {
                 doc["provides"] = json!({"ai.llm": {"version": "1.0.0", "healthy": n % 3 != 0}});
             }
@@ -195,5 +207,12 @@ proptest! {
             index.select_best(&placement, "default").map(|s| s.agent_id),
             first.ranked.first().cloned()
         );
+        let default_agents: Vec<AgentView> =
+            agents.iter().filter(|a| a.namespace == "default").cloned().collect();
+        let parked = matches!(
+            matcher::explain(&placement, "default", &default_agents).outcome,
+            matcher::Outcome::Parked(_)
+        );
+        prop_assert_eq!(index.any_capable(&placement, "default"), !parked);
     }
 }
