@@ -139,9 +139,12 @@ async fn tls_and_mtls_accept_their_clients_and_refuse_plaintext() {
     .await;
     assert_eq!(ok, Ok(ServingStatus::Serving));
     // The CLI connects the same way, with a CA file and a client certificate.
+    // Run with a deadline: a CLI that hangs fails the test instead of
+    // stalling the suite (seen once: the process waited on a futex).
     let cli = |with_cert: bool| {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"));
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"));
         cmd.env_clear()
+            .kill_on_drop(true)
             .args([
                 "--server",
                 &url.replace("127.0.0.1", "localhost"),
@@ -155,16 +158,21 @@ async fn tls_and_mtls_accept_their_clients_and_refuse_plaintext() {
                 .arg(write("c.key", &pki.client_key));
         }
         cmd.args(["agents", "list"]);
-        cmd.output().unwrap()
+        async move {
+            tokio::time::timeout(PROMPT, cmd.output())
+                .await
+                .expect("the CLI answers in time")
+                .unwrap()
+        }
     };
-    let listed = cli(true);
+    let listed = cli(true).await;
     assert!(
         listed.status.success(),
         "{}",
         String::from_utf8_lossy(&listed.stderr)
     );
     assert_eq!(
-        cli(false).status.code(),
+        cli(false).await.status.code(),
         Some(6),
         "no client certificate: refused"
     );
