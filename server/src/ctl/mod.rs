@@ -2,7 +2,8 @@
 //! watch and explain tasks; list, show, drain and undrain agents; simulate a
 //! placement. It talks to any replica over the same gRPC contract as
 //! grpcurl, prints text for people or JSON (`--output json`) for scripts,
-//! and exits with a code a script can branch on (see [`ExitCode`]).
+//! and exits with a code a script can branch on (see [`ExitCode`]). A
+//! server that does not answer within `--timeout-secs` is unavailable.
 
 mod render;
 
@@ -71,6 +72,16 @@ struct Global {
         global = true
     )]
     output: Output,
+    /// Seconds to wait for the server to answer a call (to connect, and for
+    /// each answer to begin; a stream that has begun is not cut).
+    #[arg(
+        long,
+        env = "SWITCHYARD_TIMEOUT_SECS",
+        default_value_t = 15,
+        value_parser = clap::value_parser!(u64).range(1..=3_600),
+        global = true
+    )]
+    timeout_secs: u64,
 }
 
 /// Output format.
@@ -309,6 +320,11 @@ async fn connect(global: &Global) -> Result<Clients, Failure> {
     };
     let endpoint =
         switchyard_proto::client::endpoint(&global.server, &tls).map_err(Failure::usage)?;
+    // An address that never answers fails in seconds, not never; so does a
+    // server that accepts and then says nothing (the deadline covers the
+    // wait for an answer's headers, not a stream that follows them).
+    let deadline = std::time::Duration::from_secs(global.timeout_secs);
+    let endpoint = endpoint.connect_timeout(deadline).timeout(deadline);
     let channel = endpoint.connect().await.map_err(|err| Failure {
         message: format!("cannot reach {}: {err}", global.server),
         code_name: "unavailable",

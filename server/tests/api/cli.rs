@@ -141,6 +141,21 @@ async fn submit_wait_get_explain_and_exit_codes() {
     );
 
     // No server: exit 6.
+    // A server that accepts and then says nothing: unavailable once the
+    // deadline passes, not a hang.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut mute = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+    mute.env_clear().args([
+        "--server",
+        &format!("http://{}", silent.local_addr().unwrap()),
+        "--timeout-secs",
+        "1",
+        "agents",
+        "list",
+    ]);
+    let (code, _, err) = run(mute).await;
+    assert_eq!(code, 6, "{err}");
+    drop(silent);
     let mut unreachable = Command::new(env!("CARGO_BIN_EXE_switchyard"));
     unreachable
         .env_clear()
