@@ -545,13 +545,15 @@ impl AgentIndex {
         Some(required)
     }
 
-    /// For a numeric comparison (`memory.total>=32768`) on a path with few
-    /// distinct values: the agents holding a value there that satisfies it.
-    /// An array, an object, null or a boolean never satisfies a comparison,
-    /// so every agent that does is among them. `None` when the path's values
-    /// are too many or not all indexed: then only its presence narrows.
-    /// Without this, a comparison every agent has the path for (but few
-    /// satisfy) walks every available agent.
+    /// For a numeric comparison (`memory.total>=1048576`) on a path with few
+    /// distinct values, when few agents satisfy it: the agents holding a
+    /// value there that satisfies it. An array, an object, null or a boolean
+    /// never satisfies a comparison, so every agent that does is among them.
+    /// An empty posting when none does. `None` when the path's values are
+    /// too many or not all indexed, or when the agents that satisfy it are
+    /// many (then copying them costs more than it saves): only the path's
+    /// presence narrows. Without this, a comparison every agent has the
+    /// path for but few satisfy walks every available agent.
     fn numeric_range_posting(
         ns: &NamespacePostings,
         requirement: &crate::placement::CompiledRequirement,
@@ -572,8 +574,9 @@ impl AgentIndex {
         if values.len() > MAX_VALUES {
             return None;
         }
-        let mut posting = Posting::new();
-        for (key, agents) in values {
+        let mut satisfying = Vec::new();
+        let mut agents = 0usize;
+        for (key, posting) in values {
             // The value as the matcher compares it: a number as its f64.
             let value = match key {
                 ScalarKey::Null => Value::Null,
@@ -583,10 +586,14 @@ impl AgentIndex {
                 ScalarKey::String(s) => Value::String(s.clone()),
             };
             if requirement.holds_for(&value) {
-                posting.extend(agents.iter().cloned());
+                agents += posting.len();
+                if agents.saturating_mul(4) > ns.available.len() {
+                    return None;
+                }
+                satisfying.push(posting);
             }
         }
-        Some(posting)
+        Some(satisfying.into_iter().flatten().cloned().collect())
     }
 
     /// Each preference's weight with the posting an agent must be in to satisfy it (`None`: any
