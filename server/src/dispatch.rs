@@ -160,32 +160,44 @@ const SKIP_TTL_MS: i64 = 5_000;
 impl State {
     /// Forgets the parked placements `view`'s agent can run; true if any.
     fn unpark_for(&mut self, view: &AgentView) -> bool {
-        if self.parked.is_empty() || !view.status.takes_work() {
-            return false;
-        }
-        let before = self.parked.len();
-        self.parked.retain(|key, placement| {
-            key.namespace != view.namespace || !placement.satisfied_by(&view.document)
-        });
-        if self.parked.len() == before {
-            return false;
-        }
-        metrics::gauge!(crate::metrics::PARKED_PLACEMENTS).set(self.parked.len() as f64);
-        self.unparked += 1;
-        self.parked_epoch += 1;
-        true
+        let unparked = forget_runnable(&mut self.parked, view);
+        self.note_unparked(unparked)
     }
 
-    /// Forgets the parked placements the indexed agent `key` can run.
+    /// Forgets the parked placements the indexed agent `key` can run (on
+    /// every heartbeat diff: it borrows the indexed view, copies nothing).
     fn unpark_for_agent(&mut self, key: &str) -> bool {
-        if self.parked.is_empty() {
-            return false;
-        }
-        match self.index.get(key).cloned() {
-            Some(view) => self.unpark_for(&view),
+        let unparked = match self.index.get(key) {
+            Some(view) => forget_runnable(&mut self.parked, view),
             None => false,
-        }
+        };
+        self.note_unparked(unparked)
     }
+
+    /// Counts a change that put parked tasks back in the walk.
+    fn note_unparked(&mut self, unparked: bool) -> bool {
+        if unparked {
+            metrics::gauge!(crate::metrics::PARKED_PLACEMENTS).set(self.parked.len() as f64);
+            self.unparked += 1;
+            self.parked_epoch += 1;
+        }
+        unparked
+    }
+}
+
+/// Removes from `parked` the placements `view`'s agent can run; true if any.
+fn forget_runnable(
+    parked: &mut HashMap<ParkedPlacement, Arc<CompiledPlacement>>,
+    view: &AgentView,
+) -> bool {
+    if parked.is_empty() || !view.status.takes_work() {
+        return false;
+    }
+    let before = parked.len();
+    parked.retain(|key, placement| {
+        key.namespace != view.namespace || !placement.satisfied_by(&view.document)
+    });
+    parked.len() < before
 }
 
 /// The dispatcher handle; cheap to clone.
@@ -764,11 +776,13 @@ impl Dispatcher {
         let signals = self.shared.queued_signals.load(Ordering::SeqCst);
         let now = self.shared.clock.now_ms();
         let batch = self.shared.settings.batch_size;
-        let mut cursor: Option<QueueCursor> = self.state().resume.take();
+        let (mut cursor, epoch, skip, mut seen_unparked) = {
+            let mut state = self.state();
+            let resume = state.resume.take();
+            (resume, state.parked_epoch, state.skip, state.unparked)
+        };
         let mut from_head = cursor.is_none();
-        let epoch = self.state().parked_epoch;
         if from_head {
-            let skip = self.state().skip;
             match skip {
                 Some(skip)
                     if skip.signals == signals
@@ -800,7 +814,6 @@ impl Dispatcher {
         // left tasks behind, so a walk past many parked tasks soon reads
         // whole batches and goes as deep as it did with whole batches.
         let mut min_page = MIN_PAGE.min(batch);
-        let mut seen_unparked = self.state().unparked;
         for _ in 0..MAX_PAGES {
             // A page as long as the free slots could use (twice over, for
             // tasks only busy agents match), up to the batch size: under
@@ -844,8 +857,7 @@ impl Dispatcher {
             }
             granted += page.granted;
             left += tasks.len() - page.granted - page.parked;
-            let page_granted = page.granted;
-            if page_granted < tasks.len() {
+            if page.granted < tasks.len() {
                 min_page = limit.saturating_mul(2).min(batch);
             }
             if tasks.len() < limit as usize {
