@@ -354,24 +354,10 @@ async fn bad_input_is_invalid_argument_naming_the_field(backend: Backend) {
 
 async fn parked_high_priority_tasks_never_block_runnable_ones(backend: Backend) {
     let server = TestServer::start(backend).await;
-    let mut tasks = server.tasks().await;
     // More parked high-priority tasks than one page of the queue holds, and
     // more than a round reads in pages sized to one free slot (64 x 16):
     // pages grow while they leave tasks behind.
-    for _ in 0..1_100 {
-        tasks
-            .submit_task(pb::SubmitTaskRequest {
-                kind: "train".into(),
-                priority: 10,
-                placement: Some(pb::Placement {
-                    selector: "gpu".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-    }
+    park(&server, 1_100, |_| "gpu".into()).await;
     let runnable = submit(&server, "echo", "linux").await;
     let mut agent = TestAgent::start(&server, "build-1", linux("20.0.0"), 1).await;
     let grant = agent.grant().await;
@@ -385,28 +371,14 @@ async fn parked_high_priority_tasks_never_block_runnable_ones(backend: Backend) 
 /// appears, whether it connects or gains the capability by a heartbeat.
 async fn parked_tasks_deeper_than_a_round_reads_never_starve(backend: Backend) {
     let server = TestServer::start_with(backend, |c| c.dispatch_page = 4).await;
-    let mut tasks = server.tasks().await;
-    let mut first = std::collections::HashMap::new();
-    for i in 0..300 {
-        // Two placements nobody can run, interleaved.
-        let selector = if i % 2 == 0 { "gpu" } else { "tpu" };
-        let task = tasks
-            .submit_task(pb::SubmitTaskRequest {
-                kind: "train".into(),
-                priority: 10,
-                placement: Some(pb::Placement {
-                    selector: selector.into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .task
-            .unwrap();
-        first.entry(selector).or_insert(task.task_id);
-    }
+    // Two placements nobody can run, interleaved: the first is gpu, the
+    // second tpu.
+    let parked = park(&server, 300, |i| ["gpu", "tpu"][i % 2].into()).await;
+    let first: std::collections::HashMap<&str, String> = [
+        ("gpu", parked[0].task_id.clone()),
+        ("tpu", parked[1].task_id.clone()),
+    ]
+    .into();
     let runnable = submit(&server, "echo", "linux").await;
     let mut agent = TestAgent::start(&server, "build-1", linux("20.0.0"), 1).await;
     let grant = agent.grant().await;
@@ -441,9 +413,10 @@ async fn parked_tasks_deeper_than_a_round_reads_never_starve(backend: Backend) {
 /// reached. Fails if rounds always start at the head.
 async fn parked_tasks_of_many_placements_never_starve(backend: Backend) {
     let server = TestServer::start_with(backend, |c| c.dispatch_page = 4).await;
-    for slot in 0..600 {
-        submit(&server, "pinned", &format!("custom_properties.slot={slot}")).await;
-    }
+    park(&server, 600, |slot| {
+        format!("custom_properties.slot={slot}")
+    })
+    .await;
     let runnable = submit(&server, "echo", "linux").await;
     let mut agent = TestAgent::start(&server, "build-1", linux("20.0.0"), 1).await;
     let grant = agent.grant().await;
@@ -451,23 +424,40 @@ async fn parked_tasks_of_many_placements_never_starve(backend: Backend) {
     server.stop().await;
 }
 
-/// Submits `count` tasks at priority 10 that only a `gpu` agent can run.
-async fn park_gpu_tasks(server: &TestServer, count: usize) {
-    let mut tasks = server.tasks().await;
-    for _ in 0..count {
-        tasks
-            .submit_task(pb::SubmitTaskRequest {
-                kind: "train".into(),
-                priority: 10,
-                placement: Some(pb::Placement {
-                    selector: "gpu".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+/// A submit of `kind` needing `selector`, at `priority`.
+fn request(kind: &str, selector: &str, priority: i32) -> pb::SubmitTaskRequest {
+    pb::SubmitTaskRequest {
+        kind: kind.into(),
+        priority,
+        placement: Some(pb::Placement {
+            selector: selector.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
+}
+
+/// Submits `count` tasks at priority 10, task `i` needing `selector(i)`
+/// (placements the test's agents cannot run), over one connection; returns
+/// them in submit order.
+async fn park(
+    server: &TestServer,
+    count: usize,
+    selector: impl Fn(usize) -> String,
+) -> Vec<pb::Task> {
+    let mut tasks = server.tasks().await;
+    let mut parked = Vec::with_capacity(count);
+    for i in 0..count {
+        let task = tasks
+            .submit_task(request("train", &selector(i), 10))
+            .await
+            .unwrap()
+            .into_inner()
+            .task
+            .unwrap();
+        parked.push(task);
+    }
+    parked
 }
 
 /// A walk from the head of the queue may start past the parked tasks
@@ -481,7 +471,7 @@ async fn a_task_queued_ahead_of_the_parked_head_is_not_skipped(backend: Backend)
     let mut special = linux("20.0.0");
     special["tags"] = json!(["linux", "special"]);
     let mut special = TestAgent::start(&server, "special", special, 1).await;
-    park_gpu_tasks(&server, 50).await;
+    park(&server, 50, |_| "gpu".into()).await;
     // The special agent is busy; a second special task waits behind the
     // parked head of the queue.
     let first = submit(&server, "echo", "special").await;
@@ -491,19 +481,7 @@ async fn a_task_queued_ahead_of_the_parked_head_is_not_skipped(backend: Backend)
     assert_eq!(waiting.state(), pb::TaskState::Queued);
     // Ahead of everything, then behind everything: the plain agent takes
     // the one ahead first.
-    let ahead = submit_request(
-        &server,
-        pb::SubmitTaskRequest {
-            kind: "echo".into(),
-            priority: 20,
-            placement: Some(pb::Placement {
-                selector: "linux".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-    )
-    .await;
+    let ahead = submit_request(&server, request("echo", "linux", 20)).await;
     let behind = submit(&server, "echo", "linux").await;
     let grant = plain.grant().await;
     assert_eq!(
@@ -521,19 +499,13 @@ async fn a_task_queued_ahead_of_the_parked_head_is_not_skipped(backend: Backend)
 async fn a_delayed_task_ahead_of_the_parked_head_is_leased_when_due(backend: Backend) {
     let server = TestServer::start(backend).await;
     let mut agent = TestAgent::start(&server, "plain", linux("20.0.0"), 1).await;
-    park_gpu_tasks(&server, 50).await;
+    park(&server, 50, |_| "gpu".into()).await;
     let due = std::time::SystemTime::now() + Duration::from_secs(1);
     let delayed = submit_request(
         &server,
         pb::SubmitTaskRequest {
-            kind: "echo".into(),
-            priority: 20,
             not_before: Some(prost_types::Timestamp::from(due)),
-            placement: Some(pb::Placement {
-                selector: "linux".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
+            ..request("echo", "linux", 20)
         },
     )
     .await;

@@ -273,18 +273,31 @@ async fn priority_then_fifo_and_not_before(fx: &mut Fixture) {
         .await
         .unwrap());
     assert_eq!(whole.len(), 5);
+    let walked = walk_queue(store, Some("ns"), T0 + 60_000, &[], 1).await;
+    assert_eq!(walked, whole);
+}
+
+/// The ids of the whole queue, read page by page from the head as the
+/// dispatcher walks it.
+async fn walk_queue(
+    store: &dyn switchyard_server::store::Store,
+    namespace: Option<&str>,
+    now_ms: i64,
+    parked: &[ParkedPlacement],
+    page: u32,
+) -> Vec<Uuid> {
     let mut walked = Vec::new();
     let mut cursor: Option<QueueCursor> = None;
     loop {
-        let page = store
-            .queued_tasks(Some("ns"), T0 + 60_000, cursor.as_ref(), &[], 1)
+        let tasks = store
+            .queued_tasks(namespace, now_ms, cursor.as_ref(), parked, page)
             .await
             .unwrap();
-        let Some(last) = page.last() else { break };
+        let Some(last) = tasks.last() else { break };
         cursor = Some(QueueCursor::after(last));
-        walked.extend(ids(page));
+        walked.extend(tasks.into_iter().map(|t| t.id));
     }
-    assert_eq!(walked, whole);
+    walked
 }
 
 /// The dispatcher names the placements no agent of its own can run, as the
@@ -341,18 +354,7 @@ async fn the_queue_walk_leaves_out_parked_placements(fx: &mut Fixture) {
     want.sort();
     assert_eq!(sorted, want);
     // Page by page, through the priorities, the same tasks in the same order.
-    let mut walked = Vec::new();
-    let mut cursor: Option<QueueCursor> = None;
-    loop {
-        let page = store
-            .queued_tasks(None, T0 + 10, cursor.as_ref(), &parked, 3)
-            .await
-            .unwrap();
-        let Some(last) = page.last() else { break };
-        cursor = Some(QueueCursor::after(last));
-        walked.extend(page.into_iter().map(|t| t.id));
-    }
-    assert_eq!(walked, whole);
+    assert_eq!(walk_queue(store, None, T0 + 10, &parked, 3).await, whole);
     // Nothing parked: every task.
     assert_eq!(
         store
