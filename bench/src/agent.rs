@@ -180,6 +180,42 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// BENCHMARKS.md), and hanging up on it would leave it to the ack window.
 const LEAVE_LINGER: Duration = Duration::from_millis(500);
 
+/// A draining agent on its way out.
+#[derive(Debug, Clone, Copy)]
+struct Leaving {
+    /// The sequence of its DRAINING heartbeat.
+    sequence: u64,
+    /// When the server acknowledged it.
+    acked_at: Option<tokio::time::Instant>,
+    /// When to hang up regardless.
+    give_up: tokio::time::Instant,
+}
+
+impl Leaving {
+    fn new(sequence: u64) -> Self {
+        Self {
+            sequence,
+            acked_at: None,
+            give_up: tokio::time::Instant::now() + LEAVE_TIMEOUT,
+        }
+    }
+
+    /// Whether to hang up, with reports still unacknowledged or not.
+    fn done(&self, reports_pending: bool) -> bool {
+        let lingered = self.acked_at.is_some_and(|at| at.elapsed() >= LEAVE_LINGER);
+        tokio::time::Instant::now() >= self.give_up || (lingered && !reports_pending)
+    }
+
+    /// When nothing but time can make it done: the linger's end, until it
+    /// has passed; then giving up (acks wake the session meanwhile).
+    fn next_check(&self) -> tokio::time::Instant {
+        match self.acked_at {
+            Some(at) if at.elapsed() < LEAVE_LINGER => at + LEAVE_LINGER,
+            _ => self.give_up,
+        }
+    }
+}
+
 /// Runs one agent's session until `stop` turns true (then leaves as
 /// `leave` says) or the stream ends. Says when the Welcome arrived through
 /// `welcomed`.
@@ -236,14 +272,9 @@ pub async fn run(
     let mut welcomed = Some(welcomed);
     let mut beat = 0u64;
     let mut running = 0u32;
-    // Draining: the sequence of the DRAINING heartbeat, when the server
-    // acknowledged it, and when to give up waiting.
-    let mut leaving: Option<(u64, Option<tokio::time::Instant>, tokio::time::Instant)> = None;
+    let mut leaving: Option<Leaving> = None;
     loop {
-        if let Some((_, Some(acked_at), _)) = leaving
-            && session.succeeded.is_empty()
-            && acked_at.elapsed() >= LEAVE_LINGER
-        {
+        if leaving.is_some_and(|l| l.done(!session.succeeded.is_empty())) {
             break;
         }
         tokio::select! {
@@ -258,11 +289,10 @@ pub async fn run(
                     load: Some(pb::AgentLoad { running_leases: running, load_average: load }),
                     capability_diff: None,
                 })).await?;
-                leaving = Some((session.sequence, None, tokio::time::Instant::now() + LEAVE_TIMEOUT));
+                leaving = Some(Leaving::new(session.sequence));
             }
-            _ = tokio::time::sleep_until(leaving.map_or_else(tokio::time::Instant::now, |l| l.2)), if leaving.is_some() => break,
-            _ = tokio::time::sleep_until(leaving.and_then(|l| l.1).map_or_else(tokio::time::Instant::now, |at| at + LEAVE_LINGER)),
-                if leaving.is_some_and(|l| l.1.is_some()) => {}
+            _ = tokio::time::sleep_until(leaving.map_or_else(tokio::time::Instant::now, |l| l.next_check())),
+                if leaving.is_some() => {}
             _ = ticker.tick(), if welcomed.is_none() && leaving.is_none() => {
                 beat += 1;
                 fleet::drift(&mut document, index, beat);
@@ -341,9 +371,9 @@ pub async fn run(
                         running -= 1;
                     }
                     Down::Ack(ack) => {
-                        if let Some((sequence, acked, _)) = leaving.as_mut()
-                            && *sequence == ack.sequence {
-                                *acked = Some(tokio::time::Instant::now());
+                        if let Some(l) = leaving.as_mut()
+                            && l.sequence == ack.sequence {
+                                l.acked_at = Some(tokio::time::Instant::now());
                             }
                         if session.pending.as_ref().is_some_and(|p| p.0 == ack.sequence)
                             && let Some((_, held)) = session.pending.take()
