@@ -297,15 +297,62 @@ async fn submit_all(
 ) -> anyhow::Result<Submitted> {
     let submit_channels = [channel(url).await?, channel(url).await?];
     let first_us = counters.now_us();
+    let (mix, made, heard) = (mix.clone(), counters.clone(), counters.clone());
+    let errors = submit_pool(
+        &submit_channels,
+        cli.tasks,
+        cli.submitters,
+        cli.rate,
+        move |n| pb::SubmitTaskRequest {
+            kind: "noop".into(),
+            payload: Some(json_to_struct(&json!({
+                "submitted_us": made.now_us(),
+                "n": n,
+            }))),
+            placement: Some(pb::Placement {
+                selector: mix.selector(n).into_owned(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        move |task| {
+            let now = heard.now_us();
+            if let Ok(mut acked) = heard.submit_acked_us.lock() {
+                acked.insert(task.task_id, now);
+            }
+        },
+    )
+    .await;
+    Ok(Submitted {
+        first_us,
+        seconds: (counters.now_us() - first_us) as f64 / 1e6,
+        ok: cli.tasks - errors,
+        errors,
+    })
+}
+
+/// Submits `tasks` requests, `make(n)` the n-th, from `submitters`
+/// concurrent submitters spread over `channels`, at `rate` a second (0:
+/// flat out); `answered` hears each task the server accepted. Returns how
+/// many submits failed (the first few are printed).
+pub(crate) async fn submit_pool(
+    channels: &[Channel],
+    tasks: u64,
+    submitters: usize,
+    rate: f64,
+    make: impl Fn(u64) -> pb::SubmitTaskRequest + Send + Sync + 'static,
+    answered: impl Fn(pb::Task) + Send + Sync + 'static,
+) -> u64 {
+    let (make, answered) = (Arc::new(make), Arc::new(answered));
     let next = Arc::new(AtomicU64::new(0));
-    let submit_errors = Arc::new(AtomicU64::new(0));
-    let mut submitters = JoinSet::new();
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut pool = JoinSet::new();
     let start = tokio::time::Instant::now();
-    for s in 0..cli.submitters.max(1) {
-        let mut client = TaskServiceClient::new(submit_channels[s % 2].clone());
-        let (next, errors, counters) = (next.clone(), submit_errors.clone(), counters.clone());
-        let (tasks, rate, mix) = (cli.tasks, cli.rate, mix.clone());
-        submitters.spawn(async move {
+    for s in 0..submitters.max(1) {
+        let mut client = TaskServiceClient::new(channels[s % channels.len()].clone());
+        let (next, errors) = (next.clone(), errors.clone());
+        let (make, answered) = (make.clone(), answered.clone());
+        pool.spawn(async move {
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 if n >= tasks {
@@ -315,25 +362,10 @@ async fn submit_all(
                     tokio::time::sleep_until(start + Duration::from_secs_f64(n as f64 / rate))
                         .await;
                 }
-                let request = pb::SubmitTaskRequest {
-                    kind: "noop".into(),
-                    payload: Some(json_to_struct(&json!({
-                        "submitted_us": counters.now_us(),
-                        "n": n,
-                    }))),
-                    placement: Some(pb::Placement {
-                        selector: mix.selector(n).into_owned(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                };
-                match client.submit_task(request).await {
+                match client.submit_task(make(n)).await {
                     Ok(response) => {
-                        let now = counters.now_us();
-                        if let Some(task) = response.into_inner().task
-                            && let Ok(mut acked) = counters.submit_acked_us.lock()
-                        {
-                            acked.insert(task.task_id, now);
+                        if let Some(task) = response.into_inner().task {
+                            answered(task);
                         }
                     }
                     Err(status) => {
@@ -345,14 +377,8 @@ async fn submit_all(
             }
         });
     }
-    while submitters.join_next().await.is_some() {}
-    let errors = submit_errors.load(Ordering::Relaxed);
-    Ok(Submitted {
-        first_us,
-        seconds: (counters.now_us() - first_us) as f64 / 1e6,
-        ok: cli.tasks - errors,
-        errors,
-    })
+    while pool.join_next().await.is_some() {}
+    errors.load(Ordering::Relaxed)
 }
 
 /// Counts an agent session that failed (a session the server ended cleanly
@@ -399,7 +425,7 @@ async fn drive(
             cli.parked_placements,
             cli.submitters,
         )
-        .await?;
+        .await;
         let after = pid.and_then(server::sample);
         parked_report = Some(parked::ParkedReport {
             tasks: ok,

@@ -16,7 +16,7 @@
 //! agent of the fleet can run a parked task and that every drain agent can.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use switchyard_core::placement::compile;
 use switchyard_core::selector;
 use switchyard_proto::convert::json_to_struct;
-use switchyard_proto::v1::{self as pb, task_service_client::TaskServiceClient};
+use switchyard_proto::v1 as pb;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
@@ -130,49 +130,38 @@ pub struct DrainReport {
 }
 
 /// Submits `tasks` parked tasks over `placements` placements from
-/// `submitters` concurrent submitters; returns (ok, errors, seconds).
+/// `submitters` concurrent submitters, flat out; returns (ok, errors,
+/// seconds).
 pub async fn submit(
     channel: Channel,
     tasks: u64,
     placements: usize,
     submitters: usize,
-) -> anyhow::Result<(u64, u64, f64)> {
-    let selectors: Arc<Vec<String>> = Arc::new((0..placements).map(selector).collect());
-    let next = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
+) -> (u64, u64, f64) {
+    let selectors: Vec<String> = (0..placements).map(selector).collect();
     let start = std::time::Instant::now();
-    let mut set = JoinSet::new();
-    for _ in 0..submitters.max(1) {
-        let mut client = TaskServiceClient::new(channel.clone());
-        let (next, errors, selectors) = (next.clone(), errors.clone(), selectors.clone());
-        set.spawn(async move {
-            loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                if n >= tasks {
-                    break;
-                }
-                let k = (n % selectors.len() as u64) as usize;
-                let request = pb::SubmitTaskRequest {
-                    kind: "parked".into(),
-                    priority: 10,
-                    payload: Some(json_to_struct(&json!({"parked": k, "n": n}))),
-                    placement: Some(pb::Placement {
-                        selector: selectors[k].clone(),
-                        ..Default::default()
-                    }),
+    let errors = crate::submit_pool(
+        &[channel],
+        tasks,
+        submitters,
+        0.0,
+        move |n| {
+            let k = (n % selectors.len() as u64) as usize;
+            pb::SubmitTaskRequest {
+                kind: "parked".into(),
+                priority: 10,
+                payload: Some(json_to_struct(&json!({"parked": k, "n": n}))),
+                placement: Some(pb::Placement {
+                    selector: selectors[k].clone(),
                     ..Default::default()
-                };
-                if let Err(status) = client.submit_task(request).await
-                    && errors.fetch_add(1, Ordering::Relaxed) < 5
-                {
-                    eprintln!("parked submit {n} failed: {status}");
-                }
+                }),
+                ..Default::default()
             }
-        });
-    }
-    while set.join_next().await.is_some() {}
-    let errors = errors.load(Ordering::Relaxed);
-    Ok((tasks - errors, errors, start.elapsed().as_secs_f64()))
+        },
+        |_| {},
+    )
+    .await;
+    (tasks - errors, errors, start.elapsed().as_secs_f64())
 }
 
 /// Agents joining at a steady rate, each leaving after its life.
