@@ -22,7 +22,11 @@ What it checks, and how:
 - every attempt accounted for: each lease ended exactly one way (COMPLETED
   with outcome succeeded/failed, RELEASED, or EXPIRED without outcome, with
   an end time); fencing tokens are 1..n per task, the task holds n; one
-  ``leased`` event per lease; ``attempts`` = expired leases + failed reports.
+  ``leased`` event per lease; ``attempts`` = expired leases + failed reports;
+- every reference resolves: each lease names a stored task and agent, each
+  history entry a stored task (and lease, if it names one). The PostgreSQL
+  schema has no foreign keys on these tables (migration 0003), so this is
+  where a dangling row would show.
 """
 
 from __future__ import annotations
@@ -85,10 +89,12 @@ class Report:
         )
         attempts = "attempts consistent" if not any(v.startswith("attempts:") for v in self.violations) \
             else "attempts INCONSISTENT"
+        references = "references resolve" if not any(v.startswith("reference:") for v in self.violations) \
+            else "DANGLING references"
         return (
             f"{self.tasks} tasks: {states} ({self.parked} parked by design), {self.lost} lost, "
             f"{self.double_completed} double-completed, {capacity}, "
-            f"{self.placement_violations} placement violations, {attempts} "
+            f"{self.placement_violations} placement violations, {attempts}, {references} "
             f"({self.leases} leases: {self.expired} expired, {self.failed_reports} failed reports; "
             f"{self.grants_logged} grants in agent logs)"
         )
@@ -238,6 +244,19 @@ def check(
             report.placement_violations += 1
             report.fail(f"placement: lease {lease['id']} went to {agent['name'] if agent else '?'} "
                         f"with {sorted(tags)}; task needs {sorted(need)}")
+
+    # -- every reference resolves (no foreign keys on PostgreSQL: migration 0003)
+    for lease in leases:
+        if lease["task_id"] not in tasks:
+            report.fail(f"reference: lease {lease['id']} names task {lease['task_id']}, which is not stored")
+        if lease["agent_id"] not in agents:
+            report.fail(f"reference: lease {lease['id']} names agent {lease['agent_id']}, which is not stored")
+    for e in events:
+        if e["task_id"] not in tasks:
+            report.fail(f"reference: a {e['kind']} event names task {e['task_id']}, which is not stored")
+        if e["lease_id"] and e["lease_id"] not in lease_ids:
+            report.fail(f"reference: a {e['kind']} event of task {e['task_id']} names lease {e['lease_id']}, "
+                        "which is not stored")
 
     # -- every attempt accounted for
     for s in submitted:

@@ -23,9 +23,11 @@ from __future__ import annotations
 import os
 import pathlib
 import random
+import subprocess
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -33,6 +35,7 @@ import pytest
 
 from harness import AgentProcess, AgentSpec, Cluster, FreshDatabase, PgProxy, Submitter, log
 from invariants import check, psql_rows
+from replicas import binary
 
 
 @dataclass(frozen=True)
@@ -181,3 +184,33 @@ def test_faults_under_load_keep_every_invariant(database: FreshDatabase, full_si
         log(f"violation: {violation}")
     assert injected == {"replica": size.replica_kills, "agent": size.agent_kills, "postgres": size.pg_outages}
     assert not report.violations, f"{len(report.violations)} violations, first: {report.violations[:10]}"
+
+
+def test_the_checker_reports_dangling_references(database: FreshDatabase):
+    """The store's schema has no foreign keys on leases and history (migration
+    0003): the checker is what would notice a row pointing at nothing. A lease
+    and an event written behind the store's back, naming a task, an agent and
+    a lease that do not exist, must each be reported."""
+    subprocess.run(
+        [str(binary("SWITCHYARD_SERVER_BIN", "switchyard-server")), "migrate", "--database-url", database.url],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    task, agent, lease, other_lease = (str(uuid.uuid4()) for _ in range(4))
+    subprocess.run(
+        ["psql", database.url, "-v", "ON_ERROR_STOP=1", "-qc",
+         "INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, granted_at_ms, expires_at_ms, "
+         f"ended_at_ms, outcome) VALUES ('{lease}', '{task}', '{agent}', 1, 'completed', TRUE, 1, 2, 2, "
+         f"'succeeded'); INSERT INTO task_events (task_id, sequence, kind, state, message, lease_id, "
+         f"occurred_at_ms) VALUES ('{task}', 1, 'leased', 'leased', 'x', '{other_lease}', 1)"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    report = check(database.url, [], {}, {})
+    assert sorted(v for v in report.violations if v.startswith("reference:")) == sorted([
+        f"reference: lease {lease} names task {task}, which is not stored",
+        f"reference: lease {lease} names agent {agent}, which is not stored",
+        f"reference: a leased event names task {task}, which is not stored",
+        f"reference: a leased event of task {task} names lease {other_lease}, which is not stored",
+    ])
+    assert "DANGLING references" in report.summary()
