@@ -481,7 +481,10 @@ async fn notify_committed(pool: PgPool, mut queue: mpsc::Receiver<String>) {
 
 /// The grants of a batch that fit their agents' free slots, written: the
 /// leases, the tasks LEASED, one history entry each. Answers the task ids
-/// that fit and those leased (the same, with the tasks locked).
+/// that fit and those leased (the same, with the tasks locked). A task is
+/// updated only if its fencing token is still the one the grant was planned
+/// on (looked up by id: a `state = 'queued'` condition could make the
+/// planner scan the queue's partial index instead).
 const GRANT_LEASES: &str = "\
 WITH g AS ( \
   SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
@@ -501,7 +504,7 @@ WITH g AS ( \
 ), leased AS ( \
   UPDATE tasks t SET state = 'leased', fencing_token = fit.token, lease_id = fit.lease_id, \
   agent_id = fit.agent_id, progress = NULL, updated_at_ms = $6 FROM fit \
-  WHERE t.id = fit.task_id AND t.state = 'queued' RETURNING t.id \
+  WHERE t.id = fit.task_id AND t.fencing_token + 1 = fit.token RETURNING t.id \
 ), history AS ( \
   INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, lease_id, \
   occurred_at_ms) \
@@ -1552,7 +1555,7 @@ async fn whole_attempts(
 /// Leases tasks to agents inside the caller's transaction (see
 /// [`Store::grant_leases`]); the events to announce are added to `events`.
 ///
-/// Four statements: the queued tasks are locked (`SKIP LOCKED`: one another
+/// Four statements: the requested tasks are locked (`SKIP LOCKED`: one another
 /// transaction is changing is refused), then the agents (in id order, as
 /// every grant and submit locks them, so concurrent grants queue instead of
 /// deadlocking), and then one statement counts the agents' live leases,
@@ -1567,9 +1570,14 @@ async fn grant_in(
     events: &mut Vec<StoreEvent>,
 ) -> __Result<Vec<GrantOutcome>> {
     let task_ids: Vec<Uuid> = requests.iter().map(|r| r.task_id).collect();
-    let task_rows: Vec<(Uuid, i64, i64, i64)> = sqlx::query_as(
-        "SELECT id, not_before_ms, fencing_token, lease_ttl_ms FROM tasks \
-         WHERE id = ANY($1) AND state = 'queued' FOR UPDATE SKIP LOCKED",
+    // By id alone: with `state = 'queued'` in the condition the planner
+    // may read the rows through the queue's partial index (it does
+    // whenever its statistics undercount the queue, as after a burst of
+    // submits) and filter the whole queue by id. The state is checked in
+    // `plan_grants`.
+    let task_rows: Vec<(Uuid, String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT id, state, not_before_ms, fencing_token, lease_ttl_ms FROM tasks \
+         WHERE id = ANY($1) FOR UPDATE SKIP LOCKED",
     )
     .bind(&task_ids)
     .fetch_all(&mut **tx)
@@ -1577,18 +1585,18 @@ async fn grant_in(
     .map_err(db("locking tasks to grant"))?;
     let tasks: HashMap<Uuid, GrantableTask> = task_rows
         .into_iter()
-        .map(|(id, not_before_ms, fencing_token, lease_ttl_ms)| {
-            (
+        .map(|(id, state, not_before_ms, fencing_token, lease_ttl_ms)| {
+            Ok((
                 id,
                 GrantableTask {
-                    state: TaskState::Queued,
+                    state: state.parse().map_err(corrupt("locking tasks to grant"))?,
                     not_before_ms,
                     fencing_token,
                     lease_ttl_ms,
                 },
-            )
+            ))
         })
-        .collect();
+        .collect::<__Result<_>>()?;
     let mut agent_ids: Vec<Uuid> = requests
         .iter()
         .filter(|r| tasks.contains_key(&r.task_id))
