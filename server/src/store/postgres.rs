@@ -185,15 +185,9 @@ impl PgStore {
         })
     }
 
-    /// [`Store::submit_many`] in as few round trips as the batch allows:
-    /// one statement inserts every task, its history and the leases of the
-    /// tasks with a reserved agent (the notifications follow the commit).
-    /// Without reserved agents that statement is the whole transaction (it
-    /// runs on its own, autocommitted); with them, the
-    /// agents are locked first (in id order, as every grant locks them), so
-    /// that the statement's count of their live leases sees every grant
-    /// committed before ours. Only an idempotency key already taken costs
-    /// a read of its own.
+    /// [`Store::submit_many`] in one round trip ([`SUBMIT_BATCH`], its own
+    /// transaction; the notifications follow the commit). Only an
+    /// idempotency key already taken costs a read of its own.
     async fn submit_batch(
         &self,
         submissions: &[Submission],
@@ -228,31 +222,17 @@ impl PgStore {
         if rows.ids.is_empty() {
             return Ok(out.into_iter().flatten().collect());
         }
-        let mut reserved: Vec<Uuid> = rows.agents.iter().flatten().copied().collect();
-        reserved.sort_unstable();
-        reserved.dedup();
         let mut events = Vec::new();
-        let out = if reserved.is_empty() {
-            let mut conn = self.read().await?;
-            insert_submits(&mut conn, submissions, &rows, out, now_ms, &mut events).await?
-        } else {
-            let mut tx = self.begin().await?;
-            sqlx::query(LOCK_AGENTS)
-                .bind(&reserved)
-                .execute(&mut *tx)
-                .await
-                .map_err(db("locking agents to grant"))?;
-            let out = insert_submits(&mut tx, submissions, &rows, out, now_ms, &mut events).await?;
-            tx.commit().await.map_err(db("committing"))?;
-            out
-        };
+        let mut conn = self.read().await?;
+        let out = insert_submits(&mut conn, submissions, &rows, out, now_ms, &mut events).await?;
         for event in events {
             self.notify_later(self.announce(event)?);
         }
         Ok(out)
     }
 
-    /// A connection for reads.
+    /// A connection from the pool, for reads and single autocommitted
+    /// statements.
     async fn read(&self) -> __Result<sqlx::pool::PoolConnection<Postgres>> {
         self.pool
             .acquire()
@@ -291,55 +271,16 @@ fn json_text<T: serde::Serialize>(value: &T) -> __Result<String> {
     })
 }
 
-/// One batch of submits in one statement. A task with a reserved agent is
-/// leased if the agent's live leases plus the batch's earlier grants to it
-/// leave room (the caller holds the agent's row lock, so the count is the
-/// truth); it is inserted LEASED with its lease, its history says
-/// `submitted` then `leased`, and it is announced as changed, not queued.
-/// A task whose idempotency key is taken is not inserted.
-const SUBMIT_BATCH: &str = "\
-WITH s AS ( \
-  SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], \
-  $6::int4[], $7::int8[], $8::int8[], $9::text[], $10::int8[], $11::text[], $12::uuid[], \
-  $13::uuid[]) WITH ORDINALITY AS s(id, namespace, kind, payload, placement, priority, \
-  max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, labels, agent_id, lease_id, \
-  ord) \
-), live AS ( \
-  SELECT l.agent_id, COUNT(*) AS n FROM leases l \
-  WHERE l.agent_id = ANY($12) AND l.state IN ('granted', 'active') GROUP BY l.agent_id \
-), plan AS ( \
-  SELECT s.ord, a.id IS NOT NULL AS known, \
-  COALESCE(COALESCE(live.n, 0) + ROW_NUMBER() OVER (PARTITION BY s.agent_id ORDER BY s.ord) \
-  <= a.capacity, FALSE) AS leased \
-  FROM s LEFT JOIN agents a ON a.id = s.agent_id LEFT JOIN live ON live.agent_id = s.agent_id \
-), ins AS ( \
-  INSERT INTO tasks (id, namespace, kind, payload, placement, priority, state, attempts, \
-  max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, fencing_token, lease_id, \
-  agent_id, cancel_requested, labels, created_at_ms, updated_at_ms) \
-  SELECT s.id, s.namespace, s.kind, s.payload::jsonb, s.placement::jsonb, s.priority, \
-  CASE WHEN p.leased THEN 'leased' ELSE 'queued' END, 0, s.max_attempts, s.lease_ttl_ms, \
-  s.idempotency_key, s.not_before_ms, CASE WHEN p.leased THEN 1 ELSE 0 END, \
-  CASE WHEN p.leased THEN s.lease_id END, CASE WHEN p.leased THEN s.agent_id END, FALSE, \
-  s.labels::jsonb, $14, $14 \
-  FROM s JOIN plan p ON p.ord = s.ord ORDER BY s.ord \
-  ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
-  RETURNING id, state = 'leased' AS leased \
-), new_leases AS ( \
-  INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, granted_at_ms, \
-  expires_at_ms) \
-  SELECT s.lease_id, s.id, s.agent_id, 1, 'granted', FALSE, $14, $14 + s.lease_ttl_ms \
-  FROM s JOIN ins ON ins.id = s.id WHERE ins.leased \
-), history AS ( \
-  INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, lease_id, \
-  occurred_at_ms) \
-  SELECT s.id, 1, 'submitted', 'queued', 'submitted', NULL, NULL, $14 \
-  FROM s JOIN ins ON ins.id = s.id \
-  UNION ALL \
-  SELECT s.id, 2, 'leased', 'leased', 'leased to agent ' || s.agent_id::text || \
-  ' with fencing token 1', s.agent_id, s.lease_id, $14 \
-  FROM s JOIN ins ON ins.id = s.id WHERE ins.leased \
-) \
-SELECT ins.id, ins.leased, p.known FROM ins JOIN s ON s.id = ins.id JOIN plan p ON p.ord = s.ord";
+/// One batch of submits in one round trip, autocommitted: the function of
+/// migration 0004 locks the reserved agents, then inserts the tasks, their
+/// history and the leases of those leased on the way in. A task is leased
+/// if its reserved agent's live leases plus the batch's earlier grants to
+/// it leave room; it is then inserted LEASED with its lease, its history
+/// says `submitted` then `leased`, and it is announced as changed, not
+/// queued. A task whose idempotency key is taken is not inserted.
+const SUBMIT_BATCH: &str = "SELECT id, leased, known FROM switchyard_submit_batch($1::uuid[], \
+  $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::int8[], \
+  $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::int8)";
 
 /// Runs [`SUBMIT_BATCH`] over `rows` and answers each submission: the
 /// task as inserted (built from what was sent, not read back), or the

@@ -8,7 +8,7 @@ use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::store::{
     Completion, CompletionOutcome, GrantOutcome, GrantRefusal, GrantRequest, LeaseState, Store,
-    TaskState,
+    Submission, TaskState,
 };
 use uuid::Uuid;
 
@@ -17,6 +17,7 @@ use crate::common::{BACKOFF_BASE_MS, Fixture, Lcg, T0, agent, grant, submit, tas
 crate::both_backends!(
     grant_refusals_and_monotonic_tokens,
     concurrent_grants_never_double_lease_or_overfill,
+    submits_leased_on_the_way_in_and_grants_never_overfill_an_agent,
     stale_fencing_token_is_refused_and_changes_nothing,
     start_and_complete_exactly_once,
     batch_completion_refuses_only_the_stale_item,
@@ -248,6 +249,86 @@ async fn concurrent_grants_never_double_lease_or_overfill(fx: &mut Fixture) {
         assert_eq!(record.active_leases, live);
         assert_eq!(per_agent.get(&agent_id).copied().unwrap_or(0), live);
     }
+}
+
+/// Submits that reserve an agent (leased on the way in) race grants of
+/// queued tasks to the same agents, each racer on its own connection: no
+/// agent ever holds more leases than its capacity, and every slot is used.
+/// Both paths count an agent's live leases only once they hold its row.
+async fn submits_leased_on_the_way_in_and_grants_never_overfill_an_agent(fx: &mut Fixture) {
+    const AGENTS: usize = 3;
+    const CAPACITY: u32 = 5;
+    let store: Arc<dyn Store> = fx.store.clone();
+    let mut queued = Vec::new();
+    for i in 0..30 {
+        queued.push(submit(store.as_ref(), task("ns", 0, 3), T0 + i).await.id);
+    }
+    let mut agent_ids = Vec::new();
+    for i in 0..AGENTS {
+        agent_ids.push(
+            agent(store.as_ref(), "ns", &format!("w{i}"), CAPACITY)
+                .await
+                .id,
+        );
+    }
+    let mut racers = Vec::new();
+    for seed in 0..8_u64 {
+        let store = store.clone();
+        let queued = queued.clone();
+        let agent_ids = agent_ids.clone();
+        racers.push(tokio::spawn(async move {
+            let mut rng = Lcg(seed + 1);
+            let mut granted = Vec::new();
+            for round in 0..6 {
+                let outcomes = if seed % 2 == 0 {
+                    let batch: Vec<Submission> = (0..3)
+                        .map(|_| Submission {
+                            task: task("ns", 0, 3),
+                            agent_id: Some(agent_ids[rng.next(AGENTS)]),
+                        })
+                        .collect();
+                    store
+                        .submit_many(&batch, T0 + 1_000)
+                        .await
+                        .unwrap()
+                        .into_iter()
+                        .filter_map(|r| r.unwrap().2)
+                        .collect::<Vec<_>>()
+                } else {
+                    let requests: Vec<GrantRequest> = queued[(round * 5) % queued.len()..][..5]
+                        .iter()
+                        .map(|&task_id| GrantRequest {
+                            task_id,
+                            agent_id: agent_ids[rng.next(AGENTS)],
+                        })
+                        .collect();
+                    store.grant_leases(&requests, T0 + 1_000).await.unwrap()
+                };
+                granted.extend(outcomes.into_iter().filter_map(|o| match o {
+                    GrantOutcome::Granted(lease) => Some(lease),
+                    GrantOutcome::Refused(_) => None,
+                }));
+            }
+            granted
+        }));
+    }
+    let mut per_agent: HashMap<Uuid, u32> = HashMap::new();
+    for racer in racers {
+        for lease in racer.await.unwrap() {
+            *per_agent.entry(lease.agent_id).or_default() += 1;
+        }
+    }
+    for agent_id in &agent_ids {
+        let live = store.agent_leases(*agent_id).await.unwrap().len() as u32;
+        let granted = per_agent.get(agent_id).copied().unwrap_or(0);
+        assert_eq!(granted, live, "every lease answered is stored");
+        assert!(live <= CAPACITY, "agent over capacity: {live} > {CAPACITY}");
+    }
+    assert_eq!(
+        per_agent.values().sum::<u32>(),
+        AGENTS as u32 * CAPACITY,
+        "every slot is used"
+    );
 }
 
 async fn stale_fencing_token_is_refused_and_changes_nothing(fx: &mut Fixture) {
