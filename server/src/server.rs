@@ -5,6 +5,7 @@
 //! shutdown stops granting, tells agents to reconnect elsewhere, lets
 //! in-flight requests finish within the grace period, and closes the store.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +26,7 @@ use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::dispatch::{DispatchSettings, Dispatcher};
 use crate::error::{Error, Result};
-use crate::store::{self, Store};
+use crate::store::{self, Store, TaskState};
 
 /// Opens the store named by `config`, runs its migrations, and serves gRPC
 /// on `listener` until `shutdown` completes.
@@ -73,18 +74,45 @@ async fn watch_store(store: Arc<dyn Store>, health: HealthReporter) {
     }
 }
 
-/// Keeps `switchyard_tasks{namespace,state}` current.
+/// Keeps `switchyard_tasks{namespace,state}` current for the live states
+/// (queued, leased, running).
 async fn count_tasks(store: Arc<dyn Store>) {
     let mut ticker = tokio::time::interval(Duration::from_secs(5));
+    let mut shown = HashSet::new();
     loop {
         ticker.tick().await;
-        if let Ok(counts) = store.count_tasks().await {
-            for (namespace, state, n) in counts {
-                metrics::gauge!(crate::metrics::TASKS, "namespace" => namespace, "state" => state.as_str())
-                    .set(n as f64);
-            }
+        let Ok(counts) = store.count_tasks().await else {
+            continue;
+        };
+        for (namespace, state, n) in gauge_values(&mut shown, counts) {
+            metrics::gauge!(crate::metrics::TASKS, "namespace" => namespace, "state" => state)
+                .set(n);
         }
     }
+}
+
+/// The gauge values for one count: every namespace and state counted, and
+/// 0 for each one shown before that the store no longer counts (a gauge is
+/// not left at its last value). `shown` remembers what has been shown.
+fn gauge_values(
+    shown: &mut HashSet<(String, &'static str)>,
+    counts: Vec<(String, TaskState, u64)>,
+) -> Vec<(String, &'static str, f64)> {
+    let now: HashSet<(String, &'static str)> = counts
+        .iter()
+        .map(|(namespace, state, _)| (namespace.clone(), state.as_str()))
+        .collect();
+    let mut values: Vec<(String, &'static str, f64)> = counts
+        .into_iter()
+        .map(|(namespace, state, n)| (namespace, state.as_str(), n as f64))
+        .collect();
+    values.extend(
+        shown
+            .difference(&now)
+            .map(|(namespace, state)| (namespace.clone(), *state, 0.0)),
+    );
+    shown.extend(now);
+    values
 }
 
 fn read_pem(path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
@@ -237,4 +265,32 @@ pub async fn run_with_clock(
     store.close().await;
     info!("server stopped");
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_no_longer_counted_is_shown_as_zero() {
+        let mut shown = HashSet::new();
+        let first = gauge_values(
+            &mut shown,
+            vec![
+                ("a".into(), TaskState::Queued, 3),
+                ("a".into(), TaskState::Leased, 2),
+            ],
+        );
+        assert_eq!(first.len(), 2);
+        let mut second = gauge_values(&mut shown, vec![("b".into(), TaskState::Running, 1)]);
+        second.sort_by(|x, y| (&x.0, x.1).cmp(&(&y.0, y.1)));
+        assert_eq!(
+            second,
+            [
+                ("a".to_owned(), "leased", 0.0),
+                ("a".to_owned(), "queued", 0.0),
+                ("b".to_owned(), "running", 1.0),
+            ]
+        );
+    }
 }

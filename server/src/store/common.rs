@@ -2057,9 +2057,18 @@ macro_rules! store_common {
             Ok(())
         }
 
+        /// Live tasks only: queued ones through the queue's index, leased and
+        /// running ones through their live leases (a task is LEASED or
+        /// RUNNING exactly while it holds one). Finished tasks are kept
+        /// forever, and counting them was a scan of the whole table.
         async fn count_tasks(conn: &mut $conn) -> __Result<Vec<(String, TaskState, u64)>> {
             let rows = sqlx::query(
-                "SELECT namespace, state, COUNT(*) AS n FROM tasks GROUP BY namespace, state",
+                "SELECT namespace, state, COUNT(*) AS n FROM tasks WHERE state = 'queued' \
+                 GROUP BY namespace, state \
+                 UNION ALL \
+                 SELECT t.namespace, t.state, COUNT(*) AS n FROM leases l \
+                 JOIN tasks t ON t.id = l.task_id WHERE l.state IN ('granted', 'active') \
+                 GROUP BY t.namespace, t.state",
             )
             .fetch_all(&mut *conn)
             .await

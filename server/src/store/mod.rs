@@ -252,7 +252,9 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// One lease; `NotFound` if missing.
     async fn get_lease(&self, lease_id: Uuid) -> Result<LeaseRecord>;
 
-    /// Task counts by namespace and state (for metrics).
+    /// Counts of live (QUEUED, LEASED, RUNNING) tasks by namespace and state,
+    /// for metrics; a namespace and state with none is absent. Costs the
+    /// queue's length and the live leases, not the tasks ever run.
     async fn count_tasks(&self) -> Result<Vec<(String, TaskState, u64)>>;
     /// Queued tasks and registered agents of a namespace (for the caps).
     async fn count_in_namespace(&self, namespace: &str) -> Result<(u64, u64)>;

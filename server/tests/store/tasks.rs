@@ -4,8 +4,8 @@
 use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::store::{
-    GrantOutcome, GrantRefusal, Page, ParkedPlacement, QueueCursor, StoreEvent, Submission,
-    TaskFilter, TaskState,
+    Completion, CompletionOutcome, GrantOutcome, GrantRefusal, Page, ParkedPlacement, QueueCursor,
+    StoreEvent, Submission, TaskFilter, TaskState,
 };
 use uuid::Uuid;
 
@@ -19,7 +19,52 @@ crate::both_backends!(
     list_tasks_filters_and_pages,
     close_and_reopen_loses_nothing,
     submit_many_answers_each_submit_in_one_commit,
+    count_tasks_counts_live_tasks_by_namespace_and_state,
 );
+
+/// The metrics gauge's counts: queued, leased and running tasks per
+/// namespace; finished tasks are not counted, and a state with none is
+/// absent.
+async fn count_tasks_counts_live_tasks_by_namespace_and_state(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "a", "w", 4).await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(submit(store, task("a", 0, 3), T0 + i).await.id);
+    }
+    submit(store, task("b", 0, 3), T0).await;
+    grant(store, ids[0], worker.id, T0 + 10).await;
+    let running = grant(store, ids[1], worker.id, T0 + 10).await;
+    store
+        .report_started(running.id, ids[1], worker.id, 1, T0 + 11)
+        .await
+        .unwrap();
+    let done = grant(store, ids[2], worker.id, T0 + 10).await;
+    store
+        .complete_leases(
+            &[Completion {
+                lease_id: done.id,
+                task_id: ids[2],
+                agent_id: worker.id,
+                fencing_token: done.fencing_token,
+                outcome: CompletionOutcome::Succeeded { result: json!({}) },
+            }],
+            T0 + 12,
+        )
+        .await
+        .unwrap();
+    let mut counts = store.count_tasks().await.unwrap();
+    counts.sort_by(|x, y| (&x.0, x.1.as_str()).cmp(&(&y.0, y.1.as_str())));
+    assert_eq!(
+        counts,
+        [
+            ("a".to_owned(), TaskState::Leased, 1),
+            ("a".to_owned(), TaskState::Queued, 1),
+            ("a".to_owned(), TaskState::Running, 1),
+            ("b".to_owned(), TaskState::Queued, 1),
+        ]
+    );
+}
 
 /// One batch: plain submits, one leased on the way in, one refused by the
 /// store, one refused a lease (the agent is full), and an idempotency key
