@@ -314,6 +314,9 @@ impl TaskService for TaskApi {
             kind: (!req.kind.is_empty()).then_some(req.kind),
         };
         caller.require(Need::Tasks, &filter.namespace)?;
+        if !req.page_token.is_empty() && !crate::store::is_task_page_token(&req.page_token) {
+            return Err(invalid("page_token", "not a token this server issued"));
+        }
         let page = Page {
             size: page_size("page_size", req.page_size)?,
             after: (!req.page_token.is_empty()).then_some(req.page_token),

@@ -361,6 +361,20 @@ async fn bad_input_is_invalid_argument_naming_the_field(backend: Backend) {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
+    // A page token the server did not issue is refused, not read as the end.
+    let err = tasks
+        .list_tasks(pb::ListTasksRequest {
+            page_token: "forged".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("page_token:"),
+        "{}",
+        err.message()
+    );
     // Nothing was stored by the refused submits.
     let list = tasks
         .list_tasks(pb::ListTasksRequest::default())
