@@ -498,7 +498,12 @@ impl Store for PgStore {
     }
 
     async fn migrate(&self) -> __Result<()> {
-        sqlx::migrate!("migrations/postgres")
+        // A schema migrated by a newer release is accepted: migrations are
+        // additive, so a rolled-back binary (or an old replica mid-upgrade)
+        // runs on it; sqlx would otherwise refuse versions it does not know.
+        let mut migrator = sqlx::migrate!("migrations/postgres");
+        migrator.set_ignore_missing(true);
+        migrator
             .run(&self.pool)
             .await
             .map_err(|source| __Error::Store {

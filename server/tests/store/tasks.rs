@@ -20,7 +20,37 @@ crate::both_backends!(
     close_and_reopen_loses_nothing,
     submit_many_answers_each_submit_in_one_commit,
     count_tasks_counts_live_tasks_by_namespace_and_state,
+    a_schema_migrated_by_a_newer_release_still_opens,
 );
+
+/// A binary rolled back after an upgrade (or an old replica restarting
+/// mid-upgrade) finds migrations it does not know in the schema's history:
+/// it starts and serves instead of refusing them (migrations are additive).
+async fn a_schema_migrated_by_a_newer_release_still_opens(fx: &mut Fixture) {
+    let insert = "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
+                  execution_time) VALUES (99999, 'from a newer release', TRUE, $1, 0)";
+    if fx.url.starts_with("sqlite:") {
+        let pool = sqlx::SqlitePool::connect(&fx.url).await.unwrap();
+        sqlx::query(insert)
+            .bind(vec![0_u8])
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    } else {
+        let pool = sqlx::PgPool::connect(&fx.url).await.unwrap();
+        sqlx::query(insert)
+            .bind(vec![0_u8])
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+    }
+    fx.store.migrate().await.unwrap();
+    fx.reopen().await;
+    let task = submit(fx.store.as_ref(), task("ns", 0, 3), T0).await;
+    assert_eq!(fx.store.get_task(task.id).await.unwrap(), task);
+}
 
 /// The metrics gauge's counts: queued, leased and running tasks per
 /// namespace; finished tasks are not counted, and a state with none is
