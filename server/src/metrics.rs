@@ -3,7 +3,8 @@
 //! own port that serves the text exposition format to scrapers.
 //!
 //! Names: `switchyard_tasks{namespace,state}` (gauge of live tasks: queued,
-//! leased, running; refreshed from the store every 5 s), `switchyard_grants_total`, `switchyard_lease_expiries_total`,
+//! leased, running; refreshed from the store every 5 s),
+//! `switchyard_grants_total`, `switchyard_lease_expiries_total`,
 //! `switchyard_requeues_total`, `switchyard_match_seconds` (histogram, per
 //! task matched), `switchyard_connected_agents` (gauge),
 //! `switchyard_stream_queue_depth` (histogram of an agent stream's queued

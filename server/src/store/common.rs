@@ -60,8 +60,7 @@ pub(crate) fn task_cursor(created_at_ms: i64, id: Uuid) -> String {
     format!("{created_at_ms}.{id}")
 }
 
-/// Parses a [`task_cursor`]; a cursor the store did not make reads as the
-/// end of the list.
+/// Parses a [`task_cursor`]; `None` for text the store did not make.
 pub(crate) fn parse_task_cursor(cursor: &str) -> Option<(i64, Uuid)> {
     let (ms, id) = cursor.split_once('.')?;
     Some((ms.parse().ok()?, id.parse().ok()?))
@@ -753,7 +752,10 @@ macro_rules! store_common {
             }
             if let Some(after) = &page.after {
                 let Some((ms, id)) = parse_task_cursor(after) else {
-                    return Ok((Vec::new(), None));
+                    return Err(__Error::InvalidArgument {
+                        field: "page_token",
+                        reason: "not a token this server issued",
+                    });
                 };
                 query
                     .push(" AND (t.created_at_ms < ")

@@ -33,17 +33,16 @@ pub use model::{
     ParkedPlacement, QueueCursor, ReportApplied, ReportKind, StoreEvent, Submission, Submitted,
     TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord, UnknownState, backoff_ms,
 };
-/// Whether `token` is a ListTasks page token this server issued (a task
-/// listing's cursor); any other text is refused rather than read as the end
-/// of the list.
-pub fn is_task_page_token(token: &str) -> bool {
-    common::parse_task_cursor(token).is_some()
-}
-
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
 use crate::error::{Error, Result};
+
+/// Whether `token` is a ListTasks page token this server issued (a task
+/// listing's cursor); the store refuses any other (INVALID_ARGUMENT).
+pub fn is_task_page_token(token: &str) -> bool {
+    common::parse_task_cursor(token).is_some()
+}
 
 /// The operations the server needs from its database. Every method that
 /// changes something runs in one transaction, appends the task history in

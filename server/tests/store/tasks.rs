@@ -29,22 +29,21 @@ crate::both_backends!(
 async fn a_schema_migrated_by_a_newer_release_still_opens(fx: &mut Fixture) {
     let insert = "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
                   execution_time) VALUES (99999, 'from a newer release', TRUE, $1, 0)";
+    macro_rules! record_on {
+        ($pool:ty) => {{
+            let pool = <$pool>::connect(&fx.url).await.unwrap();
+            sqlx::query(insert)
+                .bind(vec![0_u8])
+                .execute(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+        }};
+    }
     if fx.url.starts_with("sqlite:") {
-        let pool = sqlx::SqlitePool::connect(&fx.url).await.unwrap();
-        sqlx::query(insert)
-            .bind(vec![0_u8])
-            .execute(&pool)
-            .await
-            .unwrap();
-        pool.close().await;
+        record_on!(sqlx::SqlitePool);
     } else {
-        let pool = sqlx::PgPool::connect(&fx.url).await.unwrap();
-        sqlx::query(insert)
-            .bind(vec![0_u8])
-            .execute(&pool)
-            .await
-            .unwrap();
-        pool.close().await;
+        record_on!(sqlx::PgPool);
     }
     fx.store.migrate().await.unwrap();
     fx.reopen().await;
@@ -541,6 +540,26 @@ async fn list_tasks_filters_and_pages(fx: &mut Fixture) {
     assert_eq!(
         only.iter().map(|t| t.id).collect::<Vec<_>>(),
         vec![submitted[4].id]
+    );
+    // A cursor the store did not make is refused, not read as the end.
+    let forged = store
+        .list_tasks(
+            &builds,
+            &Page {
+                size: 10,
+                after: Some("forged".to_owned()),
+            },
+        )
+        .await;
+    assert!(
+        matches!(
+            forged,
+            Err(Error::InvalidArgument {
+                field: "page_token",
+                ..
+            })
+        ),
+        "{forged:?}"
     );
 }
 
