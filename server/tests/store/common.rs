@@ -210,6 +210,15 @@ pub async fn agent(store: &dyn Store, ns: &str, name: &str, capacity: u32) -> Ag
         .expect("register agent")
 }
 
+/// Registers `count` agents `w0`, `w1`, … in `ns` with `capacity`; their ids.
+pub async fn agents(store: &dyn Store, ns: &str, count: usize, capacity: u32) -> Vec<Uuid> {
+    let mut ids = Vec::with_capacity(count);
+    for i in 0..count {
+        ids.push(agent(store, ns, &format!("w{i}"), capacity).await.id);
+    }
+    ids
+}
+
 /// Grants one task to one agent and returns the lease, panicking if refused.
 pub async fn grant(store: &dyn Store, task_id: Uuid, agent_id: Uuid, now_ms: i64) -> LeaseRecord {
     let outcomes = store

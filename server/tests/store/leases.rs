@@ -12,7 +12,7 @@ use switchyard_server::store::{
 };
 use uuid::Uuid;
 
-use crate::common::{BACKOFF_BASE_MS, Fixture, Lcg, T0, agent, grant, submit, task};
+use crate::common::{BACKOFF_BASE_MS, Fixture, Lcg, T0, agent, agents, grant, submit, task};
 
 crate::both_backends!(
     grant_refusals_and_monotonic_tokens,
@@ -187,14 +187,7 @@ async fn concurrent_grants_never_double_lease_or_overfill(fx: &mut Fixture) {
                 .id,
         );
     }
-    let mut agent_ids = Vec::new();
-    for i in 0..AGENTS {
-        agent_ids.push(
-            agent(store.as_ref(), "ns", &format!("w{i}"), CAPACITY)
-                .await
-                .id,
-        );
-    }
+    let agent_ids = agents(store.as_ref(), "ns", AGENTS, CAPACITY).await;
     // Eight racers, each on its own connection, each trying every task with
     // random agents in small batches.
     let mut racers = Vec::new();
@@ -263,14 +256,7 @@ async fn submits_leased_on_the_way_in_and_grants_never_overfill_an_agent(fx: &mu
     for i in 0..30 {
         queued.push(submit(store.as_ref(), task("ns", 0, 3), T0 + i).await.id);
     }
-    let mut agent_ids = Vec::new();
-    for i in 0..AGENTS {
-        agent_ids.push(
-            agent(store.as_ref(), "ns", &format!("w{i}"), CAPACITY)
-                .await
-                .id,
-        );
-    }
+    let agent_ids = agents(store.as_ref(), "ns", AGENTS, CAPACITY).await;
     let mut racers = Vec::new();
     for seed in 0..8_u64 {
         let store = store.clone();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use switchyard_server::store::{GrantOutcome, GrantRequest, Store, StoreEvent, TaskState};
 
-use crate::common::{Fixture, Lcg, T0, agent, grant, submit, task};
+use crate::common::{Fixture, Lcg, T0, agent, agents, grant, submit, task};
 use crate::events::wait_for;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -22,14 +22,7 @@ async fn two_replicas_grant_1000_tasks_to_50_agents_exactly_once() {
     for i in 0..TASKS {
         submit(a.as_ref(), task("ns", (i % 3) as i32, 3), T0 + i as i64).await;
     }
-    let mut agent_ids = Vec::new();
-    for i in 0..AGENTS {
-        agent_ids.push(
-            agent(a.as_ref(), "ns", &format!("agent-{i:02}"), CAPACITY)
-                .await
-                .id,
-        );
-    }
+    let agent_ids = agents(a.as_ref(), "ns", AGENTS, CAPACITY).await;
 
     // Each loop acts like a dispatcher: read candidates, pick agents that
     // look free, grant in batches, until nothing is queued.
