@@ -345,26 +345,22 @@ impl Dispatcher {
     }
 
     /// Applies lease reports of a session, group-committed with other
-    /// sessions' reports; frees the agent's slot in the index for each lease
-    /// a final report ended.
+    /// sessions' reports. The slot of a lease a final report ended
+    /// (`ReportApplied::ended`) stays taken in the index until the caller
+    /// calls [`Dispatcher::lease_ended`]: the session does so only after it
+    /// has queued the report's acknowledgement, so that the agent hears its
+    /// lease is over before any grant that reuses the slot.
     pub async fn report(
         &self,
         reports: Vec<LeaseReport>,
     ) -> std::result::Result<Vec<Result<ReportApplied>>, Status> {
-        let agents: Vec<Uuid> = reports.iter().map(|r| r.agent_id).collect();
-        let results = match self.shared.reports.get() {
-            Some(group) => group.submit(reports).await?,
+        match self.shared.reports.get() {
+            Some(group) => group.submit(reports).await,
             None => {
                 let now = self.shared.clock.now_ms();
-                self.shared.store.apply_reports(&reports, now).await?
-            }
-        };
-        for (agent_id, result) in agents.iter().zip(&results) {
-            if matches!(result, Ok(ReportApplied { ended: true })) {
-                self.lease_ended(*agent_id);
+                Ok(self.shared.store.apply_reports(&reports, now).await?)
             }
         }
-        Ok(results)
     }
 
     /// Stores a submitted task (leasing it to the agent reserved for it by
@@ -701,13 +697,25 @@ impl Dispatcher {
 
     /// Tells the agent holding `lease` to stop, if it is connected here.
     pub fn revoke(&self, lease: &LeaseRecord, reason: pb::RevocationReason, message: &str) -> bool {
+        self.revoke_ids(lease.agent_id, lease.id, lease.task_id, reason, message)
+    }
+
+    /// [`Dispatcher::revoke`] by ids.
+    fn revoke_ids(
+        &self,
+        agent_id: Uuid,
+        lease_id: Uuid,
+        task_id: Uuid,
+        reason: pb::RevocationReason,
+        message: &str,
+    ) -> bool {
         self.send(
-            lease.agent_id,
+            agent_id,
             pb::ConnectResponse {
                 message: Some(pb::connect_response::Message::LeaseRevocation(
                     pb::LeaseRevocation {
-                        lease_id: lease.id.to_string(),
-                        task_id: lease.task_id.to_string(),
+                        lease_id: lease_id.to_string(),
+                        task_id: task_id.to_string(),
                         reason: reason as i32,
                         message: message.to_owned(),
                     },
@@ -1139,8 +1147,21 @@ impl Dispatcher {
                     self.refresh_agent(agent_id).await;
                 }
                 // Another replica's sweeper ended a lease of an agent that
-                // may be connected here: its slot is free again.
-                Ok(StoreEvent::LeaseEnded { agent_id }) => self.lease_ended(agent_id),
+                // may be connected here: its slot is free again. An expired
+                // lease is news to the agent (it may be working on it still):
+                // it hears so before a grant can reuse the slot.
+                Ok(StoreEvent::LeaseEnded { agent_id, expired }) => {
+                    if let Some(ended) = expired {
+                        self.revoke_ids(
+                            agent_id,
+                            ended.lease_id,
+                            ended.task_id,
+                            pb::RevocationReason::Expired,
+                            "lease expired before it was renewed",
+                        );
+                    }
+                    self.lease_ended(agent_id);
+                }
                 Ok(StoreEvent::LeaseRevoked {
                     lease_id,
                     task_id,
@@ -1154,21 +1175,7 @@ impl Dispatcher {
                     } else {
                         pb::RevocationReason::Canceled
                     };
-                    if let Ok(lease) = self.shared.store.get_lease(lease_id).await {
-                        self.revoke(&lease, why, &reason);
-                    } else {
-                        let lease = LeaseRecord {
-                            id: lease_id,
-                            task_id,
-                            agent_id,
-                            fencing_token: 0,
-                            state: crate::store::LeaseState::Released,
-                            granted_at_ms: 0,
-                            acked: false,
-                            expires_at_ms: 0,
-                        };
-                        self.revoke(&lease, why, &reason);
-                    }
+                    self.revoke_ids(agent_id, lease_id, task_id, why, &reason);
                     let _ = self.shared.task_changes.send(task_id);
                 }
                 Err(broadcast::error::RecvError::Lagged(missed)) => {

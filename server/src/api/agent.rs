@@ -358,15 +358,29 @@ impl AgentService for AgentApi {
             api.store.ack_leases(agent_id, &acks, now).await?;
             api.store.renew_leases(agent_id, now).await?;
         }
+        let live = api.store.agent_leases(agent_id).await?;
+        // A resumed lease may have ended between the check above and the
+        // acknowledgement (another replica's sweeper revoked the grant, or it
+        // expired): the agent hears it is gone rather than that it resumed.
+        resumed.retain(|id| {
+            let still = live.iter().any(|l| l.id.to_string() == *id);
+            if !still {
+                let held = hello.held_leases.iter().find(|h| h.lease_id == *id);
+                revoked.push(pb::LeaseRevocation {
+                    lease_id: id.clone(),
+                    task_id: held.map(|h| h.task_id.clone()).unwrap_or_default(),
+                    reason: pb::RevocationReason::UnknownLease as i32,
+                    message: "the server no longer holds this lease for the agent".to_owned(),
+                });
+            }
+            still
+        });
         let held_leases_at_connect = !resumed.is_empty();
         // Leases the store holds for this agent that the new session does not:
         // the process that held them is gone (a restart under the same name).
         // Left alone, every heartbeat of the new session would renew them
         // forever; they count as lost attempts and their tasks go back.
-        let orphaned: Vec<Completion> = api
-            .store
-            .agent_leases(agent_id)
-            .await?
+        let orphaned: Vec<Completion> = live
             .into_iter()
             .filter(|l| !resumed.contains(&l.id.to_string()))
             .map(|l| Completion {
@@ -594,7 +608,10 @@ impl Session {
         outcome
     }
 
-    /// Applies lease reports and acknowledges each.
+    /// Applies lease reports and acknowledges each. A slot a final report
+    /// freed is handed back to the dispatcher only after its
+    /// acknowledgement is queued: the agent counts the lease as held until
+    /// it hears the answer, and must not see a grant for the slot first.
     async fn flush_reports(&mut self, reports: Vec<(u64, LeaseReport)>) {
         if reports.is_empty() {
             return;
@@ -602,15 +619,22 @@ impl Session {
         let (sequences, reports): (Vec<u64>, Vec<LeaseReport>) = reports.into_iter().unzip();
         match self.api.dispatcher.report(reports).await {
             Ok(results) => {
+                let mut ended = 0;
                 for (sequence, result) in sequences.into_iter().zip(results) {
                     let reply = match result {
-                        Ok(_) => ack(sequence, Code::Ok, "", self.generation),
+                        Ok(applied) => {
+                            ended += usize::from(applied.ended);
+                            ack(sequence, Code::Ok, "", self.generation)
+                        }
                         Err(err) => {
                             let status = Status::from(err);
                             ack(sequence, status.code(), status.message(), self.generation)
                         }
                     };
                     self.send(reply).await;
+                }
+                for _ in 0..ended {
+                    self.api.dispatcher.lease_ended(self.agent_id);
                 }
             }
             Err(status) => {

@@ -1587,6 +1587,10 @@ macro_rules! store_common {
                 {
                     events.push(StoreEvent::LeaseEnded {
                         agent_id: pair.0.agent_id,
+                        expired: Some(EndedLease {
+                            lease_id: pair.0.id,
+                            task_id: pair.0.task_id,
+                        }),
                     });
                     reclaimed.push(pair);
                 }
@@ -1625,6 +1629,7 @@ macro_rules! store_common {
                 {
                     events.push(StoreEvent::LeaseEnded {
                         agent_id: pair.0.agent_id,
+                        expired: None,
                     });
                     revoked.push(pair);
                 }

@@ -28,10 +28,11 @@ use uuid::Uuid;
 
 pub use model::{
     AgentRecord, AgentRegistration, Beat, BeatApplied, Completion, CompletionOutcome,
-    CompletionResult, DEFAULT_BACKOFF_BASE_MS, DocumentWrite, GrantOutcome, GrantRefusal,
-    GrantRequest, LeaseRecord, LeaseReport, LeaseState, MAX_BACKOFF_MS, NewTask, Page,
-    ParkedPlacement, QueueCursor, ReportApplied, ReportKind, StoreEvent, Submission, Submitted,
-    TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord, UnknownState, backoff_ms,
+    CompletionResult, DEFAULT_BACKOFF_BASE_MS, DocumentWrite, EndedLease, GrantOutcome,
+    GrantRefusal, GrantRequest, LeaseRecord, LeaseReport, LeaseState, MAX_BACKOFF_MS, NewTask,
+    Page, ParkedPlacement, QueueCursor, ReportApplied, ReportKind, StoreEvent, Submission,
+    Submitted, TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord, UnknownState,
+    backoff_ms,
 };
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;

@@ -640,6 +640,12 @@ pub enum StoreEvent {
     LeaseEnded {
         /// The agent that held it.
         agent_id: Uuid,
+        /// The lease, when it expired: the agent may not know yet (a grant
+        /// never acknowledged is told as [`StoreEvent::LeaseRevoked`]), and
+        /// must hear so before any grant that reuses the slot. Absent from
+        /// the events of older replicas.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expired: Option<EndedLease>,
     },
     /// The holder of a lease must stop (cancel, or revocation by the server).
     LeaseRevoked {
@@ -652,6 +658,15 @@ pub enum StoreEvent {
         /// Why.
         reason: String,
     },
+}
+
+/// The lease a [`StoreEvent::LeaseEnded`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndedLease {
+    /// The lease.
+    pub lease_id: Uuid,
+    /// Its task.
+    pub task_id: Uuid,
 }
 
 impl StoreEvent {

@@ -603,7 +603,9 @@ async fn volatile_diffs_match_at_once_and_are_written_behind(backend: Backend) {
 /// A lease ended where the agent's replica did not take part (another store
 /// instance expires it: on SQLite nothing is announced, so the replica's
 /// recount from the store must notice; on PostgreSQL `LeaseEnded` is heard)
-/// frees the agent's slot: the next task goes to the capacity-1 agent.
+/// frees the agent's slot: the next task goes to the capacity-1 agent. On
+/// PostgreSQL the agent first hears that the lease expired: it may still be
+/// working on it, and would otherwise hold two leases with room for one.
 async fn a_lease_ended_behind_the_replicas_back_frees_the_slot(backend: Backend) {
     let server = TestServer::start(backend).await;
     let mut agent = TestAgent::start(&server, "build-1", linux("20.1.0"), 1).await;
@@ -617,6 +619,18 @@ async fn a_lease_ended_behind_the_replicas_back_frees_the_slot(backend: Backend)
     let expired = other.expire_leases(now + 3_600_000, 10).await.unwrap();
     assert_eq!(expired.len(), 1);
     let second = submit(&server, "echo", "linux").await;
+    if backend == Backend::Postgres {
+        let first_heard = agent
+            .expect("revocation or grant", |m| match m {
+                Down::LeaseRevocation(r) => Some(Ok(r.clone())),
+                Down::LeaseGrant(g) => Some(Err(g.lease_id.clone())),
+                _ => None,
+            })
+            .await;
+        let revocation = first_heard.expect("the revocation comes before the next grant");
+        assert_eq!(revocation.lease_id, grant.lease_id);
+        assert_eq!(revocation.reason(), pb::RevocationReason::Expired);
+    }
     let next = agent.grant().await;
     assert_eq!(next.task.as_ref().unwrap().task_id, second.task_id);
     server.stop().await;

@@ -5,7 +5,9 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use switchyard_server::store::{GrantOutcome, GrantRequest, Store, StoreEvent, TaskState};
+use switchyard_server::store::{
+    EndedLease, GrantOutcome, GrantRequest, Store, StoreEvent, TaskState,
+};
 
 use crate::common::{Fixture, Lcg, T0, agent, agents, grant, submit, task};
 use crate::events::wait_for;
@@ -150,6 +152,10 @@ async fn an_event_from_one_replica_reaches_the_other() {
     assert_eq!(expired.len(), 1);
     let ended = StoreEvent::LeaseEnded {
         agent_id: worker.id,
+        expired: Some(EndedLease {
+            lease_id: expired[0].0.id,
+            task_id: leased.id,
+        }),
     };
     assert_eq!(wait_for(&mut heard_by_other, |e| *e == ended).await, ended);
     let later = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
