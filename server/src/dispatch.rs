@@ -1061,6 +1061,27 @@ impl Dispatcher {
         Ok(corrected)
     }
 
+    /// Revokes the grants an agent never acknowledged once its session here
+    /// has ended: no acknowledgement can come, so the tasks go back to the
+    /// queue now rather than after the ack window. A grant the agent did
+    /// receive and acknowledges on a new session first is kept (the store
+    /// decides, under the task's lock). Answers how many were revoked.
+    pub async fn revoke_unacked_of(&self, agent_id: Uuid) -> Result<usize> {
+        let now = self.shared.clock.now_ms();
+        let revoked = self.shared.store.revoke_unacked_of(agent_id, now).await?;
+        let requeued = revoked
+            .iter()
+            .filter(|(_, t)| t.state == crate::store::TaskState::Queued)
+            .count();
+        metrics::counter!(crate::metrics::REQUEUES).increment(requeued as u64);
+        for (lease, task) in &revoked {
+            info!(lease = %lease.id, task = %task.id, agent = %agent_id, "agent left without acknowledging a grant; revoked");
+            self.lease_ended(agent_id);
+            let _ = self.shared.task_changes.send(task.id);
+        }
+        Ok(revoked.len())
+    }
+
     /// Expires lapsed leases, revokes grants nobody acknowledged, and closes
     /// sessions that went silent. Safe on every replica at once.
     pub async fn sweep(&self) -> Result<()> {

@@ -514,6 +514,11 @@ impl AgentService for AgentApi {
                         .set_agent_status(agent_id, "offline", &[], Some(epoch), api.now_ms())
                         .await;
                     info!("agent disconnected; offline (its leases run out their TTL)");
+                    // Grants it never acknowledged go back to the queue at
+                    // once; the sweeper would revoke them after the ack window.
+                    if let Err(err) = api.dispatcher.revoke_unacked_of(agent_id).await {
+                        warn!(cause = %err, "revoking the departed agent's unacknowledged grants failed; the sweeper will");
+                    }
                 }
             }
             .instrument(span),

@@ -1598,8 +1598,11 @@ macro_rules! store_common {
             Ok(reclaimed)
         }
 
+        /// Grants never acknowledged and granted before `older_than_ms`,
+        /// of one agent or (`None`) of every agent.
         async fn revoke_unacked(
             conn: &mut $conn,
+            agent_id: Option<__Uuid>,
             older_than_ms: i64,
             now_ms: i64,
             events: &mut Vec<StoreEvent>,
@@ -1607,10 +1610,11 @@ macro_rules! store_common {
             let due: Vec<__Uuid> = sqlx::query_scalar(concat!(
                 "SELECT l.id FROM leases l JOIN tasks t ON t.id = l.task_id \
                  WHERE l.state = 'granted' AND NOT l.acked AND l.granted_at_ms < $1 \
-                 ORDER BY t.id",
+                 AND ($2 IS NULL OR l.agent_id = $2) ORDER BY t.id",
                 $skip_locked
             ))
             .bind(older_than_ms)
+            .bind(agent_id)
             .fetch_all(&mut *conn)
             .await
             .map_err(db("finding unacknowledged leases"))?;

@@ -170,6 +170,14 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
         older_than_ms: i64,
         now_ms: i64,
     ) -> Result<Vec<(LeaseRecord, TaskRecord)>>;
+    /// Revokes every grant the agent never acknowledged, however recent
+    /// (its session ended, so no acknowledgement is coming): as
+    /// [`Store::revoke_unacked`] does after the ack window.
+    async fn revoke_unacked_of(
+        &self,
+        agent_id: Uuid,
+        now_ms: i64,
+    ) -> Result<Vec<(LeaseRecord, TaskRecord)>>;
     /// The sweeper: expired live leases become EXPIRED and their tasks go
     /// back to QUEUED with one more attempt, or to FAILED (`lease lost N
     /// times`) at the budget. Safe with every replica sweeping at once.

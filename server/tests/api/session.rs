@@ -168,6 +168,25 @@ async fn deaf_agent_loses_its_grant_to_a_listening_one(backend: Backend) {
     server.stop().await;
 }
 
+/// An agent that hangs up without acknowledging a grant (one that was
+/// draining and left, say) loses it when its session ends, not after the
+/// ack window: here the window is ten minutes, and the task still reaches
+/// another agent promptly, with a newer token.
+async fn an_agent_gone_before_acknowledging_loses_its_grant_at_once(backend: Backend) {
+    let server = TestServer::start_with(backend, |c| c.ack_window_ms = 600_000).await;
+    let mut leaving = TestAgent::start(&server, "leaving", linux("20.0.0"), 1).await;
+    let task = submit(&server, "echo", "linux").await;
+    let first = leaving.grant().await;
+    leaving.hang_up();
+    let mut staying = TestAgent::start(&server, "staying", linux("20.0.0"), 1).await;
+    let second = staying.grant().await;
+    assert_eq!(second.task.as_ref().unwrap().task_id, task.task_id);
+    assert!(second.fencing_token > first.fencing_token);
+    staying.run_to_success(&second, json!({})).await;
+    wait_for_state(&server, &task.task_id, pb::TaskState::Succeeded).await;
+    server.stop().await;
+}
+
 async fn reconnect_resumes_held_leases(backend: Backend) {
     let server = TestServer::start(backend).await;
     let reg = TestAgent::register(&server, "build-1", linux("20.0.0"), 1).await;
@@ -775,6 +794,7 @@ on_both_stores!(
     degraded_capability_stops_only_what_needs_it,
     drained_agent_gets_nothing_until_undrained,
     deaf_agent_loses_its_grant_to_a_listening_one,
+    an_agent_gone_before_acknowledging_loses_its_grant_at_once,
     reconnect_resumes_held_leases,
     newer_session_closes_the_older,
     cancel_reaches_the_running_agent,
