@@ -52,6 +52,13 @@ pub struct Counters {
     /// (`u64::MAX` until then): where a preloaded run's clock starts, since
     /// no task can be granted before an agent is connected.
     pub first_welcome_us: AtomicU64,
+    /// With `--release-secs`: microseconds since `epoch` when the tasks
+    /// become runnable (`u64::MAX` otherwise), and the first grant
+    /// received at or after it (`u64::MAX` until then).
+    pub release_us: AtomicU64,
+    pub first_grant_after_release_us: AtomicU64,
+    /// Grants received before that moment (should be none).
+    pub grants_before_release: AtomicU64,
     /// Sessions that ended before the run did.
     pub lost: AtomicU64,
     /// Microseconds since `epoch` of the last grant and the last completion.
@@ -80,6 +87,9 @@ impl Counters {
             heartbeat_bytes: AtomicU64::new(0),
             welcomed: AtomicU64::new(0),
             first_welcome_us: AtomicU64::new(u64::MAX),
+            release_us: AtomicU64::new(u64::MAX),
+            first_grant_after_release_us: AtomicU64::new(u64::MAX),
+            grants_before_release: AtomicU64::new(0),
             lost: AtomicU64::new(0),
             last_grant_us: AtomicU64::new(0),
             last_completion_us: AtomicU64::new(0),
@@ -343,6 +353,14 @@ pub async fn run(
                         let now = counters.now_us();
                         counters.grants.fetch_add(1, Ordering::Relaxed);
                         counters.last_grant_us.fetch_max(now, Ordering::Relaxed);
+                        let release = counters.release_us.load(Ordering::Relaxed);
+                        if now >= release {
+                            counters
+                                .first_grant_after_release_us
+                                .fetch_min(now, Ordering::Relaxed);
+                        } else if release != u64::MAX {
+                            counters.grants_before_release.fetch_add(1, Ordering::Relaxed);
+                        }
                         let task = grant.task.unwrap_or_default();
                         if let Some(sent) = submitted_us(&task)
                             && let Ok(mut l) = counters.latencies_us.lock() {

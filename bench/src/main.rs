@@ -11,6 +11,13 @@
 //! queue; no agent exists yet), then the fleet connects and drains the
 //! queue, as the job-queue peers in `bench/peers` are measured.
 //!
+//! With `--release-secs S` the fleet connects first, then every task is
+//! submitted (flat out) not to run before S seconds after the first submit:
+//! at that moment the whole queue becomes runnable at once among a fleet that
+//! is already connected, so grants/s measures placing a backlog, with neither
+//! the submits nor the fleet's connecting in the way. The run clock starts at
+//! the first grant after the release.
+//!
 //! With `--parked N` the queue first gets N tasks no agent can run, ahead of
 //! every other; `--churn R` has agents join and leave while the tasks flow;
 //! `--drain-parked D` then connects agents that can run the parked tasks.
@@ -112,6 +119,16 @@ struct Cli {
     /// fast a fresh task is placed); the report says `preloaded: true`.
     #[arg(long, env = "SWITCHYARD_BENCH_PRELOAD", conflicts_with = "rate")]
     preload: bool,
+    /// Connect the fleet, then submit every task (flat out) with a
+    /// `not_before` this many seconds after the first submit; the clock
+    /// starts at the first grant after that moment, and latency counts from
+    /// it. Pick it longer than the submits take (the report says if not).
+    #[arg(
+        long,
+        env = "SWITCHYARD_BENCH_RELEASE_SECS",
+        conflicts_with_all = ["rate", "preload"]
+    )]
+    release_secs: Option<f64>,
     /// Registrations and connects in flight at once.
     #[arg(
         long,
@@ -297,6 +314,14 @@ async fn submit_all(
 ) -> anyhow::Result<Submitted> {
     let submit_channels = [channel(url).await?, channel(url).await?];
     let first_us = counters.now_us();
+    // Released: every task waits for one moment, and its latency counts
+    // from that moment.
+    let release = cli.release_secs.map(|secs| {
+        let wall = std::time::SystemTime::now() + Duration::from_secs_f64(secs);
+        let at_us = first_us + (secs * 1e6) as u64;
+        counters.release_us.store(at_us, Ordering::Relaxed);
+        (prost_types::Timestamp::from(wall), at_us)
+    });
     let (mix, made, heard) = (mix.clone(), counters.clone(), counters.clone());
     let errors = submit_pool(
         &submit_channels,
@@ -306,13 +331,14 @@ async fn submit_all(
         move |n| pb::SubmitTaskRequest {
             kind: "noop".into(),
             payload: Some(json_to_struct(&json!({
-                "submitted_us": made.now_us(),
+                "submitted_us": release.as_ref().map_or_else(|| made.now_us(), |r| r.1),
                 "n": n,
             }))),
             placement: Some(pb::Placement {
                 selector: mix.selector(n).into_owned(),
                 ..Default::default()
             }),
+            not_before: release.as_ref().map(|r| r.0),
             ..Default::default()
         },
         move |task| {
@@ -518,12 +544,20 @@ async fn drive(
         Some(s) => s,
         None => submit_all(cli, &mix, url, &counters).await?,
     };
-    // The run clock starts when a task could first be granted.
-    let clock_start_us = if cli.preload {
-        counters.first_welcome_us.load(Ordering::Relaxed)
-    } else {
-        submitted.first_us
-    };
+    let release_us = counters.release_us.load(Ordering::Relaxed);
+    let mut at_release = None;
+    if cli.release_secs.is_some() {
+        let now_us = counters.now_us();
+        if now_us > release_us {
+            eprintln!(
+                "warning: the submits took {:.2} s, longer than --release-secs: the queue was still filling at the release",
+                submitted.seconds
+            );
+        } else {
+            tokio::time::sleep(Duration::from_micros(release_us - now_us)).await;
+        }
+        at_release = pid.and_then(server::sample);
+    }
 
     // Wait for every submitted task to complete.
     let mut session_errors = 0u64;
@@ -543,6 +577,17 @@ async fn drive(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let after_run = pid.and_then(server::sample);
+    // The run clock starts when a task could first be granted (released:
+    // when the first was).
+    let clock_start_us = if cli.preload {
+        counters.first_welcome_us.load(Ordering::Relaxed)
+    } else if cli.release_secs.is_some() {
+        counters
+            .first_grant_after_release_us
+            .load(Ordering::Relaxed)
+    } else {
+        submitted.first_us
+    };
     let last_grant_us = counters.last_grant_us.load(Ordering::Relaxed);
     let last_completion_us = counters.last_completion_us.load(Ordering::Relaxed);
     let run_seconds = (last_completion_us.saturating_sub(clock_start_us)) as f64 / 1e6;
@@ -622,6 +667,8 @@ async fn drive(
     // counts from the start of connecting.
     let run_from = if cli.preload {
         before_connect
+    } else if cli.release_secs.is_some() {
+        at_release
     } else {
         after_connect
     };
@@ -651,6 +698,17 @@ async fn drive(
         tasks: cli.tasks,
         placements: cli.placements.clone(),
         preloaded: cli.preload,
+        release_secs: cli.release_secs,
+        grants_before_release: cli
+            .release_secs
+            .map(|_| counters.grants_before_release.load(Ordering::Relaxed)),
+        release_pickup_ms: cli.release_secs.map(|_| {
+            counters
+                .first_grant_after_release_us
+                .load(Ordering::Relaxed)
+                .saturating_sub(release_us) as f64
+                / 1e3
+        }),
         target_rate: (cli.rate > 0.0).then_some(cli.rate),
         selectivity: mix
             .classes

@@ -17,6 +17,16 @@ pub struct Report {
     /// the run clock starts at the first Welcome, and `latency_ms` counts from
     /// that Welcome, not from each task's submit.
     pub preloaded: bool,
+    /// `--release-secs`: the tasks were submitted to the connected fleet to
+    /// become runnable at one moment; the run clock starts at the first
+    /// grant after it, and `latency_ms` counts from that moment.
+    pub release_secs: Option<f64>,
+    /// How long after that moment the first grant arrived (the dispatcher
+    /// re-reads a queue whose tasks are not yet due at least once a second).
+    pub release_pickup_ms: Option<f64>,
+    /// Grants that arrived before that moment (a server that ignored
+    /// `not_before` would show them here).
+    pub grants_before_release: Option<u64>,
     /// Target submit rate in tasks/s; null when flat out.
     pub target_rate: Option<f64>,
     /// Selector and the fraction of the fleet that can run it.
@@ -136,6 +146,8 @@ impl Report {
                     self.run_seconds,
                     if self.preloaded {
                         ", clock from first Welcome"
+                    } else if self.release_secs.is_some() {
+                        ", clock from the first grant after the release"
                     } else {
                         ""
                     }
@@ -156,6 +168,11 @@ impl Report {
                     self.placements,
                     if self.preloaded {
                         "preloaded before any agent connected".to_owned()
+                    } else if let Some(secs) = self.release_secs {
+                        format!(
+                            "released at once {secs} s after the first submit (first grant {:.0} ms later)",
+                            self.release_pickup_ms.unwrap_or_default()
+                        )
                     } else {
                         self.target_rate
                             .map(|r| format!("rate {r}/s"))
@@ -192,6 +209,8 @@ impl Report {
             (
                 if self.preloaded {
                     "welcome->grant ms".into()
+                } else if self.release_secs.is_some() {
+                    "release->grant ms".into()
                 } else {
                     "submit->grant ms".into()
                 },
