@@ -137,6 +137,19 @@ pub struct ServerConfig {
     )]
     pub dispatch_page: u32,
 
+    /// How often the dispatcher looks at the queue unprompted, in
+    /// milliseconds: a safety net for a missed notification. Submits,
+    /// freed slots, connecting agents and tasks coming due (delayed
+    /// submits, retries) prompt it at once.
+    #[arg(
+        long,
+        env = "SWITCHYARD_DISPATCH_RECHECK_MS",
+        default_value_t = 1_000,
+        value_parser = clap::value_parser!(u64).range(1..),
+        global = true
+    )]
+    pub dispatch_recheck_ms: u64,
+
     /// Attempts a task gets when its submit does not say.
     #[arg(
         long,
@@ -246,6 +259,7 @@ impl ServerConfig {
             ack_window_ms: 5_000,
             sweep_interval_ms: 1_000,
             dispatch_page: 256,
+            dispatch_recheck_ms: 1_000,
             max_attempts: 3,
             tokens_file: None,
             insecure: false,

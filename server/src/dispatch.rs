@@ -51,6 +51,9 @@ pub struct DispatchSettings {
     pub batch_size: u32,
     /// How often the sweeper expires leases and revokes unacknowledged grants.
     pub sweep_interval_ms: i64,
+    /// How often the dispatcher looks at the queue unprompted (a safety net
+    /// for missed notifications).
+    pub recheck_ms: u64,
     /// Capacity of each agent stream's outbound queue.
     pub stream_queue: usize,
     /// How long a batch of heartbeats waits for more before committing.
@@ -64,6 +67,7 @@ impl Default for DispatchSettings {
             ack_window_ms: 5_000,
             batch_size: 256,
             sweep_interval_ms: 1_000,
+            recheck_ms: 1_000,
             stream_queue: 256,
             heartbeat_linger_ms: 50,
         }
@@ -136,7 +140,15 @@ struct State {
     /// How far the head of the queue is parked tasks only, as the last walk
     /// from the head found it.
     skip: Option<Skip>,
+    /// When queued tasks not yet due come due (ms, at most
+    /// [`MAX_DUE_TIMES`]): the dispatcher looks at the queue again at each,
+    /// as if a task had just been queued.
+    due: std::collections::BTreeSet<i64>,
 }
+
+/// The most distinct due times a dispatcher keeps; past that the latest are
+/// dropped, and their tasks are found by the periodic re-check.
+const MAX_DUE_TIMES: usize = 1_024;
 
 /// The head of the queue up to `to` holds only tasks of parked placements
 /// (every due queued task, if `to` is `None`): a walk from the head may
@@ -410,6 +422,51 @@ impl Dispatcher {
     /// way in until a dispatch round has seen the queue empty again.
     pub fn note_queued(&self) {
         self.shared.queued_signals.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A queued task comes due at `at_ms` (a delayed submit, a retry
+    /// backing off): the dispatcher looks at the queue again then, rather
+    /// than at its next periodic re-check (up to a second later, and up to
+    /// [`SKIP_TTL_MS`] past a remembered walk that found nothing due).
+    pub fn note_due(&self, at_ms: i64) {
+        if at_ms <= self.shared.clock.now_ms() {
+            return;
+        }
+        let mut state = self.state();
+        let earlier = state.due.first().is_none_or(|first| at_ms < *first);
+        state.due.insert(at_ms);
+        if state.due.len() > MAX_DUE_TIMES {
+            state.due.pop_last();
+        }
+        drop(state);
+        if earlier {
+            // The loop sleeps until the earliest due time: make it look.
+            self.wake();
+        }
+    }
+
+    /// Forgets the due times that have passed; if any had, the queue holds
+    /// tasks that just came due, which [`Dispatcher::note_queued`] makes
+    /// the next round read.
+    fn take_due(&self, now_ms: i64) {
+        let mut state = self.state();
+        let mut passed = false;
+        while state.due.first().is_some_and(|first| *first <= now_ms) {
+            state.due.pop_first();
+            passed = true;
+        }
+        drop(state);
+        if passed {
+            self.note_queued();
+        }
+    }
+
+    /// How long until the earliest due time, if any.
+    fn until_due(&self, now_ms: i64) -> Option<Duration> {
+        let first = *self.state().due.first()?;
+        Some(Duration::from_millis(
+            u64::try_from(first.saturating_sub(now_ms)).unwrap_or(0),
+        ))
     }
 
     /// [`Dispatcher::note_queued`] for a task whose place in the queue is
@@ -753,20 +810,24 @@ impl Dispatcher {
     }
 
     async fn dispatch_loop(self) {
+        // The safety re-check: also look now and then (missed notifications,
+        // due times past the ones kept).
+        let recheck = Duration::from_millis(self.shared.settings.recheck_ms);
         loop {
             if self.stopping() {
                 return;
             }
+            self.take_due(self.shared.clock.now_ms());
             match self.dispatch_round().await {
                 // A full batch was granted: there may be more right away.
                 Ok(granted) if granted > 0 => continue,
                 Ok(_) => {}
                 Err(err) => warn!(cause = %err, "dispatch round failed"),
             }
-            // The safety sweep: also re-check now and then (not-before
-            // times passing, missed notifications).
-            let _ = tokio::time::timeout(Duration::from_millis(1_000), self.shared.wake.notified())
-                .await;
+            let wait = self
+                .until_due(self.shared.clock.now_ms())
+                .map_or(recheck, |due| due.min(recheck));
+            let _ = tokio::time::timeout(wait, self.shared.wake.notified()).await;
         }
     }
 
@@ -1158,11 +1219,15 @@ impl Dispatcher {
                     task_id,
                     priority,
                     created_at_ms,
+                    not_before_ms,
                     ..
                 }) => {
                     match (priority, created_at_ms) {
                         (Some(p), Some(c)) => self.note_queued_at(p, c, task_id),
                         _ => self.note_queued(),
+                    }
+                    if let Some(at) = not_before_ms {
+                        self.note_due(at);
                     }
                     self.wake();
                 }

@@ -154,6 +154,7 @@ pub async fn run_with_clock(
             ack_window_ms: config.ack_window_ms,
             sweep_interval_ms: config.sweep_interval_ms,
             batch_size: config.dispatch_page,
+            recheck_ms: config.dispatch_recheck_ms,
             ..DispatchSettings::default()
         },
     );

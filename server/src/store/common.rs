@@ -666,7 +666,7 @@ macro_rules! store_common {
             )
             .await?;
             let record = must_fetch_task(conn, id).await?;
-            events.push(StoreEvent::queued(&record));
+            events.push(StoreEvent::queued(&record, record.not_before_ms));
             Ok((record, true))
         }
 
@@ -1076,7 +1076,7 @@ macro_rules! store_common {
             .await
             .map_err(db("settling a task"))?;
             if state == TaskState::Queued {
-                events.push(StoreEvent::queued(task));
+                events.push(StoreEvent::queued(task, not_before_ms));
             }
             events.push(StoreEvent::TaskChanged {
                 task_id: task.id,

@@ -621,6 +621,11 @@ pub enum StoreEvent {
         priority: Option<i32>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         created_at_ms: Option<i64>,
+        /// When it comes due (a delayed submit, a retry backing off), so a
+        /// dispatcher can look again at that moment; absent from older
+        /// replicas.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        not_before_ms: Option<i64>,
     },
     /// A task changed state.
     TaskChanged {
@@ -670,13 +675,14 @@ pub struct EndedLease {
 }
 
 impl StoreEvent {
-    /// `task` was queued or re-queued.
-    pub fn queued(task: &TaskRecord) -> Self {
+    /// `task` was queued or re-queued, to come due at `not_before_ms`.
+    pub fn queued(task: &TaskRecord, not_before_ms: i64) -> Self {
         StoreEvent::TaskQueued {
             namespace: task.namespace.clone(),
             task_id: task.id,
             priority: Some(task.priority),
             created_at_ms: Some(task.created_at_ms),
+            not_before_ms: Some(not_before_ms),
         }
     }
 }

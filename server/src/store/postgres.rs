@@ -390,7 +390,7 @@ async fn insert_submits(
                 state: TaskState::Leased,
             }
         } else {
-            StoreEvent::queued(&record)
+            StoreEvent::queued(&record, record.not_before_ms)
         });
         out[slot] = Some(Ok((record, true, grant)));
     }
@@ -843,7 +843,7 @@ impl Store for PgStore {
                     });
                 };
                 if settled.task_state == TaskState::Queued {
-                    events.push(StoreEvent::queued(task));
+                    events.push(StoreEvent::queued(task, settled.not_before_ms));
                 }
                 events.push(StoreEvent::TaskChanged {
                     task_id: task.id,
@@ -1498,7 +1498,7 @@ async fn whole_attempts(
     }
     for (c, _, task, settled) in &settle {
         if settled.task_state == TaskState::Queued {
-            events.push(StoreEvent::queued(task));
+            events.push(StoreEvent::queued(task, settled.not_before_ms));
         }
         events.push(StoreEvent::TaskChanged {
             task_id: task.id,

@@ -655,6 +655,39 @@ async fn a_lease_ended_behind_the_replicas_back_frees_the_slot(backend: Backend)
     server.stop().await;
 }
 
+/// A task submitted to run later is granted when it comes due, not at the
+/// dispatcher's next unprompted look at the queue: that is ten minutes away
+/// here, so only the due time can prompt it (before, the round that found
+/// nothing due was also remembered for up to 5 s).
+async fn a_delayed_task_is_granted_when_it_comes_due(backend: Backend) {
+    let server = TestServer::start_with(backend, |c| c.dispatch_recheck_ms = 600_000).await;
+    let mut agent = TestAgent::start(&server, "build-1", linux("20.0.0"), 1).await;
+    let due = std::time::SystemTime::now() + Duration::from_millis(300);
+    let task = submit_request(
+        &server,
+        pb::SubmitTaskRequest {
+            kind: "echo".into(),
+            placement: Some(pb::Placement {
+                selector: "linux".into(),
+                ..Default::default()
+            }),
+            not_before: Some(due.into()),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(task.state(), pb::TaskState::Queued);
+    let grant = agent.grant().await;
+    assert_eq!(grant.task.as_ref().unwrap().task_id, task.task_id);
+    assert!(
+        std::time::SystemTime::now() >= due,
+        "granted before it was due"
+    );
+    agent.run_to_success(&grant, json!({})).await;
+    wait_for_state(&server, &task.task_id, pb::TaskState::Succeeded).await;
+    server.stop().await;
+}
+
 /// With an agent free and nothing waiting, a submit is leased in its own
 /// transaction (the response already says LEASED and the agent gets the
 /// grant); while a task waits for capacity, a newer submit is queued
@@ -780,6 +813,7 @@ async fn operator_overrides_unpark_and_show_their_tier(backend: Backend) {
 
 on_both_stores!(
     a_lease_ended_behind_the_replicas_back_frees_the_slot,
+    a_delayed_task_is_granted_when_it_comes_due,
     volatile_diffs_match_at_once_and_are_written_behind,
     submit_leases_on_the_way_in_but_never_overtakes,
     silent_agent_goes_offline_and_its_stream_closes,

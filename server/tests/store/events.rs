@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use switchyard_server::store::{StoreEvent, TaskState};
+use switchyard_server::store::{Completion, CompletionOutcome, StoreEvent, TaskState};
 use tokio::sync::broadcast;
 
 use crate::common::{Fixture, T0, agent, grant, submit, task};
@@ -39,6 +39,7 @@ async fn subscribers_hear_queued_and_changed_tasks(fx: &mut Fixture) {
             task_id: t.id,
             priority: Some(0),
             created_at_ms: Some(T0),
+            not_before_ms: Some(T0),
         }
     );
     // As a replica of an older version announces it (no place in the
@@ -54,6 +55,7 @@ async fn subscribers_hear_queued_and_changed_tasks(fx: &mut Fixture) {
             task_id: t.id,
             priority: None,
             created_at_ms: None,
+            not_before_ms: None,
         }
     );
     // Agent changes are announced to other replicas only (see the race
@@ -67,11 +69,37 @@ async fn subscribers_hear_queued_and_changed_tasks(fx: &mut Fixture) {
         }
     })
     .await;
-    // An expiry re-queues: announced again.
+    // An expiry re-queues, due at once: announced again.
     store.expire_leases(T0 + 30_000, 10).await.unwrap();
-    wait_for(
-        &mut events,
-        |e| matches!(e, StoreEvent::TaskQueued { task_id, .. } if *task_id == t.id),
-    )
+    wait_for(&mut events, |e| {
+        matches!(e, StoreEvent::TaskQueued { task_id, not_before_ms, .. }
+            if *task_id == t.id && *not_before_ms == Some(T0 + 30_000))
+    })
+    .await;
+    // A retryable failure re-queues it backing off: the announcement says
+    // when it comes due, so a dispatcher can look again then.
+    let lease = grant(store, t.id, worker.id, T0 + 30_001).await;
+    let failed = Completion {
+        lease_id: lease.id,
+        task_id: t.id,
+        agent_id: worker.id,
+        fencing_token: lease.fencing_token,
+        outcome: CompletionOutcome::Failed {
+            error: serde_json::json!({"message": "exit 1", "retryable": true}),
+            retryable: true,
+        },
+    };
+    store
+        .complete_leases(&[failed], T0 + 30_002)
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    let due = store.get_task(t.id).await.unwrap().not_before_ms;
+    assert!(due > T0 + 30_002, "the retry backs off");
+    wait_for(&mut events, |e| {
+        matches!(e, StoreEvent::TaskQueued { task_id, not_before_ms, .. }
+            if *task_id == t.id && *not_before_ms == Some(due))
+    })
     .await;
 }

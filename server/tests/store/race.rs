@@ -117,6 +117,7 @@ async fn an_event_from_one_replica_reaches_the_other() {
         task_id: t.id,
         priority: Some(0),
         created_at_ms: Some(T0),
+        not_before_ms: Some(T0),
     };
     assert_eq!(
         wait_for(&mut heard_by_other, |e| *e == expected).await,
