@@ -187,7 +187,9 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a draining agent stays after the server acknowledged DRAINING:
 /// a grant picked for it just before can still be on its way (see
-/// BENCHMARKS.md), and hanging up on it would leave it to the ack window.
+/// BENCHMARKS.md). Staying lets this agent run it; hanging up would send it
+/// back to the queue (the server revokes a departed agent's unacknowledged
+/// grants when its session ends), to be granted again elsewhere.
 const LEAVE_LINGER: Duration = Duration::from_millis(500);
 
 /// A draining agent on its way out.
