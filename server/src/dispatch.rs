@@ -1134,18 +1134,30 @@ impl Dispatcher {
     /// decides, under the task's lock). Answers how many were revoked.
     pub async fn revoke_unacked_of(&self, agent_id: Uuid) -> Result<usize> {
         let now = self.shared.clock.now_ms();
-        let revoked = self.shared.store.revoke_unacked_of(agent_id, now).await?;
+        let revoked = self
+            .shared
+            .store
+            .revoke_unacked(Some(agent_id), i64::MAX, now)
+            .await?;
+        self.unacked_revoked(&revoked, "agent left without acknowledging a grant");
+        Ok(revoked.len())
+    }
+
+    /// What follows a revocation of grants never acknowledged: the agent is
+    /// told (if it is connected here, on a new session, say), its slot is
+    /// freed, and watchers hear of the task.
+    fn unacked_revoked(&self, revoked: &[(LeaseRecord, TaskRecord)], why: &str) {
         let requeued = revoked
             .iter()
             .filter(|(_, t)| t.state == crate::store::TaskState::Queued)
             .count();
         metrics::counter!(crate::metrics::REQUEUES).increment(requeued as u64);
-        for (lease, task) in &revoked {
-            info!(lease = %lease.id, task = %task.id, agent = %agent_id, "agent left without acknowledging a grant; revoked");
-            self.lease_ended(agent_id);
+        for (lease, task) in revoked {
+            info!(lease = %lease.id, task = %task.id, agent = %lease.agent_id, "{why}; revoked");
+            self.revoke(lease, pb::RevocationReason::Unacknowledged, why);
+            self.lease_ended(lease.agent_id);
             let _ = self.shared.task_changes.send(task.id);
         }
-        Ok(revoked.len())
     }
 
     /// Expires lapsed leases, revokes grants nobody acknowledged, and closes
@@ -1164,24 +1176,14 @@ impl Dispatcher {
             self.lease_ended(lease.agent_id);
             let _ = self.shared.task_changes.send(task.id);
         }
-        let cutoff = now - self.shared.settings.ack_window_ms;
-        let unacked = self.shared.store.revoke_unacked(cutoff, now).await?;
         let requeued = expired
             .iter()
-            .chain(&unacked)
             .filter(|(_, t)| t.state == crate::store::TaskState::Queued)
             .count();
         metrics::counter!(crate::metrics::REQUEUES).increment(requeued as u64);
-        for (lease, task) in &unacked {
-            info!(lease = %lease.id, task = %task.id, agent = %lease.agent_id, "grant not acknowledged in time; revoked");
-            self.revoke(
-                lease,
-                pb::RevocationReason::Unacknowledged,
-                "grant not acknowledged in time",
-            );
-            self.lease_ended(lease.agent_id);
-            let _ = self.shared.task_changes.send(task.id);
-        }
+        let cutoff = now - self.shared.settings.ack_window_ms;
+        let unacked = self.shared.store.revoke_unacked(None, cutoff, now).await?;
+        self.unacked_revoked(&unacked, "grant not acknowledged in time");
         // Sessions silent for three heartbeat intervals: close them; the
         // agent is OFFLINE and its leases run out their TTL.
         let silent_before = now - 3 * self.shared.settings.heartbeat_interval_ms;

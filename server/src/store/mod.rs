@@ -163,19 +163,14 @@ pub trait Store: std::fmt::Debug + Send + Sync + 'static {
     /// index, and no other replica holds that agent.
     async fn heartbeats(&self, beats: &[Beat], now_ms: i64) -> Result<Vec<Result<BeatApplied>>>;
     /// Revokes grants never acknowledged and granted before
-    /// `older_than_ms`: leases RELEASED, tasks back to QUEUED without
-    /// counting an attempt.
+    /// `older_than_ms`, of one agent (`Some`: its session ended, so no
+    /// acknowledgement is coming) or of every agent (the sweeper's ack
+    /// window): leases RELEASED, tasks back to QUEUED without counting an
+    /// attempt.
     async fn revoke_unacked(
         &self,
+        agent_id: Option<Uuid>,
         older_than_ms: i64,
-        now_ms: i64,
-    ) -> Result<Vec<(LeaseRecord, TaskRecord)>>;
-    /// Revokes every grant the agent never acknowledged, however recent
-    /// (its session ended, so no acknowledgement is coming): as
-    /// [`Store::revoke_unacked`] does after the ack window.
-    async fn revoke_unacked_of(
-        &self,
-        agent_id: Uuid,
         now_ms: i64,
     ) -> Result<Vec<(LeaseRecord, TaskRecord)>>;
     /// The sweeper: expired live leases become EXPIRED and their tasks go

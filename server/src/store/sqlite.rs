@@ -336,25 +336,13 @@ impl Store for SqliteStore {
 
     async fn revoke_unacked(
         &self,
+        agent_id: Option<Uuid>,
         older_than_ms: i64,
         now_ms: i64,
     ) -> __Result<Vec<(LeaseRecord, TaskRecord)>> {
         let mut tx = self.begin().await?;
         let mut events = Vec::new();
-        let revoked = revoke_unacked(&mut tx, None, older_than_ms, now_ms, &mut events).await?;
-        self.commit(tx, events).await?;
-        Ok(revoked)
-    }
-
-    async fn revoke_unacked_of(
-        &self,
-        agent_id: Uuid,
-        now_ms: i64,
-    ) -> __Result<Vec<(LeaseRecord, TaskRecord)>> {
-        let mut tx = self.begin().await?;
-        let mut events = Vec::new();
-        let revoked =
-            revoke_unacked(&mut tx, Some(agent_id), i64::MAX, now_ms, &mut events).await?;
+        let revoked = revoke_unacked(&mut tx, agent_id, older_than_ms, now_ms, &mut events).await?;
         self.commit(tx, events).await?;
         Ok(revoked)
     }

@@ -678,7 +678,20 @@ async fn unacknowledged_grants_are_revoked(fx: &mut Fixture) {
         .unwrap();
     let mut events = store.subscribe();
 
-    let revoked = store.revoke_unacked(T0 + 1_000, T0 + 6_000).await.unwrap();
+    // Scoped to another agent: nothing of this one's.
+    let bystander = agent(store, "ns", "w2", 1).await;
+    assert!(
+        store
+            .revoke_unacked(Some(bystander.id), i64::MAX, T0 + 6_000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let revoked = store
+        .revoke_unacked(None, T0 + 1_000, T0 + 6_000)
+        .await
+        .unwrap();
     assert_eq!(revoked.len(), 1);
     let (lease, back) = &revoked[0];
     assert_eq!(lease.id, unacked.id);
@@ -709,6 +722,18 @@ async fn unacknowledged_grants_are_revoked(fx: &mut Fixture) {
             .await
             .unwrap(),
         0
+    );
+    // Its session ended: every grant it never acknowledged goes, however
+    // recent; the acknowledged one stays.
+    let gone = store
+        .revoke_unacked(Some(worker.id), i64::MAX, T0 + 7_000)
+        .await
+        .unwrap();
+    assert_eq!(gone.len(), 1);
+    assert_eq!(gone[0].0.id, recent.id);
+    assert_eq!(
+        store.get_lease(acked.id).await.unwrap().state,
+        LeaseState::Active
     );
 }
 
