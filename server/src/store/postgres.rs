@@ -6,7 +6,8 @@
 //! agent change or a revocation by `pg_notify` in its own transaction
 //! (delivered at its commit), a task queued or changed or a lease ended by
 //! the notifier task right after the commit (NOTIFY serialises the commits
-//! that issue it).
+//! that issue it; the notifier's own commits do not wait for the log's
+//! flush, as they hold nothing to keep).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -42,6 +43,16 @@ const EVENT_BUFFER: usize = 4_096;
 
 /// Notifies every payload of a `text[]`, in order.
 const NOTIFY: &str = "SELECT pg_notify($1, p) FROM UNNEST($2::text[]) AS p";
+
+/// [`NOTIFY`] as a transaction of its own that commits without waiting for
+/// its flush. A notification takes a transaction id, so its commit is a WAL
+/// record that `synchronous_commit` would flush, one `fsync` per batch of
+/// notifications beside the commits of the data. There is nothing in it to
+/// keep: notifications are not durable, and the changes they announce
+/// committed, durably, before they were queued.
+const NOTIFY_UNFLUSHED: &str = "SELECT pg_notify($1, p) FROM \
+  (SELECT set_config('synchronous_commit', 'off', TRUE)) AS unflushed, \
+  UNNEST($2::text[]) AS p";
 
 /// Locks agent rows to grant to them, in id order (every grant and submit
 /// locks them so, and concurrent ones queue instead of deadlocking);
@@ -406,7 +417,7 @@ async fn insert_submits(
 async fn notify_committed(pool: PgPool, mut queue: mpsc::Receiver<String>) {
     let mut batch = Vec::new();
     while queue.recv_many(&mut batch, 4_096).await > 0 {
-        if let Err(err) = sqlx::query(NOTIFY)
+        if let Err(err) = sqlx::query(NOTIFY_UNFLUSHED)
             .bind(CHANNEL)
             .bind(&batch)
             .execute(&pool)
