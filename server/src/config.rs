@@ -150,6 +150,19 @@ pub struct ServerConfig {
     )]
     pub dispatch_recheck_ms: u64,
 
+    /// How long a batch of lease reports waits for more before it commits,
+    /// in milliseconds (0: at once). Each batch is one transaction and one
+    /// flush of the database's log; waiting a little makes one of many
+    /// agents' reports, at that much delay to the acknowledgement of each.
+    #[arg(
+        long,
+        env = "SWITCHYARD_REPORT_LINGER_MS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(0..=1_000),
+        global = true
+    )]
+    pub report_linger_ms: u64,
+
     /// Attempts a task gets when its submit does not say.
     #[arg(
         long,
@@ -260,6 +273,7 @@ impl ServerConfig {
             sweep_interval_ms: 1_000,
             dispatch_page: 256,
             dispatch_recheck_ms: 1_000,
+            report_linger_ms: 10,
             max_attempts: 3,
             tokens_file: None,
             insecure: false,

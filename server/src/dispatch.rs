@@ -58,6 +58,8 @@ pub struct DispatchSettings {
     pub stream_queue: usize,
     /// How long a batch of heartbeats waits for more before committing.
     pub heartbeat_linger_ms: u64,
+    /// How long a batch of lease reports waits for more before committing.
+    pub report_linger_ms: u64,
 }
 
 impl Default for DispatchSettings {
@@ -70,6 +72,7 @@ impl Default for DispatchSettings {
             recheck_ms: 1_000,
             stream_queue: 256,
             heartbeat_linger_ms: 50,
+            report_linger_ms: 10,
         }
     }
 }
@@ -312,10 +315,14 @@ impl Dispatcher {
         // six runs each) and slowed submits racing them for the database: at
         // 500 submits/s with 1,000 agents, submit-to-grant p50 5.7 against
         // 4.0 ms and p99 22.1 against 14.9 ms (medians of five runs each).
+        // A batch waits `report_linger_ms` for company: at that load most
+        // batches were one agent's attempt (about two tasks), and each
+        // commit flushed the log beside the submits'. 10 ms against none,
+        // three alternating runs: submit-to-grant p50 2.97 against 4.70 ms.
         let _ = self.shared.reports.set(GroupCommit::start(
             512,
             in_flight.min(2),
-            Duration::ZERO,
+            Duration::from_millis(self.shared.settings.report_linger_ms),
             move |reports: Vec<LeaseReport>| {
                 let (store, now) = (store.clone(), clock.now_ms());
                 async move {

@@ -155,6 +155,7 @@ pub async fn run_with_clock(
             sweep_interval_ms: config.sweep_interval_ms,
             batch_size: config.dispatch_page,
             recheck_ms: config.dispatch_recheck_ms,
+            report_linger_ms: config.report_linger_ms,
             ..DispatchSettings::default()
         },
     );
