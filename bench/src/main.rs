@@ -144,6 +144,16 @@ struct Cli {
     /// after this many seconds each.
     #[arg(long, env = "SWITCHYARD_BENCH_TIMEOUT_SECS", default_value_t = 600)]
     timeout_secs: u64,
+    /// Also report the latency of only the tasks submitted this many seconds
+    /// or more after the run clock started (`steady_latency_ms`): the steady
+    /// state, without a freshly started server's first moments.
+    #[arg(long, env = "SWITCHYARD_BENCH_WARMUP_SECS", default_value_t = 0.0)]
+    warmup_secs: f64,
+    /// Write every latency to this file as CSV (`from_ms,latency_ms`, from
+    /// the start of the run, in the order the grants arrived), to see when
+    /// the slow ones happened.
+    #[arg(long, env = "SWITCHYARD_BENCH_LATENCY_LOG")]
+    latency_log: Option<PathBuf>,
     /// Print the report as JSON.
     #[arg(long, env = "SWITCHYARD_BENCH_JSON")]
     json: bool,
@@ -663,6 +673,33 @@ async fn drive(
             .lock()
             .map_err(|_| anyhow::anyhow!("latency lock poisoned"))?,
     );
+    let points = std::mem::take(
+        &mut *counters
+            .latency_points
+            .lock()
+            .map_err(|_| anyhow::anyhow!("latency lock poisoned"))?,
+    );
+    let steady_latency_ms = (cli.warmup_secs > 0.0).then(|| {
+        let from = clock_start_us.saturating_add((cli.warmup_secs * 1e6) as u64);
+        let mut steady: Vec<u64> = points
+            .iter()
+            .filter(|&&(at, _)| at >= from)
+            .map(|&(_, latency)| latency)
+            .collect();
+        Percentiles::of(&mut steady)
+    });
+    if let Some(path) = &cli.latency_log {
+        let mut csv = String::from("from_ms,latency_ms\n");
+        for &(from, latency) in &points {
+            csv.push_str(&format!(
+                "{:.3},{:.3}\n",
+                from as f64 / 1e3,
+                latency as f64 / 1e3
+            ));
+        }
+        std::fs::write(path, csv)
+            .map_err(|err| anyhow::anyhow!("writing {}: {err}", path.display()))?;
+    }
     // A preloaded run's connecting overlaps its granting, so its run CPU
     // counts from the start of connecting.
     let run_from = if cli.preload {
@@ -729,6 +766,8 @@ async fn drive(
         grants_per_sec: per_sec(grants, last_grant_us),
         completions_per_sec: per_sec(completions, last_completion_us),
         latency_ms: Percentiles::of(&mut latencies),
+        warmup_secs: cli.warmup_secs,
+        steady_latency_ms,
         acked_latency_ms: {
             let acked = counters
                 .submit_acked_us

@@ -51,6 +51,11 @@ pub struct Report {
     /// Submit-to-grant-received latency, milliseconds; preloaded, from the
     /// first Welcome to each grant (how far into the drain it came).
     pub latency_ms: Percentiles,
+    /// `--warmup-secs`.
+    pub warmup_secs: f64,
+    /// `latency_ms` of the tasks submitted `warmup_secs` or more after the
+    /// run clock started; absent without a warm-up.
+    pub steady_latency_ms: Option<Percentiles>,
     /// From the submit's answer (the task durably stored) to its first
     /// grant reaching the agent, milliseconds; a grant that arrived first
     /// counts as 0. Excludes the submit's own commit, which the latency
@@ -219,6 +224,17 @@ impl Report {
                     l.p50, l.p90, l.p99, l.max, l.count
                 ),
             ),
+        ]);
+        if let Some(steady) = &self.steady_latency_ms {
+            rows.push((
+                format!("  after {:.1} s warm-up", self.warmup_secs),
+                format!(
+                    "p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}  (n={})",
+                    steady.p50, steady.p90, steady.p99, steady.max, steady.count
+                ),
+            ));
+        }
+        rows.extend([
             (
                 "submit-acked->grant ms".into(),
                 format!(
