@@ -7,18 +7,41 @@
 //! The runner takes a transaction slot *before* it collects: while every
 //! slot is busy committing, new items wait in the queue, so the next batch
 //! is as large as the load makes it. Under light load a batch is one
-//! caller's items and costs nothing extra; under heavy load one commit (one
-//! `fsync` on PostgreSQL with `synchronous_commit` on) serves hundreds of
-//! reports from many agents.
+//! caller's items, unless the kind of write asks it to wait a little for
+//! company ([`Linger`]); under heavy load one commit (one `fsync` on
+//! PostgreSQL with `synchronous_commit` on) serves hundreds of reports from
+//! many agents.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tonic::Status;
 
 use crate::error::Result;
+
+/// How long a batch waits for more items after its first.
+#[derive(Debug, Clone, Copy)]
+pub enum Linger {
+    /// Not at all: a batch is whatever waits when a slot frees.
+    None,
+    /// Always this long (for writes nobody waits on closely, like
+    /// heartbeats).
+    Always(Duration),
+    /// Up to `wait`, if the runner had to wait for the first item, and only
+    /// until the batch holds `enough` items; items already queued when a
+    /// slot frees go at once. For writes whose callers wait for them, like
+    /// lease reports: company is sought when the store is quiet, and a busy
+    /// store finds it at once.
+    WhenIdle {
+        /// The longest wait.
+        wait: Duration,
+        /// Items that end the wait.
+        enough: usize,
+    },
+}
 
 /// The results of one store call over a batch, item by item.
 type Applied<O> = Result<Vec<Result<O>>>;
@@ -55,15 +78,9 @@ impl<I, O> std::fmt::Debug for GroupCommit<I, O> {
 impl<I: Send + 'static, O: Send + 'static> GroupCommit<I, O> {
     /// Starts the runner: batches of at most `max_items` items (callers'
     /// item lists are never split), at most `in_flight` batches committing
-    /// at once, each applied by `apply`. With a `linger`, a batch waits that
-    /// long after its first item for more (for writes nobody waits on
-    /// closely, like heartbeats). Must be called inside a runtime.
-    pub fn start<F, Fut>(
-        max_items: usize,
-        in_flight: usize,
-        linger: std::time::Duration,
-        apply: F,
-    ) -> Self
+    /// at once, each applied by `apply`, each waiting for more items after
+    /// its first as `linger` says. Must be called inside a runtime.
+    pub fn start<F, Fut>(max_items: usize, in_flight: usize, linger: Linger, apply: F) -> Self
     where
         F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Applied<O>> + Send + 'static,
@@ -95,7 +112,7 @@ async fn run<I: Send + 'static, O: Send + 'static>(
     mut rx: mpsc::Receiver<Job<I, O>>,
     max_items: usize,
     in_flight: usize,
-    linger: std::time::Duration,
+    linger: Linger,
     apply: ApplyFn<I, O>,
 ) {
     let slots = Arc::new(Semaphore::new(in_flight));
@@ -103,13 +120,27 @@ async fn run<I: Send + 'static, O: Send + 'static>(
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let Some(first) = rx.recv().await else {
-            return;
+        let (first, waited) = match rx.try_recv() {
+            Ok(job) => (job, false),
+            Err(_) => match rx.recv().await {
+                Some(job) => (job, true),
+                None => return,
+            },
+        };
+        let (linger, enough) = match linger {
+            Linger::Always(wait) => (wait, max_items),
+            Linger::WhenIdle { wait, enough } if waited => (wait, enough.min(max_items)),
+            Linger::None | Linger::WhenIdle { .. } => (Duration::ZERO, max_items),
         };
         let mut count = first.items.len();
         let mut jobs = vec![first];
         let until = tokio::time::Instant::now() + linger;
         while count < max_items {
+            let linger = if count >= enough {
+                Duration::ZERO
+            } else {
+                linger
+            };
             let job = match rx.try_recv() {
                 Ok(job) => job,
                 Err(_) if linger.is_zero() => break,
@@ -158,5 +189,124 @@ async fn run<I: Send + 'static, O: Send + 'static>(
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The runner on tokio's paused clock: a linger that runs out advances
+    //! the clock by itself, so how long a batch waited is exact.
+
+    use std::sync::Mutex;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// What the store saw: each batch's size and when it was applied.
+    type Applied = Arc<Mutex<Vec<(usize, Duration)>>>;
+
+    /// A runner whose store records each batch, then waits for a permit of
+    /// `gate` (as a slow commit would) and answers each item with itself.
+    fn runner(
+        in_flight: usize,
+        linger: Linger,
+        gate: Arc<Semaphore>,
+    ) -> (GroupCommit<u32, u32>, Applied) {
+        let applied: Applied = Arc::default();
+        let (seen, start) = (applied.clone(), Instant::now());
+        let group = GroupCommit::start(512, in_flight, linger, move |items: Vec<u32>| {
+            seen.lock().unwrap().push((items.len(), start.elapsed()));
+            let gate = gate.clone();
+            async move {
+                gate.acquire().await.unwrap().forget();
+                Ok(items.into_iter().map(Ok).collect())
+            }
+        });
+        (group, applied)
+    }
+
+    /// Lets every other task run until it waits.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_store_waits_for_company_until_there_is_enough() {
+        let open = Arc::new(Semaphore::new(100));
+        let linger = Linger::WhenIdle {
+            wait: Duration::from_secs(10),
+            enough: 2,
+        };
+        let (group, applied) = runner(2, linger, open);
+        settle().await;
+        let first = tokio::spawn({
+            let group = group.clone();
+            async move { group.submit(vec![1]).await }
+        });
+        settle().await;
+        assert!(applied.lock().unwrap().is_empty(), "a lone report waits");
+        let second = group.submit(vec![2]).await.unwrap();
+        assert_eq!(first.await.unwrap().unwrap()[0].as_ref().ok(), Some(&1));
+        assert_eq!(second[0].as_ref().ok(), Some(&2));
+        // Enough came at once: one batch of both, no time waited.
+        assert_eq!(*applied.lock().unwrap(), vec![(2, Duration::ZERO)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_item_waits_out_the_linger() {
+        for linger in [
+            Linger::Always(Duration::from_secs(10)),
+            Linger::WhenIdle {
+                wait: Duration::from_secs(10),
+                enough: 32,
+            },
+        ] {
+            let (group, applied) = runner(2, linger, Arc::new(Semaphore::new(100)));
+            // The runner starts and finds nothing to do: the store is quiet.
+            settle().await;
+            group.submit(vec![7]).await.unwrap();
+            assert_eq!(
+                *applied.lock().unwrap(),
+                vec![(1, Duration::from_secs(10))],
+                "{linger:?}"
+            );
+        }
+        let (group, applied) = runner(2, Linger::None, Arc::new(Semaphore::new(100)));
+        group.submit(vec![7]).await.unwrap();
+        assert_eq!(*applied.lock().unwrap(), vec![(1, Duration::ZERO)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn items_queued_while_the_store_is_busy_go_at_once() {
+        let gate = Arc::new(Semaphore::new(0));
+        let linger = Linger::WhenIdle {
+            wait: Duration::from_secs(10),
+            enough: 32,
+        };
+        let (group, applied) = runner(1, linger, gate.clone());
+        settle().await;
+        let first = tokio::spawn({
+            let group = group.clone();
+            async move { group.submit(vec![1]).await }
+        });
+        // The first batch waits out its linger, then commits slowly.
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(*applied.lock().unwrap(), vec![(1, Duration::from_secs(10))]);
+        let second = tokio::spawn({
+            let group = group.clone();
+            async move { group.submit(vec![2]).await }
+        });
+        settle().await;
+        gate.add_permits(2);
+        first.await.unwrap().unwrap();
+        second.await.unwrap().unwrap();
+        // The second was waiting when the slot freed: applied at once.
+        assert_eq!(
+            *applied.lock().unwrap(),
+            vec![(1, Duration::from_secs(10)), (1, Duration::from_secs(11))]
+        );
     }
 }

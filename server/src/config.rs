@@ -150,10 +150,12 @@ pub struct ServerConfig {
     )]
     pub dispatch_recheck_ms: u64,
 
-    /// How long a batch of lease reports waits for more before it commits,
-    /// in milliseconds (0: at once). Each batch is one transaction and one
-    /// flush of the database's log; waiting a little makes one of many
-    /// agents' reports, at that much delay to the acknowledgement of each.
+    /// How long a batch of lease reports may wait for more before it
+    /// commits, in milliseconds (0: never). Each batch is one transaction
+    /// and one flush of the database's log; waiting a little makes one of
+    /// many agents' reports, at up to that much delay to the acknowledgement
+    /// of each. Only a batch started on a quiet store waits, and only until
+    /// it holds 32 reports.
     #[arg(
         long,
         env = "SWITCHYARD_REPORT_LINGER_MS",
