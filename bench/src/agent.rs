@@ -65,11 +65,9 @@ pub struct Counters {
     pub last_grant_us: AtomicU64,
     pub last_completion_us: AtomicU64,
     /// Grant-received latencies, in microseconds, from the later of the
-    /// task's submit and the first Welcome (see [`Counters::ready_us`]).
-    pub latencies_us: Mutex<Vec<u64>>,
-    /// The same latencies with when each counted from (microseconds since
-    /// `epoch`), for `--latency-log`.
-    pub latency_points: Mutex<Vec<(u64, u64)>>,
+    /// task's submit and the first Welcome (see [`Counters::ready_us`]),
+    /// each with that moment (microseconds since `epoch`): `(from, latency)`.
+    pub latencies_us: Mutex<Vec<(u64, u64)>>,
     /// When each task's submit was answered, and when its first grant
     /// arrived (microseconds since `epoch`), by task id: the latency from a
     /// durably accepted submit to its grant.
@@ -97,7 +95,6 @@ impl Counters {
             last_grant_us: AtomicU64::new(0),
             last_completion_us: AtomicU64::new(0),
             latencies_us: Mutex::new(Vec::new()),
-            latency_points: Mutex::new(Vec::new()),
             submit_acked_us: Mutex::new(std::collections::HashMap::new()),
             first_grant_us: Mutex::new(std::collections::HashMap::new()),
         }
@@ -368,14 +365,11 @@ pub async fn run(
                             counters.grants_before_release.fetch_add(1, Ordering::Relaxed);
                         }
                         let task = grant.task.unwrap_or_default();
-                        if let Some(sent) = submitted_us(&task) {
+                        if let Some(sent) = submitted_us(&task)
+                            && let Ok(mut l) = counters.latencies_us.lock()
+                        {
                             let from = counters.ready_us(sent);
-                            if let Ok(mut l) = counters.latencies_us.lock() {
-                                l.push(now.saturating_sub(from));
-                            }
-                            if let Ok(mut p) = counters.latency_points.lock() {
-                                p.push((from, now.saturating_sub(from)));
-                            }
+                            l.push((from, now.saturating_sub(from)));
                         }
                         if let Ok(mut g) = counters.first_grant_us.lock() {
                             g.entry(task.task_id.clone()).or_insert(now);

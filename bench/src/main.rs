@@ -200,6 +200,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.churn > 0.0 {
         anyhow::ensure!(cli.churn.is_finite(), "--churn must be finite");
     }
+    anyhow::ensure!(
+        cli.warmup_secs.is_finite() && cli.warmup_secs >= 0.0,
+        "--warmup-secs must be a number of seconds, 0 or more (got {})",
+        cli.warmup_secs
+    );
     let mix = Arc::new(mix);
 
     let spawned = match (&cli.server, &cli.server_bin) {
@@ -667,26 +672,23 @@ async fn drive(
     };
     let grants = counters.grants.load(Ordering::Relaxed);
     let completions = counters.completions.load(Ordering::Relaxed);
-    let mut latencies = std::mem::take(
+    let points = std::mem::take(
         &mut *counters
             .latencies_us
             .lock()
             .map_err(|_| anyhow::anyhow!("latency lock poisoned"))?,
     );
-    let points = std::mem::take(
-        &mut *counters
-            .latency_points
-            .lock()
-            .map_err(|_| anyhow::anyhow!("latency lock poisoned"))?,
-    );
-    let steady_latency_ms = (cli.warmup_secs > 0.0).then(|| {
-        let from = clock_start_us.saturating_add((cli.warmup_secs * 1e6) as u64);
-        let mut steady: Vec<u64> = points
+    let latencies_from = |from: u64| -> Vec<u64> {
+        points
             .iter()
             .filter(|&&(at, _)| at >= from)
             .map(|&(_, latency)| latency)
-            .collect();
-        Percentiles::of(&mut steady)
+            .collect()
+    };
+    let mut latencies = latencies_from(0);
+    let steady_latency_ms = (cli.warmup_secs > 0.0).then(|| {
+        let from = clock_start_us.saturating_add((cli.warmup_secs * 1e6) as u64);
+        Percentiles::of(&mut latencies_from(from))
     });
     if let Some(path) = &cli.latency_log {
         let mut csv = String::from("from_ms,latency_ms\n");
