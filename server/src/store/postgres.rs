@@ -1454,12 +1454,15 @@ async fn whole_attempts(
         .map(|(_, _, _, s)| s.message.as_str())
         .collect();
     // One round trip: end the leases (acknowledged), settle the tasks, and
-    // append accepted, started and the end to each history.
+    // append accepted, started and the end to each history (the history's
+    // last sequence looked up once per task, not once per entry).
     let (ended, settled): (i64, i64) = sqlx::query_as(
         "WITH c AS ( \
-           SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
+           SELECT u.*, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
+           WHERE e.task_id = u.task_id), 0) AS last_sequence \
+           FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
            $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
-           $11::text[], $12::text[]) AS c(lease_id, task_id, agent_id, lease_state, \
+           $11::text[], $12::text[]) AS u(lease_id, task_id, agent_id, lease_state, \
            outcome, task_state, attempts, not_before_ms, result, error, event_kind, \
            message) \
          ), ended AS ( \
@@ -1469,8 +1472,7 @@ async fn whole_attempts(
          ), history AS ( \
            INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
            lease_id, occurred_at_ms) \
-           SELECT c.task_id, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
-           WHERE e.task_id = c.task_id), 0) + k.n, \
+           SELECT c.task_id, c.last_sequence + k.n, \
            CASE k.n WHEN 1 THEN 'accepted' WHEN 2 THEN 'started' ELSE c.event_kind END, \
            CASE k.n WHEN 1 THEN 'leased' WHEN 2 THEN 'running' ELSE c.task_state END, \
            CASE k.n WHEN 1 THEN 'the agent acknowledged the lease' \
