@@ -1,12 +1,14 @@
 //! PostgreSQL only: two store instances (two pools, as two replicas would
-//! have) on one database racing to grant 1,000 tasks to 50 agents, and
-//! LISTEN/NOTIFY carrying an event from one instance to the other.
+//! have) on one database racing to grant 1,000 tasks to 50 agents,
+//! LISTEN/NOTIFY carrying an event from one instance to the other, and the
+//! pool's warm-up fitting the migrated schema.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use sqlx::Connection;
 use switchyard_server::store::{
-    EndedLease, GrantOutcome, GrantRequest, Store, StoreEvent, TaskState,
+    EndedLease, GrantOutcome, GrantRequest, PgStore, Store, StoreEvent, StoreOptions, TaskState,
 };
 
 use crate::common::{Fixture, Lcg, T0, agent, agents, grant, submit, task};
@@ -166,5 +168,29 @@ async fn an_event_from_one_replica_reaches_the_other() {
     .await;
     assert_ne!(seen, ended, "the sweeping replica heard its own lease end");
     other.close().await;
+    fx.finish().await;
+}
+
+/// The warm-up calls the submit function as the latest migration defines
+/// it. A migration that changed the function's arguments would otherwise
+/// leave every replica's fresh connections cold with nothing but a
+/// warning at start; without the function, the warm-up fails.
+#[tokio::test]
+async fn the_pool_warm_up_fits_the_migrated_schema() {
+    let fx = Fixture::postgres().await;
+    let store = PgStore::open(&fx.url, StoreOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(store.warm().await.unwrap(), 8);
+
+    let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
+    sqlx::query("DROP FUNCTION switchyard_submit_batch")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.unwrap();
+    let err = store.warm().await.unwrap_err().to_string();
+    assert!(err.contains("warming a connection"), "{err}");
+    store.close().await;
     fx.finish().await;
 }
