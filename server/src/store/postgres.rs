@@ -63,15 +63,64 @@ const LOCK_AGENTS: &str = "SELECT id FROM agents WHERE id = ANY($1) ORDER BY id 
 /// Connections the pool opens as soon as the store opens, and keeps.
 const WARM_CONNECTIONS: u32 = 8;
 
-/// Run once on every new connection, before its first use: a submit of
-/// nothing, which changes nothing but has the new backend compile the submit
-/// function and load what it knows of the tables every task touches. A
-/// connection's first submit otherwise costs several times a warm one's, and
-/// a replica's first few hundred milliseconds of submits took 10-20 ms.
-/// Connections opened before a fresh database was migrated are warmed again
-/// once it is ([`PgStore::warm`]).
-const WARM_UP: &str = "SELECT COUNT(*) FROM switchyard_submit_batch('{}', '{}', '{}', '{}', \
-  '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', 0)";
+/// Every named lease with the outcome recorded on it (`$1`: lease ids).
+const LEASES_WITH_OUTCOME: &str = concat!(
+    "SELECT ",
+    lease_columns!(),
+    ", outcome FROM leases WHERE id = ANY($1)"
+);
+
+/// Locks a report batch's tasks in id order (`$1`: task ids), reading none
+/// of their documents (see [`whole_attempts`]).
+const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, 'null'::jsonb AS payload, \
+  'null'::jsonb AS placement, t.priority, t.state, t.attempts, t.max_attempts, \
+  t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, NULL::jsonb AS result, \
+  NULL::jsonb AS error, t.fencing_token, t.lease_id, t.agent_id, \
+  l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, \
+  NULL::jsonb AS progress, '{}'::jsonb AS labels, t.created_at_ms, t.updated_at_ms \
+  FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id \
+  WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t";
+
+/// Applies whole fresh attempts in one statement (see [`whole_attempts`]):
+/// ends the leases (acknowledged), settles the tasks, and appends accepted,
+/// started and the end to each history, the history's last sequence looked
+/// up once per task. Answers how many leases ended and tasks settled.
+const WHOLE_ATTEMPTS: &str = "WITH c AS ( \
+  SELECT u.*, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
+  WHERE e.task_id = u.task_id), 0) AS last_sequence \
+  FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
+  $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
+  $11::text[], $12::text[]) AS u(lease_id, task_id, agent_id, lease_state, \
+  outcome, task_state, attempts, not_before_ms, result, error, event_kind, \
+  message) \
+  ), ended AS ( \
+  UPDATE leases l SET state = c.lease_state, outcome = c.outcome, acked = TRUE, \
+  ended_at_ms = $13 FROM c \
+  WHERE l.id = c.lease_id AND l.state = 'granted' RETURNING l.id \
+  ), history AS ( \
+  INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
+  lease_id, occurred_at_ms) \
+  SELECT c.task_id, c.last_sequence + k.n, \
+  CASE k.n WHEN 1 THEN 'accepted' WHEN 2 THEN 'started' ELSE c.event_kind END, \
+  CASE k.n WHEN 1 THEN 'leased' WHEN 2 THEN 'running' ELSE c.task_state END, \
+  CASE k.n WHEN 1 THEN 'the agent acknowledged the lease' \
+  WHEN 2 THEN 'the agent started the task' ELSE c.message END, \
+  c.agent_id, c.lease_id, $13 \
+  FROM c CROSS JOIN (VALUES (1), (2), (3)) AS k(n) \
+  ), settled AS ( \
+  UPDATE tasks t SET state = c.task_state, attempts = c.attempts, \
+  not_before_ms = c.not_before_ms, \
+  result = COALESCE(c.result::jsonb, t.result), \
+  error = COALESCE(c.error::jsonb, t.error), \
+  lease_id = NULL, agent_id = NULL, updated_at_ms = $13 \
+  FROM c WHERE t.id = c.task_id RETURNING t.id \
+  ) \
+  SELECT (SELECT COUNT(*) FROM ended), (SELECT COUNT(*) FROM settled)";
+
+/// How many rolled-back submits warm a new connection (see
+/// [`warm_connection`]): one more than the runs PostgreSQL plans afresh
+/// before it chooses a plan to keep.
+const WARM_RUNS: usize = 6;
 
 /// How many notifications may wait for the notifier.
 const NOTIFIER_QUEUE: usize = 65_536;
@@ -123,7 +172,7 @@ impl PgStore {
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     // A database not yet migrated has nothing to warm.
-                    if let Err(err) = sqlx::raw_sql(WARM_UP).execute(&mut *conn).await {
+                    if let Err(err) = warm_connection(conn).await {
                         tracing::debug!(cause = %err, "a new connection was not warmed");
                     }
                     Ok(())
@@ -157,10 +206,10 @@ impl PgStore {
         })
     }
 
-    /// Runs [`WARM_UP`] on [`WARM_CONNECTIONS`] of the pool's connections
-    /// at once (each new connection runs it too, as it opens) and answers
-    /// how many it warmed. Fails if the schema is not migrated, or if the
-    /// submit function no longer takes what [`WARM_UP`] passes it.
+    /// Warms [`WARM_CONNECTIONS`] of the pool's connections at once (see
+    /// [`warm_connection`]; each new connection is warmed too, as it opens)
+    /// and answers how many it warmed. Fails if the schema is not migrated
+    /// or does not fit this release's statements.
     pub async fn warm(&self) -> __Result<usize> {
         let mut held = Vec::new();
         for _ in 0..WARM_CONNECTIONS {
@@ -169,8 +218,7 @@ impl PgStore {
         let mut warming = tokio::task::JoinSet::new();
         for mut conn in held {
             warming.spawn(async move {
-                sqlx::raw_sql(WARM_UP)
-                    .execute(&mut *conn)
+                warm_connection(&mut conn)
                     .await
                     .map_err(db("warming a connection"))
             });
@@ -354,6 +402,99 @@ const SUBMIT_BATCH: &str = "SELECT id, leased, known FROM switchyard_submit_batc
   $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::int8[], \
   $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::int8)";
 
+/// [`SUBMIT_BATCH`] with `rows` bound.
+fn submit_query<'q>(
+    rows: &'q SubmitRows<'_>,
+    now_ms: i64,
+) -> sqlx::query::QueryAs<'q, Postgres, (Uuid, bool, bool), sqlx::postgres::PgArguments> {
+    sqlx::query_as(SUBMIT_BATCH)
+        .bind(&rows.ids)
+        .bind(&rows.namespaces)
+        .bind(&rows.kinds)
+        .bind(&rows.payloads)
+        .bind(&rows.placements)
+        .bind(&rows.priorities)
+        .bind(&rows.max_attempts)
+        .bind(&rows.ttls)
+        .bind(&rows.keys)
+        .bind(&rows.not_before)
+        .bind(&rows.labels)
+        .bind(&rows.agents)
+        .bind(&rows.leases)
+        .bind(now_ms)
+}
+
+/// Readies a new connection for the statements every task goes through:
+/// prepares each (the connection keeps it) and runs it on no rows, then
+/// runs [`WARM_RUNS`] one-task submits and rolls them back; nothing is
+/// left behind. A new backend's first runs of a statement pay for
+/// compiling the submit function, cold catalog caches, the prepare round
+/// trip and planning afresh: a connection's first submit cost about 10 ms
+/// against 0.5 ms warm, and a freshly started replica's first few hundred
+/// milliseconds of grants were slow.
+async fn warm_connection(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    let no_ids: Vec<Uuid> = Vec::new();
+    let no_text: Vec<&str> = Vec::new();
+    let no_json: Vec<Option<String>> = Vec::new();
+    let no_numbers: Vec<i64> = Vec::new();
+    submit_query(&SubmitRows::default(), 0)
+        .fetch_all(&mut *conn)
+        .await?;
+    // PostgreSQL plans a prepared statement afresh for its first five runs
+    // on a connection and only then settles on a plan: a few one-task
+    // submits, rolled back, spend those runs here rather than on live ones.
+    let rows = SubmitRows {
+        slot: vec![0],
+        ids: vec![Uuid::nil()],
+        namespaces: vec!["switchyard-warm-up"],
+        kinds: vec!["warm-up"],
+        payloads: vec!["null".to_owned()],
+        placements: vec!["{}".to_owned()],
+        priorities: vec![0],
+        max_attempts: vec![1],
+        ttls: vec![1],
+        keys: vec![None],
+        not_before: vec![0],
+        labels: vec!["{}".to_owned()],
+        agents: vec![None],
+        leases: vec![None],
+    };
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    for _ in 0..WARM_RUNS {
+        sqlx::query("SAVEPOINT warm").execute(&mut *tx).await?;
+        submit_query(&rows, 0).fetch_all(&mut *tx).await?;
+        sqlx::query("ROLLBACK TO SAVEPOINT warm")
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.rollback().await?;
+    sqlx::query(WHOLE_ATTEMPT_TASKS)
+        .bind(&no_ids)
+        .fetch_all(&mut *conn)
+        .await?;
+    sqlx::query(LEASES_WITH_OUTCOME)
+        .bind(&no_ids)
+        .fetch_all(&mut *conn)
+        .await?;
+    sqlx::query(WHOLE_ATTEMPTS)
+        .bind(&no_ids)
+        .bind(&no_ids)
+        .bind(&no_ids)
+        .bind(&no_text)
+        .bind(&no_text)
+        .bind(&no_text)
+        .bind(&no_numbers)
+        .bind(&no_numbers)
+        .bind(&no_json)
+        .bind(&no_json)
+        .bind(&no_text)
+        .bind(&no_text)
+        .bind(0_i64)
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 /// Runs [`SUBMIT_BATCH`] over `rows` and answers each submission: the
 /// task as inserted (built from what was sent, not read back), or the
 /// task that already holds its idempotency key. `out` holds the answers
@@ -370,21 +511,7 @@ async fn insert_submits(
     // Each row: the task's id, whether it was inserted (an idempotency
     // key already taken is not) and whether it was leased; a reserved
     // agent that is gone is told apart from a full one.
-    let inserted: Vec<(Uuid, bool, bool)> = sqlx::query_as(SUBMIT_BATCH)
-        .bind(&rows.ids)
-        .bind(&rows.namespaces)
-        .bind(&rows.kinds)
-        .bind(&rows.payloads)
-        .bind(&rows.placements)
-        .bind(&rows.priorities)
-        .bind(&rows.max_attempts)
-        .bind(&rows.ttls)
-        .bind(&rows.keys)
-        .bind(&rows.not_before)
-        .bind(&rows.labels)
-        .bind(&rows.agents)
-        .bind(&rows.leases)
-        .bind(now_ms)
+    let inserted: Vec<(Uuid, bool, bool)> = submit_query(rows, now_ms)
         .fetch_all(&mut *executor)
         .await
         .map_err(db("inserting tasks"))?;
@@ -764,15 +891,11 @@ impl Store for PgStore {
             tasks.insert(task.id, task);
         }
         // Every named lease with its recorded outcome (one round trip).
-        let rows = sqlx::query(concat!(
-            "SELECT ",
-            lease_columns!(),
-            ", outcome FROM leases WHERE id = ANY($1)"
-        ))
-        .bind(&lease_ids)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db("reading leases to complete"))?;
+        let rows = sqlx::query(LEASES_WITH_OUTCOME)
+            .bind(&lease_ids)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db("reading leases to complete"))?;
         let mut leases: HashMap<Uuid, (LeaseRecord, Option<String>)> =
             HashMap::with_capacity(rows.len());
         for row in &rows {
@@ -1356,20 +1479,11 @@ async fn whole_attempts(
     // Settling reads none of a task's documents (payload, placement,
     // result, error, progress, labels): they stay in the database, and the
     // records here hold nulls and no labels in their place.
-    let rows = sqlx::query(
-        "SELECT t.id, t.namespace, t.kind, 'null'::jsonb AS payload, \
-         'null'::jsonb AS placement, t.priority, t.state, t.attempts, t.max_attempts, \
-         t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, NULL::jsonb AS result, \
-         NULL::jsonb AS error, t.fencing_token, t.lease_id, t.agent_id, \
-         l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, \
-         NULL::jsonb AS progress, '{}'::jsonb AS labels, t.created_at_ms, t.updated_at_ms \
-         FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id \
-         WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t",
-    )
-    .bind(&task_ids)
-    .fetch_all(&mut **tx)
-    .await
-    .map_err(db("locking tasks to apply reports"))?;
+    let rows = sqlx::query(WHOLE_ATTEMPT_TASKS)
+        .bind(&task_ids)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db("locking tasks to apply reports"))?;
     let mut tasks: HashMap<Uuid, TaskRecord> = HashMap::with_capacity(rows.len());
     for row in &rows {
         let task = task_from_row(row)?;
@@ -1404,15 +1518,11 @@ async fn whole_attempts(
         return Ok(0);
     }
     let lease_ids: Vec<Uuid> = candidates.iter().map(|c| reports[c[0]].lease_id).collect();
-    let rows = sqlx::query(concat!(
-        "SELECT ",
-        lease_columns!(),
-        ", outcome FROM leases WHERE id = ANY($1)"
-    ))
-    .bind(&lease_ids)
-    .fetch_all(&mut **tx)
-    .await
-    .map_err(db("reading leases to apply reports"))?;
+    let rows = sqlx::query(LEASES_WITH_OUTCOME)
+        .bind(&lease_ids)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db("reading leases to apply reports"))?;
     let mut leases: HashMap<Uuid, LeaseRecord> = HashMap::with_capacity(rows.len());
     for row in &rows {
         let lease = lease_from_row(row)?;
@@ -1503,55 +1613,23 @@ async fn whole_attempts(
     // One round trip: end the leases (acknowledged), settle the tasks, and
     // append accepted, started and the end to each history (the history's
     // last sequence looked up once per task, not once per entry).
-    let (ended, settled): (i64, i64) = sqlx::query_as(
-        "WITH c AS ( \
-           SELECT u.*, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
-           WHERE e.task_id = u.task_id), 0) AS last_sequence \
-           FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
-           $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
-           $11::text[], $12::text[]) AS u(lease_id, task_id, agent_id, lease_state, \
-           outcome, task_state, attempts, not_before_ms, result, error, event_kind, \
-           message) \
-         ), ended AS ( \
-           UPDATE leases l SET state = c.lease_state, outcome = c.outcome, acked = TRUE, \
-           ended_at_ms = $13 FROM c \
-           WHERE l.id = c.lease_id AND l.state = 'granted' RETURNING l.id \
-         ), history AS ( \
-           INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
-           lease_id, occurred_at_ms) \
-           SELECT c.task_id, c.last_sequence + k.n, \
-           CASE k.n WHEN 1 THEN 'accepted' WHEN 2 THEN 'started' ELSE c.event_kind END, \
-           CASE k.n WHEN 1 THEN 'leased' WHEN 2 THEN 'running' ELSE c.task_state END, \
-           CASE k.n WHEN 1 THEN 'the agent acknowledged the lease' \
-           WHEN 2 THEN 'the agent started the task' ELSE c.message END, \
-           c.agent_id, c.lease_id, $13 \
-           FROM c CROSS JOIN (VALUES (1), (2), (3)) AS k(n) \
-         ), settled AS ( \
-           UPDATE tasks t SET state = c.task_state, attempts = c.attempts, \
-           not_before_ms = c.not_before_ms, \
-           result = COALESCE(c.result::jsonb, t.result), \
-           error = COALESCE(c.error::jsonb, t.error), \
-           lease_id = NULL, agent_id = NULL, updated_at_ms = $13 \
-           FROM c WHERE t.id = c.task_id RETURNING t.id \
-         ) \
-         SELECT (SELECT COUNT(*) FROM ended), (SELECT COUNT(*) FROM settled)",
-    )
-    .bind(&lease_ids)
-    .bind(&task_ids)
-    .bind(&agent_ids)
-    .bind(&lease_states)
-    .bind(&outcomes)
-    .bind(&task_states)
-    .bind(&attempts)
-    .bind(&not_before)
-    .bind(&results_json)
-    .bind(&errors_json)
-    .bind(&kinds)
-    .bind(&messages)
-    .bind(now_ms)
-    .fetch_one(&mut **tx)
-    .await
-    .map_err(db("applying whole attempts"))?;
+    let (ended, settled): (i64, i64) = sqlx::query_as(WHOLE_ATTEMPTS)
+        .bind(&lease_ids)
+        .bind(&task_ids)
+        .bind(&agent_ids)
+        .bind(&lease_states)
+        .bind(&outcomes)
+        .bind(&task_states)
+        .bind(&attempts)
+        .bind(&not_before)
+        .bind(&results_json)
+        .bind(&errors_json)
+        .bind(&kinds)
+        .bind(&messages)
+        .bind(now_ms)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(db("applying whole attempts"))?;
     if [ended, settled]
         .iter()
         .any(|&n| usize::try_from(n).ok() != Some(settle.len()))

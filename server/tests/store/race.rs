@@ -182,6 +182,8 @@ async fn the_pool_warm_up_fits_the_migrated_schema() {
         .await
         .unwrap();
     assert_eq!(store.warm().await.unwrap(), 8);
+    // The warm-up's own submits were rolled back: no task of any state.
+    assert_eq!(store.count_tasks().await.unwrap(), Vec::new());
 
     let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
     sqlx::query("DROP FUNCTION switchyard_submit_batch")
