@@ -242,6 +242,26 @@ impl PgStore {
         failed.map_or(Ok(warmed), Err)
     }
 
+    /// Warns if the database's autovacuum is off. Every grant and report
+    /// leaves dead row versions, and without VACUUM and ANALYZE PostgreSQL
+    /// also stops reusing its plans: on a database holding one earlier run
+    /// of 5,000 tasks, a submit took PostgreSQL 1.65 ms against 0.66 ms once vacuumed
+    /// and analysed. Whether it can answer at all is not this check's
+    /// business: a query that fails is only logged.
+    async fn check_autovacuum(&self) {
+        match sqlx::query_scalar::<_, String>("SELECT current_setting('autovacuum')")
+            .fetch_one(&self.pool)
+            .await
+        {
+            Ok(setting) if setting == "off" => tracing::warn!(
+                "autovacuum is off on this PostgreSQL: run VACUUM ANALYZE on Switchyard's tables \
+                 regularly, or grants, reports and submits slow down as the history grows"
+            ),
+            Ok(_) => {}
+            Err(err) => tracing::debug!(cause = %err, "could not read the autovacuum setting"),
+        }
+    }
+
     /// Starts a transaction.
     async fn begin(&self) -> __Result<Transaction<'static, Postgres>> {
         self.pool
@@ -716,6 +736,7 @@ impl Store for PgStore {
         if let Err(err) = self.warm().await {
             tracing::warn!(cause = %err, "the store's connections were not warmed");
         }
+        self.check_autovacuum().await;
         Ok(())
     }
 
