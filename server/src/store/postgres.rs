@@ -422,6 +422,71 @@ const SUBMIT_BATCH: &str = "SELECT id, leased, known FROM switchyard_submit_batc
   $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::int8[], \
   $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::int8)";
 
+/// The columns of a batch of settled attempts, one array per column: the
+/// arguments of [`WHOLE_ATTEMPTS`] and of the completion statement.
+#[derive(Default)]
+struct SettledColumns<'a> {
+    lease_ids: Vec<Uuid>,
+    task_ids: Vec<Uuid>,
+    agent_ids: Vec<Uuid>,
+    lease_states: Vec<&'a str>,
+    outcomes: Vec<&'a str>,
+    task_states: Vec<&'a str>,
+    attempts: Vec<i64>,
+    not_before: Vec<i64>,
+    results: Vec<Option<String>>,
+    errors: Vec<Option<String>>,
+    kinds: Vec<&'a str>,
+    messages: Vec<&'a str>,
+}
+
+impl<'a> SettledColumns<'a> {
+    /// One row per lease and how its attempt settles.
+    fn new(settled: impl Iterator<Item = (&'a LeaseRecord, &'a SettledAttempt)>) -> Self {
+        let mut columns = Self::default();
+        for (lease, s) in settled {
+            columns.lease_ids.push(lease.id);
+            columns.task_ids.push(lease.task_id);
+            columns.agent_ids.push(lease.agent_id);
+            columns.lease_states.push(s.lease_state.as_str());
+            columns.outcomes.push(s.outcome);
+            columns.task_states.push(s.task_state.as_str());
+            columns.attempts.push(i64::from(s.attempts));
+            columns.not_before.push(s.not_before_ms);
+            columns
+                .results
+                .push(s.result.as_ref().map(Value::to_string));
+            columns.errors.push(s.error.as_ref().map(Value::to_string));
+            columns.kinds.push(s.event_kind);
+            columns.messages.push(s.message.as_str());
+        }
+        columns
+    }
+
+    /// `$1`-`$12`: the columns in the order above; `$13`: `now_ms`.
+    fn arguments(&self, now_ms: i64) -> Result<sqlx::postgres::PgArguments, sqlx::Error> {
+        use sqlx::Arguments as _;
+        let mut arguments = sqlx::postgres::PgArguments::default();
+        (|| {
+            arguments.add(&self.lease_ids)?;
+            arguments.add(&self.task_ids)?;
+            arguments.add(&self.agent_ids)?;
+            arguments.add(&self.lease_states)?;
+            arguments.add(&self.outcomes)?;
+            arguments.add(&self.task_states)?;
+            arguments.add(&self.attempts)?;
+            arguments.add(&self.not_before)?;
+            arguments.add(&self.results)?;
+            arguments.add(&self.errors)?;
+            arguments.add(&self.kinds)?;
+            arguments.add(&self.messages)?;
+            arguments.add(now_ms)
+        })()
+        .map_err(sqlx::Error::Encode)?;
+        Ok(arguments)
+    }
+}
+
 /// [`SUBMIT_BATCH`] with `rows` bound.
 fn submit_query<'q>(
     rows: &'q SubmitRows<'_>,
@@ -454,9 +519,6 @@ fn submit_query<'q>(
 /// milliseconds of grants were slow.
 async fn warm_connection(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
     let no_ids: Vec<Uuid> = Vec::new();
-    let no_text: Vec<&str> = Vec::new();
-    let no_json: Vec<Option<String>> = Vec::new();
-    let no_numbers: Vec<i64> = Vec::new();
     submit_query(&SubmitRows::default(), 0)
         .fetch_all(&mut *conn)
         .await?;
@@ -496,20 +558,7 @@ async fn warm_connection(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Erro
         .bind(&no_ids)
         .fetch_all(&mut *conn)
         .await?;
-    sqlx::query(WHOLE_ATTEMPTS)
-        .bind(&no_ids)
-        .bind(&no_ids)
-        .bind(&no_ids)
-        .bind(&no_text)
-        .bind(&no_text)
-        .bind(&no_text)
-        .bind(&no_numbers)
-        .bind(&no_numbers)
-        .bind(&no_json)
-        .bind(&no_json)
-        .bind(&no_text)
-        .bind(&no_text)
-        .bind(0_i64)
+    sqlx::query_with(WHOLE_ATTEMPTS, SettledColumns::default().arguments(0)?)
         .fetch_all(&mut *conn)
         .await?;
     Ok(())
@@ -967,36 +1016,13 @@ impl Store for PgStore {
 
         let mut events = Vec::new();
         if !settle.is_empty() {
-            let lease_ids: Vec<Uuid> = settle.iter().map(|(_, l, _)| l.id).collect();
-            let task_ids: Vec<Uuid> = settle.iter().map(|(_, l, _)| l.task_id).collect();
-            let agent_ids: Vec<Uuid> = settle.iter().map(|(_, l, _)| l.agent_id).collect();
-            let lease_states: Vec<&str> = settle
-                .iter()
-                .map(|(_, _, s)| s.lease_state.as_str())
-                .collect();
-            let outcomes: Vec<&str> = settle.iter().map(|(_, _, s)| s.outcome).collect();
-            let task_states: Vec<&str> = settle
-                .iter()
-                .map(|(_, _, s)| s.task_state.as_str())
-                .collect();
-            let attempts: Vec<i64> = settle
-                .iter()
-                .map(|(_, _, s)| i64::from(s.attempts))
-                .collect();
-            let not_before: Vec<i64> = settle.iter().map(|(_, _, s)| s.not_before_ms).collect();
-            let results_json: Vec<Option<String>> = settle
-                .iter()
-                .map(|(_, _, s)| s.result.as_ref().map(Value::to_string))
-                .collect();
-            let errors_json: Vec<Option<String>> = settle
-                .iter()
-                .map(|(_, _, s)| s.error.as_ref().map(Value::to_string))
-                .collect();
-            let kinds: Vec<&str> = settle.iter().map(|(_, _, s)| s.event_kind).collect();
-            let messages: Vec<&str> = settle.iter().map(|(_, _, s)| s.message.as_str()).collect();
+            let columns = SettledColumns::new(settle.iter().map(|(_, l, s)| (l, s)));
+            let arguments = columns
+                .arguments(now_ms)
+                .map_err(db("encoding settled attempts"))?;
             // One round trip: end the leases, settle the tasks, append the
             // history; the settled tasks come back.
-            let rows = sqlx::query(
+            let rows = sqlx::query_with(
                 "WITH c AS ( \
                    SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
                    $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
@@ -1027,20 +1053,8 @@ impl Store for PgStore {
                    t.progress, t.labels, t.created_at_ms, t.updated_at_ms \
                  ) \
                  SELECT s.*, (SELECT COUNT(*) FROM ended) AS ended FROM settled s",
+                arguments,
             )
-            .bind(&lease_ids)
-            .bind(&task_ids)
-            .bind(&agent_ids)
-            .bind(&lease_states)
-            .bind(&outcomes)
-            .bind(&task_states)
-            .bind(&attempts)
-            .bind(&not_before)
-            .bind(&results_json)
-            .bind(&errors_json)
-            .bind(&kinds)
-            .bind(&messages)
-            .bind(now_ms)
             .fetch_all(&mut *tx)
             .await
             .map_err(db("completing leases"))?;
@@ -1601,53 +1615,14 @@ async fn whole_attempts(
     if settle.is_empty() {
         return Ok(0);
     }
-    let lease_ids: Vec<Uuid> = settle.iter().map(|(_, l, _, _)| l.id).collect();
-    let task_ids: Vec<Uuid> = settle.iter().map(|(_, l, _, _)| l.task_id).collect();
-    let agent_ids: Vec<Uuid> = settle.iter().map(|(_, l, _, _)| l.agent_id).collect();
-    let lease_states: Vec<&str> = settle
-        .iter()
-        .map(|(_, _, _, s)| s.lease_state.as_str())
-        .collect();
-    let outcomes: Vec<&str> = settle.iter().map(|(_, _, _, s)| s.outcome).collect();
-    let task_states: Vec<&str> = settle
-        .iter()
-        .map(|(_, _, _, s)| s.task_state.as_str())
-        .collect();
-    let attempts: Vec<i64> = settle
-        .iter()
-        .map(|(_, _, _, s)| i64::from(s.attempts))
-        .collect();
-    let not_before: Vec<i64> = settle.iter().map(|(_, _, _, s)| s.not_before_ms).collect();
-    let results_json: Vec<Option<String>> = settle
-        .iter()
-        .map(|(_, _, _, s)| s.result.as_ref().map(Value::to_string))
-        .collect();
-    let errors_json: Vec<Option<String>> = settle
-        .iter()
-        .map(|(_, _, _, s)| s.error.as_ref().map(Value::to_string))
-        .collect();
-    let kinds: Vec<&str> = settle.iter().map(|(_, _, _, s)| s.event_kind).collect();
-    let messages: Vec<&str> = settle
-        .iter()
-        .map(|(_, _, _, s)| s.message.as_str())
-        .collect();
+    let columns = SettledColumns::new(settle.iter().map(|(_, l, _, s)| (l, s)));
+    let arguments = columns
+        .arguments(now_ms)
+        .map_err(db("encoding whole attempts"))?;
     // One round trip: end the leases (acknowledged), settle the tasks, and
     // append accepted, started and the end to each history (the history's
     // last sequence looked up once per task, not once per entry).
-    let (ended, settled): (i64, i64) = sqlx::query_as(WHOLE_ATTEMPTS)
-        .bind(&lease_ids)
-        .bind(&task_ids)
-        .bind(&agent_ids)
-        .bind(&lease_states)
-        .bind(&outcomes)
-        .bind(&task_states)
-        .bind(&attempts)
-        .bind(&not_before)
-        .bind(&results_json)
-        .bind(&errors_json)
-        .bind(&kinds)
-        .bind(&messages)
-        .bind(now_ms)
+    let (ended, settled): (i64, i64) = sqlx::query_as_with(WHOLE_ATTEMPTS, arguments)
         .fetch_one(&mut **tx)
         .await
         .map_err(db("applying whole attempts"))?;
