@@ -1,6 +1,7 @@
 //! Criterion benchmarks for the core's hot paths: merging a SheetBot-shaped document's tiers,
 //! diffing two generations where only memory and load average changed, and selecting the best
-//! agent among 1,000 and 10,000 indexed agents (plus a full explanation for scale).
+//! agent among 1,000 and 10,000 indexed agents, once on a fixed index and once as a server's
+//! picks rotate the rank order (plus a full explanation for scale).
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
@@ -141,6 +142,35 @@ fn bench_select(c: &mut Criterion) {
         });
         c.bench_function(&format!("select_best_with_preferences_{n}"), |b| {
             b.iter(|| index.select_best(black_box(&preferring), "default"))
+        });
+        // A server's steady state: every pick is granted and at once
+        // released, so the picked agent moves to the back of the rank order,
+        // and the agents the placements rarely want gather at the front.
+        // Each iteration is one selection (placements in turn) plus the two
+        // load updates of the grant and the release.
+        let rotating: Vec<_> = [
+            "linux, docker, software.node.version@^20",
+            "linux",
+            "memory.total>=32768",
+            "gpu, software.node.version@>=20",
+            "software.node.version@^18, prefer 2: docker",
+        ]
+        .into_iter()
+        .map(|text| compile(&selector::parse(text).expect("parses")).expect("compiles"))
+        .collect();
+        let mut turn = 0usize;
+        let mut now = 2_000_000u64;
+        c.bench_function(&format!("select_best_rotating_{n}"), |b| {
+            b.iter(|| {
+                turn += 1;
+                let placement = &rotating[turn % rotating.len()];
+                if let Some(s) = index.select_best(black_box(placement), "default") {
+                    now += 1;
+                    let active = index.get(&s.agent_id).map_or(0, |v| v.active_leases);
+                    index.update_load(&s.agent_id, active + 1, Some(now));
+                    index.update_load(&s.agent_id, active, Some(now));
+                }
+            })
         });
         if n == 1_000 {
             c.bench_function("explain_all_1000", |b| {

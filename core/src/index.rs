@@ -13,20 +13,32 @@
 //!
 //! Requirement keys with an all-digit segment (which may index an array) are not used to narrow.
 //!
+//! A posting is a compressed bitmap ([`roaring`]) of agent ordinals: every indexed agent holds a
+//! small integer while it is indexed. A membership test then probes compact arrays instead of
+//! comparing id strings across scattered allocations, and a union copies no ids. On a busy
+//! server the caches are cold between selections: with 1,000 agents at 500 submits/s a selection
+//! walked about 80 agents and evaluated about 20 documents in 100-140 µs on average, where the
+//! same kind of walk takes about 6 µs in a hot loop.
+//!
 //! [`AgentIndex::select_best`] derives from the placement the postings every satisfying agent
 //! must be in (a required tag, `key == scalar`, a key that must be present, a provided
-//! capability). If the smallest of them is small compared with the namespace's available agents
-//! (at most 1/32 of them), it evaluates just those candidates. Otherwise it walks `available` in
-//! rank order, skips agents missing from any required posting (set lookups, no evaluation), and
-//! stops at the first agent that satisfies the placement — or, with preferences, at the first
-//! that satisfies all of them (else after the walk).
+//! capability). A comparison, version range, regular expression or `in` on a path with at most
+//! 64 distinct values narrows further, to the agents whose value there may satisfy it: each
+//! distinct value is tested once. Otherwise an agent that was never picked because its value
+//! fails (node 18 against `@^20`) stays at the front of the rank order, and every later
+//! selection would evaluate it again. If the smallest posting is small compared with the
+//! namespace's available agents (at most 1/32 of them), it evaluates just those candidates.
+//! Otherwise it walks `available` in rank order, skips agents missing from any required posting
+//! (bitmap probes, no evaluation), and stops at the first agent that satisfies the placement —
+//! or, with preferences, at the first that satisfies all of them (else after the walk).
 //!
 //! Complexity, with `n` agents in the namespace, `c` the candidate set, `k` the number of
 //! available agents visited before the first satisfying one, `k'` those of them in every
-//! required posting, and `e` the cost of evaluating one document: selection costs
-//! O(p + c · e) when it evaluates candidates and O(p + k · p log n + k' · e) when it walks, for
-//! `p` placement constraints; with preferences that no agent fully satisfies, the walk covers all
-//! available agents. Updating an agent's load
+//! required posting, `v` the distinct values tested (at most 64 a requirement), and `e` the cost
+//! of evaluating one document: selection costs O(p + v + c · e) when it evaluates candidates and
+//! O(p + v + k · p + k' · e) when it walks, for `p` placement constraints (a bitmap probe is
+//! O(1) for practical purposes); with preferences that no agent fully satisfies, the walk covers
+//! all available agents. Updating an agent's load
 //! costs O(log n); inserting, replacing or removing a document costs O(m log n) for `m` indexed
 //! paths and values, and [`AgentIndex::replace_document_at`] (a heartbeat's patch) only the `m`
 //! of the subtrees the patch touched.
@@ -41,6 +53,7 @@
 use crate::matcher::{self, AgentStatus, AgentView, Availability, Explanation};
 use crate::placement::{CompiledPlacement, Operator, PreferenceCondition};
 use json_patch::jsonptr::Pointer;
+use roaring::RoaringBitmap;
 use serde_json::Value;
 use std::borrow::Cow;
 use std::cmp::Ordering;
@@ -76,6 +89,8 @@ impl ScalarKey {
 struct RankedSlot {
     availability: Availability,
     agent_id: Arc<str>,
+    /// The agent's ordinal (see [`Posting`]); not part of the order.
+    ord: u32,
 }
 
 impl PartialEq for RankedSlot {
@@ -97,7 +112,12 @@ impl Ord for RankedSlot {
     }
 }
 
-type Posting = BTreeSet<Arc<str>>;
+/// A set of agents, by ordinal: each indexed agent has a small integer of
+/// its own while it is indexed (freed ordinals are reused), so that a
+/// membership test is a few probes into compact arrays rather than string
+/// comparisons across scattered allocations, and a union of postings copies
+/// no ids.
+type Posting = RoaringBitmap;
 
 #[derive(Debug, Default)]
 struct NamespacePostings {
@@ -118,7 +138,7 @@ impl NamespacePostings {
     /// Moves agent `id` from the postings of `old` to those of `new` (two
     /// whole documents, the same subtrees of two documents, or a document
     /// and nothing when an agent is added or removed).
-    fn repost(&mut self, id: &Arc<str>, old: &DocumentPostings, new: &DocumentPostings) {
+    fn repost(&mut self, id: u32, old: &DocumentPostings, new: &DocumentPostings) {
         let gone = |from: &Vec<String>, to: &Vec<String>| -> Vec<String> {
             from.iter()
                 .filter(|p| to.binary_search(p).is_err())
@@ -134,7 +154,7 @@ impl NamespacePostings {
             }
         }
         for p in gone(&new.paths, &old.paths) {
-            self.paths.entry(p).or_default().insert(id.clone());
+            self.paths.entry(p).or_default().insert(id);
         }
         let old_values: HashSet<&(String, ScalarKey)> = old.values.iter().collect();
         let new_values: HashSet<&(String, ScalarKey)> = new.values.iter().collect();
@@ -157,7 +177,7 @@ impl NamespacePostings {
                 .or_default()
                 .entry(v.clone())
                 .or_default()
-                .insert(id.clone());
+                .insert(id);
         }
         for p in gone(&old.partial, &new.partial) {
             if let Some(n) = self.partial.get_mut(&p) {
@@ -177,6 +197,8 @@ impl NamespacePostings {
 struct IndexedAgent {
     view: AgentView,
     id: Arc<str>,
+    /// Its ordinal in the postings.
+    ord: u32,
     /// Whether some key of the document contains `.` (its dotted paths are
     /// then ambiguous, and a partial re-index could miss a shared posting).
     dotted_keys: bool,
@@ -188,6 +210,7 @@ impl IndexedAgent {
         (v.status.takes_work() && v.active_leases < v.capacity).then(|| RankedSlot {
             availability: v.availability(),
             agent_id: self.id.clone(),
+            ord: self.ord,
         })
     }
 }
@@ -206,6 +229,10 @@ pub struct Selection {
 pub struct AgentIndex {
     agents: HashMap<Arc<str>, IndexedAgent>,
     namespaces: HashMap<String, NamespacePostings>,
+    /// Ordinal → the agent holding it.
+    ordinals: Vec<Option<Arc<str>>>,
+    /// Ordinals free for the next agent.
+    free_ordinals: Vec<u32>,
 }
 
 /// Arrays with more items than this are not value-indexed (their path is marked partial).
@@ -362,13 +389,24 @@ impl AgentIndex {
     pub fn upsert(&mut self, view: AgentView) {
         self.remove(&view.agent_id);
         let id: Arc<str> = Arc::from(view.agent_id.as_str());
+        let ord = match self.free_ordinals.pop() {
+            Some(ord) => {
+                self.ordinals[ord as usize] = Some(id.clone());
+                ord
+            }
+            None => {
+                self.ordinals.push(Some(id.clone()));
+                u32::try_from(self.ordinals.len() - 1).expect("fewer than 2^32 agents")
+            }
+        };
         let postings = DocumentPostings::of(&view.document);
         let ns = self.namespaces.entry(view.namespace.clone()).or_default();
-        ns.all.insert(id.clone());
-        ns.repost(&id, &DocumentPostings::default(), &postings);
+        ns.all.insert(ord);
+        ns.repost(ord, &DocumentPostings::default(), &postings);
         let agent = IndexedAgent {
             view,
             id: id.clone(),
+            ord,
             dotted_keys: postings.dotted_keys,
         };
         if let Some(slot) = agent.slot() {
@@ -420,9 +458,8 @@ impl AgentIndex {
         };
         agent.dotted_keys = new.dotted_keys;
         agent.view.document = document;
-        let id = agent.id.clone();
         if let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) {
-            ns.repost(&id, &old, &new);
+            ns.repost(agent.ord, &old, &new);
         }
         true
     }
@@ -430,19 +467,27 @@ impl AgentIndex {
     /// Removes an agent; returns its last view.
     pub fn remove(&mut self, agent_id: &str) -> Option<AgentView> {
         let agent = self.agents.remove(agent_id)?;
+        self.ordinals[agent.ord as usize] = None;
+        self.free_ordinals.push(agent.ord);
         let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) else {
             return Some(agent.view);
         };
         let postings = DocumentPostings::of(&agent.view.document);
-        ns.all.remove(&agent.id);
+        ns.all.remove(agent.ord);
         if let Some(slot) = agent.slot() {
             ns.available.remove(&slot);
         }
-        ns.repost(&agent.id, &postings, &DocumentPostings::default());
+        ns.repost(agent.ord, &postings, &DocumentPostings::default());
         if ns.all.is_empty() {
             self.namespaces.remove(&agent.view.namespace);
         }
         Some(agent.view)
+    }
+
+    /// The agent holding ordinal `ord`.
+    fn agent_at(&self, ord: u32) -> Option<&IndexedAgent> {
+        let id = self.ordinals.get(ord as usize)?.as_ref()?;
+        self.agents.get(id)
     }
 
     /// The free lease slots of the agents that can take a lease now (every namespace), counted
@@ -529,9 +574,9 @@ impl AgentIndex {
                         r.values.first().and_then(|v| value_posting(&r.key, v))?,
                     ));
                 }
-                _ => match Self::numeric_range_posting(ns, compiled) {
+                _ => match Self::satisfying_posting(ns, compiled) {
                     Some(posting) if posting.is_empty() => return None,
-                    Some(posting) => required.push(Cow::Owned(posting)),
+                    Some(posting) => required.push(posting),
                     None => required.push(Cow::Borrowed(ns.paths.get(r.key.as_str())?)),
                 },
             }
@@ -545,55 +590,81 @@ impl AgentIndex {
         Some(required)
     }
 
-    /// For a numeric comparison (`memory.total>=1048576`) on a path with few
-    /// distinct values, when few agents satisfy it: the agents holding a
-    /// value there that satisfies it. An array, an object, null or a boolean
-    /// never satisfies a comparison, so every agent that does is among them.
-    /// An empty posting when none does. `None` when the path's values are
-    /// too many or not all indexed, or when the agents that satisfy it are
-    /// many (then copying them costs more than it saves): only the path's
-    /// presence narrows. Without this, a comparison every agent has the
-    /// path for but few satisfy walks every available agent.
-    fn numeric_range_posting(
-        ns: &NamespacePostings,
+    /// For a comparison, a version range, a regular expression or a set of
+    /// scalars (`memory.total>=32768`, `software.node.version@^20`,
+    /// `team in (web, infra)`) on a path with few distinct values: the
+    /// agents holding a value there that may satisfy it, so that the walk
+    /// neither evaluates nor even visits the agents whose value does not.
+    /// Each distinct string, boolean or null is tested as the matcher would
+    /// test it; a number is tested only against a numeric comparison (its
+    /// indexed form is an `f64`, which a version or an exact integer
+    /// comparison could read differently) and is otherwise kept. No agent
+    /// that satisfies the requirement is left out:
+    ///
+    /// - none of these holds for a missing key, so a satisfying agent has a
+    ///   value there;
+    /// - a scalar value is posted under itself;
+    /// - an array satisfies only `in`, through a scalar item equal to a
+    ///   (scalar) operand, and every item of an array of at most 64 is
+    ///   posted (a path with a longer one is partial and not used here);
+    /// - an object satisfies none of them.
+    ///
+    /// An empty posting when no value does; the value's own posting, not a
+    /// copy, when one does. `None` when the path's values are too many or
+    /// not all indexed, or when the agents holding a satisfying value
+    /// outnumber three quarters of the available ones (narrowing then saves
+    /// less than the union costs), without building the union: only the
+    /// path's presence narrows.
+    fn satisfying_posting<'a>(
+        ns: &'a NamespacePostings,
         requirement: &crate::placement::CompiledRequirement,
-    ) -> Option<Posting> {
+    ) -> Option<Cow<'a, Posting>> {
         /// Distinct values at most to look through.
         const MAX_VALUES: usize = 64;
         let r = requirement.requirement();
-        let numeric_operand = r.values.len() == 1 && r.values[0].is_number();
-        if !matches!(
-            r.operator,
-            Operator::Gt | Operator::Gte | Operator::Lt | Operator::Lte
-        ) || !numeric_operand
-            || ns.partial.contains_key(r.key.as_str())
-        {
+        let numeric_comparison =
+            r.operator.is_ordering() && r.values.len() == 1 && r.values[0].is_number();
+        let indexable = match r.operator {
+            Operator::Gt | Operator::Gte | Operator::Lt | Operator::Lte => r.values.len() == 1,
+            Operator::Version | Operator::Regex => true,
+            Operator::In => r.values.iter().all(|v| ScalarKey::of(v).is_some()),
+            _ => false,
+        };
+        if !indexable || ns.partial.contains_key(r.key.as_str()) {
             return None;
         }
         let values = ns.values.get(r.key.as_str())?;
         if values.len() > MAX_VALUES {
             return None;
         }
-        let mut satisfying = Vec::new();
-        let mut agents = 0usize;
+        let mut satisfying: Vec<&Posting> = Vec::new();
+        // An upper bound (an array's items may count one agent twice).
+        let mut agents = 0u64;
         for (key, posting) in values {
-            // The value as the matcher compares it: a number as its f64.
-            let value = match key {
-                ScalarKey::Null => Value::Null,
-                ScalarKey::Bool(b) => Value::Bool(*b),
-                ScalarKey::Number(bits) => serde_json::Number::from_f64(f64::from_bits(*bits))
-                    .map_or(Value::Null, Value::Number),
-                ScalarKey::String(s) => Value::String(s.clone()),
-            };
-            if requirement.holds_for(&value) {
-                agents += posting.len();
-                if agents.saturating_mul(4) > ns.available.len() {
-                    return None;
+            let may_satisfy = match key {
+                ScalarKey::Null => requirement.holds_for(&Value::Null),
+                ScalarKey::Bool(b) => requirement.holds_for(&Value::Bool(*b)),
+                ScalarKey::String(s) => requirement.holds_for(&Value::String(s.clone())),
+                // The value as a numeric comparison reads it: its f64.
+                ScalarKey::Number(bits) if numeric_comparison => {
+                    serde_json::Number::from_f64(f64::from_bits(*bits))
+                        .is_some_and(|n| requirement.holds_for(&Value::Number(n)))
                 }
+                ScalarKey::Number(_) => true,
+            };
+            if may_satisfy {
+                agents += posting.len();
                 satisfying.push(posting);
             }
         }
-        Some(satisfying.into_iter().flatten().cloned().collect())
+        if agents.saturating_mul(4) > (ns.available.len() as u64).saturating_mul(3) {
+            return None;
+        }
+        Some(match satisfying.as_slice() {
+            [] => Cow::Owned(Posting::new()),
+            [one] => Cow::Borrowed(*one),
+            many => Cow::Owned(many.iter().fold(Posting::new(), |all, p| all | *p)),
+        })
     }
 
     /// Each preference's weight with the posting an agent must be in to satisfy it (`None`: any
@@ -651,9 +722,11 @@ impl AgentIndex {
         let max = placement.max_preference_score();
         let mut best: Option<(u64, &IndexedAgent)> = None;
         match required.first() {
-            Some(candidates) if candidates.len().saturating_mul(32) <= ns.available.len() => {
-                for id in candidates.iter() {
-                    let Some(agent) = self.agents.get(id) else {
+            Some(candidates)
+                if candidates.len().saturating_mul(32) <= ns.available.len() as u64 =>
+            {
+                for ord in candidates.iter() {
+                    let Some(agent) = self.agent_at(ord) else {
                         continue;
                     };
                     if agent.slot().is_none() || !placement.satisfied_by(&agent.view.document) {
@@ -674,7 +747,7 @@ impl AgentIndex {
             _ => {
                 let bounds = Self::preference_bounds(ns, placement);
                 for slot in &ns.available {
-                    if !required.iter().all(|p| p.contains(&slot.agent_id)) {
+                    if !required.iter().all(|p| p.contains(slot.ord)) {
                         continue;
                     }
                     // Skip agents that could not beat the best score so far even if they
@@ -682,7 +755,7 @@ impl AgentIndex {
                     if let Some((s, _)) = best {
                         let bound: u64 = bounds
                             .iter()
-                            .filter(|(_, p)| p.is_none_or(|p| p.contains(&slot.agent_id)))
+                            .filter(|(_, p)| p.is_none_or(|p| p.contains(slot.ord)))
                             .map(|(w, _)| *w)
                             .sum();
                         if bound <= s {
@@ -724,10 +797,10 @@ impl AgentIndex {
             return false;
         };
         let candidates: &Posting = required.first().map_or(&ns.all, |p| p);
-        candidates.iter().any(|id| {
-            self.agents.get(id).is_some_and(|agent| {
+        candidates.iter().any(|ord| {
+            self.agent_at(ord).is_some_and(|agent| {
                 agent.view.status.takes_work()
-                    && required.iter().all(|p| p.contains(id))
+                    && required.iter().all(|p| p.contains(ord))
                     && placement.satisfied_by(&agent.view.document)
             })
         })

@@ -126,7 +126,8 @@ impl Operator {
         matches!(self, Operator::NotExists | Operator::NotIn)
     }
 
-    fn is_ordering(self) -> bool {
+    /// Whether it compares the value's order (`>`, `>=`, `<`, `<=`).
+    pub fn is_ordering(self) -> bool {
         matches!(
             self,
             Operator::Gt | Operator::Gte | Operator::Lt | Operator::Lte

@@ -156,6 +156,13 @@ proptest! {
             Just("linux, prefer 3: gpu"), Just("prefer 2: docker, prefer 1: n<10"), Just("v@^2"),
             Just("provides ai.llm@1"), Just("prefer 4: provides ai.llm@1, docker"), Just(""),
             Just("n<3, linux"), Just("m>=16"), Just("m>8, n<=30"), Just("s>=2"), Just("w<2"),
+            // Narrowed by the values that satisfy them (the index's
+            // satisfying postings): versions, `in` over scalars and arrays,
+            // regular expressions, versions as ordering, booleans.
+            Just("v@>=1.5"), Just("v@<1, linux"), Just("m@>=16"), Just("s@^2"),
+            Just("w in (3, 1)"), Just("w in (2)"), Just("m in (8, 32), n>=10"), Just("v~^2\\."),
+            Just("v>=\"2.5.0\""), Just("b in (true)"), Just("b in (false, null)"), Just("s<3"),
+            Just("w@>=1"), Just("prefer 2: v@^3, linux"),
         ],
     ) {
         let agents: Vec<AgentView> = specs.iter().enumerate().map(|(i, (tags, cap, active, last, status, n, llm))| {
@@ -171,6 +178,14 @@ proptest! {
                 1 => json!({"x": 1}),
                 _ => json!(n % 4),
             };
+            // `b`: a boolean, null, a string or absent.
+            match n % 4 {
+                0 => doc["b"] = json!(true),
+                1 => doc["b"] = json!(false),
+                2 => doc["b"] = Value::Null,
+                _ if n % 8 == 3 => doc["b"] = json!("true"),
+                _ => {}
+            }
             if *llm {
                 doc["provides"] = json!({"ai.llm": {"version": "1.0.0", "healthy": n % 3 != 0}});
             }
