@@ -149,9 +149,11 @@ struct Cli {
     /// state, without a freshly started server's first moments.
     #[arg(long, env = "SWITCHYARD_BENCH_WARMUP_SECS", default_value_t = 0.0)]
     warmup_secs: f64,
-    /// Write every latency to this file as CSV (`from_ms,latency_ms`, from
-    /// the start of the run, in the order the grants arrived), to see when
-    /// the slow ones happened.
+    /// Write every latency to this file as CSV (`from_ms,latency_ms`, in
+    /// the order the grants arrived), to see when the slow ones happened.
+    /// `from_ms` is when the latency counts from (the submit, or the first
+    /// Welcome if later), in ms since the bench began registering the fleet,
+    /// so the first submit comes after the fleet's connect time.
     #[arg(long, env = "SWITCHYARD_BENCH_LATENCY_LOG")]
     latency_log: Option<PathBuf>,
     /// Print the report as JSON.
