@@ -625,7 +625,7 @@ impl AgentIndex {
         let numeric_comparison =
             r.operator.is_ordering() && r.values.len() == 1 && r.values[0].is_number();
         let indexable = match r.operator {
-            Operator::Gt | Operator::Gte | Operator::Lt | Operator::Lte => r.values.len() == 1,
+            o if o.is_ordering() => r.values.len() == 1,
             Operator::Version | Operator::Regex => true,
             Operator::In => r.values.iter().all(|v| ScalarKey::of(v).is_some()),
             _ => false,
