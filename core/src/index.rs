@@ -1012,6 +1012,32 @@ mod tests {
     }
 
     #[test]
+    fn a_reused_ordinal_carries_nothing_of_its_last_agent() {
+        let mut index = AgentIndex::new();
+        for i in 0..40 {
+            index.upsert(view(
+                &format!("a{i:02}"),
+                json!({"tags": ["linux"], "n": i}),
+            ));
+        }
+        index.upsert(view(
+            "rare",
+            json!({"tags": ["linux", "rare"], "v": "2.0.0"}),
+        ));
+        assert_eq!(best(&index, "rare"), Some("rare".into()));
+        index.remove("rare");
+        // The next agent takes the freed ordinal.
+        index.upsert(view("plain", json!({"tags": ["linux"], "v": "1.0.0"})));
+        assert_eq!(index.ordinals.len(), 41);
+        for text in ["rare", "v@^2", "linux, rare"] {
+            assert_eq!(best(&index, text), None, "{text}");
+            assert!(!index.any_capable(&sel(text), "default"), "{text}");
+        }
+        // A candidate found by its ordinal is the agent holding it now.
+        assert_eq!(best(&index, "v@^1"), Some("plain".into()));
+    }
+
+    #[test]
     fn replace_document_matches_a_fresh_upsert() {
         let docs = [
             json!({"tags": ["linux", "gpu"], "memory": {"free": 100, "total": 4096}, "n": 1}),
