@@ -251,287 +251,500 @@ async fn session(
     state: &mut AgentState,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<SessionEnd> {
-    let endpoint = switchyard_proto::client::endpoint(&state.config.server, &state.config.tls)
-        .map_err(|e| anyhow::anyhow!(e))?;
-    let channel: Channel = endpoint
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {}", state.config.server))?;
-    let auth = auth(state.config.token.as_deref())?;
-    let mut client = AgentServiceClient::new(channel);
+    let (mut live, mut inbound) = Live::open(state).await?;
+    live.serve(&mut inbound, shutdown).await
+}
 
-    state.caps.refresh(false).await;
-    let reg = client
-        .register_agent(with_auth(
-            pb::RegisterAgentRequest {
-                name: state.config.name.clone(),
-                namespace: state.config.namespace.clone(),
-                capabilities: Some(json_to_struct(state.caps.document())),
-                capacity: state.config.capacity,
-                labels: state.config.labels.clone().into_iter().collect(),
-                provenance: provenance(state),
-                rejections: rejections(state),
-                runner: format!("switchyard-agent/{} (rust)", env!("CARGO_PKG_VERSION")),
-            },
-            &auth,
-        ))
-        .await
-        .context("registering")?
-        .into_inner();
-    let mut generation = reg.capability_generation;
-    let mut sent_doc = state.caps.document().clone();
-    let interval = reg
-        .heartbeat_interval
-        .map(|d| {
-            Duration::from_millis(
-                (d.seconds * 1000 + i64::from(d.nanos) / 1_000_000).max(100) as u64
-            )
-        })
-        .unwrap_or(Duration::from_secs(5));
+/// The timers of a session: heartbeats, refreshes of the document, the
+/// grace period of a drain, and the wait for the releases after it.
+struct Timers {
+    heartbeat: tokio::time::Interval,
+    refresh: tokio::time::Interval,
+    redetect: tokio::time::Interval,
+    grace: std::pin::Pin<Box<tokio::time::Sleep>>,
+    give_up: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
 
-    let (out_tx, out_rx) = mpsc::channel::<pb::ConnectRequest>(256);
-    let mut sequence = 0u64;
-    let mut send = |message: Up| {
-        sequence += 1;
-        let seq = sequence;
-        let tx = out_tx.clone();
-        async move {
-            let _ = tx
-                .send(pb::ConnectRequest {
-                    sequence: seq,
-                    message: Some(message),
-                })
-                .await;
-            seq
+impl Timers {
+    async fn new(
+        config: &AgentConfig,
+        heartbeat: Duration,
+        grace: Option<tokio::time::Instant>,
+    ) -> Self {
+        let every = |period| {
+            let mut interval = tokio::time::interval(period);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval
+        };
+        let mut refresh = every(config.refresh);
+        refresh.tick().await;
+        let mut redetect = every(config.redetect);
+        redetect.tick().await;
+        let far = || Box::pin(tokio::time::sleep(Duration::from_secs(86_400)));
+        let mut timers = Self {
+            heartbeat: every(heartbeat),
+            refresh,
+            redetect,
+            grace: far(),
+            give_up: far(),
+        };
+        if let Some(deadline) = grace {
+            timers.grace.as_mut().reset(deadline);
         }
-    };
-    let held: Vec<pb::HeldLease> = state
-        .running
-        .iter()
-        .map(|(lease_id, r)| pb::HeldLease {
-            lease_id: lease_id.clone(),
-            task_id: r.task_id.clone(),
-            fencing_token: r.fencing_token,
-        })
-        .collect();
-    send(Up::Hello(pb::Hello {
-        agent_id: reg.agent_id.clone(),
-        session_epoch: reg.session_epoch,
-        held_leases: held,
-    }))
-    .await;
-    let mut inbound = client
-        .connect(with_auth(
-            tokio_stream::wrappers::ReceiverStream::new(out_rx),
-            &auth,
-        ))
-        .await
-        .context("opening the session stream")?
-        .into_inner();
-    info!(agent = %reg.agent_id, epoch = reg.session_epoch, "connected");
+        timers
+    }
+}
 
-    // Resend final reports the previous session did not see acknowledged.
-    let mut final_seqs: HashMap<u64, String> = HashMap::new();
-    for (lease_id, update) in state.unacked_finals.clone() {
-        let seq = send(Up::LeaseUpdate(update)).await;
-        final_seqs.insert(seq, lease_id);
+/// A connected session: what it sent and what it waits to hear about.
+struct Live<'s> {
+    state: &'s mut AgentState,
+    /// The session stream's outbound queue.
+    out: mpsc::Sender<pb::ConnectRequest>,
+    /// The last sequence number sent.
+    sequence: u64,
+    /// The capability generation the server holds.
+    generation: u64,
+    /// The document the server holds (the base of the next diff).
+    sent_doc: Value,
+    /// A diff or snapshot in flight: its sequence and the document it carries.
+    pending_doc: Option<(u64, Value)>,
+    /// Final reports in flight, by sequence: their lease.
+    final_seqs: HashMap<u64, String>,
+    /// After the grace period: releases sent, waiting (bounded) for acks.
+    releasing: bool,
+    timers: Timers,
+}
+
+impl<'s> Live<'s> {
+    /// Registers, opens the stream with Hello (naming the leases still
+    /// held), and resends the final reports the previous session did not
+    /// see acknowledged.
+    async fn open(
+        state: &'s mut AgentState,
+    ) -> anyhow::Result<(Live<'s>, tonic::Streaming<pb::ConnectResponse>)> {
+        let endpoint = switchyard_proto::client::endpoint(&state.config.server, &state.config.tls)
+            .map_err(|e| anyhow::anyhow!(e))?;
+        let channel: Channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {}", state.config.server))?;
+        let auth = auth(state.config.token.as_deref())?;
+        let mut client = AgentServiceClient::new(channel);
+        state.caps.refresh(false).await;
+        let reg = client
+            .register_agent(with_auth(registration(state), &auth))
+            .await
+            .context("registering")?
+            .into_inner();
+        let interval = reg
+            .heartbeat_interval
+            .map(|d| duration_ms(&d).max(100))
+            .map_or(Duration::from_secs(5), Duration::from_millis);
+        let (out, out_rx) = mpsc::channel::<pb::ConnectRequest>(256);
+        let timers = Timers::new(&state.config, interval, state.grace_deadline).await;
+        let mut live = Live {
+            generation: reg.capability_generation,
+            sent_doc: state.caps.document().clone(),
+            state,
+            out,
+            sequence: 0,
+            pending_doc: None,
+            final_seqs: HashMap::new(),
+            releasing: false,
+            timers,
+        };
+        let held = live.held();
+        live.send(Up::Hello(pb::Hello {
+            agent_id: reg.agent_id.clone(),
+            session_epoch: reg.session_epoch,
+            held_leases: held,
+        }))
+        .await;
+        let stream = tokio_stream::wrappers::ReceiverStream::new(out_rx);
+        let inbound = client
+            .connect(with_auth(stream, &auth))
+            .await
+            .context("opening the session stream")?
+            .into_inner();
+        info!(agent = %reg.agent_id, epoch = reg.session_epoch, "connected");
+        for (lease_id, update) in live.state.unacked_finals.clone() {
+            let seq = live.send(Up::LeaseUpdate(update)).await;
+            live.final_seqs.insert(seq, lease_id);
+        }
+        Ok((live, inbound))
     }
 
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut refresh = tokio::time::interval(state.config.refresh);
-    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    refresh.tick().await;
-    let mut redetect = tokio::time::interval(state.config.redetect);
-    redetect.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    redetect.tick().await;
-    // A diff or snapshot in flight: (sequence, the document it carries).
-    let mut pending_doc: Option<(u64, Value)> = None;
-    let grace_sleep = tokio::time::sleep(Duration::from_secs(86_400));
-    tokio::pin!(grace_sleep);
-    if let Some(deadline) = state.grace_deadline {
-        grace_sleep.as_mut().reset(deadline);
+    /// The leases still held, to resume.
+    fn held(&self) -> Vec<pb::HeldLease> {
+        self.state
+            .running
+            .iter()
+            .map(|(lease_id, r)| pb::HeldLease {
+                lease_id: lease_id.clone(),
+                task_id: r.task_id.clone(),
+                fencing_token: r.fencing_token,
+            })
+            .collect()
     }
-    // After the grace period: how long releases get to be acknowledged.
-    let mut releasing = false;
-    let give_up = tokio::time::sleep(Duration::from_secs(86_400));
-    tokio::pin!(give_up);
 
-    loop {
-        if state.draining && state.running.is_empty() && state.unacked_finals.is_empty() {
-            info!("drained: nothing left to run or report");
-            return Ok(SessionEnd::Stopped);
-        }
-        tokio::select! {
-            () = shutdown.cancelled(), if !state.draining => {
-                info!(running = state.running.len(), "shutting down: draining");
-                state.draining = true;
-                let deadline = tokio::time::Instant::now() + state.config.grace;
-                state.grace_deadline = Some(deadline);
-                grace_sleep.as_mut().reset(deadline);
-                send(Up::Heartbeat(pb::Heartbeat { status: pb::AgentStatus::Draining as i32, status_reasons: vec!["agent shutting down".into()], load: None, capability_diff: None })).await;
-            }
-            () = &mut grace_sleep, if state.grace_deadline.is_some() && !releasing => {
-                warn!(running = state.running.len(), "grace period over: releasing what is still running");
-                for (lease_id, r) in state.running.drain() {
-                    r.cancel.cancel();
-                    let report = pb::LeaseUpdate { lease_id: lease_id.clone(), task_id: r.task_id, fencing_token: r.fencing_token, update: Some(Update::Released(pb::LeaseReleased { reason: "agent shut down".into() })) };
-                    state.unacked_finals.insert(lease_id.clone(), report.clone());
-                    let seq = send(Up::LeaseUpdate(report)).await;
-                    final_seqs.insert(seq, lease_id);
-                }
-                // Wait (bounded) for the releases to be acknowledged.
-                releasing = true;
-                give_up.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(3));
-            }
-            () = &mut give_up, if releasing => {
-                warn!(unacknowledged = state.unacked_finals.len(), "releases not acknowledged in time; stopping");
+    /// Sends a message on the stream; its sequence number.
+    async fn send(&mut self, message: Up) -> u64 {
+        self.sequence += 1;
+        let _ = self
+            .out
+            .send(pb::ConnectRequest {
+                sequence: self.sequence,
+                message: Some(message),
+            })
+            .await;
+        self.sequence
+    }
+
+    /// Serves the session until it ends: the server asks for a reconnect,
+    /// the stream breaks (an error), or a drain finishes.
+    async fn serve(
+        &mut self,
+        inbound: &mut tonic::Streaming<pb::ConnectResponse>,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<SessionEnd> {
+        loop {
+            let state = &*self.state;
+            if state.draining && state.running.is_empty() && state.unacked_finals.is_empty() {
+                info!("drained: nothing left to run or report");
                 return Ok(SessionEnd::Stopped);
             }
-            _ = refresh.tick() => {
-                state.caps.refresh(false).await;
-            }
-            _ = redetect.tick() => {
-                state.caps.redetect().await;
-            }
-            _ = ticker.tick() => {
-                let status = if state.draining {
-                    pb::AgentStatus::Draining
-                } else if state.caps.unhealthy().is_empty() {
-                    pb::AgentStatus::Ready
-                } else {
-                    pb::AgentStatus::Degraded
-                };
-                let reasons = if state.draining { vec!["agent shutting down".to_owned()] } else { state.caps.unhealthy().to_vec() };
-                let mut diff = None;
-                if pending_doc.is_none() && state.caps.document() != &sent_doc {
-                    // The core's diff: the smaller of per-member operations and
-                    // whole-object replaces, so a memory/load change stays tiny.
-                    let patch = switchyard_core::diff::diff(&sent_doc, state.caps.document());
-                    diff = Some((pb::CapabilityDiff { base_generation: generation, operations: patch_to_proto(&patch) }, state.caps.document().clone()));
+            let (draining, grace_set) = (state.draining, state.grace_deadline.is_some());
+            let releasing = self.releasing;
+            tokio::select! {
+                () = shutdown.cancelled(), if !draining => self.start_draining().await,
+                () = &mut self.timers.grace, if grace_set && !releasing => self.release_all().await,
+                () = &mut self.timers.give_up, if releasing => {
+                    warn!(unacknowledged = self.state.unacked_finals.len(), "releases not acknowledged in time; stopping");
+                    return Ok(SessionEnd::Stopped);
                 }
-                let seq = send(Up::Heartbeat(pb::Heartbeat {
-                    status: status as i32,
-                    status_reasons: reasons,
-                    load: Some(pb::AgentLoad { running_leases: u32::try_from(state.running.len()).unwrap_or(u32::MAX), load_average: state.caps.document().pointer("/loadavg/1min").and_then(Value::as_f64).unwrap_or(0.0) }),
-                    capability_diff: diff.as_ref().map(|d| d.0.clone()),
-                })).await;
-                if let Some((_, doc)) = diff {
-                    pending_doc = Some((seq, doc));
+                _ = self.timers.refresh.tick() => {
+                    self.state.caps.refresh(false).await;
                 }
-            }
-            Some(event) = state.work_rx.recv() => {
-                match event {
-                    WorkEvent::Progress { lease_id, progress } => {
-                        if let Some(r) = state.running.get(&lease_id) {
-                            send(Up::LeaseUpdate(pb::LeaseUpdate { lease_id, task_id: r.task_id.clone(), fencing_token: r.fencing_token, update: Some(Update::Progress(pb::TaskProgress { percent: progress.percent, message: progress.message, reported_at: None })) })).await;
-                        }
+                _ = self.timers.redetect.tick() => self.state.caps.redetect().await,
+                _ = self.timers.heartbeat.tick() => self.heartbeat().await,
+                Some(event) = self.state.work_rx.recv() => self.on_work(event).await,
+                message = inbound.next() => {
+                    let message = match message {
+                        Some(Ok(m)) => m,
+                        Some(Err(status)) => anyhow::bail!("session stream failed: {status}"),
+                        None => anyhow::bail!("server closed the session stream"),
+                    };
+                    if let Some(end) = self.on_message(message).await {
+                        return Ok(end);
                     }
-                    WorkEvent::Done { lease_id, outcome } => {
-                        let Some(r) = state.running.remove(&lease_id) else { continue };
-                        let update = if r.canceled {
-                            Update::Released(pb::LeaseReleased { reason: "canceled by the server".into() })
-                        } else {
-                            match outcome {
-                                Ok(result) => Update::Succeeded(pb::LeaseSucceeded { result: Some(json_to_struct(&result)) }),
-                                Err(f) => Update::Failed(pb::LeaseFailed { error: Some(pb::TaskError { message: f.message, code: f.code, retryable: f.retryable, details: f.details.is_object().then(|| json_to_struct(&f.details)) }) }),
-                            }
-                        };
-                        let report = pb::LeaseUpdate { lease_id: lease_id.clone(), task_id: r.task_id, fencing_token: r.fencing_token, update: Some(update) };
-                        state.unacked_finals.insert(lease_id.clone(), report.clone());
-                        let seq = send(Up::LeaseUpdate(report)).await;
-                        final_seqs.insert(seq, lease_id);
-                    }
-                }
-            }
-            message = inbound.next() => {
-                let message = match message {
-                    Some(Ok(m)) => m,
-                    Some(Err(status)) => anyhow::bail!("session stream failed: {status}"),
-                    None => anyhow::bail!("server closed the session stream"),
-                };
-                match message.message {
-                    Some(Down::Welcome(w)) => {
-                        generation = w.capability_generation;
-                        for r in w.revoked {
-                            if let Some(running) = state.running.remove(&r.lease_id) {
-                                warn!(lease = %r.lease_id, "server no longer knows a held lease; stopping it");
-                                running.cancel.cancel();
-                            }
-                        }
-                    }
-                    Some(Down::LeaseGrant(grant)) => {
-                        let Some(task) = grant.task.clone() else { continue };
-                        let refuse = if state.draining {
-                            Some("agent is draining".to_owned())
-                        } else if state.running.len() >= state.config.capacity as usize {
-                            Some("agent at capacity".to_owned())
-                        } else if state.handlers.get(&task.kind).is_none() {
-                            Some(format!("no handler for kind {}", task.kind))
-                        } else {
-                            None
-                        };
-                        if let Some(reason) = refuse {
-                            debug!(lease = %grant.lease_id, %reason, "releasing a grant");
-                            send(Up::LeaseUpdate(pb::LeaseUpdate { lease_id: grant.lease_id, task_id: task.task_id, fencing_token: grant.fencing_token, update: Some(Update::Released(pb::LeaseReleased { reason })) })).await;
-                            continue;
-                        }
-                        send(Up::LeaseUpdate(pb::LeaseUpdate { lease_id: grant.lease_id.clone(), task_id: task.task_id.clone(), fencing_token: grant.fencing_token, update: Some(Update::Accepted(pb::LeaseAccepted {})) })).await;
-                        send(Up::LeaseUpdate(pb::LeaseUpdate { lease_id: grant.lease_id.clone(), task_id: task.task_id.clone(), fencing_token: grant.fencing_token, update: Some(Update::Started(pb::LeaseStarted {})) })).await;
-                        start_work(state, &grant, &task);
-                    }
-                    Some(Down::LeaseRevocation(revocation)) => {
-                        let canceled = revocation.reason() == pb::RevocationReason::Canceled;
-                        if let Some(running) = state.running.get_mut(&revocation.lease_id) {
-                            info!(lease = %revocation.lease_id, reason = ?revocation.reason(), "lease revoked; stopping its work");
-                            running.canceled = canceled;
-                            running.cancel.cancel();
-                            if !canceled {
-                                // Expired or superseded: nothing to report.
-                                state.running.remove(&revocation.lease_id);
-                            }
-                        }
-                    }
-                    Some(Down::Ack(ack)) => {
-                        if let Some((seq, doc)) = &pending_doc
-                            && *seq == ack.sequence
-                        {
-                            if ack.code == 0 && ack.capability_generation != generation {
-                                generation = ack.capability_generation;
-                                sent_doc = doc.clone();
-                            }
-                            pending_doc = None;
-                        } else if pending_doc.is_none() && ack.code == 0 {
-                            // An operator change moves the generation too; the
-                            // next diff must name the one the server holds.
-                            generation = ack.capability_generation;
-                        }
-                        if let Some(lease_id) = final_seqs.remove(&ack.sequence) {
-                            if ack.code != 0 {
-                                warn!(lease = %lease_id, code = ack.code, message = %ack.message, "final report refused");
-                            }
-                            state.unacked_finals.remove(&lease_id);
-                        } else if ack.code != 0 {
-                            debug!(sequence = ack.sequence, code = ack.code, message = %ack.message, "message refused");
-                        }
-                    }
-                    Some(Down::ResyncRequest(resync)) => {
-                        info!(reason = %resync.reason, "server asked for the full document");
-                        let doc = state.caps.document().clone();
-                        let seq = send(Up::CapabilitySnapshot(pb::CapabilitySnapshot { capabilities: Some(json_to_struct(&doc)), provenance: provenance(state), rejections: rejections(state) })).await;
-                        generation = resync.server_generation;
-                        pending_doc = Some((seq, doc));
-                    }
-                    Some(Down::Drain(drain)) => {
-                        info!(reason = %drain.reason, "server drained this session");
-                        let after = drain.reconnect_after.map_or(Duration::from_secs(1), |d| Duration::from_millis((d.seconds * 1000 + i64::from(d.nanos) / 1_000_000).max(0) as u64));
-                        return Ok(SessionEnd::Reconnect(after));
-                    }
-                    None => {}
                 }
             }
         }
     }
+
+    /// Shutdown began: take nothing new, tell the server, and give running
+    /// leases the grace period.
+    async fn start_draining(&mut self) {
+        info!(
+            running = self.state.running.len(),
+            "shutting down: draining"
+        );
+        self.state.draining = true;
+        let deadline = tokio::time::Instant::now() + self.state.config.grace;
+        self.state.grace_deadline = Some(deadline);
+        self.timers.grace.as_mut().reset(deadline);
+        self.send(Up::Heartbeat(pb::Heartbeat {
+            status: pb::AgentStatus::Draining as i32,
+            status_reasons: vec!["agent shutting down".into()],
+            load: None,
+            capability_diff: None,
+        }))
+        .await;
+    }
+
+    /// The grace period is over: release what is still running, and wait
+    /// (bounded) for the releases to be acknowledged.
+    async fn release_all(&mut self) {
+        warn!(
+            running = self.state.running.len(),
+            "grace period over: releasing what is still running"
+        );
+        let running: Vec<(String, Running)> = self.state.running.drain().collect();
+        for (lease_id, r) in running {
+            r.cancel.cancel();
+            let released = Update::Released(pb::LeaseReleased {
+                reason: "agent shut down".into(),
+            });
+            self.report_final(lease_id, r.task_id, r.fencing_token, released)
+                .await;
+        }
+        self.releasing = true;
+        let until = tokio::time::Instant::now() + Duration::from_secs(3);
+        self.timers.give_up.as_mut().reset(until);
+    }
+
+    /// A final report, kept until acknowledged (and resent by the next
+    /// session if the stream breaks first).
+    async fn report_final(
+        &mut self,
+        lease_id: String,
+        task_id: String,
+        fencing_token: u64,
+        update: Update,
+    ) {
+        let report = pb::LeaseUpdate {
+            lease_id: lease_id.clone(),
+            task_id,
+            fencing_token,
+            update: Some(update),
+        };
+        self.state
+            .unacked_finals
+            .insert(lease_id.clone(), report.clone());
+        let seq = self.send(Up::LeaseUpdate(report)).await;
+        self.final_seqs.insert(seq, lease_id);
+    }
+
+    /// A heartbeat: status and reasons, load, and, when the document
+    /// changed and no diff is in flight, the diff from what the server
+    /// holds (the core's diff: the smaller of per-member operations and
+    /// whole-object replaces, so a memory and load change stays tiny).
+    async fn heartbeat(&mut self) {
+        let state = &*self.state;
+        let status = if state.draining {
+            pb::AgentStatus::Draining
+        } else if state.caps.unhealthy().is_empty() {
+            pb::AgentStatus::Ready
+        } else {
+            pb::AgentStatus::Degraded
+        };
+        let reasons = if state.draining {
+            vec!["agent shutting down".to_owned()]
+        } else {
+            state.caps.unhealthy().to_vec()
+        };
+        let document = state.caps.document();
+        let diff = (self.pending_doc.is_none() && document != &self.sent_doc).then(|| {
+            let patch = switchyard_core::diff::diff(&self.sent_doc, document);
+            let diff = pb::CapabilityDiff {
+                base_generation: self.generation,
+                operations: patch_to_proto(&patch),
+            };
+            (diff, document.clone())
+        });
+        let load = pb::AgentLoad {
+            running_leases: u32::try_from(state.running.len()).unwrap_or(u32::MAX),
+            load_average: document
+                .pointer("/loadavg/1min")
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0),
+        };
+        let seq = self
+            .send(Up::Heartbeat(pb::Heartbeat {
+                status: status as i32,
+                status_reasons: reasons,
+                load: Some(load),
+                capability_diff: diff.as_ref().map(|d| d.0.clone()),
+            }))
+            .await;
+        if let Some((_, doc)) = diff {
+            self.pending_doc = Some((seq, doc));
+        }
+    }
+
+    /// A handler reported progress or finished.
+    async fn on_work(&mut self, event: WorkEvent) {
+        match event {
+            WorkEvent::Progress { lease_id, progress } => {
+                let Some(r) = self.state.running.get(&lease_id) else {
+                    return;
+                };
+                let update = pb::LeaseUpdate {
+                    lease_id,
+                    task_id: r.task_id.clone(),
+                    fencing_token: r.fencing_token,
+                    update: Some(Update::Progress(pb::TaskProgress {
+                        percent: progress.percent,
+                        message: progress.message,
+                        reported_at: None,
+                    })),
+                };
+                self.send(Up::LeaseUpdate(update)).await;
+            }
+            WorkEvent::Done { lease_id, outcome } => {
+                let Some(r) = self.state.running.remove(&lease_id) else {
+                    return;
+                };
+                let update = if r.canceled {
+                    Update::Released(pb::LeaseReleased {
+                        reason: "canceled by the server".into(),
+                    })
+                } else {
+                    finished(outcome)
+                };
+                self.report_final(lease_id, r.task_id, r.fencing_token, update)
+                    .await;
+            }
+        }
+    }
+
+    /// A message from the server; `Some` when the session ends with it.
+    async fn on_message(&mut self, message: pb::ConnectResponse) -> Option<SessionEnd> {
+        match message.message? {
+            Down::Welcome(w) => self.welcomed(w),
+            Down::LeaseGrant(grant) => self.on_grant(grant).await,
+            Down::LeaseRevocation(revocation) => self.on_revocation(&revocation),
+            Down::Ack(ack) => self.on_ack(&ack),
+            Down::ResyncRequest(resync) => self.on_resync(resync).await,
+            Down::Drain(drain) => {
+                info!(reason = %drain.reason, "server drained this session");
+                let after = drain.reconnect_after.map_or(Duration::from_secs(1), |d| {
+                    Duration::from_millis(duration_ms(&d))
+                });
+                return Some(SessionEnd::Reconnect(after));
+            }
+        }
+        None
+    }
+
+    /// The Welcome: the generation held, and the held leases the server no
+    /// longer knows (their work stops).
+    fn welcomed(&mut self, w: pb::Welcome) {
+        self.generation = w.capability_generation;
+        for r in w.revoked {
+            if let Some(running) = self.state.running.remove(&r.lease_id) {
+                warn!(lease = %r.lease_id, "server no longer knows a held lease; stopping it");
+                running.cancel.cancel();
+            }
+        }
+    }
+
+    /// A grant: accepted and started at once, or released with the reason
+    /// the agent cannot take it.
+    async fn on_grant(&mut self, grant: pb::LeaseGrant) {
+        let Some(task) = grant.task.clone() else {
+            return;
+        };
+        let state = &*self.state;
+        let refuse = if state.draining {
+            Some("agent is draining".to_owned())
+        } else if state.running.len() >= state.config.capacity as usize {
+            Some("agent at capacity".to_owned())
+        } else if state.handlers.get(&task.kind).is_none() {
+            Some(format!("no handler for kind {}", task.kind))
+        } else {
+            None
+        };
+        let update = |update| {
+            Up::LeaseUpdate(pb::LeaseUpdate {
+                lease_id: grant.lease_id.clone(),
+                task_id: task.task_id.clone(),
+                fencing_token: grant.fencing_token,
+                update: Some(update),
+            })
+        };
+        if let Some(reason) = refuse {
+            debug!(lease = %grant.lease_id, %reason, "releasing a grant");
+            self.send(update(Update::Released(pb::LeaseReleased { reason })))
+                .await;
+            return;
+        }
+        self.send(update(Update::Accepted(pb::LeaseAccepted {})))
+            .await;
+        self.send(update(Update::Started(pb::LeaseStarted {})))
+            .await;
+        start_work(self.state, &grant, &task);
+    }
+
+    /// A revocation: the work stops; a canceled lease is reported released
+    /// once its handler returns, an expired or superseded one not at all.
+    fn on_revocation(&mut self, revocation: &pb::LeaseRevocation) {
+        let canceled = revocation.reason() == pb::RevocationReason::Canceled;
+        if let Some(running) = self.state.running.get_mut(&revocation.lease_id) {
+            info!(lease = %revocation.lease_id, reason = ?revocation.reason(), "lease revoked; stopping its work");
+            running.canceled = canceled;
+            running.cancel.cancel();
+            if !canceled {
+                self.state.running.remove(&revocation.lease_id);
+            }
+        }
+    }
+
+    /// An acknowledgement: of the diff in flight (the server now holds its
+    /// document), of a final report (no need to resend it), or of anything
+    /// else (an operator change moves the generation too; the next diff
+    /// must name the one the server holds).
+    fn on_ack(&mut self, ack: &pb::Ack) {
+        if let Some((seq, doc)) = &self.pending_doc
+            && *seq == ack.sequence
+        {
+            if ack.code == 0 && ack.capability_generation != self.generation {
+                self.generation = ack.capability_generation;
+                self.sent_doc = doc.clone();
+            }
+            self.pending_doc = None;
+        } else if self.pending_doc.is_none() && ack.code == 0 {
+            self.generation = ack.capability_generation;
+        }
+        if let Some(lease_id) = self.final_seqs.remove(&ack.sequence) {
+            if ack.code != 0 {
+                warn!(lease = %lease_id, code = ack.code, message = %ack.message, "final report refused");
+            }
+            self.state.unacked_finals.remove(&lease_id);
+        } else if ack.code != 0 {
+            debug!(sequence = ack.sequence, code = ack.code, message = %ack.message, "message refused");
+        }
+    }
+
+    /// The server asks for the full document: a snapshot.
+    async fn on_resync(&mut self, resync: pb::ResyncRequest) {
+        info!(reason = %resync.reason, "server asked for the full document");
+        let doc = self.state.caps.document().clone();
+        let snapshot = pb::CapabilitySnapshot {
+            capabilities: Some(json_to_struct(&doc)),
+            provenance: provenance(self.state),
+            rejections: rejections(self.state),
+        };
+        let seq = self.send(Up::CapabilitySnapshot(snapshot)).await;
+        self.generation = resync.server_generation;
+        self.pending_doc = Some((seq, doc));
+    }
+}
+
+/// The registration of the agent as its tiers stand now.
+fn registration(state: &AgentState) -> pb::RegisterAgentRequest {
+    pb::RegisterAgentRequest {
+        name: state.config.name.clone(),
+        namespace: state.config.namespace.clone(),
+        capabilities: Some(json_to_struct(state.caps.document())),
+        capacity: state.config.capacity,
+        labels: state.config.labels.clone().into_iter().collect(),
+        provenance: provenance(state),
+        rejections: rejections(state),
+        runner: format!("switchyard-agent/{} (rust)", env!("CARGO_PKG_VERSION")),
+    }
+}
+
+/// A handler's outcome as the final report's update.
+fn finished(outcome: Result<Value, TaskFailure>) -> Update {
+    match outcome {
+        Ok(result) => Update::Succeeded(pb::LeaseSucceeded {
+            result: Some(json_to_struct(&result)),
+        }),
+        Err(f) => Update::Failed(pb::LeaseFailed {
+            error: Some(pb::TaskError {
+                message: f.message,
+                code: f.code,
+                retryable: f.retryable,
+                details: f.details.is_object().then(|| json_to_struct(&f.details)),
+            }),
+        }),
+    }
+}
+
+/// A protobuf duration in whole milliseconds (negative as zero).
+fn duration_ms(d: &prost_types::Duration) -> u64 {
+    u64::try_from(d.seconds * 1000 + i64::from(d.nanos) / 1_000_000).unwrap_or(0)
 }
 
 /// Spawns the handler for a grant.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use switchyard_core::diff;
 use switchyard_core::index::AgentIndex;
 use switchyard_core::limits::Limits;
-use switchyard_core::matcher::{self, AgentStatus, AgentView};
+use switchyard_core::matcher::{self, AgentId, AgentStatus, AgentView};
 use switchyard_core::placement::compile;
 use switchyard_core::selector;
 use switchyard_core::tier::{Tier, merge_tiers};
@@ -50,7 +50,7 @@ fn fleet(n: usize) -> Vec<AgentView> {
             doc["memory"]["free"] = json!(1000 + i);
             doc["hostname"] = json!(format!("build-{i:05}"));
             AgentView {
-                agent_id: format!("agent-{i:05}"),
+                agent_id: AgentId::from_name(&format!("agent-{i:05}")),
                 namespace: "default".into(),
                 status: if i % 50 == 0 {
                     AgentStatus::Draining
@@ -166,9 +166,9 @@ fn bench_select(c: &mut Criterion) {
                 let placement = &rotating[turn % rotating.len()];
                 if let Some(s) = index.select_best(black_box(placement), "default") {
                     now += 1;
-                    let active = index.get(&s.agent_id).map_or(0, |v| v.active_leases);
-                    index.update_load(&s.agent_id, active + 1, Some(now));
-                    index.update_load(&s.agent_id, active, Some(now));
+                    let active = index.get(s.agent_id).map_or(0, |v| v.active_leases);
+                    index.update_load(s.agent_id, active + 1, Some(now));
+                    index.update_load(s.agent_id, active, Some(now));
                 }
             })
         });

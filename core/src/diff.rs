@@ -190,10 +190,63 @@ pub fn apply(
     Ok(next)
 }
 
+/// Facts that change on nearly every heartbeat (free memory, load): the
+/// server writes a document whose diffs touch only these to its store
+/// behind, at most now and then, and matching sees them at once.
+pub const VOLATILE: &[&str] = &["/memory/free", "/memory/available", "/loadavg"];
+
+/// Whether the change a patch made at `at` (one of [`touched`]'s pointers),
+/// turning `old` into `new`, is to [`VOLATILE`] facts only: `at` is at or
+/// under a volatile path, or is above some and nothing but volatile leaves
+/// differ below it (an agent may send `/memory` whole).
+pub fn volatile_only(old: &Value, new: &Value, at: &Pointer) -> bool {
+    /// Whether pointer `path` is `prefix` or below it.
+    fn at_or_under(path: &str, prefix: &str) -> bool {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    }
+    fn same_outside(old: Option<&Value>, new: Option<&Value>, at: &str) -> bool {
+        if VOLATILE.iter().any(|v| at_or_under(at, v)) {
+            return true;
+        }
+        match (old, new) {
+            (Some(Value::Object(a)), Some(Value::Object(b)))
+                if VOLATILE.iter().any(|v| at_or_under(v, at)) =>
+            {
+                a.keys()
+                    .chain(b.keys())
+                    .all(|k| same_outside(a.get(k), b.get(k), &format!("{at}/{k}")))
+            }
+            (a, b) => a == b,
+        }
+    }
+    let at = at.as_str();
+    same_outside(old.pointer(at), new.pointer(at), at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn only_free_memory_and_load_are_volatile() {
+        let old = json!({"memory": {"total": 8, "free": 3, "available": 4}, "loadavg": {"1min": 0.5}, "tags": ["a"]});
+        let ptr = |p: &str| PointerBuf::parse(p).unwrap();
+        let mut new = old.clone();
+        new["memory"]["free"] = json!(2);
+        assert!(volatile_only(&old, &new, &ptr("/memory/free")));
+        // `/memory` sent whole, only free memory differing: still volatile.
+        assert!(volatile_only(&old, &new, &ptr("/memory")));
+        new["loadavg"]["1min"] = json!(0.9);
+        assert!(volatile_only(&old, &new, &ptr("/loadavg")));
+        new["memory"]["total"] = json!(16);
+        assert!(!volatile_only(&old, &new, &ptr("/memory")));
+        let mut tagged = old.clone();
+        tagged["tags"] = json!(["a", "b"]);
+        assert!(!volatile_only(&old, &tagged, &ptr("/tags")));
+        assert!(!volatile_only(&old, &tagged, &ptr("")));
+    }
 
     fn patch(v: Value) -> Patch {
         serde_json::from_value(v).unwrap()

@@ -15,10 +15,9 @@
 //!
 //! A posting is a compressed bitmap ([`roaring`]) of agent ordinals: every indexed agent holds a
 //! small integer while it is indexed. A membership test then probes compact arrays instead of
-//! comparing id strings across scattered allocations, and a union copies no ids. On a busy
-//! server the caches are cold between selections: with 1,000 agents at 500 submits/s a selection
-//! walked about 80 agents and evaluated about 20 documents in 100-140 µs on average, where the
-//! same kind of walk takes about 6 µs in a hot loop.
+//! comparing ids across scattered allocations, and a union copies no ids. On a busy server the
+//! caches are cold between selections, so what a selection touches matters more than a hot loop
+//! shows (`BENCHMARKS.md` has the figures).
 //!
 //! [`AgentIndex::select_best`] derives from the placement the postings every satisfying agent
 //! must be in (a required tag, `key == scalar`, a key that must be present, a provided
@@ -50,7 +49,7 @@
 //! `select_best` does not say why — call [`AgentIndex::explain`] (O(n · e)) to tell parked from
 //! waiting for capacity and to get reasons.
 
-use crate::matcher::{self, AgentStatus, AgentView, Availability, Explanation};
+use crate::matcher::{self, AgentId, AgentStatus, AgentView, Availability, Explanation};
 use crate::placement::{CompiledPlacement, Operator, PreferenceCondition};
 use json_patch::jsonptr::Pointer;
 use roaring::RoaringBitmap;
@@ -88,7 +87,7 @@ impl ScalarKey {
 #[derive(Debug, Clone)]
 struct RankedSlot {
     availability: Availability,
-    agent_id: Arc<str>,
+    agent_id: AgentId,
     /// The agent's ordinal (see [`Posting`]); not part of the order.
     ord: u32,
 }
@@ -196,7 +195,6 @@ impl NamespacePostings {
 #[derive(Debug)]
 struct IndexedAgent {
     view: AgentView,
-    id: Arc<str>,
     /// Its ordinal in the postings.
     ord: u32,
     /// Whether some key of the document contains `.` (its dotted paths are
@@ -209,7 +207,7 @@ impl IndexedAgent {
         let v = &self.view;
         (v.status.takes_work() && v.active_leases < v.capacity).then(|| RankedSlot {
             availability: v.availability(),
-            agent_id: self.id.clone(),
+            agent_id: v.agent_id,
             ord: self.ord,
         })
     }
@@ -219,7 +217,7 @@ impl IndexedAgent {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selection {
     /// The chosen agent.
-    pub agent_id: String,
+    pub agent_id: AgentId,
     /// Its satisfied preference weight.
     pub preference_score: u64,
 }
@@ -227,10 +225,10 @@ pub struct Selection {
 /// Agents indexed by namespace, availability, present paths and scalar values.
 #[derive(Debug, Default)]
 pub struct AgentIndex {
-    agents: HashMap<Arc<str>, IndexedAgent>,
+    agents: HashMap<AgentId, IndexedAgent>,
     namespaces: HashMap<String, NamespacePostings>,
     /// Ordinal → the agent holding it.
-    ordinals: Vec<Option<Arc<str>>>,
+    ordinals: Vec<Option<AgentId>>,
     /// Ordinals free for the next agent.
     free_ordinals: Vec<u32>,
 }
@@ -381,21 +379,21 @@ impl AgentIndex {
     }
 
     /// The indexed view of an agent.
-    pub fn get(&self, agent_id: &str) -> Option<&AgentView> {
-        self.agents.get(agent_id).map(|a| &a.view)
+    pub fn get(&self, agent_id: AgentId) -> Option<&AgentView> {
+        self.agents.get(&agent_id).map(|a| &a.view)
     }
 
     /// Inserts an agent, or replaces it (document, status, namespace, load) if present.
     pub fn upsert(&mut self, view: AgentView) {
-        self.remove(&view.agent_id);
-        let id: Arc<str> = Arc::from(view.agent_id.as_str());
+        self.remove(view.agent_id);
+        let id = view.agent_id;
         let ord = match self.free_ordinals.pop() {
             Some(ord) => {
-                self.ordinals[ord as usize] = Some(id.clone());
+                self.ordinals[ord as usize] = Some(id);
                 ord
             }
             None => {
-                self.ordinals.push(Some(id.clone()));
+                self.ordinals.push(Some(id));
                 u32::try_from(self.ordinals.len() - 1).expect("fewer than 2^32 agents")
             }
         };
@@ -405,7 +403,6 @@ impl AgentIndex {
         ns.repost(ord, &DocumentPostings::default(), &postings);
         let agent = IndexedAgent {
             view,
-            id: id.clone(),
             ord,
             dotted_keys: postings.dotted_keys,
         };
@@ -421,7 +418,7 @@ impl AgentIndex {
     /// dominates the cost of a large fleet. Compares the whole old and new
     /// documents; [`AgentIndex::replace_document_at`] compares only where a
     /// patch touched. Returns false if the agent is not indexed.
-    pub fn replace_document(&mut self, agent_id: &str, document: Arc<Value>) -> bool {
+    pub fn replace_document(&mut self, agent_id: AgentId, document: Arc<Value>) -> bool {
         self.replace_document_at(agent_id, document, [Pointer::root()])
     }
 
@@ -434,11 +431,11 @@ impl AgentIndex {
     /// dotted paths are ambiguous) is compared whole.
     pub fn replace_document_at<'p>(
         &mut self,
-        agent_id: &str,
+        agent_id: AgentId,
         document: Arc<Value>,
         changed: impl IntoIterator<Item = &'p Pointer>,
     ) -> bool {
-        let Some(agent) = self.agents.get_mut(agent_id) else {
+        let Some(agent) = self.agents.get_mut(&agent_id) else {
             return false;
         };
         let roots = changed_roots(&agent.view.document, &document, changed);
@@ -465,8 +462,8 @@ impl AgentIndex {
     }
 
     /// Removes an agent; returns its last view.
-    pub fn remove(&mut self, agent_id: &str) -> Option<AgentView> {
-        let agent = self.agents.remove(agent_id)?;
+    pub fn remove(&mut self, agent_id: AgentId) -> Option<AgentView> {
+        let agent = self.agents.remove(&agent_id)?;
         self.ordinals[agent.ord as usize] = None;
         self.free_ordinals.push(agent.ord);
         let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) else {
@@ -486,8 +483,8 @@ impl AgentIndex {
 
     /// The agent holding ordinal `ord`.
     fn agent_at(&self, ord: u32) -> Option<&IndexedAgent> {
-        let id = self.ordinals.get(ord as usize)?.as_ref()?;
-        self.agents.get(id)
+        let id = (*self.ordinals.get(ord as usize)?)?;
+        self.agents.get(&id)
     }
 
     /// The free lease slots of the agents that can take a lease now (every namespace), counted
@@ -511,7 +508,7 @@ impl AgentIndex {
     /// Records an agent's lease count and last grant time. Returns false for an unknown agent.
     pub fn update_load(
         &mut self,
-        agent_id: &str,
+        agent_id: AgentId,
         active_leases: u32,
         last_granted_at_ms: Option<u64>,
     ) -> bool {
@@ -522,12 +519,12 @@ impl AgentIndex {
     }
 
     /// Records an agent's status. Returns false for an unknown agent.
-    pub fn set_status(&mut self, agent_id: &str, status: AgentStatus) -> bool {
+    pub fn set_status(&mut self, agent_id: AgentId, status: AgentStatus) -> bool {
         self.update(agent_id, |v| v.status = status)
     }
 
-    fn update(&mut self, agent_id: &str, change: impl FnOnce(&mut AgentView)) -> bool {
-        let Some(agent) = self.agents.get_mut(agent_id) else {
+    fn update(&mut self, agent_id: AgentId, change: impl FnOnce(&mut AgentView)) -> bool {
+        let Some(agent) = self.agents.get_mut(&agent_id) else {
             return false;
         };
         let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) else {
@@ -780,7 +777,7 @@ impl AgentIndex {
             }
         }
         best.map(|(preference_score, agent)| Selection {
-            agent_id: agent.view.agent_id.clone(),
+            agent_id: agent.view.agent_id,
             preference_score,
         })
     }
@@ -810,7 +807,7 @@ impl AgentIndex {
     /// ineligible), in agent id order. O(n · e).
     pub fn explain(&self, placement: &CompiledPlacement, namespace: &str) -> Explanation {
         let mut views: Vec<AgentView> = self.agents.values().map(|a| a.view.clone()).collect();
-        views.sort_by(|a, b| a.agent_id.cmp(&b.agent_id));
+        views.sort_by_key(|a| a.agent_id);
         matcher::explain(placement, namespace, &views)
     }
 }
@@ -818,13 +815,17 @@ impl AgentIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn id(name: &str) -> AgentId {
+        AgentId::from_name(name)
+    }
     use crate::placement::compile;
     use crate::selector;
     use serde_json::json;
 
     fn view(id: &str, doc: Value) -> AgentView {
         AgentView {
-            agent_id: id.into(),
+            agent_id: AgentId::from_name(id),
             namespace: "default".into(),
             status: AgentStatus::Ready,
             capacity: 2,
@@ -838,7 +839,7 @@ mod tests {
         compile(&selector::parse(text).unwrap()).unwrap()
     }
 
-    fn best(index: &AgentIndex, text: &str) -> Option<String> {
+    fn best(index: &AgentIndex, text: &str) -> Option<AgentId> {
         index.select_best(&sel(text), "default").map(|s| s.agent_id)
     }
 
@@ -921,8 +922,8 @@ mod tests {
             let expected = index.explain(&c, "default").ranked.first().cloned();
             assert_eq!(best(&index, text), expected, "{text}");
         }
-        assert_eq!(best(&index, "gpu"), Some("a30".into()));
-        assert_eq!(best(&index, "n=7.0"), Some("a07".into()));
+        assert_eq!(best(&index, "gpu"), Some(id("a30")));
+        assert_eq!(best(&index, "n=7.0"), Some(id("a07")));
         assert_eq!(best(&index, "nothing"), None);
     }
 
@@ -975,7 +976,7 @@ mod tests {
         // a: 2 free, b: 3, c: none (draining), d: 2 in another namespace.
         assert_eq!(index.free_slots(100), 7);
         assert!(index.free_slots(3) >= 3);
-        index.update_load("b", 5, None);
+        index.update_load(id("b"), 5, None);
         assert_eq!(index.free_slots(100), 4);
     }
 
@@ -984,17 +985,17 @@ mod tests {
         let mut index = AgentIndex::new();
         index.upsert(view("a", json!({"tags": ["x"]})));
         index.upsert(view("b", json!({"tags": ["x"]})));
-        assert_eq!(best(&index, "x"), Some("a".into()));
-        assert!(index.update_load("a", 1, Some(10)));
-        assert_eq!(best(&index, "x"), Some("b".into()));
-        assert!(index.update_load("b", 2, Some(20)));
-        assert_eq!(best(&index, "x"), Some("a".into()));
-        assert!(index.update_load("a", 2, Some(30)));
+        assert_eq!(best(&index, "x"), Some(id("a")));
+        assert!(index.update_load(id("a"), 1, Some(10)));
+        assert_eq!(best(&index, "x"), Some(id("b")));
+        assert!(index.update_load(id("b"), 2, Some(20)));
+        assert_eq!(best(&index, "x"), Some(id("a")));
+        assert!(index.update_load(id("a"), 2, Some(30)));
         assert_eq!(best(&index, "x"), None);
-        assert!(index.update_load("b", 0, Some(20)));
-        assert!(index.set_status("b", AgentStatus::Draining));
+        assert!(index.update_load(id("b"), 0, Some(20)));
+        assert!(index.set_status(id("b"), AgentStatus::Draining));
         assert_eq!(best(&index, "x"), None);
-        assert!(!index.update_load("nope", 0, None));
+        assert!(!index.update_load(id("nope"), 0, None));
     }
 
     #[test]
@@ -1004,8 +1005,8 @@ mod tests {
         index.upsert(view("a", json!({"tags": ["y"]})));
         assert_eq!(index.len(), 1);
         assert_eq!(best(&index, "x"), None);
-        assert_eq!(best(&index, "y"), Some("a".into()));
-        assert!(index.remove("a").is_some());
+        assert_eq!(best(&index, "y"), Some(id("a")));
+        assert!(index.remove(id("a")).is_some());
         assert!(index.is_empty());
         assert!(index.namespaces.is_empty());
         assert_eq!(best(&index, "y"), None);
@@ -1024,8 +1025,8 @@ mod tests {
             "rare",
             json!({"tags": ["linux", "rare"], "v": "2.0.0"}),
         ));
-        assert_eq!(best(&index, "rare"), Some("rare".into()));
-        index.remove("rare");
+        assert_eq!(best(&index, "rare"), Some(id("rare")));
+        index.remove(id("rare"));
         // The next agent takes the freed ordinal.
         index.upsert(view("plain", json!({"tags": ["linux"], "v": "1.0.0"})));
         assert_eq!(index.ordinals.len(), 41);
@@ -1034,7 +1035,7 @@ mod tests {
             assert!(!index.any_capable(&sel(text), "default"), "{text}");
         }
         // A candidate found by its ordinal is the agent holding it now.
-        assert_eq!(best(&index, "v@^1"), Some("plain".into()));
+        assert_eq!(best(&index, "v@^1"), Some(id("plain")));
     }
 
     #[test]
@@ -1060,7 +1061,7 @@ mod tests {
         replaced.upsert(view("a", docs[0].clone()));
         replaced.upsert(view("b", json!({"tags": ["linux"]})));
         for doc in &docs[1..] {
-            assert!(replaced.replace_document("a", Arc::new(doc.clone())));
+            assert!(replaced.replace_document(id("a"), Arc::new(doc.clone())));
             let mut fresh = AgentIndex::new();
             fresh.upsert(view("a", doc.clone()));
             fresh.upsert(view("b", json!({"tags": ["linux"]})));
@@ -1077,7 +1078,7 @@ mod tests {
             assert_eq!(ns_r.values, ns_f.values, "{doc}");
             assert_eq!(ns_r.partial, ns_f.partial, "{doc}");
         }
-        assert!(!replaced.replace_document("nobody", Arc::new(json!({}))));
+        assert!(!replaced.replace_document(id("nobody"), Arc::new(json!({}))));
     }
 
     #[test]
@@ -1130,7 +1131,7 @@ mod tests {
             let patch: crate::diff::Patch = serde_json::from_value(patch).unwrap();
             json_patch::patch(&mut doc, &patch).unwrap();
             let touched = crate::diff::touched(&patch);
-            assert!(replaced.replace_document_at("a", Arc::new(doc.clone()), touched));
+            assert!(replaced.replace_document_at(id("a"), Arc::new(doc.clone()), touched));
             let mut fresh = AgentIndex::new();
             fresh.upsert(view("a", doc.clone()));
             fresh.upsert(view("b", json!({"tags": ["linux"], "n": 1})));
@@ -1161,11 +1162,11 @@ mod tests {
             };
             index.upsert(view(&format!("a{i:02}"), doc));
         }
-        assert_eq!(best(&index, "p77"), Some("a05".into()));
-        assert_eq!(best(&index, "gpus.0.model=a100"), Some("a05".into()));
-        assert_eq!(best(&index, "m.0=zero"), Some("a05".into()));
-        assert_eq!(best(&index, "x"), Some("a00".into()));
-        index.remove("a05");
+        assert_eq!(best(&index, "p77"), Some(id("a05")));
+        assert_eq!(best(&index, "gpus.0.model=a100"), Some(id("a05")));
+        assert_eq!(best(&index, "m.0=zero"), Some(id("a05")));
+        assert_eq!(best(&index, "x"), Some(id("a00")));
+        index.remove(id("a05"));
         assert!(index.namespaces["default"].partial.is_empty());
         assert_eq!(best(&index, "p77"), None);
     }
@@ -1179,7 +1180,7 @@ mod tests {
         assert_eq!(best(&index, "x"), None);
         assert_eq!(
             index.select_best(&sel("x"), "prod").map(|s| s.agent_id),
-            Some("b".into())
+            Some(id("b"))
         );
         assert_eq!(
             index.explain(&sel("x"), "default").summary,
@@ -1198,11 +1199,8 @@ mod tests {
             };
             index.upsert(view(&format!("a{i:02}"), doc));
         }
-        assert_eq!(best(&index, "provides ai.llm@1"), Some("a13".into()));
-        assert_eq!(
-            best(&index, "provides.ai.llm.version@^1"),
-            Some("a13".into())
-        );
+        assert_eq!(best(&index, "provides ai.llm@1"), Some(id("a13")));
+        assert_eq!(best(&index, "provides.ai.llm.version@^1"), Some(id("a13")));
         assert_eq!(best(&index, "provides ai.llm@2"), None);
     }
 }

@@ -80,11 +80,62 @@ impl FromStr for AgentStatus {
     }
 }
 
+/// An agent's id: the server's UUID for it, stable across its sessions.
+/// Ordered as its hyphenated text is (the final ranking tiebreak), and as
+/// cheap to copy and compare as a number: no text is formatted or parsed
+/// while matching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AgentId(uuid::Uuid);
+
+impl AgentId {
+    /// The id as a UUID.
+    pub fn uuid(self) -> uuid::Uuid {
+        self.0
+    }
+}
+
+impl AgentId {
+    /// An id made of a short name's bytes (zero-padded, at most the first
+    /// 16 bytes), for fixtures and tests: such ids sort as their names do.
+    pub fn from_name(name: &str) -> Self {
+        let mut bytes = [0u8; 16];
+        let len = name.len().min(16);
+        bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
+        Self(uuid::Uuid::from_bytes(bytes))
+    }
+}
+
+impl From<uuid::Uuid> for AgentId {
+    fn from(id: uuid::Uuid) -> Self {
+        Self(id)
+    }
+}
+
+impl From<AgentId> for uuid::Uuid {
+    fn from(id: AgentId) -> Self {
+        id.0
+    }
+}
+
+impl fmt::Display for AgentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromStr for AgentId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(Self)
+    }
+}
+
 /// What matching needs to know about one agent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentView {
     /// Stable agent id; the final ranking tiebreak.
-    pub agent_id: String,
+    pub agent_id: AgentId,
     /// The namespace the agent serves; tasks of other namespaces never go to it.
     pub namespace: String,
     /// Lifecycle state.
@@ -139,7 +190,7 @@ impl Availability {
 }
 
 /// The full ranking order for eligible agents: `Less` ranks first.
-pub fn rank_cmp(a: (u64, &Availability, &str), b: (u64, &Availability, &str)) -> Ordering {
+pub fn rank_cmp(a: (u64, &Availability, &AgentId), b: (u64, &Availability, &AgentId)) -> Ordering {
     b.0.cmp(&a.0)
         .then_with(|| a.1.rank_cmp(b.1))
         .then_with(|| a.2.cmp(b.2))
@@ -199,7 +250,7 @@ impl Ineligibility {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
     /// The agent.
-    pub agent_id: String,
+    pub agent_id: AgentId,
     /// Satisfies every hard constraint and can take a lease now.
     pub eligible: bool,
     /// Satisfies the placement but cannot take it now (at capacity, draining, offline).
@@ -232,7 +283,7 @@ impl Verdict {
 /// Evaluates one agent for a task of `namespace`. The verdict's rank is 0.
 pub fn evaluate(placement: &CompiledPlacement, namespace: &str, agent: &AgentView) -> Verdict {
     let mut verdict = Verdict {
-        agent_id: agent.agent_id.clone(),
+        agent_id: agent.agent_id,
         eligible: false,
         capable: false,
         reason: None,
@@ -293,7 +344,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Explanation {
     /// Eligible agent ids, best first.
-    pub ranked: Vec<String>,
+    pub ranked: Vec<AgentId>,
     /// Every agent's verdict, in the order the agents were given, with ranks filled in.
     pub verdicts: Vec<Verdict>,
     /// E.g. `0/12 agents eligible: 7 missing tag docker, 3 software.node.version not ^20, 2 at capacity`.
@@ -325,7 +376,7 @@ pub fn explain(
     for (rank, &i) in order.iter().enumerate() {
         verdicts[i].rank = u32::try_from(rank + 1).unwrap_or(u32::MAX);
     }
-    let ranked = order.iter().map(|&i| agents[i].agent_id.clone()).collect();
+    let ranked = order.iter().map(|&i| agents[i].agent_id).collect();
     let summary = summarize(&verdicts);
     let outcome = outcome_of(&verdicts, agents.iter().any(|a| a.namespace == namespace));
     Explanation {
@@ -377,13 +428,17 @@ pub fn summarize(verdicts: &[Verdict]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn id(name: &str) -> AgentId {
+        AgentId::from_name(name)
+    }
     use crate::placement::compile;
     use crate::selector;
     use serde_json::json;
 
     fn agent(id: &str, doc: Value) -> AgentView {
         AgentView {
-            agent_id: id.into(),
+            agent_id: AgentId::from_name(id),
             namespace: "default".into(),
             status: AgentStatus::Ready,
             capacity: 4,
@@ -438,7 +493,7 @@ mod tests {
             "default",
             &agents,
         );
-        assert_eq!(e.ranked, vec!["d"]);
+        assert_eq!(e.ranked, vec![id("d")]);
         assert_eq!(e.outcome, Outcome::Placeable);
         assert_eq!(e.verdicts[0].reason_text(), "missing tag docker");
         assert_eq!(
@@ -525,7 +580,7 @@ mod tests {
         agents[4].last_granted_at_ms = Some(50);
         agents[4].capacity = 8; // ratio 8/8 == 4/4, same grant time as w; id breaks the tie
         let e = explain(&placement("prefer 3: gpu"), "default", &agents);
-        assert_eq!(e.ranked, vec!["z", "v", "w", "x", "y"]);
+        assert_eq!(e.ranked, vec![id("z"), id("v"), id("w"), id("x"), id("y")]);
         assert_eq!(e.verdicts[0].preference_score, 3);
     }
 

@@ -290,9 +290,57 @@ impl MergeContext<'_> {
     }
 }
 
+/// The agent's own document with the operator tier merged over it (the
+/// server's last tier), and the provenance of every leaf: the agent's own
+/// (`agent_provenance`, path to tier name; a leaf it does not name counts
+/// as dynamic) where the agent's value stands, `operator` where the
+/// operator's does. Both are JSON, as the server stores them.
+pub fn with_operator_tier(
+    reported: &Value,
+    agent_provenance: &Value,
+    operator: &Value,
+) -> (Value, Value) {
+    let merged = merge_tiers(
+        &[
+            (Tier::Dynamic, reported.clone()),
+            (Tier::Operator, operator.clone()),
+        ],
+        &Limits::default(),
+    );
+    let mut provenance = Map::new();
+    for (path, tier) in merged.provenance_entries() {
+        let name = if tier == Tier::Operator {
+            Tier::Operator.as_str()
+        } else {
+            agent_provenance
+                .get(path)
+                .and_then(Value::as_str)
+                .unwrap_or(Tier::Dynamic.as_str())
+        };
+        provenance.insert(path.to_owned(), Value::String(name.to_owned()));
+    }
+    (merged.document, Value::Object(provenance))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_operator_tier_wins_and_is_named_in_the_provenance() {
+        let reported = serde_json::json!({"os": "linux", "tags": ["a"], "cpus": 4});
+        let provenance = serde_json::json!({"os": "base", "tags": "static"});
+        let operator = serde_json::json!({"tags": ["a", "gpu"]});
+        let (document, merged) = with_operator_tier(&reported, &provenance, &operator);
+        assert_eq!(
+            document,
+            serde_json::json!({"os": "linux", "tags": ["a", "gpu"], "cpus": 4})
+        );
+        assert_eq!(
+            merged,
+            serde_json::json!({"os": "base", "tags": "operator", "cpus": "dynamic"})
+        );
+    }
     use serde_json::json;
 
     fn prov(m: &Merged) -> Vec<(String, Tier)> {

@@ -17,42 +17,11 @@ use std::sync::{Arc, RwLock};
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use tonic::Status;
 
 use crate::error::{Error, Result};
-use crate::store::{Store, TokenRecord};
-
-/// What a token lets its holder do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// Registers agents and holds leases.
-    Agent,
-    /// Submits, reads and cancels tasks.
-    Submitter,
-    /// A submitter who may also see and steer agents.
-    Operator,
-}
-
-impl Role {
-    /// The role's name as written in token files.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Agent => "agent",
-            Role::Submitter => "submitter",
-            Role::Operator => "operator",
-        }
-    }
-
-    /// Parses `agent`, `submitter` or `operator`.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "agent" => Some(Role::Agent),
-            "submitter" => Some(Role::Submitter),
-            "operator" => Some(Role::Operator),
-            _ => None,
-        }
-    }
-}
+pub use crate::model::Role;
+use crate::model::TokenRecord;
+use crate::store::Store;
 
 /// The caller of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +52,7 @@ pub enum Need {
 
 impl Caller {
     /// Refuses unless the caller may do `need` in `namespace`.
-    pub fn require(&self, need: Need, namespace: &str) -> std::result::Result<(), Status> {
+    pub fn require(&self, need: Need, namespace: &str) -> Result<()> {
         let Caller::Principal {
             namespace: own,
             role,
@@ -98,7 +67,7 @@ impl Caller {
             Need::Fleet => *role == Role::Operator,
         };
         if !allowed {
-            return Err(Status::permission_denied(format!(
+            return Err(Error::PermissionDenied(format!(
                 "a {} token may not {}",
                 role.as_str(),
                 match need {
@@ -109,7 +78,7 @@ impl Caller {
             )));
         }
         if own != namespace {
-            return Err(Status::permission_denied(format!(
+            return Err(Error::PermissionDenied(format!(
                 "the token is for namespace {own}, not {namespace}"
             )));
         }
@@ -192,12 +161,12 @@ impl Tokens {
                 ))
             })?;
             for (i, entry) in entries.into_iter().enumerate() {
-                if Role::parse(&entry.role).is_none() {
+                let Some(role) = Role::parse(&entry.role) else {
                     return Err(Error::Config(format!(
                         "tokens file entry {i} ({}): role must be agent, submitter or operator",
                         entry.name
                     )));
-                }
+                };
                 let hash = match (entry.token, entry.sha256) {
                     (Some(token), None) => hash_token(&token),
                     (None, Some(hash)) if hash.len() == 64 => hash.to_ascii_lowercase(),
@@ -213,7 +182,7 @@ impl Tokens {
                     TokenRecord {
                         name: entry.name,
                         namespace: entry.namespace,
-                        role: entry.role,
+                        role,
                         created_at_ms: 0,
                     },
                 );
@@ -234,28 +203,24 @@ impl Tokens {
         self.inner.enabled
     }
 
-    /// The caller of a request, from its `authorization: Bearer …` header.
-    pub async fn caller<T>(
-        &self,
-        request: &tonic::Request<T>,
-    ) -> std::result::Result<Caller, Status> {
+    /// The caller presenting `authorization` (the request's header value,
+    /// if it has one): UNAUTHENTICATED without a valid `Bearer` token while
+    /// tokens are configured.
+    pub async fn caller(&self, authorization: Option<&str>) -> Result<Caller> {
         if !self.inner.enabled {
             return Ok(Caller::Open);
         }
-        let header = request
-            .metadata()
-            .get("authorization")
-            .ok_or_else(|| Status::unauthenticated("missing authorization: Bearer <token>"))?;
+        let header = authorization.ok_or_else(|| {
+            Error::Unauthenticated("missing authorization: Bearer <token>".to_owned())
+        })?;
         let token = header
-            .to_str()
-            .ok()
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            })
+            .strip_prefix("Bearer ")
+            .or_else(|| header.strip_prefix("bearer "))
             .map(str::trim)
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| Status::unauthenticated("authorization must be `Bearer <token>`"))?;
+            .ok_or_else(|| {
+                Error::Unauthenticated("authorization must be `Bearer <token>`".to_owned())
+            })?;
         let hash = hash_token(token);
         let cached = self
             .inner
@@ -267,13 +232,12 @@ impl Tokens {
         let record = match cached {
             Some(r) => r,
             None => {
-                let found = self
+                let record = self
                     .inner
                     .store
                     .find_token(&hash)
-                    .await
-                    .map_err(Status::from)?;
-                let record = found.ok_or_else(|| Status::unauthenticated("unknown token"))?;
+                    .await?
+                    .ok_or_else(|| Error::Unauthenticated("unknown token".to_owned()))?;
                 self.inner
                     .known
                     .write()
@@ -282,12 +246,10 @@ impl Tokens {
                 record
             }
         };
-        let role = Role::parse(&record.role)
-            .ok_or_else(|| Status::internal("stored token has an unknown role"))?;
         Ok(Caller::Principal {
             name: record.name,
             namespace: record.namespace,
-            role,
+            role: record.role,
         })
     }
 }

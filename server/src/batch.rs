@@ -18,9 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
-use tonic::Status;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// How long a batch waits for more items after its first.
 #[derive(Debug, Clone, Copy)]
@@ -53,7 +52,7 @@ type ApplyFn<I, O> =
 /// One caller's items and where its results go.
 struct Job<I, O> {
     items: Vec<I>,
-    reply: oneshot::Sender<Result<Vec<Result<O>>, Status>>,
+    reply: oneshot::Sender<Result<Vec<Result<O>>>>,
 }
 
 /// The handle callers submit through; cheap to clone.
@@ -92,19 +91,20 @@ impl<I: Send + 'static, O: Send + 'static> GroupCommit<I, O> {
     }
 
     /// Submits `items` and waits for their results, in the same order. A
-    /// failure of the whole batch (the database) is the `Err`; a refusal of
+    /// failure of the whole batch (the database) is the `Err`
+    /// ([`Error::Batch`], shared by every caller in the batch); a refusal of
     /// one item is that item's `Err`.
-    pub async fn submit(&self, items: Vec<I>) -> Result<Vec<Result<O>>, Status> {
+    pub async fn submit(&self, items: Vec<I>) -> Result<Vec<Result<O>>> {
         if items.is_empty() {
             return Ok(Vec::new());
         }
+        let gone = || Error::Unavailable("server is shutting down".to_owned());
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Job { items, reply })
             .await
-            .map_err(|_| Status::unavailable("server is shutting down"))?;
-        rx.await
-            .map_err(|_| Status::unavailable("server is shutting down"))?
+            .map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
     }
 }
 
@@ -152,43 +152,51 @@ async fn run<I: Send + 'static, O: Send + 'static>(
             count += job.items.len();
             jobs.push(job);
         }
-        let apply = apply.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let mut sizes = Vec::with_capacity(jobs.len());
-            let mut items = Vec::with_capacity(count);
-            let mut replies = Vec::with_capacity(jobs.len());
-            for job in jobs {
-                sizes.push(job.items.len());
-                items.extend(job.items);
-                replies.push(job.reply);
+        tokio::spawn(commit(jobs, count, apply.clone(), slot));
+    }
+}
+
+/// Applies one batch of `count` items (holding its transaction `slot`
+/// until done) and hands each caller its share of the results; a failure
+/// of the whole batch is every caller's.
+async fn commit<I, O>(
+    jobs: Vec<Job<I, O>>,
+    count: usize,
+    apply: ApplyFn<I, O>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+) {
+    let mut sizes = Vec::with_capacity(jobs.len());
+    let mut items = Vec::with_capacity(count);
+    let mut replies = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        sizes.push(job.items.len());
+        items.extend(job.items);
+        replies.push(job.reply);
+    }
+    metrics::histogram!(crate::metrics::BATCH_ITEMS).record(count as f64);
+    let failure = match apply(items).await {
+        Ok(results) if results.len() == count => {
+            let mut results = results.into_iter();
+            for (size, reply) in sizes.into_iter().zip(replies) {
+                let _ = reply.send(Ok(results.by_ref().take(size).collect()));
             }
-            metrics::histogram!(crate::metrics::BATCH_ITEMS).record(count as f64);
-            match apply(items).await {
-                Ok(results) if results.len() == count => {
-                    let mut results = results.into_iter();
-                    for (size, reply) in sizes.into_iter().zip(replies) {
-                        let _ = reply.send(Ok(results.by_ref().take(size).collect()));
-                    }
-                }
-                Ok(results) => {
-                    let status = Status::internal(format!(
-                        "a batch of {count} items produced {} results",
-                        results.len()
-                    ));
-                    for reply in replies {
-                        let _ = reply.send(Err(status.clone()));
-                    }
-                }
-                Err(err) => {
-                    tracing::warn!(cause = %err, items = count, "group commit failed");
-                    let status = Status::from(err);
-                    for reply in replies {
-                        let _ = reply.send(Err(status.clone()));
-                    }
-                }
-            }
-        });
+            return;
+        }
+        Ok(results) => Error::Corrupt {
+            context: "group commit",
+            detail: format!(
+                "a batch of {count} items produced {} results",
+                results.len()
+            ),
+        },
+        Err(err) => {
+            tracing::warn!(cause = %err, items = count, "group commit failed");
+            err
+        }
+    };
+    let failure = Arc::new(failure);
+    for reply in replies {
+        let _ = reply.send(Err(Error::Batch(failure.clone())));
     }
 }
 

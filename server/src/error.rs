@@ -1,16 +1,21 @@
-//! The server's error type. Every failure the gRPC surface can see passes
-//! through the one `From<Error> for tonic::Status` below, which decides the
-//! status code and keeps internals (SQL text, file paths) out of messages.
+//! The server's error type: everything that can go wrong inside it, in the
+//! domain's words. Domain code (store, group commit, dispatcher, auth)
+//! returns it; only the API layer turns it into a `tonic::Status`, through
+//! the one mapping in `api::status`, which decides the code and keeps
+//! internals (SQL text, file paths) out of messages. Each variant says the
+//! status it becomes.
 
-use tonic::Status;
+use std::sync::Arc;
+
 use uuid::Uuid;
 
-use crate::store::TaskState;
+use crate::model::TaskState;
 
 /// Everything that can go wrong inside the server.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The database refused or could not be reached.
+    /// The database refused or could not be reached. UNAVAILABLE; the
+    /// driver's error stays in the server's log.
     #[error("store: {context}: {source}")]
     Store {
         /// What the server was doing.
@@ -20,7 +25,7 @@ pub enum Error {
         source: sqlx::Error,
     },
     /// A stored row could not be read back (a column held something the
-    /// code does not understand).
+    /// code does not understand). INTERNAL, without the detail.
     #[error("store: {context}: {detail}")]
     Corrupt {
         /// What the server was reading.
@@ -28,7 +33,7 @@ pub enum Error {
         /// What was wrong with it.
         detail: String,
     },
-    /// The thing asked for does not exist.
+    /// The thing asked for does not exist. NOT_FOUND.
     #[error("{what} {id} not found")]
     NotFound {
         /// What kind of thing (`task`, `agent`, `lease`).
@@ -37,7 +42,7 @@ pub enum Error {
         id: String,
     },
     /// A report carried a fencing token other than the task's current one:
-    /// an older lease of the task is talking.
+    /// an older lease of the task is talking. FAILED_PRECONDITION.
     #[error("task {task_id}: fencing token {presented} is stale (current {current})")]
     StaleFencingToken {
         /// The task reported on.
@@ -48,7 +53,7 @@ pub enum Error {
         current: u64,
     },
     /// The lease is not (or no longer) held by this agent: it ended, was
-    /// revoked or expired, or belongs to someone else.
+    /// revoked or expired, or belongs to someone else. FAILED_PRECONDITION.
     #[error("lease {lease_id} is not held by agent {agent_id}")]
     LeaseNotHeld {
         /// The lease named in the request.
@@ -57,6 +62,7 @@ pub enum Error {
         agent_id: Uuid,
     },
     /// The task's state does not allow the requested change.
+    /// FAILED_PRECONDITION.
     #[error("task {task_id} is {from}: cannot {what}")]
     InvalidTransition {
         /// The task.
@@ -66,7 +72,7 @@ pub enum Error {
         /// What was attempted.
         what: &'static str,
     },
-    /// A compare-and-set on an agent's document generation lost.
+    /// A compare-and-set on an agent's document generation lost. ABORTED.
     #[error("agent document generation is {held}, expected {expected}")]
     GenerationMismatch {
         /// The generation stored now.
@@ -74,25 +80,47 @@ pub enum Error {
         /// The generation the caller based its change on.
         expected: u64,
     },
-    /// An input the store cannot accept (the API layer validates first and
-    /// reports field violations; this is the store's own guard).
-    #[error("invalid {field}: {reason}")]
-    InvalidArgument {
-        /// The offending field.
-        field: &'static str,
+    /// A request field is not acceptable. INVALID_ARGUMENT, with a field
+    /// violation naming the field.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The offending field, as a path (`placement.requirements[2].values`).
+        field: String,
         /// What is wrong with it.
-        reason: &'static str,
+        reason: String,
     },
+    /// No valid credentials. UNAUTHENTICATED.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The credentials do not allow this. PERMISSION_DENIED.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// A configured limit is reached. RESOURCE_EXHAUSTED.
+    #[error("{0}")]
+    ResourceExhausted(String),
+    /// The request conflicts with the state of things (a session epoch that
+    /// is not the agent's current one). FAILED_PRECONDITION.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// The server cannot serve this now (it is shutting down). UNAVAILABLE.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A group commit failed for every caller whose items were in it; each
+    /// caller gets this. The status of the error inside.
+    #[error("{0}")]
+    Batch(Arc<Error>),
     /// A setting or configuration file is not usable (start-up only).
+    /// INTERNAL.
     #[error("configuration: {0}")]
     Config(String),
-    /// The database URL is not one the server can use.
+    /// The database URL is not one the server can use (start-up only).
+    /// INTERNAL.
     #[error("unsupported database url {0:?}: use sqlite://PATH or postgres://…")]
     UnsupportedDatabaseUrl(String),
-    /// Binding or serving the gRPC listener failed.
+    /// Binding or serving the gRPC listener failed. INTERNAL.
     #[error("transport: {0}")]
     Transport(#[from] tonic::transport::Error),
-    /// Building the reflection service failed.
+    /// Building the reflection service failed. INTERNAL.
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
 }
@@ -100,26 +128,22 @@ pub enum Error {
 /// Convenience alias for results in this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl From<Error> for Status {
-    fn from(err: Error) -> Self {
-        match err {
-            // Details stay in the server's log; clients learn only the kind.
-            Error::Store { context, .. } => {
-                Status::unavailable(format!("store unavailable while {context}"))
-            }
-            Error::Corrupt { context, .. } => {
-                Status::internal(format!("stored data unreadable while {context}"))
-            }
-            err @ Error::NotFound { .. } => Status::not_found(err.to_string()),
-            err @ (Error::StaleFencingToken { .. }
-            | Error::LeaseNotHeld { .. }
-            | Error::InvalidTransition { .. }) => Status::failed_precondition(err.to_string()),
-            err @ Error::GenerationMismatch { .. } => Status::aborted(err.to_string()),
-            err @ Error::InvalidArgument { .. } => Status::invalid_argument(err.to_string()),
-            Error::UnsupportedDatabaseUrl(_)
-            | Error::Config(_)
-            | Error::Transport(_)
-            | Error::Reflection(_) => Status::internal("internal error"),
+impl Error {
+    /// An invalid request field: `field` and what is wrong with it.
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Whether the database failed (the transaction is unusable), rather
+    /// than one item being refused.
+    pub fn is_store_failure(&self) -> bool {
+        match self {
+            Self::Store { .. } | Self::Corrupt { .. } => true,
+            Self::Batch(inner) => inner.is_store_failure(),
+            _ => false,
         }
     }
 }

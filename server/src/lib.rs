@@ -8,10 +8,14 @@
 //! - [`server`]: builds the tonic router (the three switchyard.v1 services,
 //!   gRPC health, server reflection v1 and v1alpha) and serves it until the
 //!   shutdown signal.
-//! - [`api`]: the gRPC service implementations.
+//! - [`api`]: the gRPC service implementations, and the one mapping of the
+//!   crate's errors to `tonic::Status`.
+//! - [`wire`]: every switchyard.v1 message built from the server's records,
+//!   for the API and the dispatcher alike.
 //! - [`dispatch`]: matching queued tasks to connected agents, pushing
-//!   grants, sweeping expired and unacknowledged leases.
+//!   grants, the submit protocol, sweeping expired and unacknowledged leases.
 //! - [`batch`]: group commit, many callers' small writes in one transaction.
+//! - [`model`]: the domain records and their lifecycles as enums.
 //! - [`clock`]: the injected clock.
 //! - [`auth`]: bearer tokens, roles and namespaces.
 //! - [`metrics`]: the Prometheus recorder and its HTTP endpoint.
@@ -30,9 +34,11 @@ pub mod ctl;
 pub mod dispatch;
 pub mod error;
 pub mod metrics;
+pub mod model;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod wire;
 
 pub use config::ServerConfig;
 pub use error::Error;

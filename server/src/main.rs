@@ -33,9 +33,9 @@ async fn main() -> anyhow::Result<()> {
             namespace,
             role,
         }) => {
-            if switchyard_server::auth::Role::parse(&role).is_none() {
+            let Some(role) = switchyard_server::auth::Role::parse(&role) else {
                 anyhow::bail!("--role must be agent, submitter or operator");
-            }
+            };
             let store = store::open(&cli.config.database_url).await?;
             store.migrate().await?;
             let token = switchyard_server::auth::generate_token();
@@ -43,7 +43,7 @@ async fn main() -> anyhow::Result<()> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
                 .unwrap_or_default();
-            let record = switchyard_server::store::TokenRecord {
+            let record = switchyard_server::model::TokenRecord {
                 name,
                 namespace,
                 role,
@@ -58,7 +58,9 @@ async fn main() -> anyhow::Result<()> {
             println!("{token}");
             eprintln!(
                 "token {:?} for namespace {:?} with role {}: keep it now, it cannot be shown again",
-                record.name, record.namespace, record.role
+                record.name,
+                record.namespace,
+                record.role.as_str()
             );
             Ok(())
         }

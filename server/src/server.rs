@@ -26,7 +26,8 @@ use crate::clock::Clock;
 use crate::config::ServerConfig;
 use crate::dispatch::{DispatchSettings, Dispatcher};
 use crate::error::{Error, Result};
-use crate::store::{self, Store, TaskState};
+use crate::model::TaskState;
+use crate::store::{self, Store};
 
 /// Opens the store named by `config`, runs its migrations, and serves gRPC
 /// on `listener` until `shutdown` completes.
@@ -130,8 +131,65 @@ pub async fn run_with_clock(
     let store = store::open(&config.database_url).await?;
     store.migrate().await?;
     info!(backend = store.backend(), "store ready");
+    let tokens = load_tokens(&config, store.clone()).await?;
+    let dispatcher = Dispatcher::new(store.clone(), clock, dispatch_settings(&config));
+    let mut workers = dispatcher.spawn();
+    let api = Api::new(
+        store.clone(),
+        dispatcher.clone(),
+        api_settings(&config),
+        tokens,
+    );
+    if let Some(addr) = config.metrics_listen {
+        let listener = crate::metrics::bind(addr)
+            .await
+            .map_err(|e| Error::Config(format!("binding the metrics address {addr}: {e}")))?;
+        workers.push(tokio::spawn(crate::metrics::serve(listener)));
+    }
+    let _ = crate::metrics::handle();
+    workers.push(tokio::spawn(count_tasks(store.clone())));
+    let (health, health_service) = tonic_health::server::health_reporter();
+    set_health(&health, ServingStatus::Serving).await;
+    workers.push(tokio::spawn(watch_store(store.clone(), health.clone())));
 
-    let tokens = Tokens::load(config.tokens_file.as_deref(), store.clone()).await?;
+    // Shutdown: stop granting and send every agent elsewhere, then give
+    // in-flight requests the grace period.
+    let (stopped_tx, mut stopped) = tokio::sync::watch::channel(false);
+    let graceful = async move {
+        shutdown.await;
+        info!("shutting down: draining agents");
+        set_health(&health, ServingStatus::NotServing).await;
+        dispatcher.drain_all("server shutting down");
+        let _ = stopped_tx.send(true);
+    };
+    let router = router(&config, api, health_service)?;
+    // Nagle's algorithm would hold small pushes (a grant is a few hundred
+    // bytes) for tens of milliseconds: send them at once.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let serve = router.serve_with_incoming_shutdown(incoming, graceful);
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    let outcome = tokio::select! {
+        result = serve => result.map_err(Error::from),
+        () = async {
+            let _ = stopped.wait_for(|s| *s).await;
+            tokio::time::sleep(grace).await;
+        } => {
+            warn!(grace_ms = config.shutdown_grace_ms, "grace period over; closing remaining streams");
+            Ok(())
+        }
+    };
+    for worker in workers {
+        worker.abort();
+    }
+    store.close().await;
+    info!("server stopped");
+    outcome
+}
+
+/// The tokens the server authenticates with. With none at all it is open,
+/// which it refuses on a non-loopback address unless `--insecure`.
+async fn load_tokens(config: &ServerConfig, store: Arc<dyn Store>) -> Result<Tokens> {
+    let tokens = Tokens::load(config.tokens_file.as_deref(), store).await?;
     if !tokens.enabled() {
         if !config.is_loopback() && !config.insecure {
             return Err(Error::Config(format!(
@@ -145,66 +203,40 @@ pub async fn run_with_clock(
             config.listen
         );
     }
+    Ok(tokens)
+}
 
-    let dispatcher = Dispatcher::new(
-        store.clone(),
-        clock,
-        DispatchSettings {
-            heartbeat_interval_ms: config.heartbeat_interval_ms,
-            ack_window_ms: config.ack_window_ms,
-            sweep_interval_ms: config.sweep_interval_ms,
-            batch_size: config.dispatch_page,
-            recheck_ms: config.dispatch_recheck_ms,
-            report_linger_ms: config.report_linger_ms,
-            ..DispatchSettings::default()
-        },
-    );
-    let mut workers = dispatcher.spawn();
-    let api = Api::new(
-        store.clone(),
-        dispatcher.clone(),
-        ApiSettings {
-            default_max_attempts: config.max_attempts,
-            default_lease_ttl_ms: config.lease_ttl_ms,
-            max_queued_tasks_per_namespace: config.max_queued_tasks_per_namespace,
-            max_agents_per_namespace: config.max_agents_per_namespace,
-            ..ApiSettings::default()
-        },
-        tokens,
-    );
-
-    if let Some(addr) = config.metrics_listen {
-        let listener = crate::metrics::bind(addr)
-            .await
-            .map_err(|e| Error::Config(format!("binding the metrics address {addr}: {e}")))?;
-        workers.push(tokio::spawn(crate::metrics::serve(listener)));
+fn dispatch_settings(config: &ServerConfig) -> DispatchSettings {
+    DispatchSettings {
+        heartbeat_interval_ms: config.heartbeat_interval_ms,
+        ack_window_ms: config.ack_window_ms,
+        sweep_interval_ms: config.sweep_interval_ms,
+        batch_size: config.dispatch_page,
+        recheck_ms: config.dispatch_recheck_ms,
+        report_linger_ms: config.report_linger_ms,
+        ..DispatchSettings::default()
     }
-    let _ = crate::metrics::handle();
-    workers.push(tokio::spawn(count_tasks(store.clone())));
+}
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    set_health(&health, ServingStatus::Serving).await;
-    workers.push(tokio::spawn(watch_store(store.clone(), health.clone())));
+fn api_settings(config: &ServerConfig) -> ApiSettings {
+    ApiSettings {
+        default_max_attempts: config.max_attempts,
+        default_lease_ttl_ms: config.lease_ttl_ms,
+        max_queued_tasks_per_namespace: config.max_queued_tasks_per_namespace,
+        max_agents_per_namespace: config.max_agents_per_namespace,
+        ..ApiSettings::default()
+    }
+}
 
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-
-    // Shutdown: stop granting and send every agent elsewhere, then give
-    // in-flight requests the grace period.
-    let (stopped_tx, stopped_rx) = tokio::sync::watch::channel(false);
-    let draining = dispatcher.clone();
-    let draining_health = health.clone();
-    let graceful = async move {
-        shutdown.await;
-        info!("shutting down: draining agents");
-        set_health(&draining_health, ServingStatus::NotServing).await;
-        draining.drain_all("server shutting down");
-        let _ = stopped_tx.send(true);
-    };
-
+/// The tonic router: limits, keepalives and TLS from the configuration;
+/// health, reflection (v1 and v1alpha) and the three services.
+fn router(
+    config: &ServerConfig,
+    api: Api,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+) -> Result<tonic::transport::server::Router> {
     let mut builder = Server::builder()
         .concurrency_limit_per_connection(config.concurrency_per_connection)
         .timeout(Duration::from_millis(config.request_timeout_ms))
@@ -222,9 +254,14 @@ pub async fn run_with_clock(
         builder = builder.tls_config(tls)?;
         info!(mtls = config.tls_client_ca.is_some(), "TLS on");
     }
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
     let max = config.max_message_bytes;
-    let router = builder
-        .add_service(health_service)
+    Ok(builder
+        .add_service(health)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
         .add_service(
@@ -241,32 +278,7 @@ pub async fn run_with_clock(
             AgentAdminServiceServer::new(AdminApi(api))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
-        );
-
-    // Nagle's algorithm would hold small pushes (a grant is ~200 bytes) for
-    // up to 40 ms: send them at once.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let serve = router.serve_with_incoming_shutdown(incoming, graceful);
-    tokio::pin!(serve);
-    let grace = Duration::from_millis(config.shutdown_grace_ms);
-    let mut stopped = stopped_rx;
-    let outcome = tokio::select! {
-        result = &mut serve => result.map_err(Error::from),
-        () = async {
-            let _ = stopped.wait_for(|s| *s).await;
-            tokio::time::sleep(grace).await;
-        } => {
-            warn!(grace_ms = config.shutdown_grace_ms, "grace period over; closing remaining streams");
-            Ok(())
-        }
-    };
-
-    for worker in workers {
-        worker.abort();
-    }
-    store.close().await;
-    info!("server stopped");
-    outcome
+        ))
 }
 
 #[cfg(test)]

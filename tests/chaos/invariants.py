@@ -19,9 +19,9 @@ What it checks, and how:
   logged names a task whose required tags are in the tags the agent had
   reported at that moment, and every lease in the store went to an agent
   whose registered document has those tags;
-- every attempt accounted for: each lease ended exactly one way (COMPLETED
-  with outcome succeeded/failed, RELEASED, or EXPIRED without outcome, with
-  an end time); fencing tokens are 1..n per task, the task holds n; one
+- every attempt accounted for: each lease ended exactly one way, recorded
+  with an end time and what ended it (COMPLETED by a succeeded or failed
+  report, RELEASED by the agent or as an unacknowledged grant, EXPIRED); fencing tokens are 1..n per task, the task holds n; one
   ``leased`` event per lease; ``attempts`` = expired leases + failed reports;
 - every reference resolves: each lease names a stored task and agent, each
   history entry a stored task (and lease, if it names one). The PostgreSQL
@@ -270,8 +270,8 @@ def check(
             state, outcome = lease["state"], lease["outcome"]
             ok = (
                 (state == "completed" and outcome in ("succeeded", "failed"))
-                or (state == "released" and outcome in ("released", ""))
-                or (state == "expired" and outcome == "")
+                or (state == "released" and outcome in ("released", "unacknowledged"))
+                or (state == "expired" and outcome == "expired")
             ) and bool(lease["ended_at_ms"])
             if not ok:
                 report.fail(f"attempts: lease {lease['id']} ended as {state!r} with outcome {outcome!r} "

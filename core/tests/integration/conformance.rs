@@ -7,7 +7,7 @@ use std::sync::Arc;
 use switchyard_core::diff;
 use switchyard_core::error::DiffError;
 use switchyard_core::limits::Limits;
-use switchyard_core::matcher::{self, AgentStatus, AgentView, Outcome};
+use switchyard_core::matcher::{self, AgentId, AgentStatus, AgentView, Outcome};
 use switchyard_core::pack::{self, Pack};
 use switchyard_core::placement::{self, Placement};
 use switchyard_core::redact;
@@ -206,7 +206,8 @@ fn selector_vectors() {
 
 fn agent(v: &Value) -> AgentView {
     AgentView {
-        agent_id: v["agent_id"].as_str().expect("agent_id").to_owned(),
+        // The vectors name agents; an id made of the name sorts as it does.
+        agent_id: AgentId::from_name(v["agent_id"].as_str().expect("agent_id")),
         namespace: v["namespace"].as_str().unwrap_or("default").to_owned(),
         status: v["status"]
             .as_str()
@@ -249,8 +250,18 @@ fn placement_vectors() {
             .collect();
         let namespace = case["namespace"].as_str().unwrap_or("default");
         let e = matcher::explain(&compiled, namespace, &agents);
+        let names: BTreeMap<AgentId, &str> = case["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                let n = a["agent_id"].as_str().unwrap();
+                (AgentId::from_name(n), n)
+            })
+            .collect();
         let want = &case["expected"];
-        assert_eq!(json!(e.ranked), want["ranked"], "{}: ranked", name(&case));
+        let ranked: Vec<&str> = e.ranked.iter().map(|id| names[id]).collect();
+        assert_eq!(json!(ranked), want["ranked"], "{}: ranked", name(&case));
         assert_eq!(
             e.summary,
             want["summary"].as_str().unwrap(),
@@ -275,7 +286,11 @@ fn placement_vectors() {
             name(&case)
         );
         for (id, reason) in want["reasons"].as_object().unwrap() {
-            let v = e.verdicts.iter().find(|v| &v.agent_id == id).unwrap();
+            let v = e
+                .verdicts
+                .iter()
+                .find(|v| v.agent_id == AgentId::from_name(id))
+                .unwrap();
             assert_eq!(
                 &v.reason_text(),
                 reason.as_str().unwrap(),
@@ -287,7 +302,7 @@ fn placement_vectors() {
             .verdicts
             .iter()
             .filter(|v| v.capable)
-            .map(|v| v.agent_id.as_str())
+            .map(|v| names[&v.agent_id])
             .collect();
         assert_eq!(json!(capable), want["capable"], "{}: capable", name(&case));
     }

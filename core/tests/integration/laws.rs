@@ -10,7 +10,7 @@ use std::sync::Arc;
 use switchyard_core::diff;
 use switchyard_core::index::AgentIndex;
 use switchyard_core::limits::Limits;
-use switchyard_core::matcher::{self, AgentStatus, AgentView};
+use switchyard_core::matcher::{self, AgentId, AgentStatus, AgentView};
 use switchyard_core::placement::compile;
 use switchyard_core::redact;
 use switchyard_core::selector;
@@ -190,7 +190,7 @@ proptest! {
                 doc["provides"] = json!({"ai.llm": {"version": "1.0.0", "healthy": n % 3 != 0}});
             }
             AgentView {
-                agent_id: format!("a{:02}", (i * 7) % 31),
+                agent_id: AgentId::from_name(&format!("a{:02}", (i * 7) % 31)),
                 namespace: if i % 9 == 8 { "other".into() } else { "default".into() },
                 status: [AgentStatus::Ready, AgentStatus::Degraded, AgentStatus::Draining, AgentStatus::Offline][*status],
                 capacity: *cap,
@@ -201,7 +201,7 @@ proptest! {
         }).collect();
         // Agent ids must be unique for a meaningful ranking.
         let mut seen = BTreeSet::new();
-        let agents: Vec<AgentView> = agents.into_iter().filter(|a| seen.insert(a.agent_id.clone())).collect();
+        let agents: Vec<AgentView> = agents.into_iter().filter(|a| seen.insert(a.agent_id)).collect();
         let placement = compile(&selector::parse(sel).unwrap()).unwrap();
         let first = matcher::explain(&placement, "default", &agents);
         let mut reversed = agents.clone();

@@ -8,12 +8,15 @@ use switchyard_proto::v1::{self as pb, agent_admin_service_server::AgentAdminSer
 use tonic::{Request, Response, Status};
 use tracing::{info, instrument};
 
-use super::agent::effective_document;
+use switchyard_core::tier::with_operator_tier;
+
 use super::convert::struct_to_json;
 use super::task::verdicts;
-use super::{AdminApi, invalid, mapping, namespace, page_size, parse_id};
+use super::{AdminApi, invalid, namespace, page_size, parse_id};
 use crate::auth::Need;
-use crate::store::{Page, TaskState};
+use crate::error::Result;
+use crate::model::{Page, TaskState};
+use crate::wire;
 
 #[tonic::async_trait]
 impl AgentAdminService for AdminApi {
@@ -29,24 +32,25 @@ impl AgentAdminService for AdminApi {
             .statuses
             .iter()
             .enumerate()
-            .map(|(i, s)| match pb::AgentStatus::try_from(*s) {
-                Ok(pb::AgentStatus::Unspecified) | Err(_) => Err(invalid(
-                    &format!("statuses[{i}]"),
-                    &format!("unknown agent status {s}"),
-                )),
-                Ok(status) => Ok(status
-                    .as_str_name()
-                    .trim_start_matches("AGENT_STATUS_")
-                    .to_ascii_lowercase()),
+            .map(|(i, s)| {
+                pb::AgentStatus::try_from(*s)
+                    .ok()
+                    .and_then(wire::core_agent_status)
+                    .ok_or_else(|| {
+                        invalid(
+                            &format!("statuses[{i}]"),
+                            &format!("unknown agent status {s}"),
+                        )
+                    })
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>>>()?;
         let page = Page {
             size: page_size("page_size", req.page_size)?,
             after: (!req.page_token.is_empty()).then_some(req.page_token),
         };
         let (agents, next) = self.0.store.list_agents(&ns, &statuses, &page).await?;
         Ok(Response::new(pb::ListAgentsResponse {
-            agents: agents.iter().map(|a| mapping::agent(a, false)).collect(),
+            agents: agents.iter().map(|a| wire::agent(a, false)).collect(),
             next_page_token: next.unwrap_or_default(),
         }))
     }
@@ -61,8 +65,8 @@ impl AgentAdminService for AdminApi {
         let record = self.0.agent_for(&caller, id).await?;
         let leases = self.0.store.agent_leases(id).await?;
         Ok(Response::new(pb::GetAgentResponse {
-            agent: Some(mapping::agent(&record, true)),
-            leases: leases.iter().map(mapping::lease).collect(),
+            agent: Some(wire::agent(&record, true)),
+            leases: leases.iter().map(wire::lease).collect(),
         }))
     }
 
@@ -88,7 +92,7 @@ impl AgentAdminService for AdminApi {
         info!(agent = %id, "agent drained");
         self.0.dispatcher.refresh_agent(id).await;
         Ok(Response::new(pb::DrainAgentResponse {
-            agent: Some(mapping::agent(&record, false)),
+            agent: Some(wire::agent(&record, false)),
         }))
     }
 
@@ -108,7 +112,7 @@ impl AgentAdminService for AdminApi {
         info!(agent = %id, "agent undrained");
         self.0.dispatcher.refresh_agent(id).await;
         Ok(Response::new(pb::UndrainAgentResponse {
-            agent: Some(mapping::agent(&record, false)),
+            agent: Some(wire::agent(&record, false)),
         }))
     }
 
@@ -132,21 +136,22 @@ impl AgentAdminService for AdminApi {
             .violations(&overrides)
             .first()
         {
-            return Err(invalid(&super::field_path("overrides", &v.path), &v.reason));
+            return Err(invalid(&super::field_path("overrides", &v.path), &v.reason).into());
         }
         let record = self.0.agent_for(&caller, id).await?;
         // The agent's own provenance: recover it from the stored effective one.
         let (document, provenance) =
-            effective_document(&record.reported, &record.provenance, &overrides);
+            with_operator_tier(&record.reported, &record.provenance, &overrides);
+        let now = self.0.now_ms();
         let record = self
             .0
             .store
-            .set_operator_overrides(id, overrides, document, provenance, self.0.now_ms())
+            .set_operator_overrides(id, &overrides, &document, &provenance, now)
             .await?;
         info!(agent = %id, generation = record.generation, "operator tier set");
         self.0.dispatcher.refresh_agent(id).await;
         Ok(Response::new(pb::SetAgentOverridesResponse {
-            agent: Some(mapping::agent(&record, true)),
+            agent: Some(wire::agent(&record, true)),
         }))
     }
 
@@ -162,7 +167,7 @@ impl AgentAdminService for AdminApi {
         let mut summary = String::new();
         let mut wire_verdicts = Vec::new();
         if req.placement.is_some() {
-            let placement = super::placement::from_proto(req.placement.as_ref())?;
+            let placement = wire::placement::from_proto(req.placement.as_ref())?;
             let compiled = core_placement::compile(&placement)
                 .map_err(|err| invalid(&format!("placement.{}", err.field), &err.message))?;
             let (fleet, names) = api.fleet(&ns).await?;
@@ -175,7 +180,7 @@ impl AgentAdminService for AdminApi {
             let doc = struct_to_json(doc)
                 .map_err(|e| invalid(&format!("hypothetical_capabilities.{}", e.path), e.reason))?;
             let agent = matcher::AgentView {
-                agent_id: "hypothetical".to_owned(),
+                agent_id: matcher::AgentId::from_name("hypothetical"),
                 namespace: ns.clone(),
                 status: matcher::AgentStatus::Ready,
                 capacity: 1,
@@ -183,7 +188,7 @@ impl AgentAdminService for AdminApi {
                 last_granted_at_ms: None,
                 document: std::sync::Arc::new(doc),
             };
-            let filter = crate::store::TaskFilter {
+            let filter = crate::model::TaskFilter {
                 namespace: ns.clone(),
                 states: vec![TaskState::Queued],
                 kind: None,
@@ -203,7 +208,7 @@ impl AgentAdminService for AdminApi {
                         continue;
                     };
                     if matcher::evaluate(&compiled, &ns, &agent).eligible {
-                        placeable.push(mapping::task(task));
+                        placeable.push(wire::task(task));
                         if placeable.len() >= 1000 {
                             break 'pages;
                         }

@@ -1,32 +1,32 @@
-//! The gRPC service implementations of the switchyard.v1 contract. Each
-//! service is a cheap handle over the shared [`Api`] state (store,
-//! dispatcher, settings).
+//! The gRPC service implementations of the switchyard.v1 contract, and
+//! the one place a crate [`Error`] becomes a `tonic::Status`
+//! ([`status`]). Each service is a cheap handle over the shared [`Api`]
+//! state (store, dispatcher, settings); handlers validate, call the domain,
+//! and build their answers with [`crate::wire`].
 //!
 //! # Layout
-//! - [`task`]: `TaskService` (submit, get, list, cancel, watch, explain,
-//!   history).
+//! - [`task`]: `TaskService` (submit, get, list, cancel, explain, history).
+//! - `watch`: `WatchTask`, following a task's history as it happens.
 //! - [`agent`]: `AgentService` (registration and the `Connect` session).
 //! - [`admin`]: `AgentAdminService` (fleet view and steering, simulation).
-//! - [`placement`]: wire placement to core placement, with field errors.
-//! - [`mapping`]: store records to wire types and matcher views.
-//! - [`convert`]: protobuf `Struct`/`Value`/time types to JSON and back.
+//! - [`status`]: the error-to-status mapping.
 
 pub mod admin;
 pub mod agent;
-pub use switchyard_proto::convert;
-pub mod mapping;
-pub mod placement;
+pub mod status;
 pub mod task;
+mod watch;
+
+pub use crate::wire::convert;
 
 use std::sync::Arc;
 
 use switchyard_core::Limits;
-use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, StatusExt};
 use uuid::Uuid;
 
 use crate::auth::{Caller, Tokens};
 use crate::dispatch::Dispatcher;
+use crate::error::{Error, Result};
 use crate::store::Store;
 
 /// Defaults and limits the API applies.
@@ -89,7 +89,7 @@ impl QueuedCounts {
 
     /// Admits one more submit to `namespace` under `cap`, or says how many
     /// tasks are queued there when that is already the cap.
-    pub async fn admit(&self, store: &dyn Store, namespace: &str, cap: u64) -> Result<(), Status> {
+    pub async fn admit(&self, store: &dyn Store, namespace: &str, cap: u64) -> Result<()> {
         let trusted_below = cap - cap / 10;
         {
             let mut counts = self.lock();
@@ -101,7 +101,7 @@ impl QueuedCounts {
                 return Ok(());
             }
         }
-        let (queued, _) = store.count_in_namespace(namespace).await?;
+        let queued = store.queued_in_namespace(namespace).await?;
         let admitted = queued < cap;
         let counted = if admitted { queued + 1 } else { queued };
         self.lock()
@@ -109,7 +109,7 @@ impl QueuedCounts {
         if admitted {
             Ok(())
         } else {
-            Err(Status::resource_exhausted(format!(
+            Err(Error::ResourceExhausted(format!(
                 "namespace {namespace} has {queued} queued tasks; the limit is {cap} \
                  (--max-queued-tasks-per-namespace)"
             )))
@@ -148,10 +148,13 @@ impl Api {
         self.dispatcher.clock().now_ms()
     }
 
-    /// The caller of a request (UNAUTHENTICATED without a valid token when
-    /// tokens are configured).
-    pub async fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Caller, Status> {
-        self.tokens.caller(request).await
+    /// The caller of a request, from its `authorization` header
+    /// (UNAUTHENTICATED without a valid token when tokens are configured).
+    pub async fn caller<T>(&self, request: &tonic::Request<T>) -> Result<Caller> {
+        let header = request.metadata().get("authorization");
+        // A header that is not visible ASCII is no token at all.
+        let text = header.map(|h| h.to_str().unwrap_or_default());
+        self.tokens.caller(text).await
     }
 }
 
@@ -169,12 +172,8 @@ pub struct AdminApi(pub Api);
 
 /// INVALID_ARGUMENT with a field violation naming `field` and what was
 /// wrong; the message says the same for clients that ignore details.
-pub fn invalid(field: &str, description: &str) -> Status {
-    Status::with_error_details(
-        Code::InvalidArgument,
-        format!("{field}: {description}"),
-        ErrorDetails::with_bad_request_violation(field, description),
-    )
+pub fn invalid(field: &str, description: &str) -> Error {
+    Error::invalid(field, description)
 }
 
 /// `field.path`, or just `field` for a violation at its root.
@@ -187,13 +186,13 @@ pub fn field_path(field: &str, path: &str) -> String {
 }
 
 /// Parses an id field.
-pub fn parse_id(field: &str, text: &str) -> Result<Uuid, Status> {
+pub fn parse_id(field: &str, text: &str) -> Result<Uuid> {
     text.parse()
         .map_err(|_| invalid(field, &format!("{text:?} is not a UUID")))
 }
 
 /// The namespace a request names (`default` if empty), validated.
-pub fn namespace(field: &str, text: &str) -> Result<String, Status> {
+pub fn namespace(field: &str, text: &str) -> Result<String> {
     if text.is_empty() {
         return Ok("default".to_owned());
     }
@@ -208,7 +207,7 @@ pub fn namespace(field: &str, text: &str) -> Result<String, Status> {
 }
 
 /// Page size: default 100, at most 1000.
-pub fn page_size(field: &str, size: i32) -> Result<u32, Status> {
+pub fn page_size(field: &str, size: i32) -> Result<u32> {
     match size {
         0 => Ok(100),
         1..=1000 => Ok(u32::try_from(size).unwrap_or(100)),

@@ -5,19 +5,22 @@
 //! waiting for capacity, backing off) from the current fleet.
 
 use std::collections::BTreeMap;
-use std::pin::Pin;
 
-use switchyard_core::matcher::{self, Outcome};
+use switchyard_core::matcher::{self, AgentId};
 use switchyard_core::placement::{self as core_placement, Placement};
 use switchyard_proto::v1::{self as pb, task_service_server::TaskService};
-use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
 use super::convert::{duration_ms, struct_to_json, timestamp_ms};
-use super::{Api, TaskApi, invalid, mapping, namespace, page_size, parse_id};
+use super::watch::{Watch, WatchStream};
+use super::{Api, TaskApi, invalid, namespace, page_size, parse_id};
 use crate::auth::{Caller, Need};
-use crate::store::{GrantOutcome, NewTask, Page, TaskFilter, TaskRecord, TaskState};
+use crate::error::{Error, Result};
+use crate::model::{
+    NewTask, Page, QueuedReason, RevocationCause, TaskFilter, TaskRecord, TaskState,
+};
+use crate::wire;
 
 /// Longest accepted kind, idempotency key and label.
 const MAX_NAME: usize = 256;
@@ -28,13 +31,10 @@ impl Api {
     pub(crate) async fn fleet(
         &self,
         namespace: &str,
-    ) -> Result<
-        (
-            Vec<switchyard_core::matcher::AgentView>,
-            BTreeMap<String, String>,
-        ),
-        Status,
-    > {
+    ) -> Result<(
+        Vec<switchyard_core::matcher::AgentView>,
+        BTreeMap<AgentId, String>,
+    )> {
         let mut views = Vec::new();
         let mut names = BTreeMap::new();
         let mut page = Page {
@@ -44,8 +44,8 @@ impl Api {
         loop {
             let (agents, next) = self.store.list_agents(namespace, &[], &page).await?;
             for agent in &agents {
-                names.insert(agent.id.to_string(), agent.name.clone());
-                views.push(mapping::agent_view(agent));
+                names.insert(agent.id.into(), agent.name.clone());
+                views.push(agent.view());
             }
             match next {
                 Some(token) => page.after = Some(token),
@@ -54,63 +54,131 @@ impl Api {
         }
     }
 
-    /// A task on the wire, with its queued reason when it is queued.
-    pub(crate) async fn task_with_reason(&self, record: &TaskRecord) -> Result<pb::Task, Status> {
-        let mut task = mapping::task(record);
-        if record.state == TaskState::Queued {
-            let reason = if record.not_before_ms > self.now_ms() {
-                pb::QueuedReason::Backoff
-            } else {
-                let explanation = self.explain(record).await?;
-                match explanation.outcome {
-                    Outcome::Parked(_) => pb::QueuedReason::Parked,
-                    // A placeable task is about to be granted; until then it waits.
-                    Outcome::WaitingForCapacity | Outcome::Placeable => {
-                        pb::QueuedReason::WaitingForCapacity
-                    }
-                }
-            };
-            task.queued_reason = reason as i32;
-        }
-        Ok(task)
+    /// A task on the wire, with its queued reason (from the whole fleet)
+    /// when it is queued.
+    pub(crate) async fn task_with_reason(&self, record: &TaskRecord) -> Result<pb::Task> {
+        let reason = if record.state != TaskState::Queued {
+            None
+        } else if record.not_before_ms > self.now_ms() {
+            Some(QueuedReason::Backoff)
+        } else {
+            Some(QueuedReason::of(&self.explain(record).await?.outcome))
+        };
+        Ok(wire::task_with_reason(record, reason))
     }
 
     /// A task the caller may see and act on; tasks of other namespaces are
     /// NOT_FOUND, exactly like missing ones.
-    pub(crate) async fn task_for(
-        &self,
-        caller: &Caller,
-        id: uuid::Uuid,
-    ) -> Result<TaskRecord, Status> {
+    pub(crate) async fn task_for(&self, caller: &Caller, id: uuid::Uuid) -> Result<TaskRecord> {
         let record = self.store.get_task(id).await?;
         if !caller.sees(&record.namespace) {
-            return Err(Status::not_found(format!("task {id} not found")));
+            return Err(Error::NotFound {
+                what: "task",
+                id: id.to_string(),
+            });
         }
         caller.require(Need::Tasks, &record.namespace)?;
         Ok(record)
     }
 
-    async fn explain(&self, record: &TaskRecord) -> Result<matcher::Explanation, Status> {
-        let placement: Placement = serde_json::from_value(record.placement.clone())
-            .map_err(|_| Status::internal("stored placement is unreadable"))?;
+    /// The task a submit asks for, validated before anything is stored (a
+    /// bad field is INVALID_ARGUMENT naming it), with its placement
+    /// compiled; the namespace's queue cap admits it.
+    async fn new_task(
+        &self,
+        caller: &Caller,
+        req: pb::SubmitTaskRequest,
+    ) -> Result<(NewTask, core_placement::CompiledPlacement)> {
+        let namespace = namespace("namespace", &req.namespace)?;
+        caller.require(Need::Tasks, &namespace)?;
+        check_name("kind", &req.kind, true)?;
+        check_name("idempotency_key", &req.idempotency_key, false)?;
+        for (k, v) in &req.labels {
+            check_name(&format!("labels.{k}"), v, false)?;
+        }
+        let payload = match &req.payload {
+            Some(p) => {
+                struct_to_json(p).map_err(|e| invalid(&format!("payload.{}", e.path), e.reason))?
+            }
+            None => serde_json::json!({}),
+        };
+        if let Some(v) = self.settings.document_limits.violations(&payload).first() {
+            return Err(invalid(&super::field_path("payload", &v.path), &v.reason));
+        }
+        let placement = wire::placement::from_proto(req.placement.as_ref())?;
+        let cap = self.settings.max_queued_tasks_per_namespace;
+        if cap > 0 {
+            self.queued_counts
+                .admit(self.store.as_ref(), &namespace, cap)
+                .await?;
+        }
+        let max_attempts = match req.max_attempts {
+            0 => self.settings.default_max_attempts,
+            n @ 1..=100 => n,
+            _ => {
+                return Err(invalid(
+                    "max_attempts",
+                    "must be between 1 and 100 (0 for the default)",
+                ));
+            }
+        };
+        let lease_ttl_ms = match &req.lease_ttl {
+            None => self.settings.default_lease_ttl_ms,
+            Some(d) => match duration_ms(d) {
+                Some(ms @ 1_000..=86_400_000) => ms,
+                _ => return Err(invalid("lease_ttl", "must be between 1s and 24h")),
+            },
+        };
         let compiled = core_placement::compile(&placement)
-            .map_err(|_| Status::internal("stored placement does not compile"))?;
+            .map_err(|err| invalid(&format!("placement.{}", err.field), &err.message))?;
+        let task = NewTask {
+            namespace,
+            kind: req.kind,
+            payload,
+            placement: serde_json::to_value(&placement).map_err(|e| Error::Corrupt {
+                context: "encoding a placement",
+                detail: e.to_string(),
+            })?,
+            priority: req.priority,
+            max_attempts,
+            lease_ttl_ms,
+            idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
+            not_before_ms: req.not_before.as_ref().map(timestamp_ms),
+            labels: req.labels.into_iter().collect(),
+        };
+        Ok((task, compiled))
+    }
+
+    async fn explain(&self, record: &TaskRecord) -> Result<matcher::Explanation> {
+        let compiled = stored_placement(record)?;
         let (fleet, _) = self.fleet(&record.namespace).await?;
         Ok(matcher::explain(&compiled, &record.namespace, &fleet))
     }
+}
+
+/// A stored task's placement, compiled (it compiled when it was
+/// submitted; a failure now is corrupt data).
+fn stored_placement(record: &TaskRecord) -> Result<core_placement::CompiledPlacement> {
+    let corrupt = |detail: String| Error::Corrupt {
+        context: "reading a task's placement",
+        detail,
+    };
+    let placement: Placement =
+        serde_json::from_value(record.placement.clone()).map_err(|e| corrupt(e.to_string()))?;
+    core_placement::compile(&placement).map_err(|e| corrupt(e.to_string()))
 }
 
 /// The wire verdicts of an explanation, eligible first in rank order, with
 /// agent names.
 pub(crate) fn verdicts(
     explanation: &matcher::Explanation,
-    names: &BTreeMap<String, String>,
+    names: &BTreeMap<AgentId, String>,
 ) -> Vec<pb::AgentVerdict> {
     let mut verdicts: Vec<pb::AgentVerdict> = explanation
         .verdicts
         .iter()
         .map(|v| pb::AgentVerdict {
-            agent_id: v.agent_id.clone(),
+            agent_id: v.agent_id.to_string(),
             agent_name: names.get(&v.agent_id).cloned().unwrap_or_default(),
             eligible: v.eligible,
             capable: v.capable,
@@ -130,7 +198,7 @@ pub(crate) fn verdicts(
     verdicts
 }
 
-fn check_name(field: &str, value: &str, required: bool) -> Result<(), Status> {
+fn check_name(field: &str, value: &str, required: bool) -> Result<()> {
     if required && value.trim().is_empty() {
         return Err(invalid(field, "is required"));
     }
@@ -143,12 +211,6 @@ fn check_name(field: &str, value: &str, required: bool) -> Result<(), Status> {
     Ok(())
 }
 
-/// How long a watch waits for a change notification before it re-reads the
-/// task anyway.
-const WATCH_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
-
-type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchTaskResponse, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl TaskService for TaskApi {
     #[instrument(skip_all, fields(kind = %request.get_ref().kind))]
@@ -158,122 +220,14 @@ impl TaskService for TaskApi {
     ) -> Result<Response<pb::SubmitTaskResponse>, Status> {
         let api = &self.0;
         let caller = api.caller(&request).await?;
-        let req = request.into_inner();
-        let namespace = namespace("namespace", &req.namespace)?;
-        caller.require(Need::Tasks, &namespace)?;
-        check_name("kind", &req.kind, true)?;
-        check_name("idempotency_key", &req.idempotency_key, false)?;
-        for (k, v) in &req.labels {
-            check_name(&format!("labels.{k}"), v, false)?;
-        }
-        let payload = match &req.payload {
-            Some(p) => {
-                struct_to_json(p).map_err(|e| invalid(&format!("payload.{}", e.path), e.reason))?
-            }
-            None => serde_json::json!({}),
-        };
-        if let Some(v) = api.settings.document_limits.violations(&payload).first() {
-            return Err(invalid(&super::field_path("payload", &v.path), &v.reason));
-        }
-        let placement = super::placement::from_proto(req.placement.as_ref())?;
-        let cap = api.settings.max_queued_tasks_per_namespace;
-        if cap > 0 {
-            api.queued_counts
-                .admit(api.store.as_ref(), &namespace, cap)
-                .await?;
-        }
-        let max_attempts = match req.max_attempts {
-            0 => api.settings.default_max_attempts,
-            n @ 1..=100 => n,
-            _ => {
-                return Err(invalid(
-                    "max_attempts",
-                    "must be between 1 and 100 (0 for the default)",
-                ));
-            }
-        };
-        let lease_ttl_ms = match &req.lease_ttl {
-            None => api.settings.default_lease_ttl_ms,
-            Some(d) => match duration_ms(d) {
-                Some(ms @ 1_000..=86_400_000) => ms,
-                _ => return Err(invalid("lease_ttl", "must be between 1s and 24h")),
-            },
-        };
-        let task = NewTask {
-            namespace,
-            kind: req.kind,
-            payload,
-            placement: serde_json::to_value(&placement)
-                .map_err(|_| Status::internal("placement encoding"))?,
-            priority: req.priority,
-            max_attempts,
-            lease_ttl_ms,
-            idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
-            not_before_ms: req.not_before.as_ref().map(timestamp_ms),
-            labels: req.labels.into_iter().collect(),
-        };
-        let compiled = core_placement::compile(&placement)
-            .map_err(|_| Status::internal("placement does not compile"))?;
-        let now = api.now_ms();
-        // An agent connected here with room, and nothing waiting: lease the
-        // task in the submit's own transaction (one commit to the agent).
-        // The batch that commits it reads the clock after this pick, so the
-        // lease is stamped after it (see `Dispatcher::grant_page`).
-        let target = if task.not_before_ms.is_none_or(|at| at <= now) {
-            api.dispatcher.place_now(&compiled, &task.namespace)
-        } else {
-            None
-        };
-        let submission = crate::store::Submission {
-            task,
-            agent_id: target,
-        };
-        let (record, created, grant) = match api.dispatcher.submit(submission).await {
-            Ok(submitted) => submitted,
-            Err(status) => {
-                if let Some(agent_id) = target {
-                    api.dispatcher.lease_ended(agent_id);
-                }
-                return Err(status);
-            }
-        };
-        let leased = match (target, grant) {
-            (_, Some(GrantOutcome::Granted(lease))) => {
-                api.dispatcher.push_grant(&record, &lease);
-                true
-            }
-            (Some(agent_id), _) => {
-                api.dispatcher.lease_ended(agent_id);
-                false
-            }
-            (None, _) => false,
-        };
-        tracing::info!(task = %record.id, created, leased, "task submitted");
-        if created && !leased {
-            api.dispatcher
-                .note_queued_at(record.priority, record.created_at_ms, record.id);
-            api.dispatcher.wake();
-        }
-        // The reason from this replica's connected agents, in memory: reading
-        // and matching the whole fleet on every submit costs more than the
-        // submit. GetTask and ExplainTask consult the whole fleet.
-        let mut task = mapping::task(&record);
-        if record.state == TaskState::Queued {
-            let reason = if record.not_before_ms > api.now_ms() {
-                pb::QueuedReason::Backoff
-            } else {
-                match api.dispatcher.local_outcome(&compiled, &record.namespace) {
-                    Outcome::Parked(_) => pb::QueuedReason::Parked,
-                    Outcome::WaitingForCapacity | Outcome::Placeable => {
-                        pb::QueuedReason::WaitingForCapacity
-                    }
-                }
-            };
-            task.queued_reason = reason as i32;
-        }
+        let (task, compiled) = api.new_task(&caller, request.into_inner()).await?;
+        let submitted = api.dispatcher.submit_task(task, &compiled).await?;
         Ok(Response::new(pb::SubmitTaskResponse {
-            task: Some(task),
-            created,
+            task: Some(wire::task_with_reason(
+                &submitted.task,
+                submitted.queued_reason,
+            )),
+            created: submitted.created,
         }))
     }
 
@@ -302,12 +256,12 @@ impl TaskService for TaskApi {
             .map(|(i, s)| {
                 pb::TaskState::try_from(*s)
                     .ok()
-                    .and_then(mapping::store_task_state)
+                    .and_then(wire::store_task_state)
                     .ok_or_else(|| {
                         invalid(&format!("states[{i}]"), &format!("unknown task state {s}"))
                     })
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>>>()?;
         let filter = TaskFilter {
             namespace: namespace("namespace", &req.namespace)?,
             states,
@@ -315,7 +269,7 @@ impl TaskService for TaskApi {
         };
         caller.require(Need::Tasks, &filter.namespace)?;
         if !req.page_token.is_empty() && !crate::store::is_task_page_token(&req.page_token) {
-            return Err(invalid("page_token", "not a token this server issued"));
+            return Err(invalid("page_token", "not a token this server issued").into());
         }
         let page = Page {
             size: page_size("page_size", req.page_size)?,
@@ -323,7 +277,7 @@ impl TaskService for TaskApi {
         };
         let (tasks, next) = self.0.store.list_tasks(&filter, &page).await?;
         Ok(Response::new(pb::ListTasksResponse {
-            tasks: tasks.iter().map(mapping::task).collect(),
+            tasks: tasks.iter().map(wire::task).collect(),
             next_page_token: next.unwrap_or_default(),
         }))
     }
@@ -352,10 +306,10 @@ impl TaskService for TaskApi {
             // store's LeaseRevoked event.
             self.0
                 .dispatcher
-                .revoke(lease, pb::RevocationReason::Canceled, reason);
+                .revoke(lease, RevocationCause::Canceled, reason);
         }
         Ok(Response::new(pb::CancelTaskResponse {
-            task: Some(mapping::task(&record)),
+            task: Some(wire::task(&record)),
         }))
     }
 
@@ -368,94 +322,9 @@ impl TaskService for TaskApi {
         let caller = api.caller(&request).await?;
         let id = parse_id("task_id", &request.get_ref().task_id)?;
         // Subscribe before the first read so no change falls in between.
-        let mut changes = api.dispatcher.watch_tasks();
+        let changes = api.dispatcher.watch_tasks();
         let record = api.task_for(&caller, id).await?;
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        tokio::spawn(async move {
-            let mut last_sequence = 0;
-            let mut sent_state = None;
-            let mut record = record;
-            loop {
-                // Everything in the history since the last message, each
-                // with the task as last read. The history can run ahead of
-                // that read (a change committed in between); the next read
-                // then brings no new entry, and the task is sent alone, so
-                // the last message always shows the task as it ends.
-                let events = match api.store.task_events(id, last_sequence, 1000).await {
-                    Ok(events) => events,
-                    Err(err) => {
-                        let _ = tx.send(Err(Status::from(err))).await;
-                        return;
-                    }
-                };
-                let task = match api.task_with_reason(&record).await {
-                    Ok(task) => task,
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        return;
-                    }
-                };
-                if events.is_empty()
-                    && sent_state != Some(record.state)
-                    && tx
-                        .send(Ok(pb::WatchTaskResponse {
-                            event: None,
-                            task: Some(task.clone()),
-                        }))
-                        .await
-                        .is_err()
-                {
-                    return;
-                }
-                sent_state = Some(record.state);
-                for event in &events {
-                    last_sequence = event.sequence;
-                    let item = pb::WatchTaskResponse {
-                        event: Some(mapping::event(event)),
-                        task: Some(task.clone()),
-                    };
-                    if tx.send(Ok(item)).await.is_err() {
-                        return;
-                    }
-                }
-                if record.state.is_terminal() {
-                    return;
-                }
-                // Wait for this task to change (on any replica), or re-read
-                // it now and then: a notification can be lost (the database
-                // restarted, or the replica that changed it died on the way).
-                let recheck = tokio::time::sleep(WATCH_RECHECK);
-                tokio::pin!(recheck);
-                loop {
-                    let changed = tokio::select! {
-                        changed = changes.recv() => changed,
-                        () = &mut recheck => break,
-                        () = api.dispatcher.stopped() => {
-                            let _ = tx
-                                .send(Err(Status::unavailable("server shutting down; watch again on another replica")))
-                                .await;
-                            return;
-                        }
-                    };
-                    match changed {
-                        Ok(changed) if changed == id => break,
-                        Ok(_) => {}
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                    }
-                }
-                record = match api.store.get_task(id).await {
-                    Ok(r) => r,
-                    Err(err) => {
-                        let _ = tx.send(Err(Status::from(err))).await;
-                        return;
-                    }
-                };
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        Ok(Response::new(Watch::start(api, record, changes)))
     }
 
     #[instrument(skip_all, fields(task = %request.get_ref().task_id))]
@@ -467,10 +336,7 @@ impl TaskService for TaskApi {
         let caller = api.caller(&request).await?;
         let id = parse_id("task_id", &request.get_ref().task_id)?;
         let record = api.task_for(&caller, id).await?;
-        let placement: Placement = serde_json::from_value(record.placement.clone())
-            .map_err(|_| Status::internal("stored placement is unreadable"))?;
-        let compiled = core_placement::compile(&placement)
-            .map_err(|_| Status::internal("stored placement does not compile"))?;
+        let compiled = stored_placement(&record)?;
         let (fleet, names) = api.fleet(&record.namespace).await?;
         let explanation = matcher::explain(&compiled, &record.namespace, &fleet);
         let mut summary = explanation.summary.clone();
@@ -516,7 +382,7 @@ impl TaskService for TaskApi {
             String::new()
         };
         Ok(Response::new(pb::ListTaskEventsResponse {
-            events: events.iter().map(mapping::event).collect(),
+            events: events.iter().map(wire::event).collect(),
             next_page_token: next,
         }))
     }

@@ -20,7 +20,7 @@ use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
-use crate::api::convert;
+use switchyard_proto::convert;
 
 /// Switchyard CLI: submit and follow tasks, see and steer agents.
 #[derive(Debug, Parser)]
@@ -384,42 +384,7 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
     let mut clients = connect(&global).await?;
     let out = Printer(global.output);
     match cli.command {
-        Command::Submit(args) => {
-            let request = pb::SubmitTaskRequest {
-                namespace: global.namespace.clone(),
-                kind: args.kind,
-                payload: Some(read_payload(args.payload.as_deref())?),
-                placement: placement(&args.selector),
-                priority: args.priority,
-                max_attempts: args.max_attempts,
-                lease_ttl: (args.lease_ttl_secs > 0).then(|| prost_types::Duration {
-                    seconds: i64::try_from(args.lease_ttl_secs).unwrap_or(i64::MAX),
-                    nanos: 0,
-                }),
-                idempotency_key: args.idempotency_key.unwrap_or_default(),
-                not_before: None,
-                labels: args
-                    .labels
-                    .into_iter()
-                    .collect::<BTreeMap<_, _>>()
-                    .into_iter()
-                    .collect(),
-            };
-            let reply = clients.tasks.submit_task(request).await?.into_inner();
-            let task = reply.task.unwrap_or_default();
-            out.task(
-                &task,
-                if reply.created {
-                    "submitted"
-                } else {
-                    "existing (idempotency key)"
-                },
-            );
-            if args.wait {
-                return follow(&mut clients, &out, &task.task_id).await;
-            }
-            Ok(ExitCode::Ok)
-        }
+        Command::Submit(args) => submit(&mut clients, &out, &global, args).await,
         Command::Get { task_id } => {
             let task = clients
                 .tasks
@@ -488,6 +453,47 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
         }
         Command::Agents(command) => agents(&mut clients, &out, &global, command).await,
     }
+}
+
+/// `switchyard submit`: the task, and with `--wait` its watch.
+async fn submit(
+    clients: &mut Clients,
+    out: &Printer,
+    global: &Global,
+    args: SubmitArgs,
+) -> Result<ExitCode, Failure> {
+    let request = pb::SubmitTaskRequest {
+        namespace: global.namespace.clone(),
+        kind: args.kind,
+        payload: Some(read_payload(args.payload.as_deref())?),
+        placement: placement(&args.selector),
+        priority: args.priority,
+        max_attempts: args.max_attempts,
+        lease_ttl: (args.lease_ttl_secs > 0).then(|| prost_types::Duration {
+            seconds: i64::try_from(args.lease_ttl_secs).unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
+        idempotency_key: args.idempotency_key.unwrap_or_default(),
+        not_before: None,
+        labels: args
+            .labels
+            .into_iter()
+            .collect::<BTreeMap<_, _>>()
+            .into_iter()
+            .collect(),
+    };
+    let reply = clients.tasks.submit_task(request).await?.into_inner();
+    let task = reply.task.unwrap_or_default();
+    let how = if reply.created {
+        "submitted"
+    } else {
+        "existing (idempotency key)"
+    };
+    out.task(&task, how);
+    if args.wait {
+        return follow(clients, out, &task.task_id).await;
+    }
+    Ok(ExitCode::Ok)
 }
 
 async fn agents(

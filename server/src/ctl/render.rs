@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use switchyard_proto::v1 as pb;
 
 use super::{Output, Printer};
-use crate::api::convert;
+use switchyard_proto::convert;
 
 fn opt_struct(s: Option<&prost_types::Struct>) -> Value {
     s.and_then(|s| convert::struct_to_json(s).ok())

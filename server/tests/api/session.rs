@@ -269,6 +269,90 @@ async fn newer_session_closes_the_older(backend: Backend) {
     server.stop().await;
 }
 
+/// A second Connect with the epoch the agent registered (a retry of the
+/// same registration) supersedes the first session and nothing else: the
+/// first hears a Drain and ends, and the agent stays READY and keeps
+/// getting work on the second.
+async fn a_second_connect_with_the_same_epoch_supersedes_the_first_only(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let doc = json!({"tags": ["twin"]});
+    let reg = TestAgent::register(&server, "twin", doc.clone(), 1).await;
+    let mut first = TestAgent::connect(&server, &reg, doc.clone(), Vec::new()).await;
+    let mut second = TestAgent::connect(&server, &reg, doc, Vec::new()).await;
+    let drain = first
+        .expect("drain", |m| match m {
+            Down::Drain(d) => Some(d.clone()),
+            _ => None,
+        })
+        .await;
+    assert!(drain.reason.contains("superseded"), "{}", drain.reason);
+    // The first session's reader has ended (and detached what it could)
+    // once its stream is over.
+    first.expect_end().await;
+    let agent = server
+        .admin()
+        .await
+        .get_agent(pb::GetAgentRequest {
+            agent_id: reg.agent_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    assert_eq!(agent.status(), pb::AgentStatus::Ready);
+    let task = submit(&server, "echo", "twin").await;
+    let grant = second.grant().await;
+    assert_eq!(grant.task.unwrap().task_id, task.task_id);
+    server.stop().await;
+}
+
+/// A heartbeat's diff whose write loses its compare-and-set (the stored
+/// generation moved on meanwhile, here by another store instance whose
+/// change this replica does not hear of) is not what the matcher sees:
+/// the index goes back to the stored document, and the agent is asked to
+/// resync. SQLite only: on PostgreSQL the other instance's change is
+/// announced, and the session may reload before it writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diff_whose_write_went_stale_never_reaches_the_matcher() {
+    let server = TestServer::start(Backend::Sqlite).await;
+    let doc = json!({"tags": ["base"]});
+    let mut agent = TestAgent::start(&server, "a", doc.clone(), 1).await;
+    let agent_id: uuid::Uuid = agent.agent_id.parse().unwrap();
+    let other = switchyard_server::store::open(&server.url).await.unwrap();
+    let stored = other.get_agent(agent_id).await.unwrap();
+    other
+        .set_operator_overrides(
+            agent_id,
+            &json!({}),
+            &stored.document,
+            &stored.provenance,
+            1,
+        )
+        .await
+        .unwrap();
+    let ack = agent
+        .heartbeat(
+            pb::AgentStatus::Ready,
+            &[],
+            Some(json!({"tags": ["base", "gpu"]})),
+        )
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    let resync = agent
+        .expect("resync request", |m| match m {
+            Down::ResyncRequest(r) => Some(r.clone()),
+            _ => None,
+        })
+        .await;
+    assert_eq!(resync.server_generation, stored.generation + 1);
+    let task = submit(&server, "echo", "gpu").await;
+    assert_eq!(task.state(), pb::TaskState::Queued);
+    assert_eq!(task.queued_reason(), pb::QueuedReason::Parked);
+    other.close().await;
+    server.stop().await;
+}
+
 async fn cancel_reaches_the_running_agent(backend: Backend) {
     let server = TestServer::start(backend).await;
     let mut agent = TestAgent::start(&server, "build-1", linux("20.0.0"), 1).await;
@@ -831,6 +915,7 @@ on_both_stores!(
     an_agent_gone_before_acknowledging_loses_its_grant_at_once,
     reconnect_resumes_held_leases,
     newer_session_closes_the_older,
+    a_second_connect_with_the_same_epoch_supersedes_the_first_only,
     cancel_reaches_the_running_agent,
     bad_input_is_invalid_argument_naming_the_field,
 );

@@ -3,10 +3,12 @@
 
 use serde_json::json;
 use switchyard_server::error::Error;
-use switchyard_server::store::Page;
+use switchyard_server::model::AgentStatus;
+use switchyard_server::model::Page;
+use switchyard_server::store::ReportedDocument;
 use uuid::Uuid;
 
-use crate::common::{Fixture, T0, agent};
+use crate::common::{Fixture, T0, TestStore, agent};
 
 crate::both_backends!(
     register_is_an_upsert_with_new_epoch,
@@ -19,7 +21,7 @@ async fn register_is_an_upsert_with_new_epoch(fx: &mut Fixture) {
     let first = agent(store, "ns", "host-a", 4).await;
     assert_eq!(first.id.get_version_num(), 7);
     assert_eq!((first.session_epoch, first.generation), (1, 1));
-    assert_eq!(first.status, "ready");
+    assert_eq!(first.status, AgentStatus::Ready);
     assert_eq!(first.capacity, 4);
     assert_eq!(first.operator_overrides, json!({}));
     let again = agent(store, "ns", "host-a", 6).await;
@@ -29,7 +31,12 @@ async fn register_is_an_upsert_with_new_epoch(fx: &mut Fixture) {
     let elsewhere = agent(store, "other", "host-a", 1).await;
     assert_ne!(elsewhere.id, first.id);
     assert_eq!(store.get_agent(first.id).await.unwrap(), again);
-    assert_eq!(store.all_agents().await.unwrap().len(), 2);
+    let namespaces = ["ns", "other"];
+    let mut all = 0;
+    for ns in namespaces {
+        all += store.agents_of(ns).await.unwrap().len();
+    }
+    assert_eq!(all, 2);
     let missing = store.get_agent(Uuid::now_v7()).await.unwrap_err();
     assert!(matches!(missing, Error::NotFound { what: "agent", .. }));
 }
@@ -42,10 +49,12 @@ async fn document_generation_compare_and_set(fx: &mut Fixture) {
         .update_agent_document(
             a.id,
             a.generation,
-            doc.clone(),
-            doc.clone(),
-            json!({}),
-            json!([]),
+            &ReportedDocument {
+                reported: doc.clone(),
+                document: doc.clone(),
+                provenance: json!({}),
+                rejections: json!([]),
+            },
             T0 + 1,
         )
         .await
@@ -56,10 +65,12 @@ async fn document_generation_compare_and_set(fx: &mut Fixture) {
         .update_agent_document(
             a.id,
             a.generation,
-            json!({}),
-            json!({}),
-            json!({}),
-            json!([]),
+            &ReportedDocument {
+                reported: json!({}),
+                document: json!({}),
+                provenance: json!({}),
+                rejections: json!([]),
+            },
             T0 + 2,
         )
         .await
@@ -75,9 +86,9 @@ async fn document_generation_compare_and_set(fx: &mut Fixture) {
     let overridden = store
         .set_operator_overrides(
             a.id,
-            json!({"tags": ["blessed"]}),
-            json!({"tags": ["linux", "gpu", "blessed"]}),
-            json!({"tags": "operator"}),
+            &json!({"tags": ["blessed"]}),
+            &json!({"tags": ["linux", "gpu", "blessed"]}),
+            &json!({"tags": "operator"}),
             T0 + 3,
         )
         .await
@@ -95,37 +106,55 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
     let reasons = vec!["capability ai.llm unhealthy".to_owned()];
     assert!(
         store
-            .set_agent_status(a.id, "degraded", &reasons, Some(a.session_epoch), T0)
+            .set_agent_status(
+                a.id,
+                AgentStatus::Degraded,
+                &reasons,
+                Some(a.session_epoch),
+                T0
+            )
             .await
             .unwrap()
     );
     // A stale session may not change the status.
     assert!(
         !store
-            .set_agent_status(a.id, "offline", &[], Some(a.session_epoch + 1), T0)
+            .set_agent_status(
+                a.id,
+                AgentStatus::Offline,
+                &[],
+                Some(a.session_epoch + 1),
+                T0
+            )
             .await
             .unwrap()
     );
     let stored = store.get_agent(a.id).await.unwrap();
-    assert_eq!(stored.status, "degraded");
+    assert_eq!(stored.status, AgentStatus::Degraded);
     assert_eq!(stored.status_reasons, reasons);
 
     let drained = store.set_agent_drained(b.id, true, None, T0).await.unwrap();
     assert!(drained.drained);
-    assert_eq!(drained.status, "draining");
+    assert_eq!(drained.status, AgentStatus::Draining);
     assert_eq!(drained.status_reasons, ["drained by operator"]);
     // Re-registering or reporting ready keeps the drain.
-    assert_eq!(agent(store, "ns", "b", 1).await.status, "draining");
+    assert_eq!(
+        agent(store, "ns", "b", 1).await.status,
+        AgentStatus::Draining
+    );
     store
-        .set_agent_status(b.id, "ready", &[], None, T0)
+        .set_agent_status(b.id, AgentStatus::Ready, &[], None, T0)
         .await
         .unwrap();
-    assert_eq!(store.get_agent(b.id).await.unwrap().status, "draining");
+    assert_eq!(
+        store.get_agent(b.id).await.unwrap().status,
+        AgentStatus::Draining
+    );
     let undrained = store
         .set_agent_drained(b.id, false, None, T0)
         .await
         .unwrap();
-    assert_eq!(undrained.status, "ready");
+    assert_eq!(undrained.status, AgentStatus::Ready);
 
     store.touch_agent(c.id, T0 + 5_000).await.unwrap();
     assert_eq!(
@@ -171,7 +200,7 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
     let (page, _) = store
         .list_agents(
             "ns",
-            &["degraded".to_owned()],
+            &[AgentStatus::Degraded],
             &Page {
                 size: 10,
                 after: None,

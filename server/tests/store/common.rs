@@ -4,12 +4,14 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::Connection;
-use switchyard_server::store::{
-    self, AgentRecord, AgentRegistration, GrantOutcome, GrantRequest, LeaseRecord, NewTask, Store,
-    StoreOptions, TaskRecord,
+use switchyard_server::error::Result;
+use switchyard_server::model::{
+    AgentRecord, AgentRegistration, Beat, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport,
+    NewTask, Page, ReportKind, Submission, TaskRecord,
 };
+use switchyard_server::store::{self, Store, StoreOptions};
 use uuid::Uuid;
 
 /// The retry backoff base the suite's stores use (ms).
@@ -187,6 +189,130 @@ pub fn task(ns: &str, priority: i32, max_attempts: u32) -> NewTask {
 /// Submits `task` at `now_ms` and returns the record.
 pub async fn submit(store: &dyn Store, task: NewTask, now_ms: i64) -> TaskRecord {
     store.submit_task(task, now_ms).await.expect("submit").0
+}
+
+/// What the tests ask of a store beyond the server's own calls, each made
+/// of them: one submit, one `started` or progress report, a touch, a
+/// namespace's agents.
+#[allow(async_fn_in_trait)]
+pub trait TestStore {
+    /// One task submitted on its own: the stored task, and whether it was
+    /// created (false: an idempotent repeat).
+    async fn submit_task(&self, task: NewTask, now_ms: i64) -> Result<(TaskRecord, bool)>;
+    /// A `started` report on its own; the task after it.
+    async fn report_started(
+        &self,
+        lease_id: Uuid,
+        task_id: Uuid,
+        agent_id: Uuid,
+        fencing_token: u64,
+        now_ms: i64,
+    ) -> Result<TaskRecord>;
+    /// A progress report on its own; the task after it.
+    async fn report_progress(
+        &self,
+        lease_id: Uuid,
+        task_id: Uuid,
+        agent_id: Uuid,
+        fencing_token: u64,
+        progress: Value,
+        now_ms: i64,
+    ) -> Result<TaskRecord>;
+    /// Records that the agent was heard from (a heartbeat that only
+    /// touches); `NotFound` for an unknown agent.
+    async fn touch_agent(&self, agent_id: Uuid, now_ms: i64) -> Result<()>;
+    /// Every agent of a namespace, page after page.
+    async fn agents_of(&self, namespace: &str) -> Result<Vec<AgentRecord>>;
+}
+
+impl TestStore for dyn Store {
+    async fn submit_task(&self, task: NewTask, now_ms: i64) -> Result<(TaskRecord, bool)> {
+        let submission = Submission {
+            task,
+            agent_id: None,
+        };
+        let mut results = self.submit_many(&[submission], now_ms).await?;
+        let (record, created, _) = results.pop().expect("one result")?;
+        Ok((record, created))
+    }
+
+    async fn report_started(
+        &self,
+        lease_id: Uuid,
+        task_id: Uuid,
+        agent_id: Uuid,
+        fencing_token: u64,
+        now_ms: i64,
+    ) -> Result<TaskRecord> {
+        let report = LeaseReport {
+            lease_id,
+            task_id,
+            agent_id,
+            fencing_token,
+            kind: ReportKind::Started,
+        };
+        self.apply_reports(&[report], now_ms)
+            .await?
+            .pop()
+            .expect("one result")?;
+        self.get_task(task_id).await
+    }
+
+    async fn report_progress(
+        &self,
+        lease_id: Uuid,
+        task_id: Uuid,
+        agent_id: Uuid,
+        fencing_token: u64,
+        progress: Value,
+        now_ms: i64,
+    ) -> Result<TaskRecord> {
+        let report = LeaseReport {
+            lease_id,
+            task_id,
+            agent_id,
+            fencing_token,
+            kind: ReportKind::Progress(progress),
+        };
+        self.apply_reports(&[report], now_ms)
+            .await?
+            .pop()
+            .expect("one result")?;
+        self.get_task(task_id).await
+    }
+
+    async fn touch_agent(&self, agent_id: Uuid, now_ms: i64) -> Result<()> {
+        let agent = self.get_agent(agent_id).await?;
+        let beat = Beat {
+            agent_id,
+            session_epoch: agent.session_epoch,
+            renew: false,
+            touch: true,
+            status: None,
+            document: None,
+        };
+        self.heartbeats(&[beat], now_ms)
+            .await?
+            .pop()
+            .expect("one result")?;
+        Ok(())
+    }
+
+    async fn agents_of(&self, namespace: &str) -> Result<Vec<AgentRecord>> {
+        let mut all = Vec::new();
+        let mut page = Page {
+            size: 1_000,
+            after: None,
+        };
+        loop {
+            let (agents, next) = self.list_agents(namespace, &[], &page).await?;
+            all.extend(agents);
+            match next {
+                Some(after) => page.after = Some(after),
+                None => return Ok(all),
+            }
+        }
+    }
 }
 
 /// Registers an agent `name` in `ns` with `capacity`.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use switchyard_server::store::{Completion, CompletionOutcome, StoreEvent, TaskState};
+use switchyard_server::model::{Completion, CompletionOutcome, StoreEvent, TaskState};
 use tokio::sync::broadcast;
 
 use crate::common::{Fixture, T0, agent, grant, submit, task};

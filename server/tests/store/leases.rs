@@ -6,13 +6,16 @@ use std::sync::Arc;
 
 use serde_json::json;
 use switchyard_server::error::Error;
-use switchyard_server::store::{
-    Completion, CompletionOutcome, GrantOutcome, GrantRefusal, GrantRequest, LeaseState, Store,
+use switchyard_server::model::{
+    Completion, CompletionOutcome, GrantOutcome, GrantRefusal, GrantRequest, LeaseState,
     Submission, TaskState,
 };
+use switchyard_server::store::Store;
 use uuid::Uuid;
 
-use crate::common::{BACKOFF_BASE_MS, Fixture, Lcg, T0, agent, agents, grant, submit, task};
+use crate::common::{
+    BACKOFF_BASE_MS, Fixture, Lcg, T0, TestStore, agent, agents, grant, submit, task,
+};
 
 crate::both_backends!(
     grant_refusals_and_monotonic_tokens,
@@ -64,7 +67,7 @@ async fn live_lease_counts_count_granted_and_active_only(fx: &mut Fixture) {
 }
 
 fn completion(
-    lease: &switchyard_server::store::LeaseRecord,
+    lease: &switchyard_server::model::LeaseRecord,
     outcome: CompletionOutcome,
 ) -> Completion {
     Completion {
@@ -710,7 +713,7 @@ async fn unacknowledged_grants_are_revoked(fx: &mut Fixture) {
             .await
             .unwrap()
             .unwrap();
-        if let switchyard_server::store::StoreEvent::LeaseRevoked { lease_id, .. } = event {
+        if let switchyard_server::model::StoreEvent::LeaseRevoked { lease_id, .. } = event {
             assert_eq!(lease_id, unacked.id);
             break;
         }

@@ -7,11 +7,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use sqlx::Connection;
-use switchyard_server::store::{
-    EndedLease, GrantOutcome, GrantRequest, PgStore, Store, StoreEvent, StoreOptions, TaskState,
-};
+use switchyard_server::model::{EndedLease, GrantOutcome, GrantRequest, StoreEvent, TaskState};
+use switchyard_server::store::{PgStore, Store, StoreOptions, TaskStore};
 
-use crate::common::{Fixture, Lcg, T0, agent, agents, grant, submit, task};
+use crate::common::{Fixture, Lcg, T0, TestStore, agent, agents, grant, submit, task};
 use crate::events::wait_for;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -48,7 +47,7 @@ async fn two_replicas_grant_1000_tasks_to_50_agents_exactly_once() {
                         break;
                     }
                     let free: Vec<_> = store
-                        .all_agents()
+                        .agents_of("ns")
                         .await
                         .unwrap()
                         .into_iter()

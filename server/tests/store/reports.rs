@@ -6,9 +6,9 @@
 
 use serde_json::json;
 use switchyard_server::error::Error;
-use switchyard_server::store::{
-    Beat, BeatApplied, CompletionOutcome, DocumentWrite, LeaseRecord, LeaseReport, LeaseState,
-    ReportApplied, ReportKind, TaskState,
+use switchyard_server::model::{
+    AgentStatus, Beat, BeatApplied, CompletionOutcome, DocumentWrite, LeaseRecord, LeaseReport,
+    LeaseState, ReportApplied, ReportKind, TaskState,
 };
 
 use crate::common::{Fixture, T0, agent, grant, submit, task};
@@ -279,7 +279,7 @@ async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
             session_epoch: w2.session_epoch,
             renew: true,
             touch: true,
-            status: Some(("degraded".into(), vec!["disk full".into()])),
+            status: Some((AgentStatus::Degraded, vec!["disk full".into()])),
             // Based on a generation the store no longer holds.
             document: Some(write(w2.generation + 7, 1)),
         },
@@ -302,8 +302,8 @@ async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
     assert_eq!(a1.last_seen_at_ms, now);
     let a2 = store.get_agent(w2.id).await.unwrap();
     assert_eq!(
-        (a2.status.as_str(), a2.generation),
-        ("degraded", w2.generation)
+        (a2.status, a2.generation),
+        (AgentStatus::Degraded, w2.generation)
     );
     assert_eq!(a2.status_reasons, ["disk full"]);
     assert_eq!(a2.document, w2.document);

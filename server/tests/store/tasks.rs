@@ -3,13 +3,13 @@
 
 use serde_json::json;
 use switchyard_server::error::Error;
-use switchyard_server::store::{
+use switchyard_server::model::{
     Completion, CompletionOutcome, GrantOutcome, GrantRefusal, Page, ParkedPlacement, QueueCursor,
     StoreEvent, Submission, TaskFilter, TaskState,
 };
 use uuid::Uuid;
 
-use crate::common::{Fixture, T0, agent, grant, submit, task};
+use crate::common::{Fixture, T0, TestStore, agent, grant, submit, task};
 
 crate::both_backends!(
     submit_get_and_history,
@@ -153,10 +153,7 @@ async fn submit_many_answers_each_submit_in_one_commit(fx: &mut Fixture) {
     assert!(
         matches!(
             &results[2],
-            Err(Error::InvalidArgument {
-                field: "max_attempts",
-                ..
-            })
+            Err(Error::Invalid { field, .. }) if field == "max_attempts"
         ),
         "{:?}",
         results[2]
@@ -248,10 +245,7 @@ async fn submit_get_and_history(fx: &mut Fixture) {
     assert!(
         matches!(
             invalid,
-            Error::InvalidArgument {
-                field: "max_attempts",
-                ..
-            }
+            Error::Invalid { ref field, .. } if field == "max_attempts"
         ),
         "{invalid:?}"
     );
@@ -292,7 +286,7 @@ async fn priority_then_fifo_and_not_before(fx: &mut Fixture) {
     let delayed = submit(store, later, T0 + 3).await;
     let _elsewhere = submit(store, task("other", 50, 1), T0 + 4).await;
 
-    let ids = |tasks: Vec<switchyard_server::store::TaskRecord>| {
+    let ids = |tasks: Vec<switchyard_server::model::TaskRecord>| {
         tasks.into_iter().map(|t| t.id).collect::<Vec<_>>()
     };
     let queued = store
@@ -403,7 +397,7 @@ async fn the_queue_walk_leaves_out_parked_placements(fx: &mut Fixture) {
             .await,
         );
     }
-    let key = |t: &switchyard_server::store::TaskRecord| ParkedPlacement {
+    let key = |t: &switchyard_server::model::TaskRecord| ParkedPlacement {
         namespace: t.namespace.clone(),
         placement: t.placement.to_string(),
     };
@@ -554,10 +548,7 @@ async fn list_tasks_filters_and_pages(fx: &mut Fixture) {
     assert!(
         matches!(
             forged,
-            Err(Error::InvalidArgument {
-                field: "page_token",
-                ..
-            })
+            Err(Error::Invalid { ref field, .. }) if field == "page_token"
         ),
         "{forged:?}"
     );

@@ -1,16 +1,29 @@
-//! From the store's records to the wire types and to the matcher's agent
-//! views, in one place, so every RPC shows a task or an agent the same way.
+//! The wire: every switchyard.v1 message the server builds from its
+//! records, in one place, so every RPC and every session shows a task, a
+//! lease or an agent the same way. The API and the dispatcher both build
+//! their messages here; nothing here reads a request.
+//!
+//! # Layout
+//! - this module: tasks, leases, history entries, agents and tiers.
+//! - [`session`]: what the server sends down an agent's `Connect` stream
+//!   (grants, revocations, acknowledgements, resync requests, drains).
+//! - [`placement`]: placements between the wire and the core, with field
+//!   errors for what a submitter got wrong.
 
-use std::sync::Arc;
+pub mod placement;
+pub mod session;
+
+pub use switchyard_proto::convert;
 
 use serde_json::Value;
-use switchyard_core::matcher::AgentView;
+use switchyard_core::matcher::AgentStatus;
 use switchyard_core::tier::Tier;
 use switchyard_proto::v1 as pb;
 
-use super::convert::{duration, json_to_struct, timestamp};
-use crate::dispatch::status_of;
-use crate::store::{AgentRecord, LeaseRecord, LeaseState, TaskEventRecord, TaskRecord, TaskState};
+use self::convert::{duration, json_to_struct, timestamp};
+use crate::model::{
+    AgentRecord, LeaseRecord, LeaseState, QueuedReason, TaskEventRecord, TaskRecord, TaskState,
+};
 
 /// The wire state of a task.
 pub fn task_state(state: TaskState) -> pb::TaskState {
@@ -37,7 +50,8 @@ pub fn store_task_state(state: pb::TaskState) -> Option<TaskState> {
     })
 }
 
-fn lease_state(state: LeaseState) -> pb::LeaseState {
+/// The wire state of a lease.
+pub fn lease_state(state: LeaseState) -> pb::LeaseState {
     match state {
         LeaseState::Granted => pb::LeaseState::Granted,
         LeaseState::Active => pb::LeaseState::Active,
@@ -64,7 +78,7 @@ pub fn lease(lease: &LeaseRecord) -> pb::Lease {
 pub fn placement(stored: &Value) -> Option<pb::Placement> {
     let placement: switchyard_core::placement::Placement =
         serde_json::from_value(stored.clone()).ok()?;
-    Some(super::placement::to_proto(&placement))
+    Some(placement::to_proto(&placement))
 }
 
 fn task_error(error: &Value) -> pb::TaskError {
@@ -155,6 +169,24 @@ pub fn task(task: &TaskRecord) -> pb::Task {
     }
 }
 
+/// Why a queued task waits, on the wire.
+pub fn queued_reason(reason: QueuedReason) -> pb::QueuedReason {
+    match reason {
+        QueuedReason::Parked => pb::QueuedReason::Parked,
+        QueuedReason::WaitingForCapacity => pb::QueuedReason::WaitingForCapacity,
+        QueuedReason::Backoff => pb::QueuedReason::Backoff,
+    }
+}
+
+/// A task on the wire with the reason it waits, if it is queued.
+pub fn task_with_reason(record: &TaskRecord, reason: Option<QueuedReason>) -> pb::Task {
+    let mut task = task(record);
+    if let Some(reason) = reason {
+        task.queued_reason = queued_reason(reason) as i32;
+    }
+    task
+}
+
 /// The task as the agent receives it in a grant.
 pub fn granted_task(record: &TaskRecord, grant: &LeaseRecord) -> pb::Task {
     let mut t = task(record);
@@ -177,14 +209,25 @@ pub fn event(event: &TaskEventRecord) -> pb::TaskEvent {
     }
 }
 
-/// The wire status of an agent record.
-pub fn agent_status(record: &AgentRecord) -> pb::AgentStatus {
-    match status_of(&record.status, record.drained) {
-        switchyard_core::matcher::AgentStatus::Ready => pb::AgentStatus::Ready,
-        switchyard_core::matcher::AgentStatus::Degraded => pb::AgentStatus::Degraded,
-        switchyard_core::matcher::AgentStatus::Draining => pb::AgentStatus::Draining,
-        switchyard_core::matcher::AgentStatus::Offline => pb::AgentStatus::Offline,
+/// An agent status on the wire.
+pub fn agent_status(status: AgentStatus) -> pb::AgentStatus {
+    match status {
+        AgentStatus::Ready => pb::AgentStatus::Ready,
+        AgentStatus::Degraded => pb::AgentStatus::Degraded,
+        AgentStatus::Draining => pb::AgentStatus::Draining,
+        AgentStatus::Offline => pb::AgentStatus::Offline,
     }
+}
+
+/// A wire agent status in the core; `None` for UNSPECIFIED.
+pub fn core_agent_status(status: pb::AgentStatus) -> Option<AgentStatus> {
+    Some(match status {
+        pb::AgentStatus::Unspecified => return None,
+        pb::AgentStatus::Ready => AgentStatus::Ready,
+        pb::AgentStatus::Degraded => AgentStatus::Degraded,
+        pb::AgentStatus::Draining => AgentStatus::Draining,
+        pb::AgentStatus::Offline => AgentStatus::Offline,
+    })
 }
 
 /// A tier on the wire.
@@ -266,7 +309,7 @@ pub fn agent(record: &AgentRecord, full: bool) -> pb::Agent {
         agent_id: record.id.to_string(),
         name: record.name.clone(),
         namespace: record.namespace.clone(),
-        status: agent_status(record) as i32,
+        status: agent_status(record.effective_status()) as i32,
         status_reasons: record.status_reasons.clone(),
         capacity: record.capacity,
         active_leases: record.active_leases,
@@ -283,18 +326,5 @@ pub fn agent(record: &AgentRecord, full: bool) -> pb::Agent {
         registered_at: Some(timestamp(record.registered_at_ms)),
         drained: record.drained,
         runner: record.runner.clone(),
-    }
-}
-
-/// How the matcher sees an agent record.
-pub fn agent_view(record: &AgentRecord) -> AgentView {
-    AgentView {
-        agent_id: record.id.to_string(),
-        namespace: record.namespace.clone(),
-        status: status_of(&record.status, record.drained),
-        capacity: record.capacity,
-        active_leases: record.active_leases,
-        last_granted_at_ms: None,
-        document: Arc::new(record.document.clone()),
     }
 }

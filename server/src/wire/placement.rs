@@ -1,16 +1,20 @@
 //! The wire placement to the core's, and back. The selector text is parsed
 //! and merged into the structured fields; every problem becomes an
-//! INVALID_ARGUMENT naming the field (`placement.requirements[2].values`,
+//! [`Error::Invalid`] naming the field (`placement.requirements[2].values`,
 //! `placement.selector`) and what was wrong there.
 
 use switchyard_core::placement::{
     self as core, CapabilityRef, Operator, Preference, PreferenceCondition, Requirement,
 };
 use switchyard_proto::v1 as pb;
-use tonic::Status;
 
 use super::convert::{json_to_struct, json_to_value, struct_to_json, value_to_json};
-use super::invalid;
+use crate::error::{Error, Result};
+
+/// INVALID_ARGUMENT naming `field`.
+fn invalid(field: &str, reason: &str) -> Error {
+    Error::invalid(field, reason)
+}
 
 fn operator(op: pb::Operator) -> Option<Operator> {
     // The wire name minus its prefix is the core's name (EQ, CONTAINS_ANY, …).
@@ -22,7 +26,7 @@ fn wire_operator(op: Operator) -> pb::Operator {
         .unwrap_or(pb::Operator::Unspecified)
 }
 
-fn requirement(req: &pb::Requirement, field: &str) -> Result<Requirement, Status> {
+fn requirement(req: &pb::Requirement, field: &str) -> Result<Requirement> {
     let op = pb::Operator::try_from(req.operator)
         .ok()
         .and_then(operator)
@@ -45,7 +49,7 @@ fn requirement(req: &pb::Requirement, field: &str) -> Result<Requirement, Status
 
 /// The core placement a submitted wire placement means (selector included),
 /// validated and compiled once to catch every error now.
-pub fn from_proto(placement: Option<&pb::Placement>) -> Result<core::Placement, Status> {
+pub fn from_proto(placement: Option<&pb::Placement>) -> Result<core::Placement> {
     let Some(p) = placement else {
         return Ok(core::Placement::default());
     };

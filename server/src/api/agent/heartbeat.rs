@@ -1,0 +1,290 @@
+//! Heartbeats: the agent's status, and a capability diff against the
+//! generation the server holds. The diff is applied to the document the
+//! session holds; the renewal, status and document are written in one
+//! group commit with other sessions' heartbeats (no store read on the way).
+//! The matcher's index follows the committed document: a diff that changes
+//! only volatile facts (free memory, load) reaches the index at once and
+//! the store at most [`PERSIST_VOLATILE_MS`] later; any other diff reaches
+//! the index once its write committed, and a write that lost its
+//! compare-and-set (an operator changed the document meanwhile) puts the
+//! stored document back in the index and asks the agent to resync.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use json_patch::jsonptr::PointerBuf;
+use serde_json::Value;
+use switchyard_core::tier::with_operator_tier;
+use switchyard_core::{diff, redact};
+use switchyard_proto::v1 as pb;
+use tracing::warn;
+
+use super::session::Session;
+use crate::api::convert::timestamp;
+use crate::error::{Error, Result};
+use crate::model::{AgentStatus, Beat, BeatApplied, DocumentWrite};
+use crate::wire::session::resync;
+
+/// How stale the stored copy of volatile facts may get: a heartbeat writes
+/// the document when its last write is older than this.
+const PERSIST_VOLATILE_MS: i64 = 60_000;
+
+/// How often a session refreshes the agent's stored last-seen time.
+const TOUCH_EVERY_MS: i64 = 30_000;
+
+/// A diff applied to the session's document.
+pub(crate) struct AppliedDiff {
+    /// What the index matches on.
+    document: Arc<Value>,
+    /// Whether only volatile facts changed.
+    volatile: bool,
+    /// Where the document changed, when the index may re-index only there
+    /// (`None`: compare the whole document), and the document the patch was
+    /// applied to: only if the index still holds that very one does it
+    /// differ from the new one just there.
+    touched: Option<(Arc<Value>, Vec<PointerBuf>)>,
+}
+
+/// The status a heartbeat reports, or why it cannot be one.
+fn reported_status(status: i32) -> Result<AgentStatus> {
+    match pb::AgentStatus::try_from(status) {
+        Ok(pb::AgentStatus::Degraded) => Ok(AgentStatus::Degraded),
+        Ok(pb::AgentStatus::Draining) => Ok(AgentStatus::Draining),
+        Ok(pb::AgentStatus::Ready | pb::AgentStatus::Unspecified) => Ok(AgentStatus::Ready),
+        Ok(pb::AgentStatus::Offline) | Err(_) => Err(Error::invalid(
+            "heartbeat.status",
+            "must be READY, DEGRADED or DRAINING",
+        )),
+    }
+}
+
+impl Session {
+    /// A heartbeat (see the module doc); its acknowledgement.
+    pub(super) async fn heartbeat(
+        &mut self,
+        sequence: u64,
+        hb: pb::Heartbeat,
+        now: i64,
+    ) -> Result<pb::ConnectResponse> {
+        let status = match reported_status(hb.status) {
+            Ok(status) => status,
+            Err(err) => return Ok(self.refuse(sequence, &err)),
+        };
+        if self.changed.swap(false, Ordering::SeqCst) {
+            // An operator changed the stored agent: start from what is
+            // stored (a diff based on the old generation then resyncs).
+            let record = self.api.store.get_agent(self.agent_id).await?;
+            self.load(&record);
+        }
+        let status_change = (self.status != status || self.status_reasons != hb.status_reasons)
+            .then(|| (status, hb.status_reasons.clone()));
+        let mut resync_from = None;
+        if let Some(d) = hb.capability_diff {
+            match self.apply_diff(d) {
+                Ok(applied) => self.index_or_hold(applied),
+                Err(reason) => resync_from = Some(reason),
+            }
+        }
+        let beat = self.beat(status_change.clone(), now);
+        let touched = beat.touch;
+        let applied = match self.api.dispatcher.heartbeat(beat).await {
+            Ok(applied) => applied,
+            // The batch failed (the store): the agent hears why, and the
+            // change waits for the next heartbeat's write.
+            Err(err) => return Ok(self.refuse(sequence, &err)),
+        };
+        if touched {
+            self.touched_at_ms = now;
+        }
+        self.held_leases_at_connect = false;
+        if let Some(stale) = self.written(applied, now).await? {
+            resync_from = Some(stale);
+        }
+        if let Some((status, reasons)) = status_change {
+            self.status_changed(status, reasons).await?;
+        }
+        if let Some((reason, generation)) = resync_from {
+            self.send(resync(generation, reason));
+        }
+        let mut reply = self.ok(sequence);
+        if let Some(pb::connect_response::Message::Ack(a)) = &mut reply.message {
+            a.leases_expire_at = Some(timestamp(now + self.api.settings.default_lease_ttl_ms));
+        }
+        Ok(reply)
+    }
+
+    /// The writes of this heartbeat. The document is written when it moved
+    /// past the stored generation and the change is more than volatile (or
+    /// volatile facts were last written long enough ago). Leases are renewed
+    /// while the agent holds any (by this replica's count, reservations
+    /// included); the stored last-seen time is refreshed now and then:
+    /// liveness is judged in memory.
+    fn beat(&self, status: Option<(AgentStatus, Vec<String>)>, now: i64) -> Beat {
+        let durable = status.is_some() || self.unindexed.is_some();
+        let due = now - self.persisted_at_ms >= PERSIST_VOLATILE_MS;
+        let document =
+            (self.generation != self.persisted && (durable || due)).then(|| self.document_write());
+        let renew = self
+            .api
+            .dispatcher
+            .view(self.agent_id)
+            .is_none_or(|v| v.active_leases > 0)
+            || self.held_leases_at_connect;
+        let touch = now - self.touched_at_ms >= TOUCH_EVERY_MS;
+        Beat {
+            agent_id: self.agent_id,
+            session_epoch: self.epoch,
+            renew,
+            touch,
+            status,
+            document,
+        }
+    }
+
+    /// A volatile diff reaches the index at once, unless a diff before it
+    /// still waits for its write; any other diff waits for its own.
+    fn index_or_hold(&mut self, applied: AppliedDiff) {
+        if applied.volatile && self.unindexed.is_none() {
+            self.index(applied);
+        } else {
+            self.unindexed = Some(applied);
+        }
+    }
+
+    /// Puts an applied diff's document in the dispatcher's index.
+    fn index(&self, applied: AppliedDiff) {
+        let touched = applied
+            .touched
+            .as_ref()
+            .map(|(from, at)| (from, at.as_slice()));
+        self.api
+            .dispatcher
+            .replace_document(self.agent_id, applied.document, touched);
+    }
+
+    /// What the heartbeat's write did: the document it committed goes to
+    /// the index; a write that lost its compare-and-set puts the stored
+    /// document there instead, and is the reason to resync (with the
+    /// generation held).
+    async fn written(&mut self, applied: BeatApplied, now: i64) -> Result<Option<(String, u64)>> {
+        match applied {
+            BeatApplied::Written(generation) => {
+                self.persisted = generation;
+                self.persisted_at_ms = now;
+                if let Some(held) = self.unindexed.take() {
+                    self.index(held);
+                }
+                Ok(None)
+            }
+            BeatApplied::Stale(held) => {
+                let record = self.api.store.get_agent(self.agent_id).await?;
+                self.load(&record);
+                let document = Arc::new(record.document);
+                self.api
+                    .dispatcher
+                    .replace_document(self.agent_id, document, None);
+                Ok(Some((
+                    format!("document changed concurrently (generation {held})"),
+                    held,
+                )))
+            }
+            BeatApplied::Renewed => {
+                if let Some(held) = self.unindexed.take() {
+                    self.index(held);
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// A status change was written: the index follows the stored status (an
+    /// operator drain keeps it DRAINING), re-read since changes are rare.
+    async fn status_changed(&mut self, status: AgentStatus, reasons: Vec<String>) -> Result<()> {
+        self.status = status;
+        self.status_reasons = reasons;
+        if let Some(mut view) = self.api.dispatcher.view(self.agent_id) {
+            let record = self.api.store.get_agent(self.agent_id).await?;
+            view.status = record.effective_status();
+            self.api.dispatcher.update_view(view);
+        }
+        Ok(())
+    }
+
+    /// Applies a diff to the document the session holds (a new generation)
+    /// and returns the merged document for the matcher and whether the
+    /// diff touched only volatile facts; or why it does not apply (and the
+    /// generation to resync from).
+    fn apply_diff(&mut self, d: pb::CapabilityDiff) -> Result<AppliedDiff, (String, u64)> {
+        let patch = crate::api::convert::patch_from_proto(&d.operations)
+            .map_err(|reason| (reason, self.generation))?;
+        let limits = &self.api.settings.document_limits;
+        let mut next = diff::apply(
+            &self.reported,
+            self.generation,
+            d.base_generation,
+            &patch,
+            limits,
+        )
+        .map_err(|err| (err.to_string(), self.generation))?;
+        let touched = diff::touched(&patch);
+        let declared = redact::declared_sensitive(&next);
+        // What the patch did not touch was redacted when it arrived; the
+        // `sensitive` declaration changing means everything is looked at.
+        let declaration_touched = touched.iter().any(|p| {
+            p.first()
+                .is_none_or(|t| t.decoded().as_ref() == "sensitive")
+        });
+        let redacted = if declaration_touched {
+            redact::redact(&mut next, &declared)
+        } else {
+            redact::redact_at(&mut next, touched.iter().copied(), &declared)
+        };
+        if !redacted.is_empty() {
+            warn!(paths = ?redacted, "sensitive values in a capability diff were redacted");
+        }
+        let volatile = touched
+            .iter()
+            .all(|p| diff::volatile_only(&self.reported, &next, p));
+        let no_overrides = self
+            .operator_overrides
+            .as_object()
+            .is_none_or(serde_json::Map::is_empty);
+        let next = Arc::new(next);
+        let applied = if volatile && no_overrides {
+            // The common heartbeat: leaves replaced in place, provenance
+            // unchanged, nothing to merge over them: the index shares the
+            // session's document and re-indexes only what was touched.
+            let at = touched.iter().map(|p| p.to_buf()).collect();
+            AppliedDiff {
+                document: next.clone(),
+                volatile,
+                touched: Some((self.reported.clone(), at)),
+            }
+        } else {
+            let (document, provenance) =
+                with_operator_tier(&next, &self.provenance, &self.operator_overrides);
+            self.provenance = provenance;
+            AppliedDiff {
+                document: Arc::new(document),
+                volatile,
+                touched: None,
+            }
+        };
+        self.reported = next;
+        self.generation += 1;
+        Ok(applied)
+    }
+
+    /// The document the session holds, to write at its generation.
+    fn document_write(&self) -> DocumentWrite {
+        let (document, provenance) =
+            with_operator_tier(&self.reported, &self.provenance, &self.operator_overrides);
+        DocumentWrite {
+            expected_generation: self.persisted,
+            generation: self.generation,
+            reported: (*self.reported).clone(),
+            document,
+            provenance,
+        }
+    }
+}

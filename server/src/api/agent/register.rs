@@ -1,0 +1,100 @@
+//! `RegisterAgent`: records (or refreshes) an agent and its full document,
+//! and starts a new session epoch. The operator tier survives a
+//! re-registration: it is merged over the new report.
+
+use switchyard_core::tier::with_operator_tier;
+use switchyard_proto::v1 as pb;
+use tracing::info;
+
+use super::document;
+use crate::api::convert::duration;
+use crate::api::{Api, invalid, namespace};
+use crate::auth::{Caller, Need};
+use crate::error::{Error, Result};
+use crate::model::AgentRegistration;
+
+impl Api {
+    /// Registers the agent `req` describes, for `caller`.
+    pub(super) async fn register(
+        &self,
+        caller: &Caller,
+        req: pb::RegisterAgentRequest,
+    ) -> Result<pb::RegisterAgentResponse> {
+        let namespace = namespace("namespace", &req.namespace)?;
+        caller.require(Need::Agent, &namespace)?;
+        self.admit_agent(&namespace, &req.name).await?;
+        if req.name.trim().is_empty() || req.name.len() > 253 {
+            return Err(invalid("name", "is required, at most 253 bytes"));
+        }
+        if req.capacity == 0 || req.capacity > 10_000 {
+            return Err(invalid("capacity", "must be between 1 and 10000"));
+        }
+        let doc = req.capabilities.unwrap_or_default();
+        let (reported, server_rejections) = document::accept(self, "capabilities", &doc)?;
+        let provenance = document::provenance(&req.provenance);
+        let registration = AgentRegistration {
+            namespace,
+            name: req.name,
+            reported: reported.clone(),
+            document: reported.clone(),
+            provenance: provenance.clone(),
+            rejections: document::rejections(&req.rejections, server_rejections.clone()),
+            capacity: req.capacity,
+            labels: req.labels.into_iter().collect(),
+            runner: req.runner,
+        };
+        let mut record = self
+            .store
+            .register_agent(&registration, self.now_ms())
+            .await?;
+        if record
+            .operator_overrides
+            .as_object()
+            .is_some_and(|m| !m.is_empty())
+        {
+            let overrides = record.operator_overrides.clone();
+            let (document, provenance) = with_operator_tier(&reported, &provenance, &overrides);
+            record = self
+                .store
+                .set_operator_overrides(
+                    record.id,
+                    &overrides,
+                    &document,
+                    &provenance,
+                    self.now_ms(),
+                )
+                .await?;
+        }
+        info!(agent = %record.id, name = %record.name, epoch = record.session_epoch, "agent registered");
+        Ok(pb::RegisterAgentResponse {
+            agent_id: record.id.to_string(),
+            session_epoch: record.session_epoch,
+            heartbeat_interval: Some(duration(self.dispatcher.settings().heartbeat_interval_ms)),
+            lease_ttl: Some(duration(self.settings.default_lease_ttl_ms)),
+            capability_generation: record.generation,
+            rejections: document::wire_rejections(&server_rejections),
+        })
+    }
+
+    /// Refuses a new agent of a namespace at its `--max-agents-per-namespace`
+    /// cap; an agent already registered under `name` may always come back.
+    async fn admit_agent(&self, namespace: &str, name: &str) -> Result<()> {
+        let cap = self.settings.max_agents_per_namespace;
+        if cap == 0 {
+            return Ok(());
+        }
+        let agents = self.store.agents_in_namespace(namespace).await?;
+        if agents >= cap && !self.agent_named(namespace, name).await? {
+            return Err(Error::ResourceExhausted(format!(
+                "namespace {namespace} has {agents} agents; the limit is {cap} (--max-agents-per-namespace)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether an agent of this name is registered in the namespace.
+    async fn agent_named(&self, namespace: &str, name: &str) -> Result<bool> {
+        let (_, names) = self.fleet(namespace).await?;
+        Ok(names.values().any(|n| n == name))
+    }
+}

@@ -1,0 +1,110 @@
+//! Lease reports: `accepted`, `started`, progress and the final report of
+//! each lease, validated (INVALID_ARGUMENT naming the field), applied in one
+//! group commit with other sessions' reports, and each acknowledged. A slot
+//! a final report freed is handed back to the dispatcher only after its
+//! acknowledgement is queued: the agent counts the lease as held until it
+//! hears the answer, and must not see a grant for the slot first.
+
+use serde_json::{Value, json};
+use switchyard_proto::v1 as pb;
+use tracing::warn;
+
+use super::session::Session;
+use crate::api::convert::struct_to_json;
+use crate::api::{invalid, parse_id};
+use crate::error::Result;
+use crate::model::{CompletionOutcome, LeaseReport, ReportKind};
+
+impl Session {
+    /// Applies lease reports and acknowledges each.
+    pub(super) async fn flush_reports(&mut self, reports: Vec<(u64, LeaseReport)>) {
+        if reports.is_empty() {
+            return;
+        }
+        let (sequences, reports): (Vec<u64>, Vec<LeaseReport>) = reports.into_iter().unzip();
+        match self.api.dispatcher.report(reports).await {
+            Ok(results) => {
+                let mut ended = 0;
+                for (sequence, result) in sequences.into_iter().zip(results) {
+                    let reply = match result {
+                        Ok(applied) => {
+                            ended += usize::from(applied.ended);
+                            self.ok(sequence)
+                        }
+                        Err(err) => self.refuse(sequence, &err),
+                    };
+                    self.send(reply);
+                }
+                for _ in 0..ended {
+                    self.api.dispatcher.lease_ended(self.agent_id);
+                }
+            }
+            Err(err) => {
+                warn!(cause = %err, "lease reports failed");
+                for sequence in sequences {
+                    self.send(self.refuse(sequence, &err));
+                }
+            }
+        }
+    }
+
+    /// A lease update as a store report, validated.
+    pub(super) fn to_report(&self, u: pb::LeaseUpdate) -> Result<LeaseReport> {
+        use pb::lease_update::Update;
+        let lease_id = parse_id("lease_update.lease_id", &u.lease_id)?;
+        let task_id = parse_id("lease_update.task_id", &u.task_id)?;
+        let kind = match u.update {
+            None => return Err(invalid("lease_update.update", "empty")),
+            Some(Update::Accepted(_)) => ReportKind::Accepted,
+            Some(Update::Started(_)) => ReportKind::Started,
+            Some(Update::Progress(p)) => ReportKind::Progress(
+                json!({"percent": p.percent, "message": p.message, "reported_at_ms": self.api.now_ms()}),
+            ),
+            Some(Update::Succeeded(s)) => self.succeeded(s)?,
+            Some(Update::Failed(f)) => {
+                let e = f.error.unwrap_or_default();
+                let details = match &e.details {
+                    Some(d) => struct_to_json(d)
+                        .map_err(|err| invalid("lease_update.failed.error.details", err.reason))?,
+                    None => Value::Null,
+                };
+                let error = json!({"message": e.message, "code": e.code, "retryable": e.retryable, "details": details});
+                ReportKind::Final(CompletionOutcome::Failed {
+                    error,
+                    retryable: e.retryable,
+                })
+            }
+            Some(Update::Released(r)) => {
+                ReportKind::Final(CompletionOutcome::Released { reason: r.reason })
+            }
+        };
+        Ok(LeaseReport {
+            lease_id,
+            task_id,
+            agent_id: self.agent_id,
+            fencing_token: u.fencing_token,
+            kind,
+        })
+    }
+
+    /// A success, its result within the document limits.
+    fn succeeded(&self, s: pb::LeaseSucceeded) -> Result<ReportKind> {
+        const FIELD: &str = "lease_update.succeeded.result";
+        let result = match &s.result {
+            Some(r) => {
+                struct_to_json(r).map_err(|e| invalid(&format!("{FIELD}.{}", e.path), e.reason))?
+            }
+            None => json!({}),
+        };
+        if let Some(v) = self
+            .api
+            .settings
+            .document_limits
+            .violations(&result)
+            .first()
+        {
+            return Err(invalid(&format!("{FIELD}.{}", v.path), &v.reason));
+        }
+        Ok(ReportKind::Final(CompletionOutcome::Succeeded { result }))
+    }
+}

@@ -1,0 +1,142 @@
+//! `WatchTask`: a task's history entries as they happen, each with the task
+//! as last read, until it ends. The watch wakes on the dispatcher's change
+//! notifications (fed from every replica's store events), and re-reads the
+//! task now and then anyway: a notification can be lost (the database
+//! restarted, or the replica that changed it died on the way).
+
+use std::pin::Pin;
+
+use switchyard_proto::v1 as pb;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::Stream;
+use tonic::Status;
+use uuid::Uuid;
+
+use super::Api;
+use crate::model::{TaskRecord, TaskState};
+use crate::wire;
+
+/// How long a watch waits for a change notification before it re-reads the
+/// task anyway.
+const WATCH_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A watch's stream.
+pub(super) type WatchStream =
+    Pin<Box<dyn Stream<Item = Result<pb::WatchTaskResponse, Status>> + Send>>;
+
+/// One watch of one task.
+pub(super) struct Watch {
+    api: Api,
+    id: Uuid,
+    /// Subscribed before the first read, so no change falls in between.
+    changes: broadcast::Receiver<Uuid>,
+    tx: mpsc::Sender<Result<pb::WatchTaskResponse, Status>>,
+    /// The last history entry sent.
+    last_sequence: u64,
+    /// The task state last sent.
+    sent_state: Option<TaskState>,
+}
+
+impl Watch {
+    /// Follows `record` (read after `changes` subscribed) in a task of its
+    /// own; the stream of what it sends.
+    pub(super) fn start(
+        api: Api,
+        record: TaskRecord,
+        changes: broadcast::Receiver<Uuid>,
+    ) -> WatchStream {
+        let (tx, rx) = mpsc::channel(64);
+        let watch = Watch {
+            api,
+            id: record.id,
+            changes,
+            tx,
+            last_sequence: 0,
+            sent_state: None,
+        };
+        tokio::spawn(watch.run(record));
+        Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+    }
+
+    async fn run(mut self, mut record: TaskRecord) {
+        loop {
+            match self.send_news(&record).await {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(status) => {
+                    let _ = self.tx.send(Err(status)).await;
+                    return;
+                }
+            }
+            if record.state.is_terminal() || !self.wait_for_change().await {
+                return;
+            }
+            record = match self.api.store.get_task(self.id).await {
+                Ok(r) => r,
+                Err(err) => {
+                    let _ = self.tx.send(Err(Status::from(err))).await;
+                    return;
+                }
+            };
+        }
+    }
+
+    /// Everything in the history since the last message, each with the task
+    /// as last read. The history can run ahead of that read (a change
+    /// committed in between); the next read then brings no new entry, and
+    /// the task is sent alone, so the last message always shows the task as
+    /// it ends. False once the watcher is gone.
+    async fn send_news(&mut self, record: &TaskRecord) -> Result<bool, Status> {
+        let events = self
+            .api
+            .store
+            .task_events(self.id, self.last_sequence, 1000)
+            .await?;
+        let task = self.api.task_with_reason(record).await?;
+        if events.is_empty() && self.sent_state != Some(record.state) {
+            let alone = pb::WatchTaskResponse {
+                event: None,
+                task: Some(task.clone()),
+            };
+            if self.tx.send(Ok(alone)).await.is_err() {
+                return Ok(false);
+            }
+        }
+        self.sent_state = Some(record.state);
+        for event in &events {
+            self.last_sequence = event.sequence;
+            let item = pb::WatchTaskResponse {
+                event: Some(wire::event(event)),
+                task: Some(task.clone()),
+            };
+            if self.tx.send(Ok(item)).await.is_err() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Waits for this task to change (on any replica), or for the re-check;
+    /// false when the watch must end (the server shuts down).
+    async fn wait_for_change(&mut self) -> bool {
+        let recheck = tokio::time::sleep(WATCH_RECHECK);
+        tokio::pin!(recheck);
+        loop {
+            let changed = tokio::select! {
+                changed = self.changes.recv() => changed,
+                () = &mut recheck => return true,
+                () = self.api.dispatcher.stopped() => {
+                    let gone = Status::unavailable("server shutting down; watch again on another replica");
+                    let _ = self.tx.send(Err(gone)).await;
+                    return false;
+                }
+            };
+            match changed {
+                Ok(changed) if changed == self.id => return true,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => return true,
+                Err(broadcast::error::RecvError::Closed) => return false,
+            }
+        }
+    }
+}

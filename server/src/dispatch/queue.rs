@@ -1,0 +1,213 @@
+//! What the dispatcher knows about the queue without reading it: signals
+//! that a task may be waiting (and whether the last round left the queue
+//! clear), when delayed tasks come due, which placements are parked (no
+//! agent here can run them, so the walk leaves their tasks out), and how
+//! far the head of the queue is parked tasks only.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use switchyard_core::matcher::AgentView;
+use switchyard_core::placement::CompiledPlacement;
+use uuid::Uuid;
+
+use super::Dispatcher;
+use crate::model::{ParkedPlacement, QueueCursor};
+
+/// The most distinct parked placements a dispatcher remembers. One more
+/// makes it forget them all and find again those whose tasks still wait
+/// (each costs a page of the next walk).
+const MAX_PARKED_PLACEMENTS: usize = 256;
+
+/// The most distinct due times a dispatcher keeps; past that the latest are
+/// dropped, and their tasks are found by the periodic re-check.
+const MAX_DUE_TIMES: usize = 1_024;
+
+/// How long a [`Skip`] holds at most.
+pub(super) const SKIP_TTL_MS: i64 = 5_000;
+
+/// The head of the queue up to `to` holds only tasks of parked placements
+/// (every due queued task, if `to` is `None`): a walk from the head may
+/// start at `to`. The store leaves those tasks out of every page, but it
+/// still reads each to do so, and a hundred thousand of them cost a page
+/// tens of milliseconds. Valid while nothing was queued ahead of `to`
+/// (`signals`), no parked placement was forgotten (`parked_epoch`), and
+/// for [`SKIP_TTL_MS`] at most: a delayed task ahead of `to` that came due
+/// is read within that time.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Skip {
+    pub(super) to: Option<QueueCursor>,
+    pub(super) signals: u64,
+    pub(super) parked_epoch: u64,
+    pub(super) made_at_ms: i64,
+}
+
+/// The queue knowledge the dispatcher's lock guards.
+#[derive(Debug, Default)]
+pub(super) struct QueueState {
+    /// Placements no agent here can run (at most [`MAX_PARKED_PLACEMENTS`]):
+    /// the queue walk leaves their tasks out, and an agent that connects or
+    /// changes is tested against each, to put its tasks back in the walk.
+    parked: HashMap<ParkedPlacement, Arc<CompiledPlacement>>,
+    /// Counts placements forgotten from `parked`; a round that sees it move
+    /// walks again from the head, so their oldest tasks go first.
+    pub(super) unparked: u64,
+    /// Counts changes that put parked tasks back in the walk: placements
+    /// forgotten because an agent can run them, or all of them at the cap.
+    pub(super) parked_epoch: u64,
+    /// Where the last round stopped when it read its most pages with slots
+    /// still free: the next round goes on from there, so every task is read
+    /// within a few rounds however much waits ahead of it.
+    pub(super) resume: Option<QueueCursor>,
+    /// How far the head of the queue is parked tasks only, as the last walk
+    /// from the head found it.
+    pub(super) skip: Option<Skip>,
+    /// When queued tasks not yet due come due (ms, at most
+    /// [`MAX_DUE_TIMES`]): the dispatcher looks at the queue again at each,
+    /// as if a task had just been queued.
+    due: BTreeSet<i64>,
+}
+
+impl QueueState {
+    /// Forgets the parked placements `view`'s agent can run; true if any.
+    pub(super) fn unpark_for(&mut self, view: &AgentView) -> bool {
+        if self.parked.is_empty() || !view.status.takes_work() {
+            return false;
+        }
+        let before = self.parked.len();
+        self.parked.retain(|key, placement| {
+            key.namespace != view.namespace || !placement.satisfied_by(&view.document)
+        });
+        let unparked = self.parked.len() < before;
+        if unparked {
+            metrics::gauge!(crate::metrics::PARKED_PLACEMENTS).set(self.parked.len() as f64);
+            self.unparked += 1;
+            self.parked_epoch += 1;
+        }
+        unparked
+    }
+
+    /// Remembers that no agent here can run `key`'s tasks. At the cap, the
+    /// placements remembered so far are forgotten first (some may be stale,
+    /// their tasks gone): the walk finds the live ones again in a page each.
+    /// True when it forgot them, so the queue must be read again before any
+    /// submit overtakes their tasks.
+    pub(super) fn park(&mut self, key: ParkedPlacement, placement: Arc<CompiledPlacement>) -> bool {
+        let cleared = !self.parked.contains_key(&key) && self.parked.len() >= MAX_PARKED_PLACEMENTS;
+        if cleared {
+            self.parked.clear();
+            self.parked_epoch += 1;
+        }
+        self.parked.insert(key, placement);
+        metrics::gauge!(crate::metrics::PARKED_PLACEMENTS).set(self.parked.len() as f64);
+        cleared
+    }
+
+    /// The parked placements, for the store's queue page.
+    pub(super) fn parked_keys(&self) -> Vec<ParkedPlacement> {
+        self.parked.keys().cloned().collect()
+    }
+}
+
+impl Dispatcher {
+    /// A task may now be waiting in the queue: no submit is leased on the
+    /// way in until a dispatch round has seen the queue empty again.
+    pub fn note_queued(&self) {
+        self.shared.queued_signals.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// [`Dispatcher::note_queued`] for a task whose place in the queue is
+    /// known: a walk may still skip the parked head of the queue if the
+    /// task is behind it.
+    pub fn note_queued_at(&self, priority: i32, created_at_ms: i64, task_id: Uuid) {
+        let mut state = self.state();
+        let before = self.shared.queued_signals.fetch_add(1, Ordering::SeqCst);
+        if let Some(skip) = state.queue.skip.as_mut()
+            && skip.signals == before
+            && skip
+                .to
+                .is_some_and(|to| to.reaches(priority, created_at_ms, task_id))
+        {
+            skip.signals = before + 1;
+        }
+    }
+
+    /// A queued task comes due at `at_ms` (a delayed submit, a retry
+    /// backing off): the dispatcher looks at the queue again then, rather
+    /// than at its next periodic re-check (up to a second later, and up to
+    /// [`SKIP_TTL_MS`] past a remembered walk that found nothing due).
+    pub fn note_due(&self, at_ms: i64) {
+        if at_ms <= self.now_ms() {
+            return;
+        }
+        let mut state = self.state();
+        let due = &mut state.queue.due;
+        let earlier = due.first().is_none_or(|first| at_ms < *first);
+        due.insert(at_ms);
+        if due.len() > MAX_DUE_TIMES {
+            due.pop_last();
+        }
+        drop(state);
+        if earlier {
+            // The loop sleeps until the earliest due time: make it look.
+            self.wake();
+        }
+    }
+
+    /// Forgets the due times that have passed; if any had, the queue holds
+    /// tasks that just came due, which [`Dispatcher::note_queued`] makes
+    /// the next round read.
+    pub(super) fn take_due(&self, now_ms: i64) {
+        let mut state = self.state();
+        let due = &mut state.queue.due;
+        let mut passed = false;
+        while due.first().is_some_and(|first| *first <= now_ms) {
+            due.pop_first();
+            passed = true;
+        }
+        drop(state);
+        if passed {
+            self.note_queued();
+        }
+    }
+
+    /// How long until the earliest due time, if any.
+    pub(super) fn until_due(&self, now_ms: i64) -> Option<Duration> {
+        let first = *self.state().queue.due.first()?;
+        Some(Duration::from_millis(
+            u64::try_from(first.saturating_sub(now_ms)).unwrap_or(0),
+        ))
+    }
+
+    /// Whether the last dispatch round left the queue empty and nothing
+    /// was queued since.
+    pub(super) fn queue_clear(&self) -> bool {
+        self.shared.clear_at.load(Ordering::SeqCst)
+            == self.shared.queued_signals.load(Ordering::SeqCst)
+    }
+
+    /// Records that a round starting at `signals` left nothing waiting that
+    /// an agent here can run.
+    pub(super) fn mark_clear(&self, signals: u64) {
+        self.shared.clear_at.store(signals, Ordering::SeqCst);
+    }
+
+    /// The queue signals counted so far.
+    pub(super) fn signals(&self) -> u64 {
+        self.shared.queued_signals.load(Ordering::SeqCst)
+    }
+
+    /// After an agent connected or changed: parked tasks it can run wait
+    /// again (so no submit overtakes them), and any task that waits gets a
+    /// round.
+    pub(super) fn changed_agent(&self, unparked: bool) {
+        if unparked {
+            self.note_queued();
+        }
+        if !self.queue_clear() {
+            self.wake();
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The dispatch round: walk the queue in priority order, page by page,
+//! matching each task against the connected agents and granting a page's
+//! matches in one store batch, until no agent has room or the queue ends.
+//! A parked task is skipped, never a blocker: the walk goes on to lower
+//! priorities, and the tasks of placements known to be parked are not read
+//! at all.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchyard_core::placement::{self, CompiledPlacement, Placement};
+use tracing::{debug, warn};
+
+use super::Dispatcher;
+use super::queue::{SKIP_TTL_MS, Skip};
+use crate::error::Result;
+use crate::model::{GrantOutcome, GrantRequest, ParkedPlacement, QueueCursor, TaskRecord};
+
+/// Pages one round reads at most; the next wake continues.
+const MAX_PAGES: usize = 64;
+
+/// The shortest page read while any slot is free.
+const MIN_PAGE: u32 = 16;
+
+/// What matching one page of the queue did.
+#[derive(Debug, Default, Clone, Copy)]
+struct PageOutcome {
+    /// Tasks leased.
+    granted: usize,
+    /// Tasks left out of later pages: no agent here can run them.
+    parked: usize,
+    /// The first task of the page that is not parked.
+    first_live: Option<usize>,
+}
+
+/// One round's walk down the queue.
+#[derive(Debug)]
+struct Walk {
+    /// The queue signals counted when the round began.
+    signals: u64,
+    /// The round's time.
+    now: i64,
+    /// Where the next page starts (`None`: the head).
+    cursor: Option<QueueCursor>,
+    /// The parked epoch when the round began.
+    epoch: u64,
+    /// The count of forgotten parked placements last seen.
+    seen_unparked: u64,
+    /// Whether the walk started at the head of the queue.
+    from_head: bool,
+    /// Where a walk from the head began (the parked head skipped).
+    skip_from: Option<QueueCursor>,
+    /// Just before the first task of this walk from the head that is not
+    /// parked (where the next walk from the head may start).
+    first_live: Option<QueueCursor>,
+    /// No agent had a free slot.
+    full: bool,
+    /// The walk reached the end of the queue.
+    walked: bool,
+    /// Leases granted.
+    granted: usize,
+    /// Tasks read and left waiting that an agent here could run.
+    left: usize,
+    /// The shortest page to read next: it doubles after every page that
+    /// left tasks behind, so a walk past many parked tasks soon reads whole
+    /// batches and goes as deep as it did with whole batches.
+    min_page: u32,
+}
+
+impl Dispatcher {
+    /// Runs rounds whenever woken, when a delayed task comes due, and now
+    /// and then unprompted (missed notifications, due times past the ones
+    /// kept), until shutdown.
+    pub(super) async fn dispatch_loop(self) {
+        let recheck = Duration::from_millis(self.shared.settings.recheck_ms);
+        loop {
+            if self.stopping() {
+                return;
+            }
+            self.take_due(self.now_ms());
+            match self.dispatch_round().await {
+                // A full batch was granted: there may be more right away.
+                Ok(granted) if granted > 0 => continue,
+                Ok(_) => {}
+                Err(err) => warn!(cause = %err, "dispatch round failed"),
+            }
+            let wait = self
+                .until_due(self.now_ms())
+                .map_or(recheck, |due| due.min(recheck));
+            let _ = tokio::time::timeout(wait, self.shared.wake.notified()).await;
+        }
+    }
+
+    /// One round. It reads at most [`MAX_PAGES`] pages; if it stops there
+    /// with slots free, the next one goes on from where it stopped, and the
+    /// one after that starts at the head again. Returns how many leases
+    /// were granted.
+    pub async fn dispatch_round(&self) -> Result<usize> {
+        if self.stopping() || self.state().sessions.is_empty() {
+            return Ok(0);
+        }
+        let Some(mut walk) = self.start_walk() else {
+            return Ok(0);
+        };
+        for _ in 0..MAX_PAGES {
+            if !self.walk_page(&mut walk).await? {
+                break;
+            }
+        }
+        self.finish_walk(&walk);
+        Ok(walk.granted)
+    }
+
+    /// Where this round starts: where the last stopped with slots free, or
+    /// the head, past its parked part while that is known. `None` when
+    /// every due task is known to be parked and nothing came since.
+    fn start_walk(&self) -> Option<Walk> {
+        let signals = self.signals();
+        let now = self.now_ms();
+        let (mut cursor, epoch, skip, seen_unparked) = {
+            let mut state = self.state();
+            let q = &mut state.queue;
+            (q.resume.take(), q.parked_epoch, q.skip, q.unparked)
+        };
+        let from_head = cursor.is_none();
+        if let (true, Some(skip)) = (from_head, skip)
+            && skip.signals == signals
+            && skip.parked_epoch == epoch
+            && now - skip.made_at_ms < SKIP_TTL_MS
+        {
+            match skip.to {
+                Some(to) => cursor = Some(to),
+                None => {
+                    self.mark_clear(signals);
+                    return None;
+                }
+            }
+        }
+        Some(Walk {
+            signals,
+            now,
+            cursor,
+            epoch,
+            seen_unparked,
+            from_head,
+            skip_from: cursor,
+            first_live: None,
+            full: false,
+            walked: false,
+            granted: 0,
+            left: 0,
+            min_page: MIN_PAGE.min(self.shared.settings.batch_size),
+        })
+    }
+
+    /// Reads and matches one page; whether the walk goes on. A page is as
+    /// long as the free slots could use (twice over, for tasks only busy
+    /// agents match), up to the batch size: under load a round fills a few
+    /// freed slots, and reading and decoding a whole batch of tasks for them
+    /// is most of the round's cost.
+    async fn walk_page(&self, walk: &mut Walk) -> Result<bool> {
+        let batch = self.shared.settings.batch_size;
+        let free = self.state().index.free_slots(u64::from(batch));
+        if free == 0 {
+            walk.full = true;
+            return Ok(false);
+        }
+        let limit = u32::try_from(free.saturating_mul(2))
+            .unwrap_or(u32::MAX)
+            .clamp(walk.min_page, batch);
+        let (parked, unparked) = {
+            let state = self.state();
+            (state.queue.parked_keys(), state.queue.unparked)
+        };
+        if unparked != walk.seen_unparked {
+            // Tasks passed over may be placeable now: start again.
+            walk.seen_unparked = unparked;
+            walk.cursor = None;
+            walk.left = 0;
+            walk.from_head = true;
+            walk.first_live = None;
+        }
+        let store = &self.shared.store;
+        let read = store.queued_tasks(None, walk.now, walk.cursor.as_ref(), &parked, limit);
+        let tasks = crate::metrics::timed("queued_tasks", read).await?;
+        let Some(last) = tasks.last() else {
+            walk.walked = true;
+            return Ok(false);
+        };
+        walk.cursor = Some(QueueCursor::after(last));
+        let page = self.grant_page(&tasks, walk.now).await?;
+        if walk.first_live.is_none()
+            && let Some(i) = page.first_live
+        {
+            walk.first_live = Some(QueueCursor::before(&tasks[i]));
+        }
+        walk.granted += page.granted;
+        walk.left += tasks.len() - page.granted - page.parked;
+        if page.granted < tasks.len() {
+            walk.min_page = limit.saturating_mul(2).min(batch);
+        }
+        if tasks.len() < limit as usize {
+            walk.walked = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// What the walk learned: whether nothing runnable waits, how far the
+    /// head is parked, where the next round goes on.
+    fn finish_walk(&self, walk: &Walk) {
+        if walk.walked && walk.from_head && walk.left == 0 {
+            // Nothing an agent here can run was left waiting as of `signals`.
+            self.mark_clear(walk.signals);
+        }
+        if walk.from_head {
+            let to = match (walk.first_live, walk.walked, walk.cursor.or(walk.skip_from)) {
+                (Some(at), _, _) => Some(Some(at)),
+                (None, true, _) => Some(None),
+                // Every task read was parked: up to the last one.
+                (None, false, Some(last)) => Some(Some(last)),
+                // Nothing read (no free slot): nothing learned.
+                (None, false, None) => None,
+            };
+            let mut state = self.state();
+            let epoch_holds = state.queue.parked_epoch == walk.epoch;
+            state.queue.skip = to.filter(|_| epoch_holds).map(|to| Skip {
+                to,
+                signals: walk.signals,
+                parked_epoch: walk.epoch,
+                made_at_ms: walk.now,
+            });
+        }
+        if !walk.walked && !walk.full {
+            self.state().queue.resume = walk.cursor;
+        }
+    }
+
+    /// Matches one page of queued tasks and grants in one batch; remembers
+    /// the placements of tasks no agent here can run.
+    async fn grant_page(&self, tasks: &[TaskRecord], now: i64) -> Result<PageOutcome> {
+        let mut requests = Vec::new();
+        let mut picked: Vec<&TaskRecord> = Vec::new();
+        let mut outcome = PageOutcome::default();
+        for (i, task) in tasks.iter().enumerate() {
+            let Some(compiled) = self.compiled(task) else {
+                outcome.first_live.get_or_insert(i);
+                continue;
+            };
+            match self.pick(task, compiled, now) {
+                Pick::Agent(agent_id) => {
+                    outcome.first_live.get_or_insert(i);
+                    requests.push(GrantRequest {
+                        task_id: task.id,
+                        agent_id,
+                    });
+                    picked.push(task);
+                }
+                Pick::Busy => {
+                    outcome.first_live.get_or_insert(i);
+                }
+                Pick::Parked => outcome.parked += 1,
+            }
+        }
+        if requests.is_empty() {
+            return Ok(outcome);
+        }
+        // The grant's own time, read after the agents were picked: a slot
+        // freed while the page was read was freed by a commit stamped
+        // earlier, so the stored lease intervals of an agent never overlap.
+        let granted_at = self.now_ms().max(now);
+        let grant = self.shared.store.grant_leases(&requests, granted_at);
+        let outcomes = crate::metrics::timed("grant_leases", grant).await?;
+        for ((request, task), granted) in requests.iter().zip(picked).zip(outcomes) {
+            match granted {
+                GrantOutcome::Granted(lease) => {
+                    outcome.granted += 1;
+                    self.push_grant(task, &lease);
+                }
+                GrantOutcome::Refused(refusal) => {
+                    debug!(task = %task.id, agent = %request.agent_id, ?refusal, "grant refused");
+                    self.lease_ended(request.agent_id);
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// The best agent here for `task`, its slot reserved; or why there is
+    /// none (busy: a capable agent has no room; parked: no agent here can
+    /// run it, and its placement is remembered as parked).
+    fn pick(&self, task: &TaskRecord, compiled: Arc<CompiledPlacement>, now: i64) -> Pick {
+        let mut state = self.state();
+        let started = std::time::Instant::now();
+        let selected = state.index.select_best(&compiled, &task.namespace);
+        metrics::histogram!(crate::metrics::MATCH_SECONDS).record(started.elapsed().as_secs_f64());
+        if let Some(selection) = selected {
+            self.reserve_slot(&mut state, selection.agent_id, now);
+            return Pick::Agent(selection.agent_id.uuid());
+        }
+        if state.index.any_capable(&compiled, &task.namespace) {
+            return Pick::Busy;
+        }
+        let key = ParkedPlacement {
+            namespace: task.namespace.clone(),
+            placement: task.placement.to_string(),
+        };
+        if state.queue.park(key, compiled) {
+            // Until the walk finds the forgotten placements' tasks again,
+            // nothing overtakes them.
+            self.note_queued();
+        }
+        Pick::Parked
+    }
+
+    /// The compiled placement of a task (cached); `None` if the stored
+    /// placement no longer parses or compiles (logged: the task waits).
+    fn compiled(&self, task: &TaskRecord) -> Option<Arc<CompiledPlacement>> {
+        if let Some(c) = self.state().placements.get(&task.id) {
+            return Some(c.clone());
+        }
+        let placement: Placement = match serde_json::from_value(task.placement.clone()) {
+            Ok(p) => p,
+            Err(err) => {
+                warn!(task = %task.id, cause = %err, "stored placement does not parse; task cannot be placed");
+                return None;
+            }
+        };
+        let compiled = match placement::compile(&placement) {
+            Ok(c) => Arc::new(c),
+            Err(err) => {
+                warn!(task = %task.id, cause = %err, "stored placement does not compile");
+                return None;
+            }
+        };
+        self.state().placements.insert(task.id, compiled.clone());
+        Some(compiled)
+    }
+}
+
+/// What matching a task against the agents here found.
+enum Pick {
+    /// This agent, its slot reserved.
+    Agent(uuid::Uuid),
+    /// A capable agent, but none with room.
+    Busy,
+    /// No agent here can run it.
+    Parked,
+}

@@ -1,0 +1,287 @@
+//! The live agent sessions of this replica and what is pushed down their
+//! streams. Each attached session gets a [`SessionId`] of its own: a newer
+//! session of an agent (a greater epoch, or the same epoch connecting
+//! again) supersedes the older one, which is told so with a Drain, and only
+//! the session that is current can detach the agent, so a superseded
+//! session ending never takes the agent offline.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::Value;
+use switchyard_core::matcher::{AgentId, AgentView, Outcome};
+use switchyard_core::placement::CompiledPlacement;
+use switchyard_proto::v1 as pb;
+use tokio::sync::{Notify, mpsc};
+use tracing::debug;
+use uuid::Uuid;
+
+use super::{Dispatcher, State};
+use crate::model::{LeaseRecord, RevocationCause, TaskRecord};
+use crate::wire::session as down;
+
+/// Outbound half of one agent session.
+pub type SessionSender = mpsc::Sender<Box<pb::ConnectResponse>>;
+
+/// One attached session, unique on this replica (epochs are not: an agent
+/// may connect twice with the epoch it registered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SessionId(u64);
+
+/// One live session on this replica.
+#[derive(Debug, Clone)]
+pub(super) struct Session {
+    /// Which attached session this is.
+    pub(super) id: SessionId,
+    /// The epoch the session was opened with; a newer one replaces it.
+    pub(super) epoch: u64,
+    /// Where grants, revocations, acks and drains for the agent go.
+    tx: SessionSender,
+    /// Last time the agent said anything, for OFFLINE detection.
+    pub(super) last_seen_ms: i64,
+    /// Tells the session's reader to stop (superseded, silent, shutdown).
+    close: Arc<Notify>,
+    /// Tells the session its stored agent changed under it (an operator
+    /// change, possibly through another replica): reload before the next
+    /// diff.
+    pub(super) changed: Arc<AtomicBool>,
+}
+
+/// What a session's reader hands the dispatcher when it attaches.
+#[derive(Debug)]
+pub struct Attach {
+    /// The agent.
+    pub agent_id: Uuid,
+    /// The session epoch it connected with.
+    pub epoch: u64,
+    /// Its stream's outbound queue.
+    pub tx: SessionSender,
+    /// Notified to make the reader stop.
+    pub close: Arc<Notify>,
+    /// Set when the stored agent changed under the session.
+    pub changed: Arc<AtomicBool>,
+    /// How the matcher sees the agent now.
+    pub view: AgentView,
+}
+
+impl Dispatcher {
+    /// Registers a live session, superseding an older one of the same agent
+    /// (a Drain tells it why). `None` if a session with a greater epoch is
+    /// already connected here (the caller must refuse this one).
+    pub fn attach(&self, attach: Attach) -> Option<SessionId> {
+        let now = self.now_ms();
+        let id = SessionId(self.shared.next_session.fetch_add(1, Ordering::SeqCst));
+        let mut state = self.state();
+        if let Some(existing) = state.sessions.get(&attach.agent_id) {
+            if existing.epoch > attach.epoch {
+                return None;
+            }
+            let why = format!("superseded by session epoch {}", attach.epoch);
+            let _ = existing.tx.try_send(Box::new(down::drain(&why, 0)));
+            existing.close.notify_one();
+        }
+        let session = Session {
+            id,
+            epoch: attach.epoch,
+            tx: attach.tx,
+            last_seen_ms: now,
+            close: attach.close,
+            changed: attach.changed,
+        };
+        state.sessions.insert(attach.agent_id, session);
+        metrics::gauge!(crate::metrics::CONNECTED_AGENTS).set(state.sessions.len() as f64);
+        let unparked = state.queue.unpark_for(&attach.view);
+        state.index.upsert(attach.view);
+        drop(state);
+        self.changed_agent(unparked);
+        Some(id)
+    }
+
+    /// Removes the agent's session if `session` is still the current one
+    /// (true); a superseded session detaches nothing.
+    pub fn detach(&self, agent_id: Uuid, session: SessionId) -> bool {
+        let mut state = self.state();
+        if !state
+            .sessions
+            .get(&agent_id)
+            .is_some_and(|s| s.id == session)
+        {
+            return false;
+        }
+        if let Some(session) = state.sessions.remove(&agent_id) {
+            session.close.notify_one();
+        }
+        metrics::gauge!(crate::metrics::CONNECTED_AGENTS).set(state.sessions.len() as f64);
+        state.index.remove(agent_id.into());
+        true
+    }
+
+    /// Whether `session` is still the agent's live session here.
+    pub fn is_current(&self, agent_id: Uuid, session: SessionId) -> bool {
+        self.state()
+            .sessions
+            .get(&agent_id)
+            .is_some_and(|s| s.id == session)
+    }
+
+    /// Records that the agent was heard from.
+    pub fn touch(&self, agent_id: Uuid) {
+        let now = self.now_ms();
+        if let Some(s) = self.state().sessions.get_mut(&agent_id) {
+            s.last_seen_ms = now;
+        }
+    }
+
+    /// Stops granting and tells every connected agent to reconnect
+    /// elsewhere; used on shutdown.
+    pub fn drain_all(&self, reason: &str) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let _ = self.shared.stopped.send(true);
+        let sessions: Vec<Session> = self.state().sessions.drain().map(|(_, s)| s).collect();
+        for session in sessions {
+            let _ = session.tx.try_send(Box::new(down::drain(reason, 1_000)));
+            // The queued Drain is still delivered before the stream ends.
+            session.close.notify_one();
+        }
+    }
+
+    /// Sends a message to the agent if it is connected here; false if not
+    /// connected or its queue is full.
+    pub fn send(&self, agent_id: Uuid, message: pb::ConnectResponse) -> bool {
+        let tx = self.state().sessions.get(&agent_id).map(|s| s.tx.clone());
+        tx.is_some_and(|tx| {
+            let depth = tx.max_capacity() - tx.capacity();
+            metrics::histogram!(crate::metrics::STREAM_QUEUE_DEPTH).record(depth as f64);
+            tx.try_send(Box::new(message)).is_ok()
+        })
+    }
+
+    /// Pushes a granted lease down its agent's stream.
+    pub fn push_grant(&self, task: &TaskRecord, lease: &LeaseRecord) {
+        metrics::counter!(crate::metrics::GRANTS).increment(1);
+        self.state().placements.remove(&task.id);
+        if !self.send(lease.agent_id, down::grant(task, lease)) {
+            // Left unacknowledged: the sweeper revokes and re-matches it.
+            debug!(lease = %lease.id, agent = %lease.agent_id, "grant not queued to the agent stream");
+        }
+        self.task_changed(task.id);
+    }
+
+    /// Tells the agent holding `lease` to stop, if it is connected here.
+    pub fn revoke(&self, lease: &LeaseRecord, cause: RevocationCause, message: &str) -> bool {
+        self.revoke_ids(lease.agent_id, lease.id, lease.task_id, cause, message)
+    }
+
+    /// [`Dispatcher::revoke`] by ids.
+    pub(super) fn revoke_ids(
+        &self,
+        agent_id: Uuid,
+        lease_id: Uuid,
+        task_id: Uuid,
+        cause: RevocationCause,
+        message: &str,
+    ) -> bool {
+        self.send(agent_id, down::revoke(lease_id, task_id, cause, message))
+    }
+
+    /// The agent's view in the index, if connected here.
+    pub fn view(&self, agent_id: Uuid) -> Option<AgentView> {
+        self.state().index.get(agent_id.into()).cloned()
+    }
+
+    /// Replaces the agent's view in the index (document, status or load
+    /// changed) and wakes dispatch.
+    pub fn update_view(&self, view: AgentView) {
+        let mut state = self.state();
+        let mut unparked = false;
+        if state.sessions.contains_key(&view.agent_id.uuid()) {
+            unparked = state.queue.unpark_for(&view);
+            state.index.upsert(view);
+        }
+        drop(state);
+        // A changed agent matters only to tasks that wait.
+        self.changed_agent(unparked);
+    }
+
+    /// Replaces a connected agent's document in the index (a heartbeat's
+    /// diff), re-indexing only what changed: with `touched` (the document
+    /// the patch was applied to, and the patch's paths), only under those
+    /// paths if the index still holds that document; else by comparing the
+    /// whole documents (the index may hold a copy refreshed from the store).
+    pub fn replace_document(
+        &self,
+        agent_id: Uuid,
+        document: Arc<Value>,
+        touched: Option<(&Arc<Value>, &[json_patch::jsonptr::PointerBuf])>,
+    ) {
+        let key = AgentId::from(agent_id);
+        let mut state = self.state();
+        let mut unparked = false;
+        if state.sessions.contains_key(&agent_id) {
+            let holds = |from: &Arc<Value>| {
+                state
+                    .index
+                    .get(key)
+                    .is_some_and(|v| Arc::ptr_eq(&v.document, from))
+            };
+            match touched {
+                Some((from, paths)) if holds(from) => {
+                    let paths = paths.iter().map(|p| p.as_ptr());
+                    state.index.replace_document_at(key, document, paths);
+                }
+                _ => {
+                    state.index.replace_document(key, document);
+                }
+            }
+            let State { index, queue, .. } = &mut *state;
+            unparked = index.get(key).is_some_and(|view| queue.unpark_for(view));
+        }
+        drop(state);
+        self.changed_agent(unparked);
+    }
+
+    /// What matching says about a placement against the agents connected to
+    /// this replica (in memory; no store access).
+    pub fn local_outcome(&self, placement: &CompiledPlacement, namespace: &str) -> Outcome {
+        self.state().index.explain(placement, namespace).outcome
+    }
+
+    /// A lease of the agent ended: one more free slot (and a dispatch round,
+    /// unless nothing waits in the queue for it).
+    pub fn lease_ended(&self, agent_id: Uuid) {
+        let key = AgentId::from(agent_id);
+        let mut state = self.state();
+        if let Some(view) = state.index.get(key) {
+            let active = view.active_leases.saturating_sub(1);
+            let last = view.last_granted_at_ms;
+            state.index.update_load(key, active, last);
+        }
+        drop(state);
+        if !self.queue_clear() {
+            self.wake();
+        }
+    }
+
+    /// Takes a slot of the agent for a grant being made at `now_ms` (so the
+    /// next pick sees it taken); given back by [`Dispatcher::lease_ended`].
+    pub(super) fn reserve_slot(&self, state: &mut State, agent_id: AgentId, now_ms: i64) {
+        if let Some(view) = state.index.get(agent_id) {
+            let active = view.active_leases + 1;
+            state
+                .index
+                .update_load(agent_id, active, u64::try_from(now_ms).ok());
+        }
+    }
+
+    /// Marks the session's stored agent as changed under it; false if the
+    /// agent has no session here.
+    pub(super) fn mark_changed(&self, agent_id: Uuid) -> bool {
+        match self.state().sessions.get(&agent_id) {
+            Some(session) => {
+                session.changed.store(true, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        }
+    }
+}

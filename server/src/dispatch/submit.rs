@@ -1,0 +1,127 @@
+//! The submit protocol, whole: a task due now may be leased on the way in
+//! to an agent connected here that has room, when nothing waits in the
+//! queue (so it overtakes no one). The agent's slot is reserved before the
+//! commit, the task and its lease are stored in one group-committed
+//! transaction, and then the grant is pushed, or the reservation given back
+//! whatever went wrong; a task left queued is noted so the next round
+//! reads it.
+
+use switchyard_core::placement::CompiledPlacement;
+use tracing::info;
+use uuid::Uuid;
+
+use super::Dispatcher;
+use crate::error::{Error, Result};
+use crate::model::{
+    GrantOutcome, NewTask, QueuedReason, Submission, Submitted, TaskRecord, TaskState,
+};
+
+/// What a submit did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubmitOutcome {
+    /// The task as stored (an idempotent repeat: the task already there).
+    pub task: TaskRecord,
+    /// Whether this submit created it.
+    pub created: bool,
+    /// Why it waits, while it is queued: judged from the agents connected
+    /// to this replica, in memory (reading and matching the whole fleet on
+    /// every submit would cost more than the submit).
+    pub queued_reason: Option<QueuedReason>,
+}
+
+impl Dispatcher {
+    /// Submits a task (see the module doc); `placement` is its placement,
+    /// compiled.
+    pub async fn submit_task(
+        &self,
+        task: NewTask,
+        placement: &CompiledPlacement,
+    ) -> Result<SubmitOutcome> {
+        let now = self.now_ms();
+        // The batch that commits it reads the clock after this pick, so the
+        // lease is stamped after it (see the dispatch round's grants).
+        let target = if task.not_before_ms.is_none_or(|at| at <= now) {
+            self.place_now(placement, &task.namespace)
+        } else {
+            None
+        };
+        let submitted = self.commit_submit(Submission {
+            task,
+            agent_id: target,
+        });
+        let (record, created, grant) = match submitted.await {
+            Ok(submitted) => submitted,
+            Err(err) => {
+                if let Some(agent_id) = target {
+                    self.lease_ended(agent_id);
+                }
+                return Err(err);
+            }
+        };
+        let leased = match (target, grant) {
+            (_, Some(GrantOutcome::Granted(lease))) => {
+                self.push_grant(&record, &lease);
+                true
+            }
+            (Some(agent_id), _) => {
+                self.lease_ended(agent_id);
+                false
+            }
+            (None, _) => false,
+        };
+        info!(task = %record.id, created, leased, "task submitted");
+        if created && !leased {
+            self.note_queued_at(record.priority, record.created_at_ms, record.id);
+            self.wake();
+        }
+        let queued_reason = (record.state == TaskState::Queued).then(|| {
+            if record.not_before_ms > self.now_ms() {
+                QueuedReason::Backoff
+            } else {
+                QueuedReason::of(&self.local_outcome(placement, &record.namespace))
+            }
+        });
+        Ok(SubmitOutcome {
+            task: record,
+            created,
+            queued_reason,
+        })
+    }
+
+    /// Picks and reserves an agent for a task being submitted, if one
+    /// connected here has room and nothing waits in the queue.
+    fn place_now(&self, placement: &CompiledPlacement, namespace: &str) -> Option<Uuid> {
+        if self.stopping() || !self.queue_clear() {
+            return None;
+        }
+        let now = self.now_ms();
+        let mut state = self.state();
+        let started = std::time::Instant::now();
+        let selection = state.index.select_best(placement, namespace);
+        metrics::histogram!(crate::metrics::MATCH_SECONDS).record(started.elapsed().as_secs_f64());
+        let selection = selection?;
+        self.reserve_slot(&mut state, selection.agent_id, now);
+        Some(selection.agent_id.uuid())
+    }
+
+    /// Stores a submission (leasing it to its reserved agent, if any),
+    /// group-committed with other callers' submits.
+    async fn commit_submit(&self, submission: Submission) -> Result<Submitted> {
+        let mut results = match self.shared.submits.get() {
+            Some(group) => group.submit(vec![submission]).await?,
+            None => {
+                let now = self.now_ms();
+                self.shared
+                    .store
+                    .submit_many(std::slice::from_ref(&submission), now)
+                    .await?
+            }
+        };
+        results.pop().unwrap_or_else(|| {
+            Err(Error::Corrupt {
+                context: "submitting a task",
+                detail: "no result".to_owned(),
+            })
+        })
+    }
+}

@@ -1,0 +1,187 @@
+//! The sweep, every `sweep_interval_ms` on every replica at once: leases
+//! that ran out their TTL expire, grants nobody acknowledged are revoked,
+//! sessions silent for three heartbeat intervals are closed (the agent is
+//! OFFLINE), and every tenth sweep recounts from the store the leases of
+//! agents not picked lately.
+
+use std::time::Duration;
+
+use switchyard_core::matcher::{AgentId, AgentView};
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use super::Dispatcher;
+use crate::error::Result;
+use crate::model::{AgentStatus, LeaseRecord, RevocationCause, TaskRecord, TaskState};
+
+/// Every this many sweeps, the lease counts of quiet agents are checked
+/// against the store (see [`Dispatcher::recount_loads`]).
+const RECOUNT_EVERY_SWEEPS: u64 = 10;
+
+/// What an agent is told of a lease that expired.
+pub(super) const EXPIRED: &str = "lease expired before it was renewed";
+
+impl Dispatcher {
+    pub(super) async fn sweep_loop(self) {
+        let period = Duration::from_millis(
+            u64::try_from(self.shared.settings.sweep_interval_ms).unwrap_or(1_000),
+        );
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sweeps: u64 = 0;
+        loop {
+            ticker.tick().await;
+            if self.stopping() {
+                return;
+            }
+            if let Err(err) = self.sweep().await {
+                warn!(cause = %err, "sweep failed");
+            }
+            sweeps += 1;
+            if sweeps.is_multiple_of(RECOUNT_EVERY_SWEEPS)
+                && let Err(err) = self.recount_loads().await
+            {
+                warn!(cause = %err, "recounting agents' leases failed");
+            }
+        }
+    }
+
+    /// Expires lapsed leases, revokes grants nobody acknowledged, and closes
+    /// sessions that went silent. Safe on every replica at once.
+    pub async fn sweep(&self) -> Result<()> {
+        let now = self.now_ms();
+        let expired = self.shared.store.expire_leases(now, 500).await?;
+        metrics::counter!(crate::metrics::EXPIRIES).increment(expired.len() as u64);
+        for (lease, task) in &expired {
+            info!(lease = %lease.id, task = %task.id, agent = %lease.agent_id, state = task.state.as_str(), "lease expired");
+            self.revoke(lease, RevocationCause::Expired, EXPIRED);
+            self.lease_ended(lease.agent_id);
+            self.task_changed(task.id);
+        }
+        count_requeued(&expired);
+        let cutoff = now - self.shared.settings.ack_window_ms;
+        let unacked = self.shared.store.revoke_unacked(None, cutoff, now).await?;
+        self.unacked_revoked(&unacked, "grant not acknowledged in time");
+        self.close_silent_sessions(now).await?;
+        if !expired.is_empty() || !unacked.is_empty() {
+            self.wake();
+        }
+        Ok(())
+    }
+
+    /// Sessions silent for three heartbeat intervals: closed; the agent is
+    /// OFFLINE (recorded first, so that whoever sees the stream end also
+    /// sees the status) and its leases run out their TTL.
+    async fn close_silent_sessions(&self, now: i64) -> Result<()> {
+        let silent_before = now - 3 * self.shared.settings.heartbeat_interval_ms;
+        let silent: Vec<(Uuid, super::SessionId, u64)> = self
+            .state()
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.last_seen_ms < silent_before)
+            .map(|(id, s)| (*id, s.id, s.epoch))
+            .collect();
+        for (agent_id, session, epoch) in silent {
+            if !self.is_current(agent_id, session) {
+                continue;
+            }
+            self.shared
+                .store
+                .set_agent_status(agent_id, AgentStatus::Offline, &[], Some(epoch), now)
+                .await?;
+            if self.detach(agent_id, session) {
+                info!(agent = %agent_id, "agent silent for three heartbeat intervals: offline");
+            }
+        }
+        Ok(())
+    }
+
+    /// Corrects the index's lease counts of agents connected here from the
+    /// store. A slot stays counted if its lease ended where this replica
+    /// did not hear of it: another replica's sweeper, with the notification
+    /// lost while the listener was disconnected, or a submit whose caller
+    /// went away after its agent was reserved. Only agents not picked for
+    /// the last [`RECOUNT_EVERY_SWEEPS`] sweeps are recounted, so no grant
+    /// of theirs is in flight and the stored count is the whole truth.
+    pub async fn recount_loads(&self) -> Result<usize> {
+        let quiet_window = self.shared.settings.sweep_interval_ms
+            * i64::try_from(RECOUNT_EVERY_SWEEPS).unwrap_or(10);
+        let quiet_before = self.now_ms() - quiet_window;
+        let quiet = |v: &AgentView| {
+            v.active_leases > 0
+                && v.last_granted_at_ms
+                    .is_none_or(|at| i64::try_from(at).unwrap_or(i64::MAX) < quiet_before)
+        };
+        let candidates: Vec<Uuid> = {
+            let state = self.state();
+            state
+                .sessions
+                .keys()
+                .filter(|id| state.index.get(AgentId::from(**id)).is_some_and(quiet))
+                .copied()
+                .collect()
+        };
+        if candidates.is_empty() {
+            return Ok(0);
+        }
+        let stored = self.shared.store.live_lease_counts(&candidates).await?;
+        let mut corrected = 0;
+        let mut state = self.state();
+        for agent_id in candidates {
+            let key = AgentId::from(agent_id);
+            let Some(view) = state.index.get(key).filter(|v| quiet(v)) else {
+                continue;
+            };
+            let count = stored.get(&agent_id).copied().unwrap_or(0);
+            if count != view.active_leases {
+                warn!(agent = %agent_id, counted = view.active_leases, stored = count, "lease count corrected from the store");
+                let last = view.last_granted_at_ms;
+                state.index.update_load(key, count, last);
+                corrected += 1;
+            }
+        }
+        drop(state);
+        if corrected > 0 {
+            self.wake();
+        }
+        Ok(corrected)
+    }
+
+    /// Revokes the grants an agent never acknowledged once its session here
+    /// has ended: no acknowledgement can come, so the tasks go back to the
+    /// queue now rather than after the ack window. A grant the agent did
+    /// receive and acknowledges on a new session first is kept (the store
+    /// decides, under the task's lock). Answers how many were revoked.
+    pub async fn revoke_unacked_of(&self, agent_id: Uuid) -> Result<usize> {
+        let now = self.now_ms();
+        let revoked = self
+            .shared
+            .store
+            .revoke_unacked(Some(agent_id), i64::MAX, now)
+            .await?;
+        self.unacked_revoked(&revoked, "agent left without acknowledging a grant");
+        Ok(revoked.len())
+    }
+
+    /// What follows a revocation of grants never acknowledged: the agent is
+    /// told (if it is connected here, on a new session, say), its slot is
+    /// freed, and watchers hear of the task.
+    fn unacked_revoked(&self, revoked: &[(LeaseRecord, TaskRecord)], why: &str) {
+        count_requeued(revoked);
+        for (lease, task) in revoked {
+            info!(lease = %lease.id, task = %task.id, agent = %lease.agent_id, "{why}; revoked");
+            self.revoke(lease, RevocationCause::Unacknowledged, why);
+            self.lease_ended(lease.agent_id);
+            self.task_changed(task.id);
+        }
+    }
+}
+
+/// Counts the tasks the store put back in the queue.
+fn count_requeued(reclaimed: &[(LeaseRecord, TaskRecord)]) {
+    let requeued = reclaimed
+        .iter()
+        .filter(|(_, t)| t.state == TaskState::Queued)
+        .count();
+    metrics::counter!(crate::metrics::REQUEUES).increment(requeued as u64);
+}

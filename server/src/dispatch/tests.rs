@@ -1,0 +1,337 @@
+//! The dispatcher on its own: a real store (an SQLite file, and a
+//! PostgreSQL database of its own), the injected clock, and sessions that
+//! are plain channels, so a round, a sweep and a submit are driven by hand
+//! and what each pushes is read off the channel.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use serde_json::{Value, json};
+use sqlx::Connection;
+use switchyard_core::placement::{self, CompiledPlacement};
+use switchyard_core::selector;
+use switchyard_proto::v1::connect_response::Message as Down;
+use switchyard_proto::v1::{self as pb, RevocationReason};
+use tokio::sync::{Notify, mpsc};
+use uuid::Uuid;
+
+use super::sessions::Attach;
+use super::{DispatchSettings, Dispatcher};
+use crate::clock::{Clock, ManualClock};
+use crate::model::{
+    AgentRegistration, Completion, CompletionOutcome, NewTask, QueuedReason, Submission, TaskState,
+};
+use crate::store::{self, Store};
+
+/// The start of the tests' clock.
+const T0: i64 = 1_700_000_000_000;
+
+/// A dispatcher over a fresh store, its clock, and what to clean up.
+struct Fixture {
+    dispatcher: Dispatcher,
+    store: Arc<dyn Store>,
+    clock: ManualClock,
+    _dir: tempfile::TempDir,
+    pg: Option<(String, String)>,
+}
+
+impl Fixture {
+    async fn new(postgres: bool) -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let (url, pg) = if postgres {
+            let admin = std::env::var("SWITCHYARD_TEST_PG")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+            let name = format!("sy_dispatch_{}", Uuid::new_v4().simple());
+            let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connect");
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                .execute(&mut conn)
+                .await
+                .expect("create database");
+            let base = admin
+                .rsplit_once('/')
+                .map(|(b, _)| b.to_owned())
+                .expect("base");
+            (format!("{base}/{name}"), Some((admin, name)))
+        } else {
+            (
+                format!("sqlite://{}", dir.path().join("store.db").display()),
+                None,
+            )
+        };
+        let store = store::open(&url).await.expect("open the store");
+        store.migrate().await.expect("migrate");
+        let (clock, manual) = Clock::manual(T0);
+        let settings = DispatchSettings {
+            batch_size: 16,
+            ..DispatchSettings::default()
+        };
+        Self {
+            dispatcher: Dispatcher::new(store.clone(), clock, settings),
+            store,
+            clock: manual,
+            _dir: dir,
+            pg,
+        }
+    }
+
+    async fn finish(self) {
+        self.store.close().await;
+        if let Some((admin, name)) = self.pg {
+            let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connect");
+            let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+            sqlx::query(sqlx::AssertSqlSafe(drop))
+                .execute(&mut conn)
+                .await
+                .expect("drop database");
+        }
+    }
+
+    fn now(&self) -> i64 {
+        self.dispatcher.now_ms()
+    }
+
+    /// Registers an agent with `tags` and `capacity` and attaches a
+    /// session for it; the session's stream.
+    async fn connect(&self, name: &str, tags: &[&str], capacity: u32) -> Agent {
+        let document = json!({"tags": tags});
+        let registration = AgentRegistration {
+            namespace: "default".into(),
+            name: name.into(),
+            reported: document.clone(),
+            document: document.clone(),
+            provenance: json!({}),
+            rejections: json!([]),
+            capacity,
+            labels: BTreeMap::new(),
+            runner: "test".into(),
+        };
+        let record = self
+            .store
+            .register_agent(&registration, self.now())
+            .await
+            .expect("register");
+        let (tx, rx) = mpsc::channel(64);
+        let attach = Attach {
+            agent_id: record.id,
+            epoch: record.session_epoch,
+            tx,
+            close: Arc::new(Notify::new()),
+            changed: Arc::new(AtomicBool::new(false)),
+            view: record.view(),
+        };
+        self.dispatcher.attach(attach).expect("attached");
+        Agent { id: record.id, rx }
+    }
+
+    /// Stores a task needing `selector`, of `priority`, due at `not_before`.
+    async fn queue(&self, selector: &str, priority: i32, not_before: Option<i64>) -> Uuid {
+        let submission = Submission {
+            task: task(selector, priority, not_before),
+            agent_id: None,
+        };
+        let mut out = self
+            .store
+            .submit_many(&[submission], self.now())
+            .await
+            .expect("submit");
+        out.pop().expect("one").expect("stored").0.id
+    }
+}
+
+/// A connected agent's id and stream.
+struct Agent {
+    id: Uuid,
+    rx: mpsc::Receiver<Box<pb::ConnectResponse>>,
+}
+
+impl Agent {
+    /// The task ids of the grants waiting on the stream, in order.
+    fn grants(&mut self) -> Vec<Uuid> {
+        let mut granted = Vec::new();
+        while let Ok(message) = self.rx.try_recv() {
+            if let Some(Down::LeaseGrant(grant)) = message.message {
+                let task = grant.task.expect("granted task");
+                granted.push(task.task_id.parse().expect("task id"));
+            }
+        }
+        granted
+    }
+
+    /// The revocations waiting on the stream: task id and reason.
+    fn revocations(&mut self) -> Vec<(Uuid, RevocationReason)> {
+        let mut revoked = Vec::new();
+        while let Ok(message) = self.rx.try_recv() {
+            if let Some(Down::LeaseRevocation(r)) = message.message {
+                revoked.push((r.task_id.parse().expect("task id"), r.reason()));
+            }
+        }
+        revoked
+    }
+}
+
+fn task(selector: &str, priority: i32, not_before_ms: Option<i64>) -> NewTask {
+    let placement = compiled(selector).placement().clone();
+    NewTask {
+        namespace: "default".into(),
+        kind: "exec".into(),
+        payload: Value::Null,
+        placement: serde_json::to_value(placement).expect("placement"),
+        priority,
+        max_attempts: 3,
+        lease_ttl_ms: 10_000,
+        idempotency_key: None,
+        not_before_ms,
+        labels: BTreeMap::new(),
+    }
+}
+
+fn compiled(selector: &str) -> CompiledPlacement {
+    placement::compile(&selector::parse(selector).expect("selector")).expect("compile")
+}
+
+/// Runs `test` on an SQLite store, then on a PostgreSQL one.
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let fx = super::Fixture::new(false).await;
+                    super::$name(&fx).await;
+                    fx.finish().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let fx = super::Fixture::new(true).await;
+                    super::$name(&fx).await;
+                    fx.finish().await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_stores!(
+    a_round_fills_free_slots_in_priority_order,
+    a_parked_task_is_skipped_and_remembered_until_an_agent_can_run_it,
+    a_delayed_task_is_granted_once_it_comes_due,
+    a_lapsed_lease_is_expired_revoked_and_granted_again,
+    a_submit_is_leased_on_the_way_in_only_when_nothing_waits,
+);
+
+async fn a_round_fills_free_slots_in_priority_order(fx: &Fixture) {
+    let mut agent = fx.connect("a", &["linux"], 2).await;
+    let low = fx.queue("linux", 0, None).await;
+    let high = fx.queue("linux", 5, None).await;
+    let middle = fx.queue("linux", 1, None).await;
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 2);
+    assert_eq!(agent.grants(), [high, middle]);
+    assert_eq!(
+        fx.store.get_task(low).await.unwrap().state,
+        TaskState::Queued
+    );
+    let leased = fx.store.get_task(high).await.unwrap();
+    assert_eq!(
+        (leased.state, leased.agent_id),
+        (TaskState::Leased, Some(agent.id))
+    );
+    // The agent is full: nothing more until a slot frees.
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
+    let done = Completion {
+        lease_id: leased.lease_id.unwrap(),
+        task_id: high,
+        agent_id: agent.id,
+        fencing_token: leased.fencing_token,
+        outcome: CompletionOutcome::Succeeded { result: json!({}) },
+    };
+    fx.store.complete_leases(&[done], fx.now()).await.unwrap();
+    fx.dispatcher.lease_ended(agent.id);
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(agent.grants(), [low]);
+}
+
+async fn a_parked_task_is_skipped_and_remembered_until_an_agent_can_run_it(fx: &Fixture) {
+    let mut linux = fx.connect("a", &["linux"], 4).await;
+    let gpu_task = fx.queue("gpu", 9, None).await;
+    let linux_task = fx.queue("linux", 0, None).await;
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(linux.grants(), [linux_task]);
+    assert_eq!(fx.dispatcher.state().queue.parked_keys().len(), 1);
+    // A round now finds nothing to read past the parked head.
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
+    let mut gpu = fx.connect("g", &["gpu"], 1).await;
+    assert!(fx.dispatcher.state().queue.parked_keys().is_empty());
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(gpu.grants(), [gpu_task]);
+    assert!(linux.grants().is_empty());
+}
+
+async fn a_delayed_task_is_granted_once_it_comes_due(fx: &Fixture) {
+    let mut agent = fx.connect("a", &["linux"], 1).await;
+    let later = fx.queue("linux", 0, Some(T0 + 1_000)).await;
+    fx.dispatcher.note_due(T0 + 1_000);
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
+    assert_eq!(
+        fx.dispatcher.until_due(fx.now()),
+        Some(std::time::Duration::from_millis(1_000))
+    );
+    fx.clock.advance(1_000);
+    fx.dispatcher.take_due(fx.now());
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(agent.grants(), [later]);
+}
+
+async fn a_lapsed_lease_is_expired_revoked_and_granted_again(fx: &Fixture) {
+    let mut agent = fx.connect("a", &["linux"], 1).await;
+    let id = fx.queue("linux", 0, None).await;
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(agent.grants(), [id]);
+    // Past the ack window, and past the lease's TTL unrenewed.
+    fx.clock.advance(10_000);
+    fx.dispatcher.touch(agent.id);
+    fx.dispatcher.sweep().await.unwrap();
+    let revoked = agent.revocations();
+    assert_eq!(revoked, [(id, RevocationReason::Expired)]);
+    let task = fx.store.get_task(id).await.unwrap();
+    assert_eq!(task.state, TaskState::Queued);
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(agent.grants(), [id]);
+    assert_eq!(fx.store.get_task(id).await.unwrap().fencing_token, 2);
+}
+
+async fn a_submit_is_leased_on_the_way_in_only_when_nothing_waits(fx: &Fixture) {
+    // Before any round has seen the queue, a submit does not jump it.
+    let nobody = fx
+        .dispatcher
+        .submit_task(task("gpu", 0, None), &compiled("gpu"))
+        .await
+        .unwrap();
+    assert_eq!(nobody.task.state, TaskState::Queued);
+    assert_eq!(nobody.queued_reason, Some(QueuedReason::Parked));
+    let mut agent = fx.connect("a", &["linux"], 1).await;
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
+    // The queue holds only a parked task: a submit is leased at once.
+    let linux = compiled("linux");
+    let first = fx
+        .dispatcher
+        .submit_task(task("linux", 0, None), &linux)
+        .await
+        .unwrap();
+    assert_eq!((first.task.state, first.created), (TaskState::Leased, true));
+    assert_eq!(first.queued_reason, None);
+    assert_eq!(agent.grants(), [first.task.id]);
+    // The agent is full: the next one waits for capacity.
+    let second = fx
+        .dispatcher
+        .submit_task(task("linux", 0, None), &linux)
+        .await
+        .unwrap();
+    assert_eq!(second.task.state, TaskState::Queued);
+    assert_eq!(second.queued_reason, Some(QueuedReason::WaitingForCapacity));
+    assert!(agent.grants().is_empty());
+}

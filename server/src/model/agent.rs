@@ -1,0 +1,166 @@
+//! An agent as the server keeps it: its record ([`AgentRecord`]) and
+//! status, what it registers with, and the writes one heartbeat makes
+//! ([`Beat`], [`DocumentWrite`]) and what they did ([`BeatApplied`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+pub use switchyard_core::matcher::AgentStatus;
+use switchyard_core::matcher::AgentView;
+use uuid::Uuid;
+
+use super::names::StoredName;
+
+impl StoredName for AgentStatus {
+    const WHAT: &'static str = "agent status";
+    const NAMES: &'static [(Self, &'static str)] = &[
+        (Self::Ready, "ready"),
+        (Self::Degraded, "degraded"),
+        (Self::Draining, "draining"),
+        (Self::Offline, "offline"),
+    ];
+}
+
+/// A registered agent as the server sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentRecord {
+    /// Stable across sessions of the same (namespace, name).
+    pub id: Uuid,
+    /// The namespace it serves.
+    pub namespace: String,
+    /// Unique within the namespace.
+    pub name: String,
+    /// The merged document: agent tiers plus the operator tier.
+    pub document: Value,
+    /// Which tier each value of `document` came from.
+    pub provenance: Value,
+    /// Values the merge refused, with reasons.
+    pub rejections: Value,
+    /// The agent's own merged document before the operator tier.
+    pub reported: Value,
+    /// The operator tier.
+    pub operator_overrides: Value,
+    /// Bumped on every document change; compare-and-set guard for diffs.
+    pub generation: u64,
+    /// READY, DEGRADED, DRAINING or OFFLINE, as last written.
+    pub status: AgentStatus,
+    /// Why the status is what it is.
+    pub status_reasons: Vec<String>,
+    /// Maximum concurrent leases.
+    pub capacity: u32,
+    /// Leases held now (GRANTED or ACTIVE), counted from the live leases.
+    pub active_leases: u32,
+    /// An operator drain is in force.
+    pub drained: bool,
+    /// Labels set at registration.
+    pub labels: BTreeMap<String, String>,
+    /// What the agent runs as.
+    pub runner: String,
+    /// Bumped on every registration; a newer session supersedes older ones.
+    pub session_epoch: u64,
+    /// When the server last heard from the agent.
+    pub last_seen_at_ms: i64,
+    /// When the agent first registered.
+    pub registered_at_ms: i64,
+}
+
+impl AgentRecord {
+    /// The status matching goes by: DRAINING while an operator drain is in
+    /// force, whatever the agent last said.
+    pub fn effective_status(&self) -> AgentStatus {
+        if self.drained {
+            AgentStatus::Draining
+        } else {
+            self.status
+        }
+    }
+
+    /// How the matcher sees the agent: no grant time known (the index that
+    /// holds it keeps its own).
+    pub fn view(&self) -> AgentView {
+        AgentView {
+            agent_id: self.id.into(),
+            namespace: self.namespace.clone(),
+            status: self.effective_status(),
+            capacity: self.capacity,
+            active_leases: self.active_leases,
+            last_granted_at_ms: None,
+            document: Arc::new(self.document.clone()),
+        }
+    }
+}
+
+/// What an agent registers with (an upsert on namespace and name).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentRegistration {
+    /// The namespace it serves.
+    pub namespace: String,
+    /// Unique within the namespace.
+    pub name: String,
+    /// The agent's own merged document.
+    pub reported: Value,
+    /// The merged document including the operator tier, computed by the
+    /// caller (the store does not merge).
+    pub document: Value,
+    /// Provenance of `document`.
+    pub provenance: Value,
+    /// Values the merge refused.
+    pub rejections: Value,
+    /// Maximum concurrent leases.
+    pub capacity: u32,
+    /// Labels for display and listing.
+    pub labels: BTreeMap<String, String>,
+    /// What the agent runs as.
+    pub runner: String,
+}
+
+/// One heartbeat's writes (the store applies the heartbeats of many
+/// sessions in one transaction).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Beat {
+    /// The agent.
+    pub agent_id: Uuid,
+    /// Its session; a status is written only while this is still current.
+    pub session_epoch: u64,
+    /// Renew the agent's live leases (the session skips it while the agent
+    /// holds none).
+    pub renew: bool,
+    /// Record that the agent was heard from (the session does it now and
+    /// then, not on every heartbeat: liveness is judged in memory).
+    pub touch: bool,
+    /// A new status and its reasons, when they changed.
+    pub status: Option<(AgentStatus, Vec<String>)>,
+    /// A new document (the session applied a diff), when it changed.
+    pub document: Option<DocumentWrite>,
+}
+
+/// A document the session computed from diffs, written only if the stored
+/// generation is still the one it descends from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DocumentWrite {
+    /// The stored generation the session's document descends from; the
+    /// write happens only if it is still stored.
+    pub expected_generation: u64,
+    /// The generation to store with it (the session's own, which counts
+    /// every diff it applied, written or not; greater than `expected`).
+    pub generation: u64,
+    /// The agent's own tiers merged (what its diffs apply to).
+    pub reported: Value,
+    /// With the operator tier merged over it: what the matcher sees.
+    pub document: Value,
+    /// Which tier every leaf came from.
+    pub provenance: Value,
+}
+
+/// What one heartbeat's writes did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BeatApplied {
+    /// Leases renewed and the agent touched; no document was given.
+    Renewed,
+    /// The document was written; its new generation.
+    Written(u64),
+    /// The document was not written: the stored generation (held) moved
+    /// on meanwhile (an operator change); the session must resync.
+    Stale(u64),
+}

@@ -1,0 +1,335 @@
+//! A lease's life: [`LeaseState`], how it ended ([`LeaseEnd`]), why the
+//! server took it back ([`RevocationCause`]); asking for grants and what
+//! came of them; the reports an agent makes about a lease and what they
+//! did; and the retry backoff after a failed attempt.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::names::{StoredName, display};
+use super::task::{NewTask, TaskRecord};
+
+/// Where a lease is in its life (`LeaseState` in task.proto).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseState {
+    /// Granted and sent; not yet acknowledged by the agent.
+    Granted,
+    /// Acknowledged by the agent.
+    Active,
+    /// Ended by a success or failure report.
+    Completed,
+    /// Handed back by the agent or revoked by the server.
+    Released,
+    /// Not renewed within its TTL.
+    Expired,
+}
+
+impl StoredName for LeaseState {
+    const WHAT: &'static str = "lease state";
+    const NAMES: &'static [(Self, &'static str)] = &[
+        (Self::Granted, "granted"),
+        (Self::Active, "active"),
+        (Self::Completed, "completed"),
+        (Self::Released, "released"),
+        (Self::Expired, "expired"),
+    ];
+}
+
+impl LeaseState {
+    /// The name stored in the `state` column.
+    pub fn as_str(self) -> &'static str {
+        StoredName::stored(self)
+    }
+
+    /// True while the lease holds its task (GRANTED or ACTIVE).
+    pub fn is_live(self) -> bool {
+        matches!(self, Self::Granted | Self::Active)
+    }
+}
+
+impl fmt::Display for LeaseState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        display(*self, f)
+    }
+}
+
+/// What ended a lease, recorded on it (the `outcome` column): a repeated
+/// final report is recognised by it, and nothing else ends a lease twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseEnd {
+    /// The agent reported success.
+    Succeeded,
+    /// The agent reported a failure.
+    Failed,
+    /// The agent handed the task back.
+    Released,
+    /// The lease ran out of its TTL unrenewed.
+    Expired,
+    /// The server revoked a grant the agent never acknowledged.
+    Unacknowledged,
+}
+
+impl StoredName for LeaseEnd {
+    const WHAT: &'static str = "lease end";
+    const NAMES: &'static [(Self, &'static str)] = &[
+        (Self::Succeeded, "succeeded"),
+        (Self::Failed, "failed"),
+        (Self::Released, "released"),
+        (Self::Expired, "expired"),
+        (Self::Unacknowledged, "unacknowledged"),
+    ];
+}
+
+impl LeaseEnd {
+    /// The name stored in the `outcome` column.
+    pub fn as_str(self) -> &'static str {
+        StoredName::stored(self)
+    }
+}
+
+/// Why the server takes a lease back from its holder (`RevocationReason`
+/// in agent_service.proto). Carried as this value, never read out of a
+/// message: what a person wrote cannot change what an agent is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RevocationCause {
+    /// The task was canceled.
+    Canceled,
+    /// The lease expired before it was renewed.
+    Expired,
+    /// A newer session of the agent superseded it.
+    Superseded,
+    /// The agent did not acknowledge the grant in time.
+    Unacknowledged,
+    /// The server does not hold the lease for the agent.
+    UnknownLease,
+}
+
+impl StoredName for RevocationCause {
+    const WHAT: &'static str = "revocation cause";
+    const NAMES: &'static [(Self, &'static str)] = &[
+        (Self::Canceled, "canceled"),
+        (Self::Expired, "expired"),
+        (Self::Superseded, "superseded"),
+        (Self::Unacknowledged, "unacknowledged"),
+        (Self::UnknownLease, "unknown_lease"),
+    ];
+}
+
+/// One attempt's exclusive, time-limited right to run a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The lease's id (UUIDv7).
+    pub id: Uuid,
+    /// The leased task.
+    pub task_id: Uuid,
+    /// The holder.
+    pub agent_id: Uuid,
+    /// Monotonic per task; reports carrying an older token are refused.
+    pub fencing_token: u64,
+    /// Where the lease is in its life.
+    pub state: LeaseState,
+    /// When it was granted.
+    pub granted_at_ms: i64,
+    /// The agent acknowledged the grant (unacked grants get revoked).
+    pub acked: bool,
+    /// When it runs out unless renewed.
+    pub expires_at_ms: i64,
+    /// What ended it, once it ended.
+    pub ended_by: Option<LeaseEnd>,
+}
+
+/// Asks to lease a task to an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantRequest {
+    /// The task to lease.
+    pub task_id: Uuid,
+    /// The agent to lease it to.
+    pub agent_id: Uuid,
+}
+
+/// Why a grant was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantRefusal {
+    /// Missing, no longer QUEUED, or being changed by another transaction.
+    TaskNotQueued,
+    /// The agent already holds `capacity` leases.
+    AgentAtCapacity,
+    /// No such agent.
+    AgentUnknown,
+    /// The task's `not_before` is in the future.
+    NotYet,
+}
+
+/// What became of one grant request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrantOutcome {
+    /// Leased: the new lease.
+    Granted(LeaseRecord),
+    /// Not leased, and why; nothing changed.
+    Refused(GrantRefusal),
+}
+
+/// One submit of a group-committed batch (see `TaskStore::submit_many`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submission {
+    /// The task.
+    pub task: NewTask,
+    /// The agent the dispatcher reserved for it on the way in, if any: the
+    /// task is leased to it in the same transaction.
+    pub agent_id: Option<Uuid>,
+}
+
+/// What a submit did: the task as stored, whether it was created (`false`:
+/// an idempotent repeat returned the existing task), and the outcome of
+/// leasing it to the reserved agent (`None` when none was reserved, or for
+/// a repeat).
+pub type Submitted = (TaskRecord, bool, Option<GrantOutcome>);
+
+/// How an attempt ended, as the agent reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CompletionOutcome {
+    /// The handler succeeded.
+    Succeeded {
+        /// Its output.
+        result: Value,
+    },
+    /// The handler failed.
+    Failed {
+        /// `{"message","code","retryable","details"}`.
+        error: Value,
+        /// False if a retry cannot succeed.
+        retryable: bool,
+    },
+    /// The agent hands the task back without running it to the end.
+    Released {
+        /// Why, for the history.
+        reason: String,
+    },
+}
+
+impl CompletionOutcome {
+    /// What this report records on the lease it ends.
+    pub fn end(&self) -> LeaseEnd {
+        match self {
+            Self::Succeeded { .. } => LeaseEnd::Succeeded,
+            Self::Failed { .. } => LeaseEnd::Failed,
+            Self::Released { .. } => LeaseEnd::Released,
+        }
+    }
+}
+
+/// An agent's final report about one lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// The lease the report is about.
+    pub lease_id: Uuid,
+    /// The task it leased.
+    pub task_id: Uuid,
+    /// The reporting agent.
+    pub agent_id: Uuid,
+    /// The token of the lease; an older one than the task's is refused.
+    pub fencing_token: u64,
+    /// How the attempt ended.
+    pub outcome: CompletionOutcome,
+}
+
+/// One lease report of an agent session (the store applies the reports of
+/// many sessions in one transaction).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseReport {
+    /// The lease the report is about.
+    pub lease_id: Uuid,
+    /// The task it leased.
+    pub task_id: Uuid,
+    /// The reporting agent.
+    pub agent_id: Uuid,
+    /// The token of the lease; an older one than the task's is refused.
+    pub fencing_token: u64,
+    /// What the agent says.
+    pub kind: ReportKind,
+}
+
+impl LeaseReport {
+    /// Whether `other` is about the same lease, from the same holder.
+    pub fn same_lease(&self, other: &LeaseReport) -> bool {
+        self.lease_id == other.lease_id
+            && self.task_id == other.task_id
+            && self.agent_id == other.agent_id
+            && self.fencing_token == other.fencing_token
+    }
+
+    /// The final report this is, as a completion.
+    pub fn completion(&self, outcome: &CompletionOutcome) -> Completion {
+        Completion {
+            lease_id: self.lease_id,
+            task_id: self.task_id,
+            agent_id: self.agent_id,
+            fencing_token: self.fencing_token,
+            outcome: outcome.clone(),
+        }
+    }
+}
+
+/// What a [`LeaseReport`] says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReportKind {
+    /// The agent took the grant (GRANTED to ACTIVE); repeating it is fine.
+    Accepted,
+    /// The agent started the task (LEASED to RUNNING); repeating it is fine.
+    Started,
+    /// The latest progress of a running task.
+    Progress(Value),
+    /// The attempt ended.
+    Final(CompletionOutcome),
+}
+
+/// What an accepted [`LeaseReport`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportApplied {
+    /// A final report ended the lease and freed the agent's slot (false for
+    /// a repeated final report and for every other kind).
+    pub ended: bool,
+}
+
+/// The result of an accepted completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionResult {
+    /// The task after the report.
+    pub task: TaskRecord,
+    /// The same final report was repeated: acknowledged, nothing changed.
+    pub duplicate: bool,
+}
+
+/// The first retry delay unless a store is configured otherwise.
+pub const DEFAULT_BACKOFF_BASE_MS: i64 = 1_000;
+
+/// The longest retry delay.
+pub const MAX_BACKOFF_MS: i64 = 5 * 60 * 1_000;
+
+/// The delay before retrying after `attempts` failed attempts: `base`,
+/// doubling each attempt, capped at five minutes.
+pub fn backoff_ms(base_ms: i64, attempts: u32) -> i64 {
+    let doublings = attempts.saturating_sub(1).min(30);
+    base_ms
+        .saturating_mul(1_i64 << doublings)
+        .min(MAX_BACKOFF_MS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff_ms(1_000, 1), 1_000);
+        assert_eq!(backoff_ms(1_000, 2), 2_000);
+        assert_eq!(backoff_ms(1_000, 4), 8_000);
+        assert_eq!(backoff_ms(1_000, 40), MAX_BACKOFF_MS);
+    }
+}

@@ -1,0 +1,39 @@
+//! The server's domain records: tasks, leases, agents, tokens and the
+//! events every replica hears, as plain Rust (no protobuf, no SQL), with
+//! their lifecycles as enums from the store's rows to the wire. The store
+//! persists them, the dispatcher and the API act on them, and [`crate::wire`]
+//! shows them to clients. Times are Unix milliseconds; JSON documents are
+//! `serde_json::Value`.
+//!
+//! # Layout
+//! - [`task`]: a task's life ([`TaskState`]), what is submitted and stored,
+//!   its history, and how the queue is read.
+//! - [`lease`]: a lease's life ([`LeaseState`], [`LeaseEnd`]), grants,
+//!   lease reports and their outcomes, why the server revokes
+//!   ([`RevocationCause`]), and the retry backoff.
+//! - [`agent`]: an agent's record and status, registration, heartbeats.
+//! - [`token`]: bearer token records and [`Role`]s.
+//! - [`event`]: [`StoreEvent`], the wake-ups every replica hears.
+//! - [`names`]: the stored name of every lifecycle enum, and
+//!   [`UnknownState`] for a name the code does not know.
+
+pub mod agent;
+pub mod event;
+pub mod lease;
+pub mod names;
+pub mod task;
+pub mod token;
+
+pub use agent::{AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, DocumentWrite};
+pub use event::{EndedLease, StoreEvent};
+pub use lease::{
+    Completion, CompletionOutcome, CompletionResult, DEFAULT_BACKOFF_BASE_MS, GrantOutcome,
+    GrantRefusal, GrantRequest, LeaseEnd, LeaseRecord, LeaseReport, LeaseState, MAX_BACKOFF_MS,
+    ReportApplied, ReportKind, RevocationCause, Submission, Submitted, backoff_ms,
+};
+pub use names::{StoredName, UnknownState};
+pub use task::{
+    NewTask, Page, ParkedPlacement, QueueCursor, QueuedReason, TaskEventRecord, TaskFilter,
+    TaskRecord, TaskState,
+};
+pub use token::{Role, TokenRecord};

@@ -1,0 +1,254 @@
+//! A task's life: [`TaskState`], what a submitter hands in ([`NewTask`]),
+//! what the store keeps ([`TaskRecord`]) and the append-only history
+//! ([`TaskEventRecord`]), and how the queue and listings are read
+//! ([`QueueCursor`], [`ParkedPlacement`], [`TaskFilter`], [`Page`]).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::names::{StoredName, display};
+
+/// Where a task is in its life (`TaskState` in task.proto).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    /// Waiting for an agent.
+    Queued,
+    /// Granted to an agent that has not reported it started.
+    Leased,
+    /// The leasing agent reported it started.
+    Running,
+    /// Terminal: an agent reported success.
+    Succeeded,
+    /// Terminal: out of attempts, or a non-retryable failure.
+    Failed,
+    /// Terminal: canceled by a submitter or operator.
+    Canceled,
+}
+
+impl StoredName for TaskState {
+    const WHAT: &'static str = "task state";
+    const NAMES: &'static [(Self, &'static str)] = &[
+        (Self::Queued, "queued"),
+        (Self::Leased, "leased"),
+        (Self::Running, "running"),
+        (Self::Succeeded, "succeeded"),
+        (Self::Failed, "failed"),
+        (Self::Canceled, "canceled"),
+    ];
+}
+
+impl TaskState {
+    /// The name stored in the `state` column.
+    pub fn as_str(self) -> &'static str {
+        StoredName::stored(self)
+    }
+
+    /// True for SUCCEEDED, FAILED and CANCELED, which never change again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Canceled)
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        display(*self, f)
+    }
+}
+
+/// Why a queued task has no agent yet (`QueuedReason` in task.proto).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueuedReason {
+    /// No agent could ever take it as things are: it waits until one can.
+    Parked,
+    /// Agents that can take it are busy.
+    WaitingForCapacity,
+    /// A retry backing off, or a delayed submit, not yet due.
+    Backoff,
+}
+
+impl QueuedReason {
+    /// The reason of a due task, from what matching says about it.
+    pub fn of(outcome: &switchyard_core::matcher::Outcome) -> Self {
+        match outcome {
+            switchyard_core::matcher::Outcome::Parked(_) => Self::Parked,
+            // A placeable task is about to be granted; until then it waits.
+            _ => Self::WaitingForCapacity,
+        }
+    }
+}
+
+/// A task as submitted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    /// Only agents and principals of this namespace see the task.
+    pub namespace: String,
+    /// What kind of work; agents dispatch on it.
+    pub kind: String,
+    /// The handler's input.
+    pub payload: Value,
+    /// Opaque to the store: the JSON of the task's placement, matched by the
+    /// dispatcher.
+    pub placement: Value,
+    /// Higher runs first.
+    pub priority: i32,
+    /// After this many unsuccessful attempts the task is FAILED.
+    pub max_attempts: u32,
+    /// How long a lease lives without renewal.
+    pub lease_ttl_ms: i64,
+    /// Makes submit idempotent within the namespace.
+    pub idempotency_key: Option<String>,
+    /// Not leased before this time (a delayed submit); now when `None`.
+    pub not_before_ms: Option<i64>,
+    /// Free-form labels for listing and display.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A task and everything known about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecord {
+    /// UUIDv7, time-ordered.
+    pub id: Uuid,
+    /// The task's namespace.
+    pub namespace: String,
+    /// What kind of work.
+    pub kind: String,
+    /// The handler's input.
+    pub payload: Value,
+    /// The placement JSON, opaque to the store.
+    pub placement: Value,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Where the task is now.
+    pub state: TaskState,
+    /// Attempts that ended without success (failures and lost leases).
+    pub attempts: u32,
+    /// The attempt budget.
+    pub max_attempts: u32,
+    /// Lease lifetime without renewal.
+    pub lease_ttl_ms: i64,
+    /// The submitter's idempotency key, if any.
+    pub idempotency_key: Option<String>,
+    /// Not leased before this time (backoff or delayed submit).
+    pub not_before_ms: i64,
+    /// The handler's output once SUCCEEDED.
+    pub result: Option<Value>,
+    /// The last failure: `{"message","code","retryable","details"}`.
+    pub error: Option<Value>,
+    /// The last fencing token issued for the task, 0 if never leased.
+    pub fencing_token: u64,
+    /// The live lease while LEASED or RUNNING.
+    pub lease_id: Option<Uuid>,
+    /// The agent holding the live lease.
+    pub agent_id: Option<Uuid>,
+    /// When the live lease runs out unless renewed.
+    pub lease_expires_at_ms: Option<i64>,
+    /// A cancel was requested while the task was leased or running.
+    pub cancel_requested: bool,
+    /// The last progress the running agent reported.
+    pub progress: Option<Value>,
+    /// Free-form labels.
+    pub labels: BTreeMap<String, String>,
+    /// When the task was submitted.
+    pub created_at_ms: i64,
+    /// When the task last changed.
+    pub updated_at_ms: i64,
+}
+
+/// One entry of a task's append-only history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskEventRecord {
+    /// The task.
+    pub task_id: Uuid,
+    /// Position in the task's history, from 1.
+    pub sequence: u64,
+    /// What happened (`submitted`, `leased`, `started`, …).
+    pub kind: String,
+    /// The task's state after the event.
+    pub state: TaskState,
+    /// Details for people.
+    pub message: String,
+    /// The agent involved, if any.
+    pub agent_id: Option<Uuid>,
+    /// The lease involved, if any.
+    pub lease_id: Option<Uuid>,
+    /// When it happened.
+    pub occurred_at_ms: i64,
+}
+
+/// Which tasks a listing returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    /// Only this namespace.
+    pub namespace: String,
+    /// Only these states; all when empty.
+    pub states: Vec<TaskState>,
+    /// Only this kind.
+    pub kind: Option<String>,
+}
+
+/// A page request for list methods.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Page {
+    /// At most this many rows (at least 1).
+    pub size: u32,
+    /// The opaque cursor a previous page returned.
+    pub after: Option<String>,
+}
+
+/// Where a walk down the queue stopped: the last task seen, in queue order
+/// (priority descending, then submission order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueCursor {
+    /// The last task's priority.
+    pub priority: i32,
+    /// Its submission time.
+    pub created_at_ms: i64,
+    /// Its id (the final tiebreak).
+    pub task_id: Uuid,
+}
+
+impl QueueCursor {
+    /// The cursor just after `task`.
+    pub fn after(task: &TaskRecord) -> Self {
+        Self {
+            priority: task.priority,
+            created_at_ms: task.created_at_ms,
+            task_id: task.id,
+        }
+    }
+
+    /// The cursor just before `task`: a walk from it reads `task` first.
+    pub fn before(task: &TaskRecord) -> Self {
+        Self {
+            priority: task.priority,
+            created_at_ms: task.created_at_ms,
+            task_id: Uuid::from_u128(task.id.as_u128().saturating_sub(1)),
+        }
+    }
+
+    /// Whether a walk from this cursor reads a task at this place in the
+    /// queue (it comes after the cursor).
+    pub fn reaches(&self, priority: i32, created_at_ms: i64, task_id: Uuid) -> bool {
+        priority < self.priority
+            || (priority == self.priority
+                && (created_at_ms, task_id) > (self.created_at_ms, self.task_id))
+    }
+}
+
+/// A placement no agent connected to this replica can run: the
+/// dispatcher's walk down the queue leaves out the queued tasks of this
+/// namespace with exactly this placement until an agent that can run it
+/// appears, so a great many parked tasks cost a round nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ParkedPlacement {
+    /// The tasks' namespace.
+    pub namespace: String,
+    /// The tasks' placement as JSON text (`TaskRecord::placement`
+    /// serialized); compared as JSON, not as text, where the store can.
+    pub placement: String,
+}

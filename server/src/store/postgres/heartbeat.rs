@@ -1,0 +1,126 @@
+//! PostgreSQL's heartbeats: a batch's renewals and touches in two
+//! statements, its document writes in one compare-and-set statement.
+
+use std::collections::HashMap;
+
+use sqlx::Postgres;
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::model::{Beat, BeatApplied, DocumentWrite};
+use crate::store::plan::{db, to_i64, to_u64};
+use crate::store::sql::{Write, agents};
+
+/// Renews the live leases of the agents in `$1` to `$2` plus their TTL.
+const RENEW_MANY: &str = "UPDATE leases SET expires_at_ms = $2 + \
+  (SELECT t.lease_ttl_ms FROM tasks t WHERE t.id = leases.task_id) \
+  WHERE agent_id = ANY($1) AND state IN ('granted', 'active')";
+
+/// Touches the agents in `$1` (their rows locked in id order).
+const TOUCH_MANY: &str = "UPDATE agents SET last_seen_at_ms = $2 FROM \
+  (SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE) locked \
+  WHERE agents.id = locked.id AND agents.last_seen_at_ms < $2";
+
+/// Writes documents under their generation compare-and-set, in one
+/// statement; answers the agents written and their new generations.
+const WRITE_DOCUMENTS: &str = "UPDATE agents a SET reported = d.reported::jsonb, \
+  document = d.document::jsonb, provenance = d.provenance::jsonb, generation = d.generation, \
+  updated_at_ms = $6 \
+  FROM UNNEST($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::text[], $7::int8[]) \
+  AS d(id, expected, reported, document, provenance, generation) \
+  WHERE a.id = d.id AND a.generation = d.expected RETURNING a.id, a.generation";
+
+/// Sorted, deduplicated ids of the beats `pick` chooses.
+fn beat_ids(beats: &[Beat], pick: fn(&Beat) -> bool) -> Vec<Uuid> {
+    let mut ids: Vec<Uuid> = beats
+        .iter()
+        .filter(|b| pick(b))
+        .map(|b| b.agent_id)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// `AgentStore::heartbeats` in `w`: the live leases of agents holding some
+/// renewed and agents due a touch touched (two statements for the whole
+/// batch, agent rows in id order), status changes (rare) one by one, and
+/// documents in one compare-and-set statement.
+pub(super) async fn heartbeats(
+    w: &mut Write<Postgres>,
+    beats: &[Beat],
+    now_ms: i64,
+) -> Result<Vec<Result<BeatApplied>>> {
+    sqlx::query(RENEW_MANY)
+        .bind(beat_ids(beats, |b| b.renew))
+        .bind(now_ms)
+        .execute(w.conn())
+        .await
+        .map_err(db("renewing leases"))?;
+    sqlx::query(TOUCH_MANY)
+        .bind(beat_ids(beats, |b| b.touch))
+        .bind(now_ms)
+        .execute(w.conn())
+        .await
+        .map_err(db("touching agents"))?;
+    for beat in beats {
+        if let Some((status, reasons)) = &beat.status {
+            let epoch = Some(beat.session_epoch);
+            agents::set_status(w, beat.agent_id, *status, reasons, epoch, now_ms).await?;
+        }
+    }
+    let writes: Vec<(Uuid, &DocumentWrite)> = beats
+        .iter()
+        .filter_map(|b| b.document.as_ref().map(|d| (b.agent_id, d)))
+        .collect();
+    let written = write_documents(w, &writes, now_ms).await?;
+    let mut results = Vec::with_capacity(beats.len());
+    for beat in beats {
+        results.push(match &beat.document {
+            None => Ok(BeatApplied::Renewed),
+            Some(_) => match written.get(&beat.agent_id) {
+                Some(&generation) => Ok(BeatApplied::Written(to_u64(generation))),
+                None => agents::must_fetch::<Postgres>(w.conn(), beat.agent_id)
+                    .await
+                    .map(|a| BeatApplied::Stale(a.generation)),
+            },
+        });
+    }
+    Ok(results)
+}
+
+/// Runs [`WRITE_DOCUMENTS`]; the agents written and their generations.
+async fn write_documents(
+    w: &mut Write<Postgres>,
+    writes: &[(Uuid, &DocumentWrite)],
+    now_ms: i64,
+) -> Result<HashMap<Uuid, i64>> {
+    if writes.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let ids: Vec<Uuid> = writes.iter().map(|(id, _)| *id).collect();
+    let expected: Vec<i64> = writes
+        .iter()
+        .map(|(_, d)| to_i64(d.expected_generation))
+        .collect();
+    let reported: Vec<String> = writes.iter().map(|(_, d)| d.reported.to_string()).collect();
+    let documents: Vec<String> = writes.iter().map(|(_, d)| d.document.to_string()).collect();
+    let provenance: Vec<String> = writes
+        .iter()
+        .map(|(_, d)| d.provenance.to_string())
+        .collect();
+    let generations: Vec<i64> = writes.iter().map(|(_, d)| to_i64(d.generation)).collect();
+    Ok(sqlx::query_as::<_, (Uuid, i64)>(WRITE_DOCUMENTS)
+        .bind(&ids)
+        .bind(&expected)
+        .bind(&reported)
+        .bind(&documents)
+        .bind(&provenance)
+        .bind(now_ms)
+        .bind(&generations)
+        .fetch_all(w.conn())
+        .await
+        .map_err(db("writing agent documents"))?
+        .into_iter()
+        .collect())
+}

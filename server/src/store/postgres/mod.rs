@@ -1,0 +1,423 @@
+//! The PostgreSQL backend: many server replicas on one database.
+//! Transitions lock rows (`FOR UPDATE`; sweeps `SKIP LOCKED` what another
+//! replica is working on); submits, grants, whole attempts, completions and
+//! heartbeats go to the database as one set-based statement per batch, over
+//! arrays (`UNNEST`), deciding through the same [`crate::store::plan`]
+//! functions as the row-by-row SQL, so both agree. Every change is announced on `switchyard_events` so every
+//! replica's [`PgListener`] learns of it: an agent change or a revocation by
+//! `pg_notify` in its own transaction (delivered at its commit), a task
+//! queued or changed or a lease ended by the notifier task right after the
+//! commit (NOTIFY serialises the commits that issue it; the notifier's own
+//! commits do not wait for the log's flush, as they hold nothing to keep).
+//! New pool connections are warmed before their first use.
+//!
+//! # Layout
+//! - `submit`, `grant`, `settle`, `heartbeat`: the set-based paths.
+//! - `warm`: connection warm-up.
+
+mod grant;
+mod heartbeat;
+mod settle;
+mod submit;
+mod warm;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use const_format::concatcp;
+use sqlx::Postgres;
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use super::StoreOptions;
+use super::plan::db;
+use super::sql::rows::TASK_SELECT;
+use super::sql::tasks::{QUEUE_AFTER, QUEUE_BELOW, QUEUE_ORDER, QUEUE_WHERE};
+use super::sql::{Backend, Dialect, SqlStore, Write};
+use crate::error::{Error, Result};
+use crate::model::{
+    Beat, BeatApplied, Completion, CompletionResult, GrantOutcome, GrantRequest, LeaseReport,
+    ReportApplied, StoreEvent, Submission, Submitted,
+};
+
+/// A store on a PostgreSQL database.
+pub type PgStore = SqlStore<PgBackend>;
+
+/// The notification channel every replica listens on.
+const CHANNEL: &str = "switchyard_events";
+
+/// How many events a slow subscriber may fall behind before it lags.
+const EVENT_BUFFER: usize = 4_096;
+
+/// Notifies every payload of a `text[]`, in order.
+const NOTIFY: &str = "SELECT pg_notify($1, p) FROM UNNEST($2::text[]) AS p";
+
+/// [`NOTIFY`] as a transaction of its own that commits without waiting for
+/// its flush. A notification takes a transaction id, so its commit is a WAL
+/// record that `synchronous_commit` would flush, one `fsync` per batch of
+/// notifications beside the commits of the data. There is nothing in it to
+/// keep: notifications are not durable, and the changes they announce
+/// committed, durably, before they were queued.
+const NOTIFY_UNFLUSHED: &str = "SELECT pg_notify($1, p) FROM \
+  (SELECT set_config('synchronous_commit', 'off', TRUE)) AS unflushed, \
+  UNNEST($2::text[]) AS p";
+
+/// How many notifications may wait for the notifier.
+const NOTIFIER_QUEUE: usize = 65_536;
+
+/// A hashed subplan: one probe per task however many are parked.
+const NOT_PARKED: &str = "AND (t.namespace, t.placement) NOT IN \
+    (SELECT p->>0, (p->>1)::jsonb FROM jsonb_array_elements($4::jsonb) AS p)";
+
+/// Sweeps on every replica at once share the work: a row another replica
+/// holds is skipped.
+const DUE: &str = "SELECT l.id FROM leases l JOIN tasks t ON t.id = l.task_id \
+    WHERE l.state IN ('granted', 'active') AND l.expires_at_ms <= $1 ORDER BY t.id LIMIT $2 \
+    FOR UPDATE OF t SKIP LOCKED";
+const UNACKED: &str = "SELECT l.id FROM leases l JOIN tasks t ON t.id = l.task_id \
+    WHERE l.state = 'granted' AND NOT l.acked AND l.granted_at_ms < $1 \
+    AND ($2::uuid IS NULL OR l.agent_id = $2) ORDER BY t.id FOR UPDATE OF t SKIP LOCKED";
+
+impl Dialect for Postgres {
+    const LOCK_TASK: &'static str = concatcp!(TASK_SELECT, "WHERE t.id = $1 FOR UPDATE OF t");
+    const DUE_LEASES: &'static str = DUE;
+    const UNACKED_LEASES: &'static str = UNACKED;
+    const QUEUE_HEAD: &'static str = concatcp!(TASK_SELECT, QUEUE_WHERE, NOT_PARKED, QUEUE_ORDER);
+    const QUEUE_AFTER: &'static str = concatcp!(
+        TASK_SELECT,
+        QUEUE_WHERE,
+        QUEUE_AFTER,
+        NOT_PARKED,
+        QUEUE_ORDER
+    );
+    const QUEUE_BELOW: &'static str = concatcp!(
+        TASK_SELECT,
+        QUEUE_WHERE,
+        QUEUE_BELOW,
+        NOT_PARKED,
+        QUEUE_ORDER
+    );
+}
+
+/// The database, the listener that hears every replica, and the notifier
+/// that tells them.
+#[derive(Debug, Clone)]
+pub struct PgBackend {
+    /// The connection pool shared by every request of this replica.
+    pool: PgPool,
+    /// Fed by the listener with every replica's events (this one's too).
+    events: broadcast::Sender<StoreEvent>,
+    /// The listener task; stopped when the last handle goes.
+    listener: Arc<ListenerTask>,
+    /// This replica's mark on the events it announces.
+    origin: Uuid,
+    /// Where committed changes' notifications wait for the notifier.
+    notifier: mpsc::Sender<String>,
+}
+
+/// An event as announced: with the replica that made it, so a replica can
+/// skip its own agent changes (whoever made them applied them already).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Announced {
+    /// The announcing replica.
+    #[serde(rename = "o")]
+    origin: Uuid,
+    #[serde(flatten)]
+    event: StoreEvent,
+}
+
+/// Owns the background task that turns notifications into events.
+#[derive(Debug)]
+struct ListenerTask(JoinHandle<()>);
+
+impl Drop for ListenerTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl SqlStore<PgBackend> {
+    /// Connects to the database at `url` and starts listening for events.
+    pub async fn open(url: &str, options: StoreOptions) -> Result<Self> {
+        let pool = PgPoolOptions::new()
+            .max_connections(32)
+            .min_connections(warm::WARM_CONNECTIONS)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    // A database not yet migrated has nothing to warm.
+                    if let Err(err) = warm::connection(conn).await {
+                        tracing::debug!(cause = %err, "a new connection was not warmed");
+                    }
+                    Ok(())
+                })
+            })
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+            .map_err(db("connecting to postgres"))?;
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        // Its own connection (a pool of one that reconnects and re-listens by
+        // itself), listening before `open` returns so no event is missed.
+        let mut listener = PgListener::connect(url)
+            .await
+            .map_err(db("connecting the event listener"))?;
+        listener
+            .listen(CHANNEL)
+            .await
+            .map_err(db("listening for store events"))?;
+        let origin = Uuid::now_v7();
+        let task = tokio::spawn(forward_notifications(listener, events.clone(), origin));
+        let (notifier, queue) = mpsc::channel(NOTIFIER_QUEUE);
+        tokio::spawn(notify_committed(pool.clone(), queue));
+        Ok(Self {
+            backend: PgBackend {
+                pool,
+                events,
+                listener: Arc::new(ListenerTask(task)),
+                origin,
+                notifier,
+            },
+            options,
+        })
+    }
+
+    /// Warms the pool's first connections (see [`warm`]) and answers how
+    /// many it warmed. Fails if the schema is not migrated or does not fit
+    /// this release's statements.
+    pub async fn warm(&self) -> Result<usize> {
+        warm::pool(&self.backend.pool).await
+    }
+}
+
+impl PgBackend {
+    /// Hands a committed change's notification to the notifier. A full
+    /// queue (the database unreachable for long) drops it: every replica
+    /// also re-reads the queue, lease counts and watched tasks on timers.
+    fn notify_later(&self, payload: String) {
+        if self.notifier.try_send(payload).is_err() {
+            metrics::counter!(crate::metrics::NOTIFICATIONS_DROPPED).increment(1);
+        }
+    }
+
+    /// Announces `event` as this replica: the payload of its notification.
+    fn announce(&self, event: StoreEvent) -> Result<String> {
+        serde_json::to_string(&Announced {
+            origin: self.origin,
+            event,
+        })
+        .map_err(|err| Error::Corrupt {
+            context: "encoding store events",
+            detail: err.to_string(),
+        })
+    }
+
+    /// Announces, through the notifier, changes already committed.
+    fn announce_committed(&self, events: Vec<StoreEvent>) -> Result<()> {
+        for event in events {
+            self.notify_later(self.announce(event)?);
+        }
+        Ok(())
+    }
+
+    /// Warns if the database's autovacuum is off: every grant and report
+    /// leaves dead row versions, and without VACUUM and ANALYZE PostgreSQL
+    /// also stops reusing its plans, so submits and grants slow down as the
+    /// history grows. A query that fails is only logged.
+    async fn check_autovacuum(&self) {
+        match sqlx::query_scalar::<_, String>("SELECT current_setting('autovacuum')")
+            .fetch_one(&self.pool)
+            .await
+        {
+            Ok(setting) if setting == "off" => tracing::warn!(
+                "autovacuum is off on this PostgreSQL: run VACUUM ANALYZE on Switchyard's tables \
+                 regularly, or grants, reports and submits slow down as the history grows"
+            ),
+            Ok(_) => {}
+            Err(err) => tracing::debug!(cause = %err, "could not read the autovacuum setting"),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for PgBackend {
+    type Db = Postgres;
+    const NAME: &'static str = "postgres";
+
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn begin(&self) -> Result<Write<Postgres>> {
+        let tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(db("starting a transaction"))?;
+        Ok(Write::new(tx))
+    }
+
+    /// An agent change or a revocation is notified in the transaction
+    /// (delivered at commit, and only if it commits); the rest, after the
+    /// commit, by the notifier.
+    async fn commit(&self, write: Write<Postgres>) -> Result<()> {
+        let (mut tx, events) = write.into_parts();
+        let (urgent, lazy): (Vec<StoreEvent>, Vec<StoreEvent>) =
+            events.into_iter().partition(|event| {
+                matches!(
+                    event,
+                    StoreEvent::AgentChanged { .. } | StoreEvent::LeaseRevoked { .. }
+                )
+            });
+        if !urgent.is_empty() {
+            let payloads = urgent
+                .into_iter()
+                .map(|event| self.announce(event))
+                .collect::<Result<Vec<_>>>()?;
+            sqlx::query(NOTIFY)
+                .bind(CHANNEL)
+                .bind(&payloads)
+                .execute(&mut *tx)
+                .await
+                .map_err(db("notifying replicas"))?;
+        }
+        tx.commit().await.map_err(db("committing"))?;
+        self.announce_committed(lazy)
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        // A schema migrated by a newer release is accepted: migrations are
+        // additive, so a rolled-back binary (or an old replica mid-upgrade)
+        // runs on it; sqlx would otherwise refuse versions it does not know.
+        let mut migrator = sqlx::migrate!("migrations/postgres");
+        migrator.set_ignore_missing(true);
+        migrator
+            .run(&self.pool)
+            .await
+            .map_err(|source| Error::Store {
+                context: "running postgres migrations",
+                source: source.into(),
+            })?;
+        // The pool's first connections opened before the schema existed
+        // (a fresh database), so their warm-up failed; warm them now. On a
+        // schema from a newer release the warm-up may no longer fit: that
+        // only makes the first submits slower.
+        if let Err(err) = warm::pool(&self.pool).await {
+            tracing::warn!(cause = %err, "the store's connections were not warmed");
+        }
+        self.check_autovacuum().await;
+        Ok(())
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<StoreEvent> {
+        self.events.subscribe()
+    }
+
+    async fn close(&self) {
+        self.listener.0.abort();
+        self.pool.close().await;
+    }
+
+    async fn submit_many(
+        &self,
+        submissions: &[Submission],
+        now_ms: i64,
+    ) -> Result<Vec<Result<Submitted>>> {
+        let (out, events) = submit::submit_batch(&self.pool, submissions, now_ms).await?;
+        self.announce_committed(events)?;
+        Ok(out)
+    }
+
+    async fn grant(
+        &self,
+        w: &mut Write<Postgres>,
+        requests: &[GrantRequest],
+        now_ms: i64,
+    ) -> Result<Vec<GrantOutcome>> {
+        grant::grant(w, requests, now_ms).await
+    }
+
+    async fn complete(
+        &self,
+        w: &mut Write<Postgres>,
+        completions: &[Completion],
+        options: &StoreOptions,
+        now_ms: i64,
+    ) -> Result<Vec<Result<CompletionResult>>> {
+        settle::complete(w, completions, options.backoff_base_ms, now_ms).await
+    }
+
+    async fn apply_reports(
+        &self,
+        w: &mut Write<Postgres>,
+        reports: &[LeaseReport],
+        options: &StoreOptions,
+        now_ms: i64,
+    ) -> Result<Vec<Result<ReportApplied>>> {
+        settle::apply_reports(w, reports, options.backoff_base_ms, now_ms).await
+    }
+
+    async fn heartbeats(
+        &self,
+        w: &mut Write<Postgres>,
+        beats: &[Beat],
+        now_ms: i64,
+    ) -> Result<Vec<Result<BeatApplied>>> {
+        heartbeat::heartbeats(w, beats, now_ms).await
+    }
+}
+
+/// The notifier: sends the notifications of committed changes, all that
+/// wait in one statement. NOTIFY serialises the commits of the
+/// transactions that issue it (on one lock, held through the commit's
+/// flush), so the busy transactions leave it to this one: they commit in
+/// parallel, and one notifying commit at a time carries everyone's
+/// notifications. Ends when every handle of the store is dropped.
+async fn notify_committed(pool: PgPool, mut queue: mpsc::Receiver<String>) {
+    let mut batch = Vec::new();
+    while queue.recv_many(&mut batch, 4_096).await > 0 {
+        if let Err(err) = sqlx::query(NOTIFY_UNFLUSHED)
+            .bind(CHANNEL)
+            .bind(&batch)
+            .execute(&pool)
+            .await
+        {
+            // The replicas' timers re-read what the notifications said.
+            tracing::warn!(cause = %err, dropped = batch.len(), "cannot notify replicas of committed changes");
+            metrics::counter!(crate::metrics::NOTIFICATIONS_DROPPED).increment(batch.len() as u64);
+        }
+        batch.clear();
+    }
+}
+
+/// Feeds notifications to the broadcast until the store is dropped. The
+/// listener reconnects (and re-listens) by itself; while it is down nothing
+/// is emitted, and the dispatcher's slow safety sweep covers what was missed.
+async fn forward_notifications(
+    mut listener: PgListener,
+    events: broadcast::Sender<StoreEvent>,
+    origin: Uuid,
+) {
+    loop {
+        match listener.recv().await {
+            Ok(notification) => match serde_json::from_str::<Announced>(notification.payload()) {
+                Ok(announced) => {
+                    // What this replica changed, it applied itself.
+                    if announced.origin == origin && announced.event.for_other_replicas() {
+                        continue;
+                    }
+                    let _ = events.send(announced.event);
+                }
+                Err(err) => {
+                    tracing::warn!(cause = %err, "ignoring an unreadable store event");
+                }
+            },
+            Err(err) => {
+                tracing::warn!(cause = %err, "store event listener disconnected; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,496 @@
+//! PostgreSQL's settling of attempts: final reports of a batch decided in
+//! order and written in one statement, and *whole fresh attempts*
+//! (`accepted`, `started` and a final report of a lease just granted,
+//! reported together as a quick task's agent does) written in one statement
+//! for the whole batch; the rest of a report batch goes row by row.
+
+use std::collections::HashMap;
+
+use sqlx::Postgres;
+use sqlx::postgres::PgArguments;
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::model::{
+    Completion, CompletionResult, LeaseRecord, LeaseReport, ReportApplied, ReportKind, StoreEvent,
+    TaskRecord, TaskState,
+};
+use crate::store::plan::{CompletionPlan, SettledAttempt, db, plan_completion, plan_whole_attempt};
+use crate::store::sql::rows::{self, LEASE_COLUMNS};
+use crate::store::sql::{Write, reports};
+
+/// Every named lease (`$1`: lease ids).
+pub(super) const LEASES_WITH_OUTCOME: &str =
+    const_format::concatcp!("SELECT ", LEASE_COLUMNS, " FROM leases WHERE id = ANY($1)");
+
+/// Locks a report batch's tasks in id order (`$1`: task ids), reading none
+/// of their documents: settling needs none of them.
+pub(super) const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, \
+  'null'::jsonb AS payload, 'null'::jsonb AS placement, t.priority, t.state, t.attempts, \
+  t.max_attempts, t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, NULL::jsonb AS result, \
+  NULL::jsonb AS error, t.fencing_token, t.lease_id, t.agent_id, \
+  l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, \
+  NULL::jsonb AS progress, '{}'::jsonb AS labels, t.created_at_ms, t.updated_at_ms \
+  FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id \
+  WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t";
+
+/// Applies whole fresh attempts in one statement: ends the leases
+/// (acknowledged), settles the tasks, and appends accepted, started and the
+/// end to each history, the history's last sequence looked up once per
+/// task. Answers how many leases ended and tasks settled.
+pub(super) const WHOLE_ATTEMPTS: &str = "WITH c AS ( \
+  SELECT u.*, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
+  WHERE e.task_id = u.task_id), 0) AS last_sequence \
+  FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
+  $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
+  $11::text[], $12::text[]) AS u(lease_id, task_id, agent_id, lease_state, \
+  outcome, task_state, attempts, not_before_ms, result, error, event_kind, \
+  message) \
+  ), ended AS ( \
+  UPDATE leases l SET state = c.lease_state, outcome = c.outcome, acked = TRUE, \
+  ended_at_ms = $13 FROM c \
+  WHERE l.id = c.lease_id AND l.state = 'granted' RETURNING l.id \
+  ), history AS ( \
+  INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
+  lease_id, occurred_at_ms) \
+  SELECT c.task_id, c.last_sequence + k.n, \
+  CASE k.n WHEN 1 THEN 'accepted' WHEN 2 THEN 'started' ELSE c.event_kind END, \
+  CASE k.n WHEN 1 THEN 'leased' WHEN 2 THEN 'running' ELSE c.task_state END, \
+  CASE k.n WHEN 1 THEN 'the agent acknowledged the lease' \
+  WHEN 2 THEN 'the agent started the task' ELSE c.message END, \
+  c.agent_id, c.lease_id, $13 \
+  FROM c CROSS JOIN (VALUES (1), (2), (3)) AS k(n) \
+  ), settled AS ( \
+  UPDATE tasks t SET state = c.task_state, attempts = c.attempts, \
+  not_before_ms = c.not_before_ms, \
+  result = COALESCE(c.result::jsonb, t.result), \
+  error = COALESCE(c.error::jsonb, t.error), \
+  lease_id = NULL, agent_id = NULL, updated_at_ms = $13 \
+  FROM c WHERE t.id = c.task_id RETURNING t.id \
+  ) \
+  SELECT (SELECT COUNT(*) FROM ended), (SELECT COUNT(*) FROM settled)";
+
+/// Settles completed attempts in one statement: ends the leases, settles
+/// the tasks, appends the history; the settled tasks come back.
+const COMPLETE: &str = "WITH c AS ( \
+  SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
+  $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
+  $11::text[], $12::text[]) AS c(lease_id, task_id, agent_id, lease_state, \
+  outcome, task_state, attempts, not_before_ms, result, error, event_kind, \
+  message) \
+  ), ended AS ( \
+  UPDATE leases l SET state = c.lease_state, outcome = c.outcome, \
+  ended_at_ms = $13 FROM c \
+  WHERE l.id = c.lease_id AND l.state IN ('granted', 'active') RETURNING l.id \
+  ), history AS ( \
+  INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
+  lease_id, occurred_at_ms) \
+  SELECT c.task_id, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
+  WHERE e.task_id = c.task_id), 0) + 1, c.event_kind, c.task_state, \
+  c.message, c.agent_id, c.lease_id, $13 FROM c \
+  ), settled AS ( \
+  UPDATE tasks t SET state = c.task_state, attempts = c.attempts, \
+  not_before_ms = c.not_before_ms, \
+  result = COALESCE(c.result::jsonb, t.result), \
+  error = COALESCE(c.error::jsonb, t.error), \
+  lease_id = NULL, agent_id = NULL, updated_at_ms = $13 \
+  FROM c WHERE t.id = c.task_id \
+  RETURNING t.id, t.namespace, t.kind, t.payload, t.placement, t.priority, \
+  t.state, t.attempts, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, \
+  t.not_before_ms, t.result, t.error, t.fencing_token, t.lease_id, \
+  t.agent_id, NULL::int8 AS lease_expires_at_ms, t.cancel_requested, \
+  t.progress, t.labels, t.created_at_ms, t.updated_at_ms \
+  ) \
+  SELECT s.*, (SELECT COUNT(*) FROM ended) AS ended FROM settled s";
+
+/// The columns of a batch of settled attempts, one array per column: the
+/// arguments of [`WHOLE_ATTEMPTS`] and of [`COMPLETE`].
+#[derive(Default)]
+pub(super) struct SettledColumns<'a> {
+    lease_ids: Vec<Uuid>,
+    task_ids: Vec<Uuid>,
+    agent_ids: Vec<Uuid>,
+    lease_states: Vec<&'a str>,
+    outcomes: Vec<&'a str>,
+    task_states: Vec<&'a str>,
+    attempts: Vec<i64>,
+    not_before: Vec<i64>,
+    results: Vec<Option<String>>,
+    errors: Vec<Option<String>>,
+    kinds: Vec<&'a str>,
+    messages: Vec<&'a str>,
+}
+
+impl<'a> SettledColumns<'a> {
+    /// One row per lease and how its attempt settles.
+    fn new(settled: impl Iterator<Item = (&'a LeaseRecord, &'a SettledAttempt)>) -> Self {
+        let mut columns = Self::default();
+        for (lease, s) in settled {
+            columns.lease_ids.push(lease.id);
+            columns.task_ids.push(lease.task_id);
+            columns.agent_ids.push(lease.agent_id);
+            columns.lease_states.push(s.lease_state.as_str());
+            columns.outcomes.push(s.ended_by.as_str());
+            columns.task_states.push(s.task_state.as_str());
+            columns.attempts.push(i64::from(s.attempts));
+            columns.not_before.push(s.not_before_ms);
+            columns
+                .results
+                .push(s.result.as_ref().map(|v| v.to_string()));
+            columns.errors.push(s.error.as_ref().map(|v| v.to_string()));
+            columns.kinds.push(s.event_kind);
+            columns.messages.push(s.message.as_str());
+        }
+        columns
+    }
+
+    /// `$1`-`$12`: the columns in the order above; `$13`: `now_ms`.
+    pub(super) fn arguments(&self, now_ms: i64) -> Result<PgArguments, sqlx::Error> {
+        use sqlx::Arguments as _;
+        let mut arguments = PgArguments::default();
+        (|| {
+            arguments.add(&self.lease_ids)?;
+            arguments.add(&self.task_ids)?;
+            arguments.add(&self.agent_ids)?;
+            arguments.add(&self.lease_states)?;
+            arguments.add(&self.outcomes)?;
+            arguments.add(&self.task_states)?;
+            arguments.add(&self.attempts)?;
+            arguments.add(&self.not_before)?;
+            arguments.add(&self.results)?;
+            arguments.add(&self.errors)?;
+            arguments.add(&self.kinds)?;
+            arguments.add(&self.messages)?;
+            arguments.add(now_ms)
+        })()
+        .map_err(sqlx::Error::Encode)?;
+        Ok(arguments)
+    }
+}
+
+/// The named leases, by id.
+async fn leases_by_id(
+    w: &mut Write<Postgres>,
+    lease_ids: &[Uuid],
+    context: &'static str,
+) -> Result<HashMap<Uuid, LeaseRecord>> {
+    let rows = sqlx::query(LEASES_WITH_OUTCOME)
+        .bind(lease_ids)
+        .fetch_all(w.conn())
+        .await
+        .map_err(db(context))?;
+    let mut leases = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let lease = rows::lease::<Postgres>(row)?;
+        leases.insert(lease.id, lease);
+    }
+    Ok(leases)
+}
+
+/// Tasks read by `sql` (`$1`: their ids, in id order, locked), by id.
+async fn locked_tasks(
+    w: &mut Write<Postgres>,
+    sql: &'static str,
+    task_ids: &[Uuid],
+    context: &'static str,
+) -> Result<HashMap<Uuid, TaskRecord>> {
+    let mut ids = task_ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    let rows = sqlx::query(sql)
+        .bind(&ids)
+        .fetch_all(w.conn())
+        .await
+        .map_err(db(context))?;
+    let mut tasks = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let task = rows::task::<Postgres>(row)?;
+        tasks.insert(task.id, task);
+    }
+    Ok(tasks)
+}
+
+/// A settled attempt's events: re-queued (with its due time) and changed.
+fn settled_events(w: &mut Write<Postgres>, task: &TaskRecord, settled: &SettledAttempt) {
+    if settled.task_state == TaskState::Queued {
+        w.announce(StoreEvent::queued(task, settled.not_before_ms));
+    }
+    w.announce(StoreEvent::TaskChanged {
+        task_id: task.id,
+        state: settled.task_state,
+    });
+}
+
+const LOCK_TASKS_TO_COMPLETE: &str = const_format::concatcp!(
+    rows::TASK_SELECT,
+    "WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t"
+);
+
+/// `LeaseStore::complete_leases` in `w`: every task locked in id order and
+/// every named lease read (one round trip each), each report decided in
+/// order (a settled report ends its lease for the reports after it), and
+/// the settled ones written in one statement.
+pub(super) async fn complete(
+    w: &mut Write<Postgres>,
+    completions: &[Completion],
+    backoff_base_ms: i64,
+    now_ms: i64,
+) -> Result<Vec<Result<CompletionResult>>> {
+    let task_ids: Vec<Uuid> = completions.iter().map(|c| c.task_id).collect();
+    let tasks = locked_tasks(
+        w,
+        LOCK_TASKS_TO_COMPLETE,
+        &task_ids,
+        "locking tasks to complete",
+    )
+    .await?;
+    let lease_ids: Vec<Uuid> = completions.iter().map(|c| c.lease_id).collect();
+    let mut leases = leases_by_id(w, &lease_ids, "reading leases to complete").await?;
+    let mut results: Vec<Option<Result<CompletionResult>>> = Vec::new();
+    let mut settle: Vec<(usize, LeaseRecord, SettledAttempt)> = Vec::new();
+    for (i, completion) in completions.iter().enumerate() {
+        let Some(task) = tasks.get(&completion.task_id) else {
+            results.push(Some(Err(Error::NotFound {
+                what: "task",
+                id: completion.task_id.to_string(),
+            })));
+            continue;
+        };
+        let lease = leases.get(&completion.lease_id);
+        match plan_completion(task, lease, completion, backoff_base_ms, now_ms) {
+            Ok(CompletionPlan::Duplicate) => results.push(Some(Ok(CompletionResult {
+                task: task.clone(),
+                duplicate: true,
+            }))),
+            Ok(CompletionPlan::Settle(settled)) => {
+                if let Some(lease) = leases.get_mut(&completion.lease_id) {
+                    let before = lease.clone();
+                    lease.state = settled.lease_state;
+                    lease.ended_by = Some(settled.ended_by);
+                    settle.push((i, before, settled));
+                }
+                results.push(None);
+            }
+            Err(err) => results.push(Some(Err(err))),
+        }
+    }
+    let settled_tasks = write_completions(w, &settle, now_ms).await?;
+    for (i, lease, settled) in &settle {
+        let task = &settled_tasks[&lease.task_id];
+        settled_events(w, task, settled);
+        results[*i] = Some(Ok(CompletionResult {
+            task: task.clone(),
+            duplicate: false,
+        }));
+    }
+    // A repeat of a report settled earlier in this batch answers with the
+    // settled task.
+    for result in results.iter_mut().flatten().flatten() {
+        if result.duplicate
+            && let Some(task) = settled_tasks.get(&result.task.id)
+        {
+            result.task = task.clone();
+        }
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or(Err(Error::Corrupt {
+                context: "completing leases",
+                detail: "an item was not decided".to_owned(),
+            }))
+        })
+        .collect())
+}
+
+/// Runs [`COMPLETE`] for the settled attempts; the tasks as settled, by id
+/// (every one of them, or the transaction is refused).
+async fn write_completions(
+    w: &mut Write<Postgres>,
+    settle: &[(usize, LeaseRecord, SettledAttempt)],
+    now_ms: i64,
+) -> Result<HashMap<Uuid, TaskRecord>> {
+    let mut settled_tasks = HashMap::new();
+    if settle.is_empty() {
+        return Ok(settled_tasks);
+    }
+    let columns = SettledColumns::new(settle.iter().map(|(_, l, s)| (l, s)));
+    let arguments = columns
+        .arguments(now_ms)
+        .map_err(db("encoding settled attempts"))?;
+    let rows = sqlx::query_with(COMPLETE, arguments)
+        .fetch_all(w.conn())
+        .await
+        .map_err(db("completing leases"))?;
+    for row in &rows {
+        let ended: i64 = sqlx::Row::try_get(row, "ended").map_err(db("counting ended leases"))?;
+        if usize::try_from(ended).ok() != Some(settle.len()) {
+            // The leases were read live under the task locks; refuse to
+            // commit rather than miscount capacity.
+            return Err(Error::Corrupt {
+                context: "completing leases",
+                detail: format!("{ended} of {} live leases ended", settle.len()),
+            });
+        }
+        let task = rows::task::<Postgres>(row)?;
+        settled_tasks.insert(task.id, task);
+    }
+    if let Some((_, lease, _)) = settle
+        .iter()
+        .find(|(_, l, _)| !settled_tasks.contains_key(&l.task_id))
+    {
+        return Err(Error::Corrupt {
+            context: "completing leases",
+            detail: format!("task {} was not settled", lease.task_id),
+        });
+    }
+    Ok(settled_tasks)
+}
+
+/// `LeaseStore::apply_reports` in `w`: every task of the batch locked in id
+/// order (the one-by-one path then finds its rows already held: one lock
+/// order for the batch), the whole fresh attempts applied in one statement,
+/// and the rest one by one.
+pub(super) async fn apply_reports(
+    w: &mut Write<Postgres>,
+    reports: &[LeaseReport],
+    backoff_base_ms: i64,
+    now_ms: i64,
+) -> Result<Vec<Result<ReportApplied>>> {
+    let mut results: Vec<Option<Result<ReportApplied>>> = reports.iter().map(|_| None).collect();
+    let whole = whole_attempts(w, reports, backoff_base_ms, now_ms, &mut results).await?;
+    let rest: Vec<usize> = (0..reports.len())
+        .filter(|&i| results[i].is_none())
+        .collect();
+    if !rest.is_empty() {
+        let subset: Vec<LeaseReport> = rest.iter().map(|&i| reports[i].clone()).collect();
+        let applied = reports::apply_rows(w, &subset, backoff_base_ms, now_ms).await?;
+        for (i, result) in rest.into_iter().zip(applied) {
+            results[i] = Some(result);
+        }
+    }
+    tracing::trace!(reports = reports.len(), whole, "lease reports applied");
+    Ok(results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or(Err(Error::Corrupt {
+                context: "applying lease reports",
+                detail: "a report was not decided".to_owned(),
+            }))
+        })
+        .collect())
+}
+
+/// The reports of each task that are exactly accepted, started and a final
+/// report of one lease, in order: candidates for a whole fresh attempt.
+fn whole_attempt_candidates(reports: &[LeaseReport]) -> Vec<[usize; 3]> {
+    let mut by_task: HashMap<Uuid, Vec<usize>> = HashMap::new();
+    for (i, r) in reports.iter().enumerate() {
+        by_task.entry(r.task_id).or_default().push(i);
+    }
+    by_task
+        .values()
+        .filter_map(|idx| {
+            let &[a, s, f] = idx.as_slice() else {
+                return None;
+            };
+            let (ra, rs, rf) = (&reports[a], &reports[s], &reports[f]);
+            (ra.kind == ReportKind::Accepted
+                && rs.kind == ReportKind::Started
+                && matches!(rf.kind, ReportKind::Final(_))
+                && ra.same_lease(rs)
+                && ra.same_lease(rf))
+            .then_some([a, s, f])
+        })
+        .collect()
+}
+
+/// The set-based part of [`apply_reports`]: locks every task of the batch,
+/// and applies each *whole fresh attempt* (a task whose only reports are
+/// `accepted`, `started` and a final report of the lease it was just
+/// granted) in one statement for all of them. Fills those reports' results
+/// and returns how many attempts it applied; every other report is left
+/// `None` for the one-by-one path. Settling reads none of a task's
+/// documents: the records here hold nulls and no labels in their place.
+async fn whole_attempts(
+    w: &mut Write<Postgres>,
+    reports: &[LeaseReport],
+    backoff_base_ms: i64,
+    now_ms: i64,
+    results: &mut [Option<Result<ReportApplied>>],
+) -> Result<usize> {
+    let task_ids: Vec<Uuid> = reports.iter().map(|r| r.task_id).collect();
+    let tasks = locked_tasks(
+        w,
+        WHOLE_ATTEMPT_TASKS,
+        &task_ids,
+        "locking tasks to apply reports",
+    )
+    .await?;
+    let candidates = whole_attempt_candidates(reports);
+    if candidates.is_empty() {
+        return Ok(0);
+    }
+    let lease_ids: Vec<Uuid> = candidates.iter().map(|c| reports[c[0]].lease_id).collect();
+    let leases = leases_by_id(w, &lease_ids, "reading leases to apply reports").await?;
+    let mut settle: Vec<([usize; 3], LeaseRecord, TaskRecord, SettledAttempt)> = Vec::new();
+    for c in candidates {
+        let report = &reports[c[0]];
+        let ReportKind::Final(outcome) = &reports[c[2]].kind else {
+            continue;
+        };
+        let (Some(task), Some(lease)) = (tasks.get(&report.task_id), leases.get(&report.lease_id))
+        else {
+            continue;
+        };
+        let completion = report.completion(outcome);
+        if let Some((running, active, settled)) =
+            plan_whole_attempt(task, lease, &completion, backoff_base_ms, now_ms)
+        {
+            settle.push((c, active, running, settled));
+        }
+    }
+    if settle.is_empty() {
+        return Ok(0);
+    }
+    write_whole_attempts(w, &settle, now_ms).await?;
+    for (c, _, task, settled) in &settle {
+        settled_events(w, task, settled);
+        results[c[0]] = Some(Ok(ReportApplied { ended: false }));
+        results[c[1]] = Some(Ok(ReportApplied { ended: false }));
+        results[c[2]] = Some(Ok(ReportApplied { ended: true }));
+    }
+    Ok(settle.len())
+}
+
+/// Runs [`WHOLE_ATTEMPTS`]; every attempt is written, or the transaction is
+/// refused.
+async fn write_whole_attempts(
+    w: &mut Write<Postgres>,
+    settle: &[([usize; 3], LeaseRecord, TaskRecord, SettledAttempt)],
+    now_ms: i64,
+) -> Result<()> {
+    let columns = SettledColumns::new(settle.iter().map(|(_, l, _, s)| (l, s)));
+    let arguments = columns
+        .arguments(now_ms)
+        .map_err(db("encoding whole attempts"))?;
+    let (ended, settled): (i64, i64) = sqlx::query_as_with(WHOLE_ATTEMPTS, arguments)
+        .fetch_one(w.conn())
+        .await
+        .map_err(db("applying whole attempts"))?;
+    if [ended, settled]
+        .iter()
+        .any(|&n| usize::try_from(n).ok() != Some(settle.len()))
+    {
+        // The rows were read under the task locks; refuse to commit rather
+        // than record half an attempt.
+        return Err(Error::Corrupt {
+            context: "applying whole attempts",
+            detail: format!(
+                "{ended} leases ended and {settled} tasks settled of {} attempts",
+                settle.len()
+            ),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! PostgreSQL's submit: a batch of submits in one round trip, the function
+//! of migration 0004 called once with one array per column, autocommitted.
+
+use std::collections::HashMap;
+
+use sqlx::Postgres;
+use sqlx::postgres::{PgArguments, PgPool};
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::model::{
+    GrantOutcome, GrantRefusal, LeaseRecord, LeaseState, StoreEvent, Submission, Submitted,
+    TaskRecord, TaskState,
+};
+use crate::store::plan::db;
+use crate::store::sql::tasks;
+
+/// One batch of submits in one round trip, autocommitted: the function of
+/// migration 0004 locks the reserved agents, then inserts the tasks, their
+/// history and the leases of those leased on the way in. A task is leased
+/// if its reserved agent's live leases plus the batch's earlier grants to
+/// it leave room; it is then inserted LEASED with its lease, its history
+/// says `submitted` then `leased`, and it is announced as changed, not
+/// queued. A task whose idempotency key is taken is not inserted.
+const SUBMIT_BATCH: &str = "SELECT id, leased, known FROM switchyard_submit_batch($1::uuid[], \
+  $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::int8[], \
+  $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::int8)";
+
+/// JSON as text, for a `text[]` parameter cast to `jsonb`.
+fn json_text<T: serde::Serialize + ?Sized>(value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|err| Error::Corrupt {
+        context: "encoding a task",
+        detail: err.to_string(),
+    })
+}
+
+/// The columns of a batch of submits, one array per column (see
+/// [`SUBMIT_BATCH`]).
+#[derive(Default)]
+pub(super) struct SubmitRows<'a> {
+    /// Where each row's answer goes in the batch.
+    slot: Vec<usize>,
+    ids: Vec<Uuid>,
+    namespaces: Vec<&'a str>,
+    kinds: Vec<&'a str>,
+    payloads: Vec<String>,
+    placements: Vec<String>,
+    priorities: Vec<i32>,
+    max_attempts: Vec<i64>,
+    ttls: Vec<i64>,
+    keys: Vec<Option<&'a str>>,
+    not_before: Vec<i64>,
+    labels: Vec<String>,
+    /// The agent reserved for the task, if any, and the id of its lease.
+    agents: Vec<Option<Uuid>>,
+    leases: Vec<Option<Uuid>>,
+}
+
+impl SubmitRows<'static> {
+    /// One task, for the warm-up's rolled-back submits.
+    pub(super) fn warm_up() -> Self {
+        Self {
+            slot: vec![0],
+            ids: vec![Uuid::nil()],
+            namespaces: vec!["switchyard-warm-up"],
+            kinds: vec!["warm-up"],
+            payloads: vec!["null".to_owned()],
+            placements: vec!["{}".to_owned()],
+            priorities: vec![0],
+            max_attempts: vec![1],
+            ttls: vec![1],
+            keys: vec![None],
+            not_before: vec![0],
+            labels: vec!["{}".to_owned()],
+            agents: vec![None],
+            leases: vec![None],
+        }
+    }
+}
+
+impl<'a> SubmitRows<'a> {
+    /// Adds `submission`, answered at `slot` of the batch.
+    fn push(&mut self, slot: usize, submission: &'a Submission, now_ms: i64) -> Result<()> {
+        let task = &submission.task;
+        self.slot.push(slot);
+        self.ids.push(Uuid::now_v7());
+        self.namespaces.push(&task.namespace);
+        self.kinds.push(&task.kind);
+        self.payloads.push(task.payload.to_string());
+        self.placements.push(task.placement.to_string());
+        self.priorities.push(task.priority);
+        self.max_attempts.push(i64::from(task.max_attempts));
+        self.ttls.push(task.lease_ttl_ms);
+        self.keys.push(task.idempotency_key.as_deref());
+        self.not_before.push(task.not_before_ms.unwrap_or(now_ms));
+        self.labels.push(json_text(&task.labels)?);
+        self.agents.push(submission.agent_id);
+        self.leases
+            .push(submission.agent_id.map(|_| Uuid::now_v7()));
+        Ok(())
+    }
+}
+
+/// [`SUBMIT_BATCH`] with `rows` bound.
+pub(super) fn submit_query<'q>(
+    rows: &'q SubmitRows<'_>,
+    now_ms: i64,
+) -> sqlx::query::QueryAs<'q, Postgres, (Uuid, bool, bool), PgArguments> {
+    sqlx::query_as(SUBMIT_BATCH)
+        .bind(&rows.ids)
+        .bind(&rows.namespaces)
+        .bind(&rows.kinds)
+        .bind(&rows.payloads)
+        .bind(&rows.placements)
+        .bind(&rows.priorities)
+        .bind(&rows.max_attempts)
+        .bind(&rows.ttls)
+        .bind(&rows.keys)
+        .bind(&rows.not_before)
+        .bind(&rows.labels)
+        .bind(&rows.agents)
+        .bind(&rows.leases)
+        .bind(now_ms)
+}
+
+/// `TaskStore::submit_many` in one round trip ([`SUBMIT_BATCH`],
+/// autocommitted), with the events to announce now that it committed. Only
+/// an idempotency key already taken costs a read of its own.
+pub(super) async fn submit_batch(
+    pool: &PgPool,
+    submissions: &[Submission],
+    now_ms: i64,
+) -> Result<(Vec<Result<Submitted>>, Vec<StoreEvent>)> {
+    let mut out: Vec<Option<Result<Submitted>>> = Vec::with_capacity(submissions.len());
+    let mut rows = SubmitRows::default();
+    for submission in submissions {
+        match tasks::check_new(&submission.task) {
+            Err(err) => out.push(Some(Err(err))),
+            Ok(()) => {
+                out.push(None);
+                rows.push(out.len() - 1, submission, now_ms)?;
+            }
+        }
+    }
+    let mut events = Vec::new();
+    if rows.ids.is_empty() {
+        return Ok((out.into_iter().flatten().collect(), events));
+    }
+    let mut conn = pool.acquire().await.map_err(db("acquiring a connection"))?;
+    let inserted: Vec<(Uuid, bool, bool)> = submit_query(&rows, now_ms)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("inserting tasks"))?;
+    // Each row: the task's id, whether it was leased and whether its
+    // reserved agent exists (a gone agent is told apart from a full one);
+    // a task whose key was taken is missing.
+    let inserted: HashMap<Uuid, (bool, bool)> = inserted
+        .into_iter()
+        .map(|(id, leased, known)| (id, (leased, known)))
+        .collect();
+    for (row, &slot) in rows.slot.iter().enumerate() {
+        let submission = &submissions[slot];
+        let answer = match inserted.get(&rows.ids[row]) {
+            Some(&(leased, known)) => {
+                let (submitted, event) = submitted(submission, &rows, row, leased, known, now_ms);
+                events.push(event);
+                submitted
+            }
+            // Another submit with the same key came first (maybe in this
+            // batch): answer with its task.
+            None => (
+                existing(&mut conn, submission, rows.ids[row]).await?,
+                false,
+                None,
+            ),
+        };
+        out[slot] = Some(Ok(answer));
+    }
+    Ok((out.into_iter().flatten().collect(), events))
+}
+
+/// The task that holds `submission`'s idempotency key.
+async fn existing(
+    conn: &mut sqlx::PgConnection,
+    submission: &Submission,
+    id: Uuid,
+) -> Result<TaskRecord> {
+    tasks::by_key::<Postgres>(conn, &submission.task)
+        .await?
+        .ok_or_else(|| Error::Corrupt {
+            context: "inserting tasks",
+            detail: format!("task {id} was neither inserted nor found by its key"),
+        })
+}
+
+/// An inserted submit's answer, built from what was sent (not read back),
+/// and its event.
+fn submitted(
+    submission: &Submission,
+    rows: &SubmitRows<'_>,
+    row: usize,
+    leased: bool,
+    known: bool,
+    now_ms: i64,
+) -> (Submitted, StoreEvent) {
+    let task = &submission.task;
+    let id = rows.ids[row];
+    let mut record = TaskRecord {
+        id,
+        namespace: task.namespace.clone(),
+        kind: task.kind.clone(),
+        payload: task.payload.clone(),
+        placement: task.placement.clone(),
+        priority: task.priority,
+        state: TaskState::Queued,
+        attempts: 0,
+        max_attempts: task.max_attempts,
+        lease_ttl_ms: task.lease_ttl_ms,
+        idempotency_key: task.idempotency_key.clone(),
+        not_before_ms: rows.not_before[row],
+        result: None,
+        error: None,
+        fencing_token: 0,
+        lease_id: None,
+        agent_id: None,
+        lease_expires_at_ms: None,
+        cancel_requested: false,
+        progress: None,
+        labels: task.labels.clone(),
+        created_at_ms: now_ms,
+        updated_at_ms: now_ms,
+    };
+    let grant = match (submission.agent_id, rows.leases[row]) {
+        (Some(agent_id), Some(lease_id)) if leased => {
+            let lease = LeaseRecord {
+                id: lease_id,
+                task_id: id,
+                agent_id,
+                fencing_token: 1,
+                state: LeaseState::Granted,
+                granted_at_ms: now_ms,
+                acked: false,
+                expires_at_ms: now_ms.saturating_add(task.lease_ttl_ms),
+                ended_by: None,
+            };
+            record.state = TaskState::Leased;
+            record.fencing_token = 1;
+            record.lease_id = Some(lease_id);
+            record.agent_id = Some(agent_id);
+            record.lease_expires_at_ms = Some(lease.expires_at_ms);
+            Some(GrantOutcome::Granted(lease))
+        }
+        (Some(_), _) if known => Some(GrantOutcome::Refused(GrantRefusal::AgentAtCapacity)),
+        (Some(_), _) => Some(GrantOutcome::Refused(GrantRefusal::AgentUnknown)),
+        (None, _) => None,
+    };
+    let event = if record.state == TaskState::Leased {
+        StoreEvent::TaskChanged {
+            task_id: id,
+            state: TaskState::Leased,
+        }
+    } else {
+        StoreEvent::queued(&record, record.not_before_ms)
+    };
+    ((record, true, grant), event)
+}

@@ -1,0 +1,472 @@
+//! Leases: granted (row by row, for a backend without a set-based grant),
+//! acknowledged, renewed, ended, and reclaimed by the server when they
+//! expire or are never acknowledged.
+
+use std::collections::{BTreeSet, HashMap};
+
+use uuid::Uuid;
+
+use super::db::{Cols, SqlDb, StatementExt, built, placeholders, query};
+use super::history::{self, Entry};
+use super::rows::{self, LEASE_COLUMNS};
+use super::tasks::{self, Settlement};
+use super::{Dialect, Write};
+use crate::error::{Error, Result};
+use crate::model::{
+    EndedLease, GrantOutcome, GrantRequest, LeaseEnd, LeaseRecord, LeaseState, RevocationCause,
+    StoreEvent, TaskRecord, TaskState,
+};
+use crate::store::plan::{GrantableTask, db, lease_lost_error, plan_grants, to_i64};
+
+const BY_ID: &str = const_format::concatcp!("SELECT ", LEASE_COLUMNS, " FROM leases WHERE id = $1");
+
+/// Reads a lease.
+pub(crate) async fn fetch<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    lease_id: Uuid,
+) -> Result<Option<LeaseRecord>> {
+    let row = query::<DB>(BY_ID)
+        .arg(lease_id)
+        .optional(conn)
+        .await
+        .map_err(db("reading a lease"))?;
+    row.as_ref().map(rows::lease::<DB>).transpose()
+}
+
+/// Reads a lease that must exist.
+pub(crate) async fn must_fetch<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    lease_id: Uuid,
+) -> Result<LeaseRecord> {
+    fetch::<DB>(conn, lease_id)
+        .await?
+        .ok_or_else(|| Error::NotFound {
+            what: "lease",
+            id: lease_id.to_string(),
+        })
+}
+
+const LIVE_OF: &str = const_format::concatcp!(
+    "SELECT ",
+    LEASE_COLUMNS,
+    " FROM leases WHERE agent_id = $1 AND state IN ('granted', 'active') \
+     ORDER BY granted_at_ms, id"
+);
+
+/// The agent's live leases, oldest first.
+pub(crate) async fn live_of<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    agent_id: Uuid,
+) -> Result<Vec<LeaseRecord>> {
+    let rows = query::<DB>(LIVE_OF)
+        .arg(agent_id)
+        .all(conn)
+        .await
+        .map_err(db("listing an agent's leases"))?;
+    rows::all::<DB, _>(&rows, rows::lease::<DB>)
+}
+
+/// How many live leases each agent holds (absent: none), 500 agents a
+/// statement.
+pub(crate) async fn live_counts<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    agent_ids: &[Uuid],
+) -> Result<HashMap<Uuid, u32>> {
+    let mut counts = HashMap::new();
+    for chunk in agent_ids.chunks(500) {
+        let sql = format!(
+            "SELECT agent_id, COUNT(*) AS n FROM leases WHERE state IN ('granted', 'active') \
+             AND agent_id IN ({}) GROUP BY agent_id",
+            placeholders(1, chunk.len())
+        );
+        let mut statement = built::<DB>(sql);
+        for id in chunk {
+            statement = statement.arg(*id);
+        }
+        let rows = statement
+            .all(conn)
+            .await
+            .map_err(db("counting live leases"))?;
+        for row in &rows {
+            let cols = Cols::<DB>::new(row, "reading a live lease count");
+            let n: i64 = cols.get("n")?;
+            counts.insert(cols.get("agent_id")?, u32::try_from(n).unwrap_or(u32::MAX));
+        }
+    }
+    Ok(counts)
+}
+
+const AGENT_FREE: &str = "SELECT capacity - (SELECT COUNT(*) FROM leases l \
+    WHERE l.agent_id = agents.id AND l.state IN ('granted', 'active')) AS free \
+    FROM agents WHERE id = $1";
+const GRANTABLE: &str =
+    "SELECT state, not_before_ms, fencing_token, lease_ttl_ms FROM tasks WHERE id = $1";
+const INSERT: &str = "INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, \
+    granted_at_ms, expires_at_ms) VALUES ($1, $2, $3, $4, 'granted', FALSE, $5, $6)";
+const LEASE_TASK: &str = "UPDATE tasks SET state = 'leased', fencing_token = $2, lease_id = $3, \
+    agent_id = $4, progress = NULL, updated_at_ms = $5 WHERE id = $1 AND state = 'queued'";
+
+/// Grants row by row in `w` (see `LeaseStore::grant_leases`): reads each
+/// agent's free slots and each task, then writes the grants that fit.
+pub(crate) async fn grant_rows<DB: SqlDb>(
+    w: &mut Write<DB>,
+    requests: &[GrantRequest],
+    now_ms: i64,
+) -> Result<Vec<GrantOutcome>> {
+    let mut free = HashMap::new();
+    let mut grantable = HashMap::new();
+    let agent_ids: BTreeSet<Uuid> = requests.iter().map(|r| r.agent_id).collect();
+    let task_ids: BTreeSet<Uuid> = requests.iter().map(|r| r.task_id).collect();
+    for agent_id in agent_ids {
+        let row = query::<DB>(AGENT_FREE)
+            .arg(agent_id)
+            .optional(w.conn())
+            .await
+            .map_err(db("reading an agent's capacity"))?;
+        if let Some(row) = row {
+            free.insert(
+                agent_id,
+                Cols::<DB>::new(&row, "reading free slots").get("free")?,
+            );
+        }
+    }
+    for task_id in task_ids {
+        let row = query::<DB>(GRANTABLE)
+            .arg(task_id)
+            .optional(w.conn())
+            .await
+            .map_err(db("reading a task to grant"))?;
+        if let Some(row) = row {
+            grantable.insert(task_id, grantable_task::<DB>(&row)?);
+        }
+    }
+    let mut outcomes = Vec::with_capacity(requests.len());
+    for planned in plan_grants(requests, &free, &grantable, now_ms) {
+        let grant = match planned {
+            Ok(grant) => grant,
+            Err(refusal) => {
+                outcomes.push(GrantOutcome::Refused(refusal));
+                continue;
+            }
+        };
+        query::<DB>(INSERT)
+            .arg(grant.lease_id)
+            .arg(grant.task_id)
+            .arg(grant.agent_id)
+            .arg(grant.fencing_token)
+            .arg(now_ms)
+            .arg(grant.expires_at_ms)
+            .run(w.conn())
+            .await
+            .map_err(db("inserting a lease"))?;
+        query::<DB>(LEASE_TASK)
+            .arg(grant.task_id)
+            .arg(grant.fencing_token)
+            .arg(grant.lease_id)
+            .arg(grant.agent_id)
+            .arg(now_ms)
+            .run(w.conn())
+            .await
+            .map_err(db("leasing a task"))?;
+        let message = format!(
+            "leased to agent {} with fencing token {}",
+            grant.agent_id, grant.fencing_token
+        );
+        let entry = Entry::of(grant.task_id, "leased", TaskState::Leased, &message)
+            .by(grant.agent_id, grant.lease_id);
+        history::append(w, entry, now_ms).await?;
+        w.announce(StoreEvent::TaskChanged {
+            task_id: grant.task_id,
+            state: TaskState::Leased,
+        });
+        outcomes.push(GrantOutcome::Granted(grant.lease(now_ms)));
+    }
+    Ok(outcomes)
+}
+
+/// A task row of [`GRANTABLE`]'s columns.
+pub(crate) fn grantable_task<DB: SqlDb>(row: &DB::Row) -> Result<GrantableTask> {
+    const CONTEXT: &str = "reading a task to grant";
+    let cols = Cols::<DB>::new(row, CONTEXT);
+    Ok(GrantableTask {
+        state: rows::stored::<TaskState>(&cols.get::<String>("state")?, CONTEXT)?,
+        not_before_ms: cols.get("not_before_ms")?,
+        fencing_token: cols.get("fencing_token")?,
+        lease_ttl_ms: cols.get("lease_ttl_ms")?,
+    })
+}
+
+const ACK: &str = "UPDATE leases SET state = 'active', acked = TRUE WHERE id = $1 \
+    AND agent_id = $2 AND fencing_token = $3 AND state = 'granted'";
+
+/// The agent acknowledged these grants; how many it still held.
+pub(crate) async fn ack<DB: Dialect>(
+    w: &mut Write<DB>,
+    agent_id: Uuid,
+    leases: &[(Uuid, u64)],
+    now_ms: i64,
+) -> Result<u64> {
+    let mut acked = 0;
+    for (lease_id, token) in leases {
+        let Some(lease) = fetch::<DB>(w.conn(), *lease_id).await? else {
+            continue;
+        };
+        let task = tasks::lock(w, lease.task_id).await?;
+        let done = query::<DB>(ACK)
+            .arg(*lease_id)
+            .arg(agent_id)
+            .arg(to_i64(*token))
+            .run(w.conn())
+            .await
+            .map_err(db("acknowledging a lease"))?;
+        if done == 1 {
+            acked += 1;
+            let entry = Entry::of(
+                task.id,
+                "accepted",
+                task.state,
+                "the agent acknowledged the lease",
+            )
+            .by(agent_id, *lease_id);
+            history::append(w, entry, now_ms).await?;
+        }
+    }
+    Ok(acked)
+}
+
+/// Renews the live leases of the agents in the list (`$1`) to `$2` plus
+/// their task's TTL.
+pub(crate) const RENEW: &str = "UPDATE leases SET expires_at_ms = $2 + \
+    (SELECT t.lease_ttl_ms FROM tasks t WHERE t.id = leases.task_id) \
+    WHERE agent_id = $1 AND state IN ('granted', 'active')";
+
+/// Renews every live lease of the agent; how many.
+pub(crate) async fn renew<DB: SqlDb>(
+    w: &mut Write<DB>,
+    agent_id: Uuid,
+    now_ms: i64,
+) -> Result<u64> {
+    query::<DB>(RENEW)
+        .arg(agent_id)
+        .arg(now_ms)
+        .run(w.conn())
+        .await
+        .map_err(db("renewing leases"))
+}
+
+const END: &str = "UPDATE leases SET state = $2, outcome = $3, ended_at_ms = $4 \
+    WHERE id = $1 AND state IN ('granted', 'active') AND ($5 IS NULL OR expires_at_ms <= $5)";
+
+/// Ends a live lease, recording what ended it; false if it was no longer
+/// live (another transition got there first) or, for an expiry, was
+/// renewed meanwhile.
+pub(crate) async fn end<DB: SqlDb>(
+    w: &mut Write<DB>,
+    lease: &LeaseRecord,
+    state: LeaseState,
+    ended_by: LeaseEnd,
+    now_ms: i64,
+) -> Result<bool> {
+    let due_by = (ended_by == LeaseEnd::Expired).then_some(now_ms);
+    let done = query::<DB>(END)
+        .arg(lease.id)
+        .text(state.as_str())
+        .text(ended_by.as_str())
+        .arg(now_ms)
+        .arg(due_by)
+        .run(w.conn())
+        .await
+        .map_err(db("ending a lease"))?;
+    Ok(done == 1)
+}
+
+/// How the server ends a lease it reclaims.
+#[derive(Debug, Clone, Copy)]
+struct Reclaim {
+    /// The lease's end state.
+    state: LeaseState,
+    /// What ended it.
+    ended_by: LeaseEnd,
+    /// Whether the attempt counts against the budget.
+    count_attempt: bool,
+    /// Why, for the history.
+    reason: &'static str,
+}
+
+const EXPIRED: Reclaim = Reclaim {
+    state: LeaseState::Expired,
+    ended_by: LeaseEnd::Expired,
+    count_attempt: true,
+    reason: "the lease expired",
+};
+
+const UNACKNOWLEDGED: Reclaim = Reclaim {
+    state: LeaseState::Released,
+    ended_by: LeaseEnd::Unacknowledged,
+    count_attempt: false,
+    reason: "the agent never acknowledged the lease",
+};
+
+const COUNT_LOST: &str =
+    "SELECT COUNT(*) AS n FROM leases WHERE task_id = $1 AND state = 'expired'";
+
+/// The server ends a live lease: the task goes back to QUEUED (with one
+/// more attempt when the reclaim counts one), or FAILED at the budget, or
+/// CANCELED if a cancel was requested. `None` if the lease was no longer
+/// live.
+async fn reclaim<DB: Dialect>(
+    w: &mut Write<DB>,
+    lease_id: Uuid,
+    how: Reclaim,
+    now_ms: i64,
+) -> Result<Option<(LeaseRecord, TaskRecord)>> {
+    let Some(lease) = fetch::<DB>(w.conn(), lease_id).await? else {
+        return Ok(None);
+    };
+    let task = tasks::lock(w, lease.task_id).await?;
+    if !end(w, &lease, how.state, how.ended_by, now_ms).await? {
+        return Ok(None);
+    }
+    let attempts = task.attempts + u32::from(how.count_attempt);
+    if task.lease_id == Some(lease_id) {
+        let keep = |state| Settlement {
+            state,
+            attempts,
+            not_before_ms: task.not_before_ms,
+            result: None,
+            error: None,
+        };
+        let error;
+        let (next, kind, message) = if task.cancel_requested {
+            let message = format!("{} after a cancel was requested", how.reason);
+            (keep(TaskState::Canceled), "canceled", message)
+        } else if how.count_attempt && attempts >= task.max_attempts {
+            let lost = count_lost::<DB>(w, task.id).await?;
+            error = lease_lost_error(lost);
+            let message = format!("{}; lease lost {lost} times, no attempts left", how.reason);
+            let next = Settlement {
+                error: Some(&error),
+                ..keep(TaskState::Failed)
+            };
+            (next, "failed", message)
+        } else {
+            let kind = if how.count_attempt {
+                "lease_expired"
+            } else {
+                "released"
+            };
+            let next = Settlement {
+                not_before_ms: now_ms,
+                ..keep(TaskState::Queued)
+            };
+            (next, kind, how.reason.to_owned())
+        };
+        tasks::settle(w, &task, next, now_ms).await?;
+        let entry = Entry::of(task.id, kind, next.state, &message).by(lease.agent_id, lease_id);
+        history::append(w, entry, now_ms).await?;
+    }
+    reclaimed(w, lease_id, task.id, how, lease.agent_id).await
+}
+
+/// How many leases of the task expired.
+async fn count_lost<DB: SqlDb>(w: &mut Write<DB>, task_id: Uuid) -> Result<i64> {
+    let row = query::<DB>(COUNT_LOST)
+        .arg(task_id)
+        .optional(w.conn())
+        .await
+        .map_err(db("counting lost leases"))?;
+    match row {
+        Some(row) => Cols::<DB>::new(&row, "counting lost leases").get("n"),
+        None => Ok(0),
+    }
+}
+
+/// The lease and task as a reclaim left them, with the revocation of a
+/// grant never acknowledged announced.
+async fn reclaimed<DB: SqlDb>(
+    w: &mut Write<DB>,
+    lease_id: Uuid,
+    task_id: Uuid,
+    how: Reclaim,
+    agent_id: Uuid,
+) -> Result<Option<(LeaseRecord, TaskRecord)>> {
+    if how.ended_by == LeaseEnd::Unacknowledged {
+        w.announce(StoreEvent::LeaseRevoked {
+            lease_id,
+            task_id,
+            agent_id,
+            cause: Some(RevocationCause::Unacknowledged),
+            reason: how.reason.to_owned(),
+        });
+    }
+    let lease = must_fetch::<DB>(w.conn(), lease_id).await?;
+    Ok(Some((
+        lease,
+        tasks::must_fetch::<DB>(w.conn(), task_id).await?,
+    )))
+}
+
+/// Expires lapsed live leases (see `LeaseStore::expire_leases`).
+pub(crate) async fn expire<DB: Dialect>(
+    w: &mut Write<DB>,
+    now_ms: i64,
+    limit: u32,
+) -> Result<Vec<(LeaseRecord, TaskRecord)>> {
+    let due = lease_ids::<DB>(
+        query::<DB>(DB::DUE_LEASES)
+            .arg(now_ms)
+            .arg(i64::from(limit))
+            .all(w.conn())
+            .await
+            .map_err(db("finding expired leases"))?,
+    )?;
+    let mut reclaimed = Vec::new();
+    for lease_id in due {
+        if let Some(pair) = reclaim(w, lease_id, EXPIRED, now_ms).await? {
+            w.announce(StoreEvent::LeaseEnded {
+                agent_id: pair.0.agent_id,
+                expired: Some(EndedLease {
+                    lease_id: pair.0.id,
+                    task_id: pair.0.task_id,
+                }),
+            });
+            reclaimed.push(pair);
+        }
+    }
+    Ok(reclaimed)
+}
+
+/// Revokes grants never acknowledged (see `LeaseStore::revoke_unacked`).
+pub(crate) async fn revoke_unacked<DB: Dialect>(
+    w: &mut Write<DB>,
+    agent_id: Option<Uuid>,
+    older_than_ms: i64,
+    now_ms: i64,
+) -> Result<Vec<(LeaseRecord, TaskRecord)>> {
+    let due = lease_ids::<DB>(
+        query::<DB>(DB::UNACKED_LEASES)
+            .arg(older_than_ms)
+            .arg(agent_id)
+            .all(w.conn())
+            .await
+            .map_err(db("finding unacknowledged leases"))?,
+    )?;
+    let mut revoked = Vec::new();
+    for lease_id in due {
+        if let Some(pair) = reclaim(w, lease_id, UNACKNOWLEDGED, now_ms).await? {
+            w.announce(StoreEvent::LeaseEnded {
+                agent_id: pair.0.agent_id,
+                expired: None,
+            });
+            revoked.push(pair);
+        }
+    }
+    Ok(revoked)
+}
+
+/// The `id` column of every row.
+fn lease_ids<DB: SqlDb>(rows: Vec<DB::Row>) -> Result<Vec<Uuid>> {
+    rows.iter()
+        .map(|row| Cols::<DB>::new(row, "reading a lease id").get("id"))
+        .collect()
+}

@@ -1,0 +1,554 @@
+//! [`SqlStore`]: the one implementation of the [`Store`] traits, over a
+//! [`Backend`] (PostgreSQL or SQLite) that supplies the pool, the write
+//! transaction and its commit (which announces the change's events), the
+//! few statements that differ ([`Dialect`]), and set-based fast paths
+//! where it has them. Every transition is written once, as SQL both
+//! databases understand (`$N` parameters, `RETURNING`, `ON CONFLICT`), in
+//! the file of its aggregate.
+//!
+//! Each transition runs inside a [`Write`] (a transaction and the events to
+//! announce once it commits), locks its task row first (PostgreSQL
+//! `FOR UPDATE`; SQLite serialises writers with `BEGIN IMMEDIATE`) and
+//! appends the task's history in the same transaction.
+//!
+//! Lock order, to keep PostgreSQL free of deadlocks: grants lock agent rows
+//! (sorted by id) and then skip task rows that are locked; every other
+//! transition locks task rows (in task id order within a batch), then lease
+//! rows, and never agent rows: an agent's load is the count of its live
+//! leases, so final reports and grants never queue on one agent row.
+//!
+//! # Layout
+//! - `db`: the sqlx bounds the shared SQL needs ([`db::SqlDb`]).
+//! - `rows`: column lists and decoding of records.
+//! - `tasks`, `leases`, `reports`, `agents`, `tokens`, `history`: the
+//!   shared SQL of each aggregate.
+
+pub(crate) mod agents;
+pub(crate) mod db;
+pub(crate) mod history;
+pub(crate) mod leases;
+pub(crate) mod reports;
+pub(crate) mod rows;
+pub(crate) mod tasks;
+pub(crate) mod tokens;
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::{Database, Pool, Transaction};
+use tokio::sync::broadcast;
+use uuid::Uuid;
+
+use self::db::{BoxFuture, SqlDb, StatementExt};
+use super::{AgentStore, LeaseStore, ReportedDocument, Store, StoreOptions, TaskStore, TokenStore};
+use crate::error::Result;
+use crate::model::{
+    AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
+    GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, Page, ParkedPlacement, QueueCursor,
+    ReportApplied, StoreEvent, Submission, Submitted, TaskEventRecord, TaskFilter, TaskRecord,
+    TaskState, TokenRecord,
+};
+
+/// The statements that differ between the two databases, each written out
+/// whole by its backend from the shared fragments.
+pub trait Dialect: SqlDb {
+    /// One task by id (`$1`), locked for the rest of the transaction.
+    const LOCK_TASK: &'static str;
+    /// Ids of live leases expired at `$1`, at most `$2`, in task id order;
+    /// rows another replica is sweeping are skipped where the database can.
+    const DUE_LEASES: &'static str;
+    /// Ids of grants never acknowledged, granted before `$1`, of agent `$2`
+    /// (any if NULL), in task id order, skipping as [`Dialect::DUE_LEASES`].
+    const UNACKED_LEASES: &'static str;
+    /// The head of the queue: leasable at `$1`, namespace `$2` (any if
+    /// NULL), at most `$3`, leaving out the parked placements in `$4` (a
+    /// JSON array of `[namespace, placement text]` pairs), in queue order.
+    const QUEUE_HEAD: &'static str;
+    /// As [`Dialect::QUEUE_HEAD`], after the cursor within its priority
+    /// (`$5` priority, `$6` created at, `$7` id).
+    const QUEUE_AFTER: &'static str;
+    /// As [`Dialect::QUEUE_HEAD`], below the cursor's priority (`$5`).
+    const QUEUE_BELOW: &'static str;
+}
+
+/// A write transaction and the events to announce once it commits.
+pub struct Write<DB: Database> {
+    /// The transaction.
+    tx: Transaction<'static, DB>,
+    /// What changed, for every replica, announced by the commit.
+    events: Vec<StoreEvent>,
+}
+
+impl<DB: Database> std::fmt::Debug for Write<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Write")
+            .field("events", &self.events.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Database> Write<DB> {
+    /// A write in `tx`.
+    pub(crate) fn new(tx: Transaction<'static, DB>) -> Self {
+        Self {
+            tx,
+            events: Vec::new(),
+        }
+    }
+
+    /// The transaction's connection.
+    pub(crate) fn conn(&mut self) -> &mut DB::Connection {
+        &mut self.tx
+    }
+
+    /// Announces `event` once the transaction commits.
+    pub(crate) fn announce(&mut self, event: StoreEvent) {
+        self.events.push(event);
+    }
+
+    /// The events announced so far (a fast path may drop one it made moot).
+    pub(crate) fn events_mut(&mut self) -> &mut Vec<StoreEvent> {
+        &mut self.events
+    }
+
+    /// The transaction and its events, to commit.
+    pub(crate) fn into_parts(self) -> (Transaction<'static, DB>, Vec<StoreEvent>) {
+        (self.tx, self.events)
+    }
+}
+
+/// What a backend supplies to [`SqlStore`]. The fast-path hooks default to
+/// the shared row-by-row SQL; a backend with a set-based way overrides them.
+#[async_trait]
+pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
+    /// Its database, with the statements that differ.
+    type Db: Dialect;
+    /// `sqlite` or `postgres`, for logs and metrics.
+    const NAME: &'static str;
+
+    /// The connection pool.
+    fn pool(&self) -> &Pool<Self::Db>;
+    /// Starts a write transaction.
+    async fn begin(&self) -> Result<Write<Self::Db>>;
+    /// Commits `write`, then announces its events to every replica.
+    async fn commit(&self, write: Write<Self::Db>) -> Result<()>;
+    /// Runs the migrations (idempotent).
+    async fn migrate(&self) -> Result<()>;
+    /// Events from every replica.
+    fn subscribe(&self) -> broadcast::Receiver<StoreEvent>;
+    /// Closes the pool and stops the backend's tasks.
+    async fn close(&self);
+
+    /// [`TaskStore::submit_many`].
+    async fn submit_many(
+        &self,
+        submissions: &[Submission],
+        now_ms: i64,
+    ) -> Result<Vec<Result<Submitted>>> {
+        let mut w = self.begin().await?;
+        let out = tasks::submit_rows(&mut w, submissions, now_ms).await?;
+        self.commit(w).await?;
+        Ok(out)
+    }
+    /// Grants inside `w` (see [`LeaseStore::grant_leases`]).
+    async fn grant(
+        &self,
+        w: &mut Write<Self::Db>,
+        requests: &[GrantRequest],
+        now_ms: i64,
+    ) -> Result<Vec<GrantOutcome>> {
+        leases::grant_rows(w, requests, now_ms).await
+    }
+    /// Final reports inside `w` (see [`LeaseStore::complete_leases`]).
+    async fn complete(
+        &self,
+        w: &mut Write<Self::Db>,
+        completions: &[Completion],
+        options: &StoreOptions,
+        now_ms: i64,
+    ) -> Result<Vec<Result<CompletionResult>>> {
+        reports::complete_rows(w, completions, options.backoff_base_ms, now_ms).await
+    }
+    /// Lease reports inside `w` (see [`LeaseStore::apply_reports`]).
+    async fn apply_reports(
+        &self,
+        w: &mut Write<Self::Db>,
+        reports: &[LeaseReport],
+        options: &StoreOptions,
+        now_ms: i64,
+    ) -> Result<Vec<Result<ReportApplied>>> {
+        reports::apply_rows(w, reports, options.backoff_base_ms, now_ms).await
+    }
+    /// Heartbeats inside `w` (see [`AgentStore::heartbeats`]).
+    async fn heartbeats(
+        &self,
+        w: &mut Write<Self::Db>,
+        beats: &[Beat],
+        now_ms: i64,
+    ) -> Result<Vec<Result<BeatApplied>>> {
+        agents::heartbeat_rows(w, beats, now_ms).await
+    }
+}
+
+/// The borrow a [`SqlStore::write`] or [`SqlStore::read`] closure gets:
+/// `'t` lives within `'a`, so the closure may capture the caller's borrows.
+pub type Within<'t, 'a> = &'t &'a ();
+
+/// The store over a backend.
+#[derive(Debug)]
+pub struct SqlStore<B: Backend> {
+    /// The database and what differs about it.
+    pub(crate) backend: B,
+    /// Retry backoff and other settings.
+    pub(crate) options: StoreOptions,
+}
+
+/// A connection of `B`'s database.
+type Conn<B> = <<B as Backend>::Db as Database>::Connection;
+
+impl<B: Backend> SqlStore<B> {
+    /// Runs `change` in one write transaction and commits it, announcing
+    /// its events; nothing is committed if it fails.
+    pub(crate) async fn write<'a, T, F>(&'a self, change: F) -> Result<T>
+    where
+        T: Send,
+        F: for<'t> FnOnce(&'t mut Write<B::Db>, Within<'t, 'a>) -> BoxFuture<'t, Result<T>>
+            + Send
+            + 'a,
+    {
+        let mut w = self.backend.begin().await?;
+        let out = change(&mut w, &&()).await?;
+        self.backend.commit(w).await?;
+        Ok(out)
+    }
+
+    /// Runs `read` on a pooled connection, outside any transaction.
+    pub(crate) async fn read<'a, T, F>(&'a self, read: F) -> Result<T>
+    where
+        T: Send,
+        F: for<'c> FnOnce(&'c mut Conn<B>, Within<'c, 'a>) -> BoxFuture<'c, Result<T>> + Send + 'a,
+    {
+        let mut conn = self
+            .backend
+            .pool()
+            .acquire()
+            .await
+            .map_err(super::plan::db("acquiring a connection"))?;
+        read(&mut conn, &&()).await
+    }
+}
+
+#[async_trait]
+impl<B: Backend> TaskStore for SqlStore<B> {
+    async fn submit_many(
+        &self,
+        submissions: &[Submission],
+        now_ms: i64,
+    ) -> Result<Vec<Result<Submitted>>> {
+        self.backend.submit_many(submissions, now_ms).await
+    }
+
+    async fn get_task(&self, task_id: Uuid) -> Result<TaskRecord> {
+        self.read(|c, _| Box::pin(tasks::must_fetch::<B::Db>(c, task_id)))
+            .await
+    }
+
+    async fn list_tasks(
+        &self,
+        filter: &TaskFilter,
+        page: &Page,
+    ) -> Result<(Vec<TaskRecord>, Option<String>)> {
+        self.read(|c, _| Box::pin(tasks::list::<B::Db>(c, filter, page)))
+            .await
+    }
+
+    async fn task_events(
+        &self,
+        task_id: Uuid,
+        after_sequence: u64,
+        limit: u32,
+    ) -> Result<Vec<TaskEventRecord>> {
+        self.read(|c, _| Box::pin(history::list::<B::Db>(c, task_id, after_sequence, limit)))
+            .await
+    }
+
+    async fn queued_tasks(
+        &self,
+        namespace: Option<&str>,
+        now_ms: i64,
+        after: Option<&QueueCursor>,
+        parked: &[ParkedPlacement],
+        limit: u32,
+    ) -> Result<Vec<TaskRecord>> {
+        self.read(|c, _| {
+            Box::pin(tasks::queue_page::<B::Db>(
+                c, namespace, now_ms, after, parked, limit,
+            ))
+        })
+        .await
+    }
+
+    async fn cancel_task(
+        &self,
+        task_id: Uuid,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(TaskRecord, Option<LeaseRecord>)> {
+        self.write(|w, _| Box::pin(tasks::cancel(w, task_id, reason, now_ms)))
+            .await
+    }
+
+    async fn count_tasks(&self) -> Result<Vec<(String, TaskState, u64)>> {
+        self.read(|c, _| Box::pin(tasks::count_live::<B::Db>(c)))
+            .await
+    }
+
+    async fn queued_in_namespace(&self, namespace: &str) -> Result<u64> {
+        self.read(|c, _| Box::pin(tasks::count_queued::<B::Db>(c, namespace)))
+            .await
+    }
+}
+
+#[async_trait]
+impl<B: Backend> LeaseStore for SqlStore<B> {
+    async fn grant_leases(
+        &self,
+        requests: &[GrantRequest],
+        now_ms: i64,
+    ) -> Result<Vec<GrantOutcome>> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let backend = &self.backend;
+        self.write(|w, _| Box::pin(backend.grant(w, requests, now_ms)))
+            .await
+    }
+
+    async fn ack_leases(&self, agent_id: Uuid, leases: &[(Uuid, u64)], now_ms: i64) -> Result<u64> {
+        self.write(|w, _| Box::pin(leases::ack(w, agent_id, leases, now_ms)))
+            .await
+    }
+
+    async fn renew_leases(&self, agent_id: Uuid, now_ms: i64) -> Result<u64> {
+        self.write(|w, _| Box::pin(leases::renew(w, agent_id, now_ms)))
+            .await
+    }
+
+    async fn complete_leases(
+        &self,
+        completions: &[Completion],
+        now_ms: i64,
+    ) -> Result<Vec<Result<CompletionResult>>> {
+        if completions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (backend, options) = (&self.backend, &self.options);
+        self.write(|w, _| Box::pin(backend.complete(w, completions, options, now_ms)))
+            .await
+    }
+
+    async fn apply_reports(
+        &self,
+        reports: &[LeaseReport],
+        now_ms: i64,
+    ) -> Result<Vec<Result<ReportApplied>>> {
+        if reports.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (backend, options) = (&self.backend, &self.options);
+        self.write(|w, _| Box::pin(backend.apply_reports(w, reports, options, now_ms)))
+            .await
+    }
+
+    async fn revoke_unacked(
+        &self,
+        agent_id: Option<Uuid>,
+        older_than_ms: i64,
+        now_ms: i64,
+    ) -> Result<Vec<(LeaseRecord, TaskRecord)>> {
+        self.write(|w, _| Box::pin(leases::revoke_unacked(w, agent_id, older_than_ms, now_ms)))
+            .await
+    }
+
+    async fn expire_leases(
+        &self,
+        now_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<(LeaseRecord, TaskRecord)>> {
+        self.write(|w, _| Box::pin(leases::expire(w, now_ms, limit)))
+            .await
+    }
+
+    async fn agent_leases(&self, agent_id: Uuid) -> Result<Vec<LeaseRecord>> {
+        self.read(|c, _| Box::pin(leases::live_of::<B::Db>(c, agent_id)))
+            .await
+    }
+
+    async fn get_lease(&self, lease_id: Uuid) -> Result<LeaseRecord> {
+        self.read(|c, _| Box::pin(leases::must_fetch::<B::Db>(c, lease_id)))
+            .await
+    }
+
+    async fn live_lease_counts(&self, agent_ids: &[Uuid]) -> Result<HashMap<Uuid, u32>> {
+        self.read(|c, _| Box::pin(leases::live_counts::<B::Db>(c, agent_ids)))
+            .await
+    }
+}
+
+#[async_trait]
+impl<B: Backend> AgentStore for SqlStore<B> {
+    async fn register_agent(
+        &self,
+        registration: &AgentRegistration,
+        now_ms: i64,
+    ) -> Result<AgentRecord> {
+        self.write(|w, _| Box::pin(agents::register(w, registration, now_ms)))
+            .await
+    }
+
+    async fn get_agent(&self, agent_id: Uuid) -> Result<AgentRecord> {
+        self.read(|c, _| Box::pin(agents::must_fetch::<B::Db>(c, agent_id)))
+            .await
+    }
+
+    async fn list_agents(
+        &self,
+        namespace: &str,
+        statuses: &[AgentStatus],
+        page: &Page,
+    ) -> Result<(Vec<AgentRecord>, Option<String>)> {
+        self.read(|c, _| Box::pin(agents::list::<B::Db>(c, namespace, statuses, page)))
+            .await
+    }
+
+    async fn agents_in_namespace(&self, namespace: &str) -> Result<u64> {
+        self.read(|c, _| Box::pin(agents::count::<B::Db>(c, namespace)))
+            .await
+    }
+
+    async fn update_agent_document(
+        &self,
+        agent_id: Uuid,
+        expected_generation: u64,
+        document: &ReportedDocument,
+        now_ms: i64,
+    ) -> Result<u64> {
+        self.write(|w, _| {
+            Box::pin(agents::replace_document(
+                w,
+                agent_id,
+                expected_generation,
+                document,
+                now_ms,
+            ))
+        })
+        .await
+    }
+
+    async fn set_operator_overrides(
+        &self,
+        agent_id: Uuid,
+        overrides: &Value,
+        document: &Value,
+        provenance: &Value,
+        now_ms: i64,
+    ) -> Result<AgentRecord> {
+        self.write(|w, _| {
+            Box::pin(agents::set_overrides(
+                w, agent_id, overrides, document, provenance, now_ms,
+            ))
+        })
+        .await
+    }
+
+    async fn set_agent_status(
+        &self,
+        agent_id: Uuid,
+        status: AgentStatus,
+        reasons: &[String],
+        session_epoch: Option<u64>,
+        now_ms: i64,
+    ) -> Result<bool> {
+        self.write(|w, _| {
+            Box::pin(agents::set_status(
+                w,
+                agent_id,
+                status,
+                reasons,
+                session_epoch,
+                now_ms,
+            ))
+        })
+        .await
+    }
+
+    async fn set_agent_drained(
+        &self,
+        agent_id: Uuid,
+        drained: bool,
+        reason: Option<String>,
+        now_ms: i64,
+    ) -> Result<AgentRecord> {
+        self.write(|w, _| Box::pin(agents::set_drained(w, agent_id, drained, reason, now_ms)))
+            .await
+    }
+
+    async fn heartbeats(&self, beats: &[Beat], now_ms: i64) -> Result<Vec<Result<BeatApplied>>> {
+        if beats.is_empty() {
+            return Ok(Vec::new());
+        }
+        let backend = &self.backend;
+        self.write(|w, _| Box::pin(backend.heartbeats(w, beats, now_ms)))
+            .await
+    }
+}
+
+#[async_trait]
+impl<B: Backend> TokenStore for SqlStore<B> {
+    async fn insert_token(&self, token: &TokenRecord, hash: &str) -> Result<()> {
+        self.write(|w, _| Box::pin(tokens::insert(w, token, hash)))
+            .await
+    }
+
+    async fn any_tokens(&self) -> Result<bool> {
+        self.read(|c, _| Box::pin(tokens::any::<B::Db>(c))).await
+    }
+
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        self.read(|c, _| Box::pin(tokens::find::<B::Db>(c, hash)))
+            .await
+    }
+}
+
+#[async_trait]
+impl<B: Backend> Store for SqlStore<B> {
+    fn backend(&self) -> &'static str {
+        B::NAME
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        self.backend.migrate().await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.read(|c, _| Box::pin(ping::<B::Db>(c))).await
+    }
+
+    async fn close(&self) {
+        self.backend.close().await;
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<StoreEvent> {
+        self.backend.subscribe()
+    }
+}
+
+/// Succeeds while the database answers a trivial statement.
+async fn ping<DB: SqlDb>(conn: &mut DB::Connection) -> Result<()> {
+    db::query::<DB>("SELECT 1")
+        .run(conn)
+        .await
+        .map_err(super::plan::db("pinging"))?;
+    Ok(())
+}

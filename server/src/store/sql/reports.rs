@@ -1,0 +1,396 @@
+//! Lease reports, row by row (every report of a backend without a set-based
+//! way, and the reports such a backend leaves over): `accepted`, `started`,
+//! progress, and final reports that end the lease and settle the task. A
+//! whole fresh attempt reported at once (accepted, started, perhaps its end,
+//! as a quick task's agent sends them) is applied in one pass.
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::db::{SqlDb, StatementExt, query};
+use super::history::{self, Entry};
+use super::tasks::{self, Settlement};
+use super::{Dialect, Write, leases};
+use crate::error::{Error, Result};
+use crate::model::{
+    Completion, CompletionOutcome, CompletionResult, LeaseRecord, LeaseReport, LeaseState,
+    ReportApplied, ReportKind, StoreEvent, TaskRecord, TaskState,
+};
+use crate::store::plan::{
+    CompletionPlan, SettledAttempt, check_holder, db, plan_completion, started,
+};
+
+/// The task locked and the named lease read, checked to come from the
+/// lease's live holder.
+async fn holder<DB: Dialect>(
+    w: &mut Write<DB>,
+    report: &LeaseReport,
+) -> Result<(TaskRecord, LeaseRecord)> {
+    let task = tasks::lock(w, report.task_id).await?;
+    let lease = leases::fetch::<DB>(w.conn(), report.lease_id).await?;
+    let lease = check_holder(
+        &task,
+        lease.as_ref(),
+        report.lease_id,
+        report.agent_id,
+        report.fencing_token,
+    )?
+    .clone();
+    if !lease.state.is_live() {
+        return Err(Error::LeaseNotHeld {
+            lease_id: report.lease_id,
+            agent_id: report.agent_id,
+        });
+    }
+    Ok((task, lease))
+}
+
+const ACTIVATE: &str =
+    "UPDATE leases SET state = 'active', acked = TRUE WHERE id = $1 AND state = 'granted'";
+const RUNNING: &str = "UPDATE tasks SET state = 'running', updated_at_ms = $2 WHERE id = $1";
+const PROGRESS: &str = "UPDATE tasks SET progress = $2, updated_at_ms = $3 WHERE id = $1";
+
+/// An entry about the reporting lease.
+fn entry<'a>(r: &LeaseReport, kind: &'a str, state: TaskState, message: &'a str) -> Entry<'a> {
+    Entry::of(r.task_id, kind, state, message).by(r.agent_id, r.lease_id)
+}
+
+/// `started`: LEASED to RUNNING (the lease ACTIVE); repeating it is fine.
+async fn start<DB: Dialect>(w: &mut Write<DB>, r: &LeaseReport, now_ms: i64) -> Result<()> {
+    let (task, _) = holder(w, r).await?;
+    match task.state {
+        TaskState::Running => return Ok(()),
+        TaskState::Leased => {}
+        from => {
+            return Err(Error::InvalidTransition {
+                task_id: task.id,
+                from,
+                what: "start",
+            });
+        }
+    }
+    mark_running(w, task.id, now_ms).await?;
+    activate(w, r.lease_id).await?;
+    let started = entry(
+        r,
+        "started",
+        TaskState::Running,
+        "the agent started the task",
+    );
+    history::append(w, started, now_ms).await
+}
+
+/// The task RUNNING, announced.
+async fn mark_running<DB: SqlDb>(w: &mut Write<DB>, task_id: Uuid, now_ms: i64) -> Result<()> {
+    query::<DB>(RUNNING)
+        .arg(task_id)
+        .arg(now_ms)
+        .run(w.conn())
+        .await
+        .map_err(db("marking a task running"))?;
+    w.announce(StoreEvent::TaskChanged {
+        task_id,
+        state: TaskState::Running,
+    });
+    Ok(())
+}
+
+/// The lease ACTIVE (acknowledged), if it was GRANTED.
+async fn activate<DB: SqlDb>(w: &mut Write<DB>, lease_id: Uuid) -> Result<()> {
+    query::<DB>(ACTIVATE)
+        .arg(lease_id)
+        .run(w.conn())
+        .await
+        .map_err(db("activating a lease"))?;
+    Ok(())
+}
+
+/// The latest progress of a leased or running task.
+async fn progress<DB: Dialect>(
+    w: &mut Write<DB>,
+    r: &LeaseReport,
+    progress: &Value,
+    now_ms: i64,
+) -> Result<()> {
+    let (task, _) = holder(w, r).await?;
+    if !matches!(task.state, TaskState::Leased | TaskState::Running) {
+        return Err(Error::InvalidTransition {
+            task_id: task.id,
+            from: task.state,
+            what: "report progress",
+        });
+    }
+    query::<DB>(PROGRESS)
+        .arg(task.id)
+        .json(progress)
+        .arg(now_ms)
+        .run(w.conn())
+        .await
+        .map_err(db("recording progress"))?;
+    Ok(())
+}
+
+/// `accepted`: GRANTED to ACTIVE; a repeat for a lease the agent already
+/// acknowledged (and still holds) is fine.
+async fn accept<DB: Dialect>(w: &mut Write<DB>, r: &LeaseReport, now_ms: i64) -> Result<()> {
+    let lease = (r.lease_id, r.fencing_token);
+    if leases::ack(w, r.agent_id, &[lease], now_ms).await? == 0 {
+        let held = leases::fetch::<DB>(w.conn(), r.lease_id)
+            .await?
+            .is_some_and(|l| {
+                l.agent_id == r.agent_id
+                    && l.fencing_token == r.fencing_token
+                    && l.acked
+                    && l.state == LeaseState::Active
+            });
+        if !held {
+            return Err(Error::LeaseNotHeld {
+                lease_id: r.lease_id,
+                agent_id: r.agent_id,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Writes an accepted final report: the lease ends, the task settles, the
+/// history grows.
+pub(crate) async fn settle_attempt<DB: SqlDb>(
+    w: &mut Write<DB>,
+    task: &TaskRecord,
+    lease: &LeaseRecord,
+    settled: &SettledAttempt,
+    now_ms: i64,
+) -> Result<()> {
+    if !leases::end(w, lease, settled.lease_state, settled.ended_by, now_ms).await? {
+        return Err(Error::LeaseNotHeld {
+            lease_id: lease.id,
+            agent_id: lease.agent_id,
+        });
+    }
+    let next = Settlement {
+        state: settled.task_state,
+        attempts: settled.attempts,
+        not_before_ms: settled.not_before_ms,
+        result: settled.result.as_ref(),
+        error: settled.error.as_ref(),
+    };
+    tasks::settle(w, task, next, now_ms).await?;
+    let entry = Entry::of(
+        task.id,
+        settled.event_kind,
+        settled.task_state,
+        &settled.message,
+    )
+    .by(lease.agent_id, lease.id);
+    history::append(w, entry, now_ms).await
+}
+
+/// One final report.
+async fn complete_one<DB: Dialect>(
+    w: &mut Write<DB>,
+    completion: &Completion,
+    backoff_base_ms: i64,
+    now_ms: i64,
+) -> Result<CompletionResult> {
+    let task = tasks::lock(w, completion.task_id).await?;
+    let lease = leases::fetch::<DB>(w.conn(), completion.lease_id).await?;
+    let plan = plan_completion(&task, lease.as_ref(), completion, backoff_base_ms, now_ms)?;
+    let (CompletionPlan::Settle(settled), Some(lease)) = (plan, lease) else {
+        return Ok(CompletionResult {
+            task,
+            duplicate: true,
+        });
+    };
+    settle_attempt(w, &task, &lease, &settled, now_ms).await?;
+    Ok(CompletionResult {
+        task: tasks::must_fetch::<DB>(w.conn(), task.id).await?,
+        duplicate: false,
+    })
+}
+
+/// Results of a batch handled in another order than given, in order; a
+/// database failure (the transaction is unusable) fails the whole batch,
+/// a refusal only its item.
+struct InOrder<T>(Vec<Option<Result<T>>>);
+
+impl<T> InOrder<T> {
+    fn new(len: usize) -> Self {
+        Self((0..len).map(|_| None).collect())
+    }
+
+    /// Records item `i`'s outcome; a database failure is returned instead.
+    fn set(&mut self, i: usize, outcome: Result<T>) -> Result<()> {
+        match outcome {
+            Err(err) if err.is_store_failure() => Err(err),
+            other => {
+                self.0[i] = Some(other);
+                Ok(())
+            }
+        }
+    }
+
+    fn into_results(self, context: &'static str) -> Vec<Result<T>> {
+        self.0
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or(Err(Error::Corrupt {
+                    context,
+                    detail: "an item was not processed".to_owned(),
+                }))
+            })
+            .collect()
+    }
+}
+
+/// Indices of `items` in `key` order (a stable sort: items with one key
+/// keep their order).
+fn order_by<T, K: Ord>(items: &[T], key: impl Fn(&T) -> K) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| key(&items[i]));
+    order
+}
+
+/// Final reports row by row, in task id order (see
+/// `LeaseStore::complete_leases`).
+pub(crate) async fn complete_rows<DB: Dialect>(
+    w: &mut Write<DB>,
+    completions: &[Completion],
+    backoff_base_ms: i64,
+    now_ms: i64,
+) -> Result<Vec<Result<CompletionResult>>> {
+    let mut results = InOrder::new(completions.len());
+    for i in order_by(completions, |c| c.task_id) {
+        let outcome = complete_one(w, &completions[i], backoff_base_ms, now_ms).await;
+        results.set(i, outcome)?;
+    }
+    Ok(results.into_results("completing leases"))
+}
+
+/// `accepted` and `started` of a freshly granted lease, and perhaps its
+/// final report, applied in one pass: the same rows, history and outcome as
+/// applying them one by one, in fewer statements (the task goes from LEASED
+/// straight to its end state when the end is there). `None` if the lease is
+/// not freshly granted to the reporter; the caller then applies the reports
+/// one by one.
+async fn run_attempt<DB: Dialect>(
+    w: &mut Write<DB>,
+    r: &LeaseReport,
+    end: Option<&CompletionOutcome>,
+    backoff_base_ms: i64,
+    now_ms: i64,
+) -> Result<Option<Result<ReportApplied>>> {
+    let task = tasks::lock(w, r.task_id).await?;
+    let Some(lease) = leases::fetch::<DB>(w.conn(), r.lease_id).await? else {
+        return Ok(None);
+    };
+    let holds = check_holder(&task, Some(&lease), r.lease_id, r.agent_id, r.fencing_token);
+    if holds.is_err() || lease.state != LeaseState::Granted || task.state != TaskState::Leased {
+        return Ok(None);
+    }
+    activate(w, r.lease_id).await?;
+    let accepted = entry(
+        r,
+        "accepted",
+        TaskState::Leased,
+        "the agent acknowledged the lease",
+    );
+    history::append(w, accepted, now_ms).await?;
+    if end.is_none() {
+        mark_running(w, task.id, now_ms).await?;
+    }
+    let started_entry = entry(
+        r,
+        "started",
+        TaskState::Running,
+        "the agent started the task",
+    );
+    history::append(w, started_entry, now_ms).await?;
+    let Some(outcome) = end else {
+        return Ok(Some(Ok(ReportApplied { ended: false })));
+    };
+    let (running, active) = started(&task, &lease);
+    let completion = r.completion(outcome);
+    let settled = match plan_completion(
+        &running,
+        Some(&active),
+        &completion,
+        backoff_base_ms,
+        now_ms,
+    ) {
+        Ok(CompletionPlan::Settle(settled)) => settled,
+        Ok(CompletionPlan::Duplicate) => return Ok(Some(Ok(ReportApplied { ended: false }))),
+        Err(refusal) => return Ok(Some(Err(refusal))),
+    };
+    settle_attempt(w, &running, &active, &settled, now_ms).await?;
+    Ok(Some(Ok(ReportApplied { ended: true })))
+}
+
+/// One report on its own.
+async fn apply_one<DB: Dialect>(
+    w: &mut Write<DB>,
+    r: &LeaseReport,
+    backoff_base_ms: i64,
+    now_ms: i64,
+) -> Result<ReportApplied> {
+    let not_ended = ReportApplied { ended: false };
+    match &r.kind {
+        ReportKind::Accepted => accept(w, r, now_ms).await.map(|()| not_ended),
+        ReportKind::Started => start(w, r, now_ms).await.map(|()| not_ended),
+        ReportKind::Progress(value) => progress(w, r, value, now_ms).await.map(|()| not_ended),
+        ReportKind::Final(outcome) => {
+            complete_one(w, &r.completion(outcome), backoff_base_ms, now_ms)
+                .await
+                .map(|c| ReportApplied {
+                    ended: !c.duplicate,
+                })
+        }
+    }
+}
+
+/// Lease reports of many sessions row by row, in task id order (a stable
+/// sort: reports about one task keep their order), each applied or refused
+/// on its own. Agent rows are never touched: an agent's load is the count
+/// of its live leases.
+pub(crate) async fn apply_rows<DB: Dialect>(
+    w: &mut Write<DB>,
+    reports: &[LeaseReport],
+    backoff_base_ms: i64,
+    now_ms: i64,
+) -> Result<Vec<Result<ReportApplied>>> {
+    let order = order_by(reports, |r| r.task_id);
+    let mut results = InOrder::new(reports.len());
+    let mut k = 0;
+    while k < order.len() {
+        let r = &reports[order[k]];
+        let next = |n: usize| order.get(k + n).map(|&j| &reports[j]);
+        // A whole attempt reported at once: accepted, started, perhaps the end.
+        if r.kind == ReportKind::Accepted
+            && let Some(started) = next(1)
+            && started.kind == ReportKind::Started
+            && r.same_lease(started)
+        {
+            let end = next(2)
+                .filter(|f| r.same_lease(f))
+                .and_then(|f| match &f.kind {
+                    ReportKind::Final(outcome) => Some(outcome),
+                    _ => None,
+                });
+            if let Some(outcome) = run_attempt(w, r, end, backoff_base_ms, now_ms).await? {
+                results.set(order[k], Ok(ReportApplied { ended: false }))?;
+                results.set(order[k + 1], Ok(ReportApplied { ended: false }))?;
+                if end.is_some() {
+                    results.set(order[k + 2], outcome)?;
+                    k += 3;
+                } else {
+                    k += 2;
+                }
+                continue;
+            }
+        }
+        let outcome = apply_one(w, r, backoff_base_ms, now_ms).await;
+        results.set(order[k], outcome)?;
+        k += 1;
+    }
+    Ok(results.into_results("applying lease reports"))
+}

@@ -1,0 +1,183 @@
+//! Reading records out of rows: the column lists every read of a task,
+//! lease or agent uses, and the decoding of each, written once for both
+//! databases. A stored state name the code does not know is
+//! [`Error::Corrupt`], never a default.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use sqlx::types::Json;
+
+use super::db::{Cols, SqlDb};
+use crate::error::{Error, Result};
+use crate::model::{
+    AgentRecord, AgentStatus, LeaseEnd, LeaseRecord, LeaseState, Role, StoredName, TaskEventRecord,
+    TaskRecord, TaskState, TokenRecord,
+};
+use crate::store::plan::{to_u32, to_u64};
+
+/// The SELECT list and FROM clause that read a [`TaskRecord`] (the lease
+/// expiry comes from the live lease); a statement adds its WHERE.
+pub(crate) const TASK_SELECT: &str = "SELECT t.id, t.namespace, t.kind, t.payload, t.placement, \
+    t.priority, t.state, t.attempts, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, \
+    t.not_before_ms, t.result, t.error, t.fencing_token, t.lease_id, t.agent_id, \
+    l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, t.progress, t.labels, \
+    t.created_at_ms, t.updated_at_ms \
+    FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id ";
+
+/// The columns that read a [`LeaseRecord`].
+pub(crate) const LEASE_COLUMNS: &str =
+    "id, task_id, agent_id, fencing_token, state, granted_at_ms, acked, expires_at_ms, outcome";
+
+/// The columns that read an [`AgentRecord`] (its load is the count of its
+/// live leases).
+pub(crate) const AGENT_COLUMNS: &str = "id, namespace, name, document, provenance, rejections, \
+    reported, operator_overrides, generation, status, status_reasons, capacity, \
+    (SELECT COUNT(*) FROM leases l WHERE l.agent_id = agents.id \
+    AND l.state IN ('granted', 'active')) AS active_leases, drained, labels, runner, \
+    session_epoch, last_seen_at_ms, registered_at_ms";
+
+/// The columns that read a [`TaskEventRecord`].
+pub(crate) const EVENT_COLUMNS: &str =
+    "task_id, sequence, kind, state, message, agent_id, lease_id, occurred_at_ms";
+
+/// The columns that read a [`TokenRecord`].
+pub(crate) const TOKEN_COLUMNS: &str = "name, namespace, role, created_at_ms";
+
+/// A stored enum's name, parsed (a name the code does not know is corrupt
+/// data).
+pub(crate) fn stored<T: StoredName>(name: &str, context: &'static str) -> Result<T> {
+    T::from_stored(name).map_err(|err| Error::Corrupt {
+        context,
+        detail: err.to_string(),
+    })
+}
+
+/// A JSON column.
+fn json<DB: SqlDb>(cols: &Cols<'_, DB>, column: &str) -> Result<Value> {
+    Ok(cols.get::<Json<Value>>(column)?.0)
+}
+
+/// A nullable JSON column.
+fn json_opt<DB: SqlDb>(cols: &Cols<'_, DB>, column: &str) -> Result<Option<Value>> {
+    Ok(cols.get::<Option<Json<Value>>>(column)?.map(|j| j.0))
+}
+
+/// A labels column.
+fn labels<DB: SqlDb>(cols: &Cols<'_, DB>) -> Result<BTreeMap<String, String>> {
+    Ok(cols.get::<Json<BTreeMap<String, String>>>("labels")?.0)
+}
+
+/// A task, from [`TASK_SELECT`]'s columns.
+pub(crate) fn task<DB: SqlDb>(row: &DB::Row) -> Result<TaskRecord> {
+    const CONTEXT: &str = "reading a task row";
+    let cols = Cols::<DB>::new(row, CONTEXT);
+    Ok(TaskRecord {
+        id: cols.get("id")?,
+        namespace: cols.get("namespace")?,
+        kind: cols.get("kind")?,
+        payload: json(&cols, "payload")?,
+        placement: json(&cols, "placement")?,
+        priority: cols.get("priority")?,
+        state: stored::<TaskState>(&cols.get::<String>("state")?, CONTEXT)?,
+        attempts: to_u32(cols.get("attempts")?),
+        max_attempts: to_u32(cols.get("max_attempts")?),
+        lease_ttl_ms: cols.get("lease_ttl_ms")?,
+        idempotency_key: cols.get("idempotency_key")?,
+        not_before_ms: cols.get("not_before_ms")?,
+        result: json_opt(&cols, "result")?,
+        error: json_opt(&cols, "error")?,
+        fencing_token: to_u64(cols.get("fencing_token")?),
+        lease_id: cols.get("lease_id")?,
+        agent_id: cols.get("agent_id")?,
+        lease_expires_at_ms: cols.get("lease_expires_at_ms")?,
+        cancel_requested: cols.get("cancel_requested")?,
+        progress: json_opt(&cols, "progress")?,
+        labels: labels(&cols)?,
+        created_at_ms: cols.get("created_at_ms")?,
+        updated_at_ms: cols.get("updated_at_ms")?,
+    })
+}
+
+/// A lease, from [`LEASE_COLUMNS`].
+pub(crate) fn lease<DB: SqlDb>(row: &DB::Row) -> Result<LeaseRecord> {
+    const CONTEXT: &str = "reading a lease row";
+    let cols = Cols::<DB>::new(row, CONTEXT);
+    let ended_by = cols.get::<Option<String>>("outcome")?;
+    Ok(LeaseRecord {
+        id: cols.get("id")?,
+        task_id: cols.get("task_id")?,
+        agent_id: cols.get("agent_id")?,
+        fencing_token: to_u64(cols.get("fencing_token")?),
+        state: stored::<LeaseState>(&cols.get::<String>("state")?, CONTEXT)?,
+        granted_at_ms: cols.get("granted_at_ms")?,
+        acked: cols.get("acked")?,
+        expires_at_ms: cols.get("expires_at_ms")?,
+        ended_by: ended_by
+            .map(|name| stored::<LeaseEnd>(&name, CONTEXT))
+            .transpose()?,
+    })
+}
+
+/// An agent, from [`AGENT_COLUMNS`].
+pub(crate) fn agent<DB: SqlDb>(row: &DB::Row) -> Result<AgentRecord> {
+    const CONTEXT: &str = "reading an agent row";
+    let cols = Cols::<DB>::new(row, CONTEXT);
+    Ok(AgentRecord {
+        id: cols.get("id")?,
+        namespace: cols.get("namespace")?,
+        name: cols.get("name")?,
+        document: json(&cols, "document")?,
+        provenance: json(&cols, "provenance")?,
+        rejections: json(&cols, "rejections")?,
+        reported: json(&cols, "reported")?,
+        operator_overrides: json(&cols, "operator_overrides")?,
+        generation: to_u64(cols.get("generation")?),
+        status: stored::<AgentStatus>(&cols.get::<String>("status")?, CONTEXT)?,
+        status_reasons: cols.get::<Json<Vec<String>>>("status_reasons")?.0,
+        capacity: to_u32(cols.get("capacity")?),
+        active_leases: to_u32(cols.get("active_leases")?),
+        drained: cols.get("drained")?,
+        labels: labels(&cols)?,
+        runner: cols.get("runner")?,
+        session_epoch: to_u64(cols.get("session_epoch")?),
+        last_seen_at_ms: cols.get("last_seen_at_ms")?,
+        registered_at_ms: cols.get("registered_at_ms")?,
+    })
+}
+
+/// A history entry, from [`EVENT_COLUMNS`].
+pub(crate) fn event<DB: SqlDb>(row: &DB::Row) -> Result<TaskEventRecord> {
+    const CONTEXT: &str = "reading a task event row";
+    let cols = Cols::<DB>::new(row, CONTEXT);
+    Ok(TaskEventRecord {
+        task_id: cols.get("task_id")?,
+        sequence: to_u64(cols.get("sequence")?),
+        kind: cols.get("kind")?,
+        state: stored::<TaskState>(&cols.get::<String>("state")?, CONTEXT)?,
+        message: cols.get("message")?,
+        agent_id: cols.get("agent_id")?,
+        lease_id: cols.get("lease_id")?,
+        occurred_at_ms: cols.get("occurred_at_ms")?,
+    })
+}
+
+/// A token's record, from [`TOKEN_COLUMNS`].
+pub(crate) fn token<DB: SqlDb>(row: &DB::Row) -> Result<TokenRecord> {
+    const CONTEXT: &str = "reading a token row";
+    let cols = Cols::<DB>::new(row, CONTEXT);
+    Ok(TokenRecord {
+        name: cols.get("name")?,
+        namespace: cols.get("namespace")?,
+        role: stored::<Role>(&cols.get::<String>("role")?, CONTEXT)?,
+        created_at_ms: cols.get("created_at_ms")?,
+    })
+}
+
+/// Decodes every row with `decode`.
+pub(crate) fn all<DB: SqlDb, T>(
+    rows: &[DB::Row],
+    decode: fn(&DB::Row) -> Result<T>,
+) -> Result<Vec<T>> {
+    rows.iter().map(decode).collect()
+}

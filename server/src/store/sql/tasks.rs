@@ -1,0 +1,480 @@
+//! Tasks: submitted (one by one, for a backend without a set-based submit),
+//! read, listed newest first, walked in queue order, canceled, counted.
+
+use uuid::Uuid;
+
+use super::db::{SqlDb, StatementExt, built, placeholders, query};
+use super::history::{self, Entry};
+use super::rows::{self, TASK_SELECT};
+use super::{Dialect, Write, leases};
+use crate::error::{Error, Result};
+use crate::model::{
+    GrantOutcome, GrantRequest, LeaseRecord, NewTask, Page, ParkedPlacement, QueueCursor,
+    StoreEvent, Submission, Submitted, TaskFilter, TaskRecord, TaskState,
+};
+use crate::store::plan::{db, parse_task_cursor, task_cursor, to_u64};
+
+const BY_ID: &str = const_format::concatcp!(TASK_SELECT, "WHERE t.id = $1");
+
+/// Reads a task without locking it.
+pub(crate) async fn fetch<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    task_id: Uuid,
+) -> Result<Option<TaskRecord>> {
+    let row = query::<DB>(BY_ID)
+        .arg(task_id)
+        .optional(conn)
+        .await
+        .map_err(db("reading a task"))?;
+    row.as_ref().map(rows::task::<DB>).transpose()
+}
+
+/// Reads a task that must exist.
+pub(crate) async fn must_fetch<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    task_id: Uuid,
+) -> Result<TaskRecord> {
+    fetch::<DB>(conn, task_id)
+        .await?
+        .ok_or_else(|| not_found(task_id))
+}
+
+/// Reads and locks a task for the rest of the transaction.
+pub(crate) async fn lock<DB: Dialect>(w: &mut Write<DB>, task_id: Uuid) -> Result<TaskRecord> {
+    let row = query::<DB>(DB::LOCK_TASK)
+        .arg(task_id)
+        .optional(w.conn())
+        .await
+        .map_err(db("locking a task"))?;
+    match row {
+        Some(row) => rows::task::<DB>(&row),
+        None => Err(not_found(task_id)),
+    }
+}
+
+fn not_found(task_id: Uuid) -> Error {
+    Error::NotFound {
+        what: "task",
+        id: task_id.to_string(),
+    }
+}
+
+/// What the store refuses before any statement runs.
+pub(crate) fn check_new(task: &NewTask) -> Result<()> {
+    if task.max_attempts == 0 {
+        return Err(Error::invalid("max_attempts", "must be at least 1"));
+    }
+    if task.lease_ttl_ms <= 0 {
+        return Err(Error::invalid("lease_ttl", "must be positive"));
+    }
+    Ok(())
+}
+
+const BY_KEY: &str = const_format::concatcp!(
+    TASK_SELECT,
+    "WHERE t.namespace = $1 AND t.idempotency_key = $2"
+);
+
+/// The task already submitted with `task`'s idempotency key, if any.
+pub(crate) async fn by_key<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    task: &NewTask,
+) -> Result<Option<TaskRecord>> {
+    let Some(key) = &task.idempotency_key else {
+        return Ok(None);
+    };
+    let row = query::<DB>(BY_KEY)
+        .text(&task.namespace)
+        .text(key)
+        .optional(conn)
+        .await
+        .map_err(db("looking up an idempotency key"))?;
+    row.as_ref().map(rows::task::<DB>).transpose()
+}
+
+const INSERT: &str = "INSERT INTO tasks (id, namespace, kind, payload, placement, priority, \
+    state, attempts, max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, \
+    fencing_token, cancel_requested, labels, created_at_ms, updated_at_ms) \
+    VALUES ($1, $2, $3, $4, $5, $6, 'queued', 0, $7, $8, $9, $10, 0, FALSE, $11, $12, $12) \
+    ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING";
+
+/// Submits one task in `w`: the stored task, and whether it was created
+/// (false: its idempotency key was taken, and the task holding it is
+/// returned).
+pub(crate) async fn submit<DB: SqlDb>(
+    w: &mut Write<DB>,
+    task: &NewTask,
+    now_ms: i64,
+) -> Result<(TaskRecord, bool)> {
+    check_new(task)?;
+    if let Some(existing) = by_key::<DB>(w.conn(), task).await? {
+        return Ok((existing, false));
+    }
+    let id = Uuid::now_v7();
+    let inserted = query::<DB>(INSERT)
+        .arg(id)
+        .text(&task.namespace)
+        .text(&task.kind)
+        .json(&task.payload)
+        .json(&task.placement)
+        .arg(task.priority)
+        .arg(i64::from(task.max_attempts))
+        .arg(task.lease_ttl_ms)
+        .opt_text(task.idempotency_key.as_deref())
+        .arg(task.not_before_ms.unwrap_or(now_ms))
+        .json(&task.labels)
+        .arg(now_ms)
+        .run(w.conn())
+        .await
+        .map_err(db("inserting a task"))?;
+    if inserted == 0 {
+        // Another submit with the same key won the race.
+        if let Some(existing) = by_key::<DB>(w.conn(), task).await? {
+            return Ok((existing, false));
+        }
+    }
+    let entry = Entry::of(id, "submitted", TaskState::Queued, "submitted");
+    history::append(w, entry, now_ms).await?;
+    let record = must_fetch::<DB>(w.conn(), id).await?;
+    w.announce(StoreEvent::queued(&record, record.not_before_ms));
+    Ok((record, true))
+}
+
+/// A batch of submits in `w`, row by row: a refused task is answered on
+/// its own; a statement's failure fails the batch. Every task is inserted
+/// first; then the ones with a reserved agent are leased in one
+/// [`leases::grant_rows`], which locks all their agents at once in id order
+/// (one by one, two batches could lock them in opposite orders).
+pub(crate) async fn submit_rows<DB: Dialect>(
+    w: &mut Write<DB>,
+    submissions: &[Submission],
+    now_ms: i64,
+) -> Result<Vec<Result<Submitted>>> {
+    let mut out: Vec<Result<Submitted>> = Vec::with_capacity(submissions.len());
+    let mut requests = Vec::new();
+    let mut requested_by = Vec::new();
+    for (i, submission) in submissions.iter().enumerate() {
+        if let Err(err) = check_new(&submission.task) {
+            out.push(Err(err));
+            continue;
+        }
+        let (record, created) = submit(w, &submission.task, now_ms).await?;
+        if let (Some(agent_id), true) = (submission.agent_id, created) {
+            requests.push(GrantRequest {
+                task_id: record.id,
+                agent_id,
+            });
+            requested_by.push(i);
+        }
+        out.push(Ok((record, created, None)));
+    }
+    if requests.is_empty() {
+        return Ok(out);
+    }
+    let outcomes = leases::grant_rows(w, &requests, now_ms).await?;
+    for (i, outcome) in requested_by.into_iter().zip(outcomes) {
+        let Some(Ok((record, _, grant))) = out.get_mut(i) else {
+            continue;
+        };
+        if matches!(outcome, GrantOutcome::Granted(_)) {
+            // Leased before anyone could see it queued.
+            let id = record.id;
+            w.events_mut()
+                .retain(|e| !matches!(e, StoreEvent::TaskQueued { task_id, .. } if *task_id == id));
+            *record = must_fetch::<DB>(w.conn(), id).await?;
+        }
+        *grant = Some(outcome);
+    }
+    Ok(out)
+}
+
+/// Tasks of a namespace, newest first, and the cursor of the next page.
+pub(crate) async fn list<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    filter: &TaskFilter,
+    page: &Page,
+) -> Result<(Vec<TaskRecord>, Option<String>)> {
+    let size = page.size.clamp(1, 1_000);
+    let after = match &page.after {
+        Some(after) => Some(
+            parse_task_cursor(after)
+                .ok_or_else(|| Error::invalid("page_token", "not a token this server issued"))?,
+        ),
+        None => None,
+    };
+    // Only the conditions asked for, so that each form of the statement is
+    // one range of `tasks_by_namespace` (a condition that is sometimes NULL
+    // would keep a cursor out of the index range in a generic plan).
+    let mut sql = format!("{TASK_SELECT}WHERE t.namespace = $1");
+    let mut next_arg = 2;
+    let mut arg = |count: usize| {
+        let list = placeholders(next_arg, count);
+        next_arg += count;
+        list
+    };
+    if !filter.states.is_empty() {
+        sql += &format!(" AND t.state IN ({})", arg(filter.states.len()));
+    }
+    if filter.kind.is_some() {
+        sql += &format!(" AND t.kind = {}", arg(1));
+    }
+    if after.is_some() {
+        let (ms, id) = (arg(1), arg(1));
+        sql +=
+            &format!(" AND (t.created_at_ms < {ms} OR (t.created_at_ms = {ms} AND t.id < {id}))");
+    }
+    sql += &format!(" ORDER BY t.created_at_ms DESC, t.id DESC LIMIT {}", arg(1));
+    let mut statement = built::<DB>(sql).text(&filter.namespace);
+    for state in &filter.states {
+        statement = statement.text(state.as_str());
+    }
+    if let Some(kind) = &filter.kind {
+        statement = statement.text(kind);
+    }
+    if let Some((ms, id)) = after {
+        statement = statement.arg(ms).arg(id);
+    }
+    let rows = statement
+        .arg(i64::from(size) + 1)
+        .all(conn)
+        .await
+        .map_err(db("listing tasks"))?;
+    let mut tasks = rows::all::<DB, _>(&rows, rows::task::<DB>)?;
+    let next = if tasks.len() > size as usize {
+        tasks.truncate(size as usize);
+        tasks.last().map(|t| task_cursor(t.created_at_ms, t.id))
+    } else {
+        None
+    };
+    Ok((tasks, next))
+}
+
+/// `WHERE` of a queue page: leasable at `$1`, namespace `$2` (any if NULL).
+pub(crate) const QUEUE_WHERE: &str = "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
+    AND ($2 IS NULL OR t.namespace = $2) ";
+/// A queue page's range after a cursor within its priority.
+pub(crate) const QUEUE_AFTER: &str = "AND t.priority = $5 AND (t.created_at_ms, t.id) > ($6, $7) ";
+/// A queue page's range below a cursor's priority.
+pub(crate) const QUEUE_BELOW: &str = "AND t.priority < $5 ";
+/// A queue page's order and size (`$3`).
+pub(crate) const QUEUE_ORDER: &str = " ORDER BY t.priority DESC, t.created_at_ms, t.id LIMIT $3";
+
+/// A page of the queue (see `TaskStore::queued_tasks`). Each statement is
+/// one range of the queue index (`tasks_queue`), so a page costs its own
+/// rows however deep in the queue it starts: the rest of the cursor's
+/// priority, then the lower priorities.
+pub(crate) async fn queue_page<DB: Dialect>(
+    conn: &mut DB::Connection,
+    namespace: Option<&str>,
+    now_ms: i64,
+    after: Option<&QueueCursor>,
+    parked: &[ParkedPlacement],
+    limit: u32,
+) -> Result<Vec<TaskRecord>> {
+    // The parked placements as the text of a JSON array of pairs.
+    let pairs: Vec<[&str; 2]> = parked
+        .iter()
+        .map(|p| [p.namespace.as_str(), p.placement.as_str()])
+        .collect();
+    let parked = serde_json::to_string(&pairs).map_err(|err| Error::Corrupt {
+        context: "listing queued tasks",
+        detail: err.to_string(),
+    })?;
+    let page = |sql: &'static str, limit: u32| {
+        query::<DB>(sql)
+            .arg(now_ms)
+            .opt_text(namespace)
+            .arg(i64::from(limit))
+            .text(&parked)
+    };
+    let Some(after) = after else {
+        let rows = page(DB::QUEUE_HEAD, limit)
+            .all(conn)
+            .await
+            .map_err(db("listing queued tasks"))?;
+        return rows::all::<DB, _>(&rows, rows::task::<DB>);
+    };
+    let mut rows = page(DB::QUEUE_AFTER, limit)
+        .arg(after.priority)
+        .arg(after.created_at_ms)
+        .arg(after.task_id)
+        .all(conn)
+        .await
+        .map_err(db("listing queued tasks"))?;
+    let rest = limit.saturating_sub(u32::try_from(rows.len()).unwrap_or(u32::MAX));
+    if rest > 0 {
+        rows.extend(
+            page(DB::QUEUE_BELOW, rest)
+                .arg(after.priority)
+                .all(conn)
+                .await
+                .map_err(db("listing queued tasks"))?,
+        );
+    }
+    rows::all::<DB, _>(&rows, rows::task::<DB>)
+}
+
+const CANCEL_QUEUED: &str = "UPDATE tasks SET state = 'canceled', cancel_requested = TRUE, \
+    cancel_reason = $2, updated_at_ms = $3 WHERE id = $1";
+const REQUEST_CANCEL: &str = "UPDATE tasks SET cancel_requested = TRUE, cancel_reason = $2, \
+    updated_at_ms = $3 WHERE id = $1";
+
+/// Cancels a task (see `TaskStore::cancel_task`).
+pub(crate) async fn cancel<DB: Dialect>(
+    w: &mut Write<DB>,
+    task_id: Uuid,
+    reason: &str,
+    now_ms: i64,
+) -> Result<(TaskRecord, Option<LeaseRecord>)> {
+    let task = lock(w, task_id).await?;
+    match task.state {
+        TaskState::Succeeded | TaskState::Failed | TaskState::Canceled => Ok((task, None)),
+        TaskState::Queued => {
+            query::<DB>(CANCEL_QUEUED)
+                .arg(task_id)
+                .text(reason)
+                .arg(now_ms)
+                .run(w.conn())
+                .await
+                .map_err(db("canceling a task"))?;
+            let entry = Entry::of(task_id, "canceled", TaskState::Canceled, reason);
+            history::append(w, entry, now_ms).await?;
+            w.announce(StoreEvent::TaskChanged {
+                task_id,
+                state: TaskState::Canceled,
+            });
+            Ok((must_fetch::<DB>(w.conn(), task_id).await?, None))
+        }
+        TaskState::Leased | TaskState::Running => {
+            if !task.cancel_requested {
+                query::<DB>(REQUEST_CANCEL)
+                    .arg(task_id)
+                    .text(reason)
+                    .arg(now_ms)
+                    .run(w.conn())
+                    .await
+                    .map_err(db("requesting a cancel"))?;
+                let entry = Entry {
+                    agent_id: task.agent_id,
+                    lease_id: task.lease_id,
+                    ..Entry::of(task_id, "cancel_requested", task.state, reason)
+                };
+                history::append(w, entry, now_ms).await?;
+            }
+            let lease = match task.lease_id {
+                Some(lease_id) => leases::fetch::<DB>(w.conn(), lease_id).await?,
+                None => None,
+            };
+            if let Some(lease) = &lease {
+                w.announce(StoreEvent::LeaseRevoked {
+                    lease_id: lease.id,
+                    task_id,
+                    agent_id: lease.agent_id,
+                    cause: Some(crate::model::RevocationCause::Canceled),
+                    reason: reason.to_owned(),
+                });
+            }
+            Ok((must_fetch::<DB>(w.conn(), task_id).await?, lease))
+        }
+    }
+}
+
+/// Live tasks only: queued ones through the queue's index, leased and
+/// running ones through their live leases (a task is LEASED or RUNNING
+/// exactly while it holds one). Finished tasks are kept forever, and
+/// counting them was a scan of the whole table.
+const COUNT_LIVE: &str = "SELECT namespace, state, COUNT(*) AS n FROM tasks \
+    WHERE state = 'queued' GROUP BY namespace, state \
+    UNION ALL \
+    SELECT t.namespace, t.state, COUNT(*) AS n FROM leases l \
+    JOIN tasks t ON t.id = l.task_id WHERE l.state IN ('granted', 'active') \
+    GROUP BY t.namespace, t.state";
+
+/// Counts of live tasks by namespace and state.
+pub(crate) async fn count_live<DB: SqlDb>(
+    conn: &mut DB::Connection,
+) -> Result<Vec<(String, TaskState, u64)>> {
+    const CONTEXT: &str = "reading a task count";
+    let rows = query::<DB>(COUNT_LIVE)
+        .all(conn)
+        .await
+        .map_err(db("counting tasks"))?;
+    rows.iter()
+        .map(|row| {
+            let cols = super::db::Cols::<DB>::new(row, CONTEXT);
+            Ok((
+                cols.get("namespace")?,
+                rows::stored::<TaskState>(&cols.get::<String>("state")?, CONTEXT)?,
+                to_u64(cols.get("n")?),
+            ))
+        })
+        .collect()
+}
+
+const COUNT_QUEUED: &str =
+    "SELECT COUNT(*) AS n FROM tasks WHERE namespace = $1 AND state = 'queued'";
+
+/// Queued tasks of a namespace.
+pub(crate) async fn count_queued<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    namespace: &str,
+) -> Result<u64> {
+    let row = query::<DB>(COUNT_QUEUED)
+        .text(namespace)
+        .optional(conn)
+        .await
+        .map_err(db("counting a namespace's queue"))?;
+    match row {
+        Some(row) => Ok(to_u64(
+            super::db::Cols::<DB>::new(&row, "reading a queue count").get("n")?,
+        )),
+        None => Ok(0),
+    }
+}
+
+const SETTLE: &str = "UPDATE tasks SET state = $2, attempts = $3, not_before_ms = $4, \
+    result = COALESCE($5, result), error = COALESCE($6, error), \
+    lease_id = NULL, agent_id = NULL, updated_at_ms = $7 WHERE id = $1";
+
+/// Where a task goes once its lease ended.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settlement<'a> {
+    /// Its next state.
+    pub state: TaskState,
+    /// Its attempts from now on.
+    pub attempts: u32,
+    /// Not leased again before this (a retry's backoff).
+    pub not_before_ms: i64,
+    /// The handler's output, for a success.
+    pub result: Option<&'a serde_json::Value>,
+    /// The failure, for a failed attempt.
+    pub error: Option<&'a serde_json::Value>,
+}
+
+/// Moves a task whose lease ended to its next state, announcing it.
+pub(crate) async fn settle<DB: SqlDb>(
+    w: &mut Write<DB>,
+    task: &TaskRecord,
+    next: Settlement<'_>,
+    now_ms: i64,
+) -> Result<()> {
+    query::<DB>(SETTLE)
+        .arg(task.id)
+        .text(next.state.as_str())
+        .arg(i64::from(next.attempts))
+        .arg(next.not_before_ms)
+        .opt_json(next.result)
+        .opt_json(next.error)
+        .arg(now_ms)
+        .run(w.conn())
+        .await
+        .map_err(db("settling a task"))?;
+    if next.state == TaskState::Queued {
+        w.announce(StoreEvent::queued(task, next.not_before_ms));
+    }
+    w.announce(StoreEvent::TaskChanged {
+        task_id: task.id,
+        state: next.state,
+    });
+    Ok(())
+}
