@@ -225,6 +225,29 @@ pub trait TestStore {
     async fn agents_of(&self, namespace: &str) -> Result<Vec<AgentRecord>>;
 }
 
+/// One lease report (lease, task, agent, token) applied on its own; the
+/// task after it.
+async fn report_alone(
+    store: &dyn Store,
+    (lease_id, task_id, agent_id, fencing_token): (Uuid, Uuid, Uuid, u64),
+    kind: ReportKind,
+    now_ms: i64,
+) -> Result<TaskRecord> {
+    let report = LeaseReport {
+        lease_id,
+        task_id,
+        agent_id,
+        fencing_token,
+        kind,
+    };
+    store
+        .apply_reports(&[report], now_ms)
+        .await?
+        .pop()
+        .expect("one result")?;
+    store.get_task(task_id).await
+}
+
 impl TestStore for dyn Store {
     async fn submit_task(&self, task: NewTask, now_ms: i64) -> Result<(TaskRecord, bool)> {
         let submission = Submission {
@@ -244,18 +267,8 @@ impl TestStore for dyn Store {
         fencing_token: u64,
         now_ms: i64,
     ) -> Result<TaskRecord> {
-        let report = LeaseReport {
-            lease_id,
-            task_id,
-            agent_id,
-            fencing_token,
-            kind: ReportKind::Started,
-        };
-        self.apply_reports(&[report], now_ms)
-            .await?
-            .pop()
-            .expect("one result")?;
-        self.get_task(task_id).await
+        let lease = (lease_id, task_id, agent_id, fencing_token);
+        report_alone(self, lease, ReportKind::Started, now_ms).await
     }
 
     async fn report_progress(
@@ -267,18 +280,8 @@ impl TestStore for dyn Store {
         progress: Value,
         now_ms: i64,
     ) -> Result<TaskRecord> {
-        let report = LeaseReport {
-            lease_id,
-            task_id,
-            agent_id,
-            fencing_token,
-            kind: ReportKind::Progress(progress),
-        };
-        self.apply_reports(&[report], now_ms)
-            .await?
-            .pop()
-            .expect("one result")?;
-        self.get_task(task_id).await
+        let lease = (lease_id, task_id, agent_id, fencing_token);
+        report_alone(self, lease, ReportKind::Progress(progress), now_ms).await
     }
 
     async fn touch_agent(&self, agent_id: Uuid, now_ms: i64) -> Result<()> {
