@@ -11,15 +11,17 @@
 //! - [`document`]: dotted-path lookup into a capability document and the conventional fields
 //!   matching understands (`os`, `tags`, `software.<tool>`, `memory`, `provides.<name>`, ...).
 //! - [`tier`]: the base → static → dynamic → override → operator merge (RFC 7386), with
-//!   per-leaf provenance and a rejection channel.
+//!   per-leaf provenance and a rejection channel; the operator tier merged over an agent's own.
 //! - [`redact`]: replacing values under sensitive-looking keys with [`redact::MARKER`].
-//! - [`diff`]: RFC 6902 JSON Patch between generations, and generation-checked application.
+//! - [`diff`]: RFC 6902 JSON Patch between generations, generation-checked application, and
+//!   whether a change touched only volatile facts (free memory, load).
 //! - [`version`]: lenient version parsing (`v18.2`, `1.95.0-nightly`) and version ranges.
 //! - [`placement`]: what a task needs (tags, requirements, capability refs, preferences, JSON
 //!   Schema), validated and compiled once into a [`placement::CompiledPlacement`].
 //! - [`selector`]: the text form of a placement (`linux, docker, !gpu, memory.total>=16384`),
 //!   with its grammar.
-//! - [`matcher`]: an agent's [`matcher::Verdict`] for a placement, the deterministic ranking,
+//! - [`matcher`]: agents as matching sees them ([`matcher::AgentView`], [`matcher::AgentId`]), an
+//!   agent's [`matcher::Verdict`] for a placement, the deterministic ranking,
 //!   the summary line, and the parked / waiting-for-capacity distinction.
 //! - [`index`]: an incrementally maintained [`index::AgentIndex`] that selects the best agent
 //!   without evaluating every agent.

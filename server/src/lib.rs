@@ -3,27 +3,22 @@
 //! ephemeral port.
 //!
 //! # Layout
-//! - [`config`]: the command line (clap derive; every flag also reads a
-//!   `SWITCHYARD_*` variable) and the settings it produces.
-//! - [`server`]: builds the tonic router (the three switchyard.v1 services,
-//!   gRPC health, server reflection v1 and v1alpha) and serves it until the
-//!   shutdown signal.
-//! - [`api`]: the gRPC service implementations, and the one mapping of the
-//!   crate's errors to `tonic::Status`.
-//! - [`wire`]: every switchyard.v1 message built from the server's records,
-//!   for the API and the dispatcher alike.
-//! - [`dispatch`]: matching queued tasks to connected agents, pushing
-//!   grants, the submit protocol, sweeping expired and unacknowledged leases.
+//! - [`model`]: the domain records (task, lease, agent, token) and their lifecycles as enums.
+//! - [`error`]: the crate's one error type; each variant says the status it becomes.
+//! - [`store`]: the `Store` traits and their one SQL implementation (SQLite or PostgreSQL).
 //! - [`batch`]: group commit, many callers' small writes in one transaction.
-//! - [`model`]: the domain records and their lifecycles as enums.
-//! - [`clock`]: the injected clock.
+//! - [`dispatch`]: sessions, the submit protocol, the dispatch round, the sweep, store events.
+//! - [`wire`]: every switchyard.v1 message built from a record, for the API and the dispatcher.
+//! - [`api`]: the three gRPC services, and the one mapping of errors to `tonic::Status`.
 //! - [`auth`]: bearer tokens, roles and namespaces.
+//! - [`clock`]: the injected clock.
+//! - [`config`]: the command line (clap; every flag also reads a `SWITCHYARD_*` variable).
+//! - [`server`]: builds the router (services, health, reflection) and serves until shutdown.
 //! - [`metrics`]: the Prometheus recorder and its HTTP endpoint.
-//! - [`ctl`]: the `switchyard` operator CLI.
-//! - [`store`]: the task store, opened from a database URL (embedded SQLite by
-//!   default, PostgreSQL for many replicas).
-//! - [`error`]: the crate's error type and its one mapping to `tonic::Status`.
 //! - [`telemetry`]: tracing set-up (text or JSON logs).
+//! - [`ctl`]: the `switchyard` operator CLI, a plain gRPC client.
+//!
+//! `ARCHITECTURE.md` at the repository root walks the data paths through them.
 
 pub mod api;
 pub mod auth;

@@ -137,7 +137,7 @@ impl Dispatcher {
     /// A queued task comes due at `at_ms` (a delayed submit, a retry
     /// backing off): the dispatcher looks at the queue again then, rather
     /// than at its next periodic re-check (up to a second later, and up to
-    /// [`SKIP_TTL_MS`] past a remembered walk that found nothing due).
+    /// `SKIP_TTL_MS` past a remembered walk that found nothing due).
     pub fn note_due(&self, at_ms: i64) {
         if at_ms <= self.now_ms() {
             return;

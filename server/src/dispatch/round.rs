@@ -91,7 +91,7 @@ impl Dispatcher {
         }
     }
 
-    /// One round. It reads at most [`MAX_PAGES`] pages; if it stops there
+    /// One round. It reads at most `MAX_PAGES` pages; if it stops there
     /// with slots free, the next one goes on from where it stopped, and the
     /// one after that starts at the head again. Returns how many leases
     /// were granted.

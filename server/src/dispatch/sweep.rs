@@ -101,7 +101,7 @@ impl Dispatcher {
     /// did not hear of it: another replica's sweeper, with the notification
     /// lost while the listener was disconnected, or a submit whose caller
     /// went away after its agent was reserved. Only agents not picked for
-    /// the last [`RECOUNT_EVERY_SWEEPS`] sweeps are recounted, so no grant
+    /// the last `RECOUNT_EVERY_SWEEPS` sweeps are recounted, so no grant
     /// of theirs is in flight and the stored count is the whole truth.
     pub async fn recount_loads(&self) -> Result<usize> {
         let quiet_window = self.shared.settings.sweep_interval_ms

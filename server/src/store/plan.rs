@@ -1,7 +1,7 @@
 //! The store's decisions, apart from its SQL: which grants of a batch fit
-//! ([`plan_grants`]), what a final report does to its lease and task
-//! ([`plan_completion`]), whether a report comes from the lease's holder
-//! ([`check_holder`]), and the small conversions the rows need. Both
+//! (`plan_grants`), what a final report does to its lease and task
+//! (`plan_completion`), whether a report comes from the lease's holder
+//! (`check_holder`), and the small conversions the rows need. Both
 //! backends, row by row or set-based, decide through these, so they agree.
 
 use std::collections::{HashMap, HashSet};

@@ -7,7 +7,7 @@
 //! - this module: tasks, leases, history entries, agents and tiers.
 //! - [`session`]: what the server sends down an agent's `Connect` stream
 //!   (grants, revocations, acknowledgements, resync requests, drains).
-//! - [`placement`]: placements between the wire and the core, with field
+//! - [`placement`](mod@placement): placements between the wire and the core, with field
 //!   errors for what a submitter got wrong.
 
 pub mod placement;

@@ -184,7 +184,7 @@ impl SqlStore<PgBackend> {
         })
     }
 
-    /// Warms the pool's first connections (see [`warm`]) and answers how
+    /// Warms the pool's first connections (see the `warm` module) and answers how
     /// many it warmed. Fails if the schema is not migrated or does not fit
     /// this release's statements.
     pub async fn warm(&self) -> Result<usize> {
