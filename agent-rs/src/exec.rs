@@ -146,9 +146,8 @@ impl Handler for Exec {
         } else {
             Err(TaskFailure {
                 message: format!("{program} exited with {status}"),
-                code: "exit_code".to_owned(),
-                retryable: true,
                 details: result,
+                ..TaskFailure::new("exit_code", "")
             })
         }
     }

@@ -4,6 +4,9 @@
 //! duplicates reported, never a panic (the core's `merge_packs`), and a
 //! capability whose required parameter is missing is reported unhealthy
 //! (the agent is DEGRADED for it) instead of the agent failing to start.
+//! A handler or pack may require capabilities: while one is missing or
+//! unhealthy its kinds are withdrawn from what the agent advertises (the
+//! agent is DEGRADED, naming handler and capability) and come back with it.
 //! Parameter values are resolved from the environment and never sent,
 //! logged or shown.
 
@@ -12,11 +15,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::Value;
-use switchyard_core::pack::{MergedPacks, Pack, PackRejection, merge_packs, resolve_params};
+use switchyard_core::pack::{
+    Advertised, MergedPacks, Pack, PackRejection, advertise, merge_packs, resolve_params,
+};
+pub use switchyard_proto::v1::ReleaseCause;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// Why an attempt failed.
+/// Why an attempt failed, or why the handler hands the task back.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskFailure {
     /// For people.
@@ -27,6 +33,9 @@ pub struct TaskFailure {
     pub retryable: bool,
     /// Handler detail (exit code, output tails).
     pub details: Value,
+    /// Hand the task back instead of failing the attempt, for this reason
+    /// (see [`TaskFailure::release`]).
+    pub release: Option<ReleaseCause>,
 }
 
 impl TaskFailure {
@@ -37,6 +46,19 @@ impl TaskFailure {
             code: code.to_owned(),
             retryable: true,
             details: Value::Null,
+            release: None,
+        }
+    }
+
+    /// Hands the task back without spending an attempt (like Celery's
+    /// `Reject`): `Busy` or `Other` for now (the server offers it again
+    /// after a backoff), `CannotHandle` or `CannotDecode` for good on this
+    /// agent (it is not offered the task again until the agent changes).
+    /// Every release counts toward the server's per-task bound.
+    pub fn release(cause: ReleaseCause, reason: impl Into<String>) -> Self {
+        Self {
+            release: Some(cause),
+            ..Self::new("released", reason)
         }
     }
 }
@@ -139,10 +161,19 @@ impl Handlers {
 
     /// Adds a single handler as a pack of its own (id = the kind).
     pub fn handler(self, kind: &str, handler: impl Handler) -> Self {
+        self.handler_requiring(kind, &[], handler)
+    }
+
+    /// [`Handlers::handler`] for a handler that needs capabilities
+    /// (`ai.llm@1`, or a name alone for any version): while one is missing
+    /// or unhealthy in the agent's document, its kind is withdrawn from what
+    /// the agent advertises and the agent is DEGRADED, saying why.
+    pub fn handler_requiring(self, kind: &str, requires: &[&str], handler: impl Handler) -> Self {
         let pack = Pack {
             id: kind.to_owned(),
             handlers: vec![kind.to_owned()],
             provides: BTreeMap::new(),
+            requires: requires.iter().map(|r| (*r).to_owned()).collect(),
         };
         self.pack(HandlerPack {
             pack,
@@ -177,6 +208,13 @@ impl Handlers {
     /// The kinds handled.
     pub fn kinds(&self) -> Vec<String> {
         self.by_kind.keys().cloned().collect()
+    }
+
+    /// The kinds to advertise given the agent's document, and those
+    /// withdrawn because a capability their pack requires is missing or
+    /// unhealthy (the core's `advertise`, as every runner computes it).
+    pub fn advertise(&self, document: &Value) -> Advertised {
+        advertise(&self.merged, document)
     }
 
     /// What the merge rejected (duplicate packs, kinds, capabilities).

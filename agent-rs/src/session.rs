@@ -308,6 +308,8 @@ struct Live<'s> {
     sent_doc: Value,
     /// A diff or snapshot in flight: its sequence and the document it carries.
     pending_doc: Option<(u64, Value)>,
+    /// The handled kinds last sent (at registration or in a heartbeat).
+    sent_kinds: Vec<String>,
     /// Final reports in flight, by sequence: their lease.
     final_seqs: HashMap<u64, String>,
     /// After the grace period: releases sent, waiting (bounded) for acks.
@@ -331,8 +333,10 @@ impl<'s> Live<'s> {
         let auth = auth(state.config.token.as_deref())?;
         let mut client = AgentServiceClient::new(channel);
         state.caps.refresh(false).await;
+        let registration = registration(state);
+        let sent_kinds = registration.handled_kinds.clone();
         let reg = client
-            .register_agent(with_auth(registration(state), &auth))
+            .register_agent(with_auth(registration, &auth))
             .await
             .context("registering")?
             .into_inner();
@@ -349,6 +353,7 @@ impl<'s> Live<'s> {
             out,
             sequence: 0,
             pending_doc: None,
+            sent_kinds,
             final_seqs: HashMap::new(),
             releasing: false,
             timers,
@@ -458,6 +463,7 @@ impl<'s> Live<'s> {
             status_reasons: vec!["agent shutting down".into()],
             load: None,
             capability_diff: None,
+            handled_kinds: None,
         }))
         .await;
     }
@@ -472,9 +478,7 @@ impl<'s> Live<'s> {
         let running: Vec<(String, Running)> = self.state.running.drain().collect();
         for (lease_id, r) in running {
             r.cancel.cancel();
-            let released = Update::Released(pb::LeaseReleased {
-                reason: "agent shut down".into(),
-            });
+            let released = release(pb::ReleaseCause::Draining, "agent shut down");
             self.report_final(lease_id, r.task_id, r.fencing_token, released)
                 .await;
         }
@@ -505,24 +509,18 @@ impl<'s> Live<'s> {
         self.final_seqs.insert(seq, lease_id);
     }
 
-    /// A heartbeat: status and reasons, load, and, when the document
-    /// changed and no diff is in flight, the diff from what the server
-    /// holds (the core's diff: the smaller of per-member operations and
-    /// whole-object replaces, so a memory and load change stays tiny).
+    /// A heartbeat: status and reasons, load, the handled kinds when they
+    /// changed (a required capability went or came back), and, when the
+    /// document changed and no diff is in flight, the diff from what the
+    /// server holds (the core's diff: the smaller of per-member operations
+    /// and whole-object replaces, so a memory and load change stays tiny).
     async fn heartbeat(&mut self) {
         let state = &*self.state;
-        let status = if state.draining {
-            pb::AgentStatus::Draining
-        } else if state.caps.unhealthy().is_empty() {
-            pb::AgentStatus::Ready
-        } else {
-            pb::AgentStatus::Degraded
-        };
-        let reasons = if state.draining {
-            vec!["agent shutting down".to_owned()]
-        } else {
-            state.caps.unhealthy().to_vec()
-        };
+        let (status, reasons) = status(state);
+        let kinds = state.handlers.advertise(state.caps.document()).kinds;
+        let handled_kinds = (kinds != self.sent_kinds).then(|| pb::HandledKinds {
+            kinds: kinds.clone(),
+        });
         let document = state.caps.document();
         let diff = (self.pending_doc.is_none() && document != &self.sent_doc).then(|| {
             let patch = switchyard_core::diff::diff(&self.sent_doc, document);
@@ -545,10 +543,15 @@ impl<'s> Live<'s> {
                 status_reasons: reasons,
                 load: Some(load),
                 capability_diff: diff.as_ref().map(|d| d.0.clone()),
+                handled_kinds,
             }))
             .await;
         if let Some((_, doc)) = diff {
             self.pending_doc = Some((seq, doc));
+        }
+        if kinds != self.sent_kinds {
+            info!(?kinds, "handled kinds changed");
+            self.sent_kinds = kinds;
         }
     }
 
@@ -576,9 +579,10 @@ impl<'s> Live<'s> {
                     return;
                 };
                 let update = if r.canceled {
-                    Update::Released(pb::LeaseReleased {
-                        reason: "canceled by the server".into(),
-                    })
+                    release(
+                        pb::ReleaseCause::RevocationAcknowledged,
+                        "canceled by the server",
+                    )
                 } else {
                     finished(outcome)
                 };
@@ -619,22 +623,14 @@ impl<'s> Live<'s> {
         }
     }
 
-    /// A grant: accepted and started at once, or released with the reason
-    /// the agent cannot take it.
+    /// A grant: accepted and started at once, or released with the cause
+    /// and reason the agent cannot take it (the server offers a task the
+    /// agent cannot handle to it no more, and retries a busy one later).
     async fn on_grant(&mut self, grant: pb::LeaseGrant) {
         let Some(task) = grant.task.clone() else {
             return;
         };
-        let state = &*self.state;
-        let refuse = if state.draining {
-            Some("agent is draining".to_owned())
-        } else if state.running.len() >= state.config.capacity as usize {
-            Some("agent at capacity".to_owned())
-        } else if state.handlers.get(&task.kind).is_none() {
-            Some(format!("no handler for kind {}", task.kind))
-        } else {
-            None
-        };
+        let refuse = refusal(self.state, &task.kind);
         let update = |update| {
             Up::LeaseUpdate(pb::LeaseUpdate {
                 lease_id: grant.lease_id.clone(),
@@ -643,10 +639,9 @@ impl<'s> Live<'s> {
                 update: Some(update),
             })
         };
-        if let Some(reason) = refuse {
+        if let Some((cause, reason)) = refuse {
             debug!(lease = %grant.lease_id, %reason, "releasing a grant");
-            self.send(update(Update::Released(pb::LeaseReleased { reason })))
-                .await;
+            self.send(update(release(cause, &reason))).await;
             return;
         }
         self.send(update(Update::Accepted(pb::LeaseAccepted {})))
@@ -722,7 +717,58 @@ fn registration(state: &AgentState) -> pb::RegisterAgentRequest {
         provenance: provenance(state),
         rejections: rejections(state),
         runner: format!("switchyard-agent/{} (rust)", env!("CARGO_PKG_VERSION")),
+        handled_kinds: state.handlers.advertise(state.caps.document()).kinds,
     }
+}
+
+/// The status and reasons to report: DRAINING while shutting down, else
+/// DEGRADED while a capability is unhealthy or a handler is withdrawn.
+fn status(state: &AgentState) -> (pb::AgentStatus, Vec<String>) {
+    if state.draining {
+        return (
+            pb::AgentStatus::Draining,
+            vec!["agent shutting down".to_owned()],
+        );
+    }
+    let mut reasons = state.caps.unhealthy().to_vec();
+    let advertised = state.handlers.advertise(state.caps.document());
+    reasons.extend(advertised.withdrawn.iter().map(|w| w.reason()));
+    if reasons.is_empty() {
+        (pb::AgentStatus::Ready, reasons)
+    } else {
+        (pb::AgentStatus::Degraded, reasons)
+    }
+}
+
+/// Why the agent cannot take a grant of `kind` now, if it cannot: draining,
+/// at capacity (busy: the server retries later), or no handler for the kind
+/// or its handler withdrawn (the server offers it to this agent no more).
+fn refusal(state: &AgentState, kind: &str) -> Option<(pb::ReleaseCause, String)> {
+    if state.draining {
+        return Some((pb::ReleaseCause::Draining, "agent is draining".to_owned()));
+    }
+    if state.running.len() >= state.config.capacity as usize {
+        return Some((pb::ReleaseCause::Busy, "agent at capacity".to_owned()));
+    }
+    if state.handlers.get(kind).is_none() {
+        return Some((
+            pb::ReleaseCause::CannotHandle,
+            format!("no handler for kind {kind}"),
+        ));
+    }
+    let advertised = state.handlers.advertise(state.caps.document());
+    if let Some(w) = advertised.withdrawn.iter().find(|w| w.kind == kind) {
+        return Some((pb::ReleaseCause::CannotHandle, w.reason()));
+    }
+    None
+}
+
+/// A release with its cause.
+fn release(cause: pb::ReleaseCause, reason: &str) -> Update {
+    Update::Released(pb::LeaseReleased {
+        reason: reason.to_owned(),
+        cause: cause as i32,
+    })
 }
 
 /// A handler's outcome as the final report's update.
@@ -731,6 +777,11 @@ fn finished(outcome: Result<Value, TaskFailure>) -> Update {
         Ok(result) => Update::Succeeded(pb::LeaseSucceeded {
             result: Some(json_to_struct(&result)),
         }),
+        Err(TaskFailure {
+            release: Some(cause),
+            message,
+            ..
+        }) => release(cause, &message),
         Err(f) => Update::Failed(pb::LeaseFailed {
             error: Some(pb::TaskError {
                 message: f.message,

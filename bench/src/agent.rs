@@ -159,6 +159,7 @@ pub async fn register_as(
             capabilities: Some(json_to_struct(&document)),
             capacity,
             runner: "switchyard-bench".into(),
+            handled_kinds: vec!["noop".into(), "parked".into()],
             ..Default::default()
         })
         .await
@@ -301,6 +302,7 @@ pub async fn run(
                     status_reasons: vec!["leaving".into()],
                     load: Some(pb::AgentLoad { running_leases: running, load_average: load }),
                     capability_diff: None,
+                    handled_kinds: None,
                 })).await?;
                 leaving = Some(Leaving::new(session.sequence));
             }
@@ -327,6 +329,7 @@ pub async fn run(
                     status_reasons: Vec::new(),
                     load: Some(pb::AgentLoad { running_leases: running, load_average: load }),
                     capability_diff: diff,
+                    handled_kinds: None,
                 });
                 let bytes = session.send(heartbeat).await?;
                 if carries_diff {

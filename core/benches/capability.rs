@@ -9,6 +9,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use switchyard_core::diff;
 use switchyard_core::index::AgentIndex;
+use switchyard_core::kinds::HandledKinds;
 use switchyard_core::limits::Limits;
 use switchyard_core::matcher::{self, AgentId, AgentStatus, AgentView};
 use switchyard_core::placement::compile;
@@ -61,6 +62,7 @@ fn fleet(n: usize) -> Vec<AgentView> {
                 active_leases: (i % 5) as u32,
                 last_granted_at_ms: Some(1_000_000 + (i as u64 * 7919) % 100_000),
                 document: Arc::new(doc),
+                kinds: Arc::new(HandledKinds::every()),
             }
         })
         .collect()

@@ -49,6 +49,7 @@
 //! `select_best` does not say why — call [`AgentIndex::explain`] (O(n · e)) to tell parked from
 //! waiting for capacity and to get reasons.
 
+use crate::kinds::{HandledKinds, parents};
 use crate::matcher::{self, AgentId, AgentStatus, AgentView, Availability, Explanation};
 use crate::placement::{CompiledPlacement, Operator, PreferenceCondition};
 use json_patch::jsonptr::Pointer;
@@ -131,9 +132,59 @@ struct NamespacePostings {
     /// Paths where some agent has an array too long to value-index → how many agents; value
     /// postings of these paths are incomplete and never used to narrow.
     partial: HashMap<String, usize>,
+    /// Task kind → agents that advertise it exactly.
+    kinds_exact: HashMap<String, Posting>,
+    /// Prefix `P` → agents that advertise `P.*`.
+    kinds_prefix: HashMap<String, Posting>,
+    /// Agents that advertise `*`.
+    kinds_all: Posting,
 }
 
 impl NamespacePostings {
+    /// Adds (`add`) or removes agent `id` from the postings of the kinds it handles.
+    fn post_kinds(&mut self, id: u32, kinds: &HandledKinds, add: bool) {
+        fn toggle(map: &mut HashMap<String, Posting>, key: &str, id: u32, add: bool) {
+            if add {
+                map.entry(key.to_owned()).or_default().insert(id);
+            } else if let Some(set) = map.get_mut(key) {
+                set.remove(id);
+                if set.is_empty() {
+                    map.remove(key);
+                }
+            }
+        }
+        for kind in kinds.exact() {
+            toggle(&mut self.kinds_exact, kind, id, add);
+        }
+        for prefix in kinds.prefixes() {
+            toggle(&mut self.kinds_prefix, prefix, id, add);
+        }
+        if kinds.handles_every_kind() {
+            if add {
+                self.kinds_all.insert(id);
+            } else {
+                self.kinds_all.remove(id);
+            }
+        }
+    }
+
+    /// The agents that handle `kind`; `None` when none does.
+    fn handling<'a>(&'a self, kind: &str) -> Option<Cow<'a, Posting>> {
+        let mut sources: Vec<&'a Posting> = Vec::new();
+        if !self.kinds_all.is_empty() {
+            sources.push(&self.kinds_all);
+        }
+        sources.extend(self.kinds_exact.get(kind));
+        sources.extend(parents(kind).filter_map(|p| self.kinds_prefix.get(p)));
+        match sources.as_slice() {
+            [] => None,
+            [one] => Some(Cow::Borrowed(*one)),
+            many => Some(Cow::Owned(
+                many.iter().fold(Posting::new(), |all, p| all | *p),
+            )),
+        }
+    }
+
     /// Moves agent `id` from the postings of `old` to those of `new` (two
     /// whole documents, the same subtrees of two documents, or a document
     /// and nothing when an agent is added or removed).
@@ -401,6 +452,7 @@ impl AgentIndex {
         let ns = self.namespaces.entry(view.namespace.clone()).or_default();
         ns.all.insert(ord);
         ns.repost(ord, &DocumentPostings::default(), &postings);
+        ns.post_kinds(ord, &view.kinds, true);
         let agent = IndexedAgent {
             view,
             ord,
@@ -475,6 +527,7 @@ impl AgentIndex {
             ns.available.remove(&slot);
         }
         ns.repost(agent.ord, &postings, &DocumentPostings::default());
+        ns.post_kinds(agent.ord, &agent.view.kinds, false);
         if ns.all.is_empty() {
             self.namespaces.remove(&agent.view.namespace);
         }
@@ -523,6 +576,19 @@ impl AgentIndex {
         self.update(agent_id, |v| v.status = status)
     }
 
+    /// Records the kinds an agent handles. Returns false for an unknown agent.
+    pub fn set_kinds(&mut self, agent_id: AgentId, kinds: Arc<HandledKinds>) -> bool {
+        let Some(agent) = self.agents.get_mut(&agent_id) else {
+            return false;
+        };
+        if let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) {
+            ns.post_kinds(agent.ord, &agent.view.kinds, false);
+            ns.post_kinds(agent.ord, &kinds, true);
+        }
+        agent.view.kinds = kinds;
+        true
+    }
+
     fn update(&mut self, agent_id: AgentId, change: impl FnOnce(&mut AgentView)) -> bool {
         let Some(agent) = self.agents.get_mut(&agent_id) else {
             return false;
@@ -547,6 +613,9 @@ impl AgentIndex {
         placement: &CompiledPlacement,
     ) -> Option<Vec<Cow<'a, Posting>>> {
         let mut required: Vec<Cow<'a, Posting>> = Vec::new();
+        if let Some(kind) = placement.kind() {
+            required.push(ns.handling(kind)?);
+        }
         let value_posting = |path: &str, v: &Value| -> Option<&'a Posting> {
             if ns.partial.contains_key(path) {
                 return ns.paths.get(path);
@@ -714,6 +783,17 @@ impl AgentIndex {
     /// `None` if no agent is eligible now. Equivalent to the first of
     /// [`crate::matcher::explain`]'s `ranked` over the namespace's agents.
     pub fn select_best(&self, placement: &CompiledPlacement, namespace: &str) -> Option<Selection> {
+        self.select_best_except(placement, namespace, &[])
+    }
+
+    /// [`AgentIndex::select_best`] leaving out the agents in `except` (those that refused the
+    /// task).
+    pub fn select_best_except(
+        &self,
+        placement: &CompiledPlacement,
+        namespace: &str,
+        except: &[AgentId],
+    ) -> Option<Selection> {
         let ns = self.namespaces.get(namespace)?;
         let required = Self::required_postings(ns, placement)?;
         let max = placement.max_preference_score();
@@ -726,7 +806,10 @@ impl AgentIndex {
                     let Some(agent) = self.agent_at(ord) else {
                         continue;
                     };
-                    if agent.slot().is_none() || !placement.satisfied_by(&agent.view.document) {
+                    if agent.slot().is_none()
+                        || except.contains(&agent.view.agent_id)
+                        || !matcher::satisfies(placement, &agent.view)
+                    {
                         continue;
                     }
                     let score = placement.preference_score(&agent.view.document);
@@ -759,10 +842,13 @@ impl AgentIndex {
                             continue;
                         }
                     }
+                    if except.contains(&slot.agent_id) {
+                        continue;
+                    }
                     let Some(agent) = self.agents.get(&slot.agent_id) else {
                         continue;
                     };
-                    if !placement.satisfied_by(&agent.view.document) {
+                    if !matcher::satisfies(placement, &agent.view) {
                         continue;
                     }
                     let score = placement.preference_score(&agent.view.document);
@@ -787,6 +873,16 @@ impl AgentIndex {
     /// outcome is [`Outcome::Parked`](crate::matcher::Outcome::Parked). Walks
     /// only the agents in the placement's narrowest required posting.
     pub fn any_capable(&self, placement: &CompiledPlacement, namespace: &str) -> bool {
+        self.any_capable_except(placement, namespace, &[])
+    }
+
+    /// [`AgentIndex::any_capable`] leaving out the agents in `except`.
+    pub fn any_capable_except(
+        &self,
+        placement: &CompiledPlacement,
+        namespace: &str,
+        except: &[AgentId],
+    ) -> bool {
         let Some(ns) = self.namespaces.get(namespace) else {
             return false;
         };
@@ -797,8 +893,9 @@ impl AgentIndex {
         candidates.iter().any(|ord| {
             self.agent_at(ord).is_some_and(|agent| {
                 agent.view.status.takes_work()
+                    && !except.contains(&agent.view.agent_id)
                     && required.iter().all(|p| p.contains(ord))
-                    && placement.satisfied_by(&agent.view.document)
+                    && matcher::satisfies(placement, &agent.view)
             })
         })
     }
@@ -832,6 +929,7 @@ mod tests {
             active_leases: 0,
             last_granted_at_ms: None,
             document: Arc::new(doc),
+            kinds: Arc::new(HandledKinds::every()),
         }
     }
 

@@ -20,6 +20,8 @@
 //!   Schema), validated and compiled once into a [`placement::CompiledPlacement`].
 //! - [`selector`]: the text form of a placement (`linux, docker, !gpu, memory.total>=16384`),
 //!   with its grammar.
+//! - [`kinds`]: the task kinds an agent handles (exact, `prefix.*`, `*`) and the rules for a
+//!   kind's name.
 //! - [`matcher`]: agents as matching sees them ([`matcher::AgentView`], [`matcher::AgentId`]), an
 //!   agent's [`matcher::Verdict`] for a placement, the deterministic ranking,
 //!   the summary line, and the parked / waiting-for-capacity distinction.
@@ -33,6 +35,7 @@ pub mod diff;
 pub mod document;
 pub mod error;
 pub mod index;
+pub mod kinds;
 pub mod limits;
 pub mod matcher;
 pub mod pack;

@@ -4,8 +4,10 @@
 //! agents that could are busy" ([`Outcome::WaitingForCapacity`]).
 //!
 //! Definitions:
-//! - An agent *satisfies* a placement when it is in the task's namespace and its document meets
-//!   every hard constraint. A DEGRADED agent whose `provides.X.healthy` is false fails capability
+//! - An agent *satisfies* a placement when it is in the task's namespace, handles the task's kind
+//!   (when the placement was compiled for a task, see
+//!   [`CompiledPlacement::with_kind`](crate::placement::CompiledPlacement::with_kind)), and its
+//!   document meets every hard constraint. A DEGRADED agent whose `provides.X.healthy` is false fails capability
 //!   refs to `X` (and only those), so it stays eligible for placements that do not need `X`.
 //! - It is *eligible* when it satisfies the placement, is READY or DEGRADED, and has a free slot
 //!   (`active_leases < capacity`).
@@ -19,6 +21,7 @@
 //!   [`Outcome::Parked`] — a DRAINING or OFFLINE agent that satisfies it does not count, since it
 //!   will not take new work until an operator or the agent changes its state.
 
+use crate::kinds::HandledKinds;
 use crate::placement::{CompiledPlacement, Unmet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -148,6 +151,8 @@ pub struct AgentView {
     pub last_granted_at_ms: Option<u64>,
     /// Its merged, redacted capability document.
     pub document: Arc<Value>,
+    /// The task kinds it handles; a task of another kind never goes to it.
+    pub kinds: Arc<HandledKinds>,
 }
 
 impl AgentView {
@@ -204,8 +209,19 @@ pub enum Ineligibility {
         /// The agent's namespace.
         namespace: String,
     },
+    /// It does not handle the task's kind.
+    KindNotHandled {
+        /// The task's kind.
+        kind: String,
+    },
     /// Its document fails a hard constraint.
     Unmet(Unmet),
+    /// It refused the task (it said it cannot handle or cannot decode it), and has not changed
+    /// since.
+    Refused {
+        /// What it said.
+        reason: String,
+    },
     /// It is offline.
     Offline,
     /// It is draining.
@@ -223,7 +239,9 @@ impl fmt::Display for Ineligibility {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Ineligibility::OtherNamespace { namespace } => write!(f, "in namespace {namespace}"),
+            Ineligibility::KindNotHandled { kind } => write!(f, "does not handle kind {kind}"),
             Ineligibility::Unmet(u) => u.fmt(f),
+            Ineligibility::Refused { reason } => write!(f, "refused the task: {reason}"),
             Ineligibility::Offline => f.write_str("offline"),
             Ineligibility::Draining => f.write_str("draining"),
             Ineligibility::AtCapacity { active, capacity } => {
@@ -238,7 +256,9 @@ impl Ineligibility {
     pub fn summary(&self) -> String {
         match self {
             Ineligibility::OtherNamespace { .. } => "in other namespaces".to_owned(),
+            Ineligibility::KindNotHandled { kind } => format!("not handling kind {kind}"),
             Ineligibility::Unmet(u) => u.summary(),
+            Ineligibility::Refused { .. } => "refused the task".to_owned(),
             Ineligibility::Offline => "offline".to_owned(),
             Ineligibility::Draining => "draining".to_owned(),
             Ineligibility::AtCapacity { .. } => "at capacity".to_owned(),
@@ -294,6 +314,14 @@ pub fn evaluate(placement: &CompiledPlacement, namespace: &str, agent: &AgentVie
     if agent.namespace != namespace {
         verdict.reason = Some(Ineligibility::OtherNamespace {
             namespace: agent.namespace.clone(),
+        });
+        return verdict;
+    }
+    if let Some(kind) = placement.kind()
+        && !agent.kinds.handles(kind)
+    {
+        verdict.reason = Some(Ineligibility::KindNotHandled {
+            kind: kind.to_owned(),
         });
         return verdict;
     }
@@ -353,15 +381,48 @@ pub struct Explanation {
     pub outcome: Outcome,
 }
 
+/// Whether the agent handles the placement's kind (if it has one) and its document satisfies
+/// every hard constraint: [`evaluate`]'s test, apart from namespace and state.
+pub fn satisfies(placement: &CompiledPlacement, agent: &AgentView) -> bool {
+    placement
+        .kind()
+        .is_none_or(|kind| agent.kinds.handles(kind))
+        && placement.satisfied_by(&agent.document)
+}
+
 /// Evaluates every agent and ranks the eligible ones (see the module doc for the order).
 pub fn explain(
     placement: &CompiledPlacement,
     namespace: &str,
     agents: &[AgentView],
 ) -> Explanation {
+    explain_refused(placement, namespace, agents, &BTreeMap::new())
+}
+
+/// [`explain`], where the agents in `refused` (with what each said) refused the task: one that
+/// would satisfy the placement is ineligible and not capable, so a task every capable agent
+/// refused is parked.
+pub fn explain_refused(
+    placement: &CompiledPlacement,
+    namespace: &str,
+    agents: &[AgentView],
+    refused: &BTreeMap<AgentId, String>,
+) -> Explanation {
     let mut verdicts: Vec<Verdict> = agents
         .iter()
-        .map(|a| evaluate(placement, namespace, a))
+        .map(|a| {
+            let mut verdict = evaluate(placement, namespace, a);
+            if let Some(reason) = refused.get(&a.agent_id)
+                && verdict.satisfies_placement()
+            {
+                verdict.eligible = false;
+                verdict.capable = false;
+                verdict.reason = Some(Ineligibility::Refused {
+                    reason: reason.clone(),
+                });
+            }
+            verdict
+        })
         .collect();
     let mut order: Vec<usize> = (0..agents.len())
         .filter(|&i| verdicts[i].eligible)
@@ -445,6 +506,7 @@ mod tests {
             active_leases: 0,
             last_granted_at_ms: None,
             document: Arc::new(doc),
+            kinds: Arc::new(HandledKinds::every()),
         }
     }
 

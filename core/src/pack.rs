@@ -7,7 +7,9 @@
 //! capabilities into the document's `provides` subtree: `{name: {version, healthy, reason}}`,
 //! where a required parameter (no default) that the lookup does not supply — or supplies as an
 //! empty string — makes that capability `healthy: false` with `reason: "missing parameter X"`.
-//! Parameter values, sensitive or not, never enter the document.
+//! Parameter values, sensitive or not, never enter the document. A pack may require capabilities
+//! (`requires: ["ai.llm@1"]`); [`advertise`] withdraws its kinds while one of them is missing or
+//! unhealthy in the agent's document, and says why (the agent reports DEGRADED with the reasons).
 
 use crate::version;
 use serde::{Deserialize, Serialize};
@@ -52,6 +54,11 @@ pub struct Pack {
     /// Capabilities the pack provides, by dotted name.
     #[serde(default)]
     pub provides: BTreeMap<String, ProvidedCapability>,
+    /// Capabilities its handlers need (`ai.llm@1`, or a name alone for any version): while one is
+    /// missing or unhealthy in the agent's document, the pack's kinds are withdrawn from what
+    /// the agent advertises (see [`advertise`]).
+    #[serde(default)]
+    pub requires: Vec<String>,
 }
 
 /// What kind of pack contribution a rejection is about.
@@ -98,6 +105,9 @@ pub struct MergedPacks {
     pub handlers: BTreeMap<String, String>,
     /// Capability name → what provides it.
     pub provides: BTreeMap<String, ClaimedCapability>,
+    /// Task kind → the capabilities its pack requires (kinds whose pack requires none are absent).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requires: BTreeMap<String, Vec<String>>,
     /// What was not merged, in order.
     pub rejections: Vec<PackRejection>,
 }
@@ -139,12 +149,11 @@ pub fn merge_packs(packs: &[Pack]) -> MergedPacks {
         }
         merged.packs.push(pack.id.clone());
         for kind in &pack.handlers {
-            if kind.is_empty() {
-                merged.rejections.push(reject(
-                    PackItemKind::Handler,
-                    kind,
-                    "handler kind is empty".into(),
-                ));
+            if let Err(err) = crate::kinds::check_kind(kind) {
+                let reason = format!("handler kind {err}");
+                merged
+                    .rejections
+                    .push(reject(PackItemKind::Handler, kind, reason));
             } else if let Some(owner) = merged.handlers.get(kind) {
                 let reason = format!("already handled by pack {owner}");
                 merged
@@ -152,6 +161,9 @@ pub fn merge_packs(packs: &[Pack]) -> MergedPacks {
                     .push(reject(PackItemKind::Handler, kind, reason));
             } else {
                 merged.handlers.insert(kind.clone(), pack.id.clone());
+                if !pack.requires.is_empty() {
+                    merged.requires.insert(kind.clone(), pack.requires.clone());
+                }
             }
         }
         for (name, capability) in &pack.provides {
@@ -217,6 +229,97 @@ pub fn resolve_params(merged: &MergedPacks, lookup: &dyn Fn(&str) -> Option<Stri
         provides.insert(name.clone(), Value::Object(entry));
     }
     Value::Object(provides)
+}
+
+/// A handler kind withdrawn from what the agent advertises, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Withdrawal {
+    /// The kind.
+    pub kind: String,
+    /// The required capability that is not there, as the pack wrote it.
+    pub capability: String,
+    /// What is wrong with it: `not provided`, `unhealthy: missing parameter API_KEY`,
+    /// `version 2.0.0, not major 1`, `not a capability ref (name@major)`.
+    pub problem: String,
+}
+
+impl Withdrawal {
+    /// The reason the agent reports with its DEGRADED status.
+    pub fn reason(&self) -> String {
+        format!(
+            "handler {} withdrawn: needs {}, {}",
+            self.kind, self.capability, self.problem
+        )
+    }
+}
+
+/// What an agent advertises: the kinds it handles now, and those withdrawn.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Advertised {
+    /// The kinds handled, sorted.
+    pub kinds: Vec<String>,
+    /// The kinds withdrawn because a required capability is missing or unhealthy, in kind order
+    /// (a kind with several missing capabilities is listed once for each).
+    pub withdrawn: Vec<Withdrawal>,
+}
+
+/// The kinds the merged packs handle given the agent's `document` (its `provides` subtree): a
+/// kind whose pack requires a capability that is missing, unhealthy or of another major version
+/// is withdrawn, and comes back when the capability does.
+pub fn advertise(merged: &MergedPacks, document: &Value) -> Advertised {
+    let mut out = Advertised::default();
+    for kind in merged.handlers.keys() {
+        let problems: Vec<Withdrawal> = merged
+            .requires
+            .get(kind)
+            .into_iter()
+            .flatten()
+            .filter_map(|required| {
+                requirement_problem(required, document).map(|problem| Withdrawal {
+                    kind: kind.clone(),
+                    capability: required.clone(),
+                    problem,
+                })
+            })
+            .collect();
+        if problems.is_empty() {
+            out.kinds.push(kind.clone());
+        } else {
+            out.withdrawn.extend(problems);
+        }
+    }
+    out
+}
+
+/// Why a required capability (`name@major` or `name`) is not there, or `None` if it is.
+fn requirement_problem(required: &str, document: &Value) -> Option<String> {
+    let (name, major) = match required.split_once('@') {
+        Some((name, major)) => match major.parse::<u64>() {
+            Ok(major) => (name, Some(major)),
+            Err(_) => return Some("not a capability ref (name@major)".to_owned()),
+        },
+        None => (required, None),
+    };
+    if !valid_dotted_name(name) {
+        return Some("not a capability ref (name@major)".to_owned());
+    }
+    let Some(provided) = crate::document::CapabilityDocument(document).provided(name) else {
+        return Some("not provided".to_owned());
+    };
+    if let Some(major) = major {
+        let have = provided.version.as_deref();
+        if have.and_then(version::parse_lenient).map(|v| v.major) != Some(major) {
+            let have = have.unwrap_or("no version");
+            return Some(format!("version {have}, not major {major}"));
+        }
+    }
+    if !provided.healthy {
+        return Some(match provided.reason {
+            Some(reason) => format!("unhealthy: {reason}"),
+            None => "unhealthy".to_owned(),
+        });
+    }
+    None
 }
 
 #[cfg(test)]

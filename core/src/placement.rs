@@ -294,6 +294,8 @@ struct CompiledPreference {
 #[derive(Debug, Clone)]
 pub struct CompiledPlacement {
     placement: Placement,
+    /// The task's kind, when compiled for a task: a hard constraint on the agent's kinds.
+    kind: Option<String>,
     requirements: Vec<CompiledRequirement>,
     preferences: Vec<CompiledPreference>,
     schema: Option<Arc<jsonschema::Validator>>,
@@ -546,6 +548,7 @@ pub fn compile(placement: &Placement) -> Result<CompiledPlacement, PlacementErro
     };
     Ok(CompiledPlacement {
         placement: placement.clone(),
+        kind: None,
         requirements,
         preferences,
         schema,
@@ -842,6 +845,17 @@ pub fn check_capability(c: &CapabilityRef, doc: &Value) -> Result<(), Capability
 }
 
 impl CompiledPlacement {
+    /// The placement for a task of `kind`: only agents that handle the kind satisfy it.
+    pub fn with_kind(mut self, kind: &str) -> Self {
+        self.kind = Some(kind.to_owned());
+        self
+    }
+
+    /// The task's kind, if compiled for a task.
+    pub fn kind(&self) -> Option<&str> {
+        self.kind.as_deref()
+    }
+
     /// The placement as given.
     pub fn placement(&self) -> &Placement {
         &self.placement

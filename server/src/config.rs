@@ -246,6 +246,18 @@ pub struct ServerConfig {
     )]
     pub max_agents_per_namespace: u64,
 
+    /// How many times a task may be handed back without running to the end
+    /// (released by agents, or granted and never acknowledged) before it
+    /// FAILS: no grant can cycle for ever.
+    #[arg(
+        long,
+        env = "SWITCHYARD_MAX_RELEASES_PER_TASK",
+        default_value_t = crate::model::DEFAULT_MAX_RELEASES,
+        value_parser = clap::value_parser!(u32).range(1..=10_000),
+        global = true
+    )]
+    pub max_releases_per_task: u32,
+
     /// On SIGTERM, how long in-flight requests and streams get to finish
     /// after agents were told to reconnect elsewhere, in milliseconds.
     #[arg(
@@ -288,6 +300,7 @@ impl ServerConfig {
             concurrency_per_connection: 256,
             max_queued_tasks_per_namespace: 100_000,
             max_agents_per_namespace: 20_000,
+            max_releases_per_task: crate::model::DEFAULT_MAX_RELEASES,
             shutdown_grace_ms: 2_000,
         }
     }

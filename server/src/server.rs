@@ -128,7 +128,11 @@ pub async fn run_with_clock(
     clock: Clock,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let store = store::open(&config.database_url).await?;
+    let options = store::StoreOptions {
+        max_releases: config.max_releases_per_task,
+        ..store::StoreOptions::default()
+    };
+    let store = store::open_with(&config.database_url, options).await?;
     store.migrate().await?;
     info!(backend = store.backend(), "store ready");
     let tokens = load_tokens(&config, store.clone()).await?;

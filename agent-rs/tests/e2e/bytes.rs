@@ -39,6 +39,7 @@ async fn a_load_change_heartbeat_is_a_small_fraction_of_the_document() {
                 base_generation: 7,
                 operations: patch_to_proto(&patch),
             }),
+            handled_kinds: None,
         })),
     };
     let bare = pb::ConnectRequest {
@@ -51,6 +52,7 @@ async fn a_load_change_heartbeat_is_a_small_fraction_of_the_document() {
                 load_average: 1.23,
             }),
             capability_diff: None,
+            handled_kinds: None,
         })),
     };
     let full = pb::ConnectRequest {

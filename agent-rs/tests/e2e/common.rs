@@ -6,7 +6,10 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use switchyard_proto::v1::{self as pb, task_service_client::TaskServiceClient};
+use switchyard_proto::v1::{
+    self as pb, agent_admin_service_client::AgentAdminServiceClient,
+    task_service_client::TaskServiceClient,
+};
 use switchyard_server::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
@@ -21,18 +24,25 @@ pub const PROMPT: Duration = Duration::from_secs(20);
 pub struct Server {
     pub addr: SocketAddr,
     url: String,
+    max_releases: u32,
     shutdown: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<switchyard_server::error::Result<()>>>,
 }
 
 impl Server {
     pub async fn start(dir: &Path) -> Self {
+        Self::start_bounded(dir, switchyard_server::model::DEFAULT_MAX_RELEASES).await
+    }
+
+    /// A server whose tasks fail after `max_releases` hand-backs.
+    pub async fn start_bounded(dir: &Path, max_releases: u32) -> Self {
         let url = format!("sqlite://{}", dir.join("switchyard.db").display());
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let mut server = Self {
             addr,
             url,
+            max_releases,
             shutdown: None,
             handle: None,
         };
@@ -44,6 +54,7 @@ impl Server {
         let mut config = ServerConfig::for_tests(self.url.clone());
         config.heartbeat_interval_ms = 200;
         config.sweep_interval_ms = 100;
+        config.max_releases_per_task = self.max_releases;
         let (tx, rx) = oneshot::channel::<()>();
         self.shutdown = Some(tx);
         self.handle = Some(tokio::spawn(switchyard_server::run(
@@ -81,25 +92,65 @@ impl Server {
         format!("http://{}", self.addr)
     }
 
-    pub async fn tasks(&self) -> TaskServiceClient<Channel> {
-        let channel = Endpoint::from_shared(self.url())
+    async fn channel(&self) -> Channel {
+        Endpoint::from_shared(self.url())
             .expect("endpoint")
             .connect()
             .await
-            .expect("connect");
-        TaskServiceClient::new(channel)
+            .expect("connect")
+    }
+
+    pub async fn tasks(&self) -> TaskServiceClient<Channel> {
+        TaskServiceClient::new(self.channel().await)
+    }
+
+    pub async fn admin(&self) -> AgentAdminServiceClient<Channel> {
+        AgentAdminServiceClient::new(self.channel().await)
+    }
+
+    /// The agent named `name`, polled until `ok` holds for it (an agent's
+    /// stored status has no event to await).
+    pub async fn agent_until(&self, name: &str, ok: impl Fn(&pb::Agent) -> bool) -> pb::Agent {
+        let mut admin = self.admin().await;
+        tokio::time::timeout(PROMPT, async {
+            loop {
+                let agents = admin
+                    .list_agents(pb::ListAgentsRequest::default())
+                    .await
+                    .expect("list agents")
+                    .into_inner()
+                    .agents;
+                if let Some(agent) = agents.into_iter().find(|a| a.name == name && ok(a)) {
+                    return agent;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("agent {name} not as expected in time"))
     }
 }
 
-/// Starts the agent binary.
+/// Starts the agent binary (with `--allow-exec`).
 pub fn agent(server: &Server, dir: &Path, name: &str) -> Child {
+    agent_with(server, dir, name, &["--allow-exec"], Stdio::null())
+}
+
+/// Starts the agent binary with `extra` arguments, its log on `stderr`
+/// (inherited with `TEST_LOG`, unless piped to be read).
+pub fn agent_with(server: &Server, dir: &Path, name: &str, extra: &[&str], stderr: Stdio) -> Child {
+    let stderr = if std::env::var_os("TEST_LOG").is_some() && extra.iter().all(|a| *a != PIPED) {
+        Stdio::inherit()
+    } else {
+        stderr
+    };
+    let extra: Vec<&str> = extra.iter().copied().filter(|a| *a != PIPED).collect();
     Command::new(env!("CARGO_BIN_EXE_switchyard-agent"))
         .args(["--server", &server.url(), "--dir"])
         .arg(dir)
         .args([
             "--name",
             name,
-            "--allow-exec",
             "--refresh-secs",
             "1",
             "--grace-secs",
@@ -107,17 +158,73 @@ pub fn agent(server: &Server, dir: &Path, name: &str) -> Child {
             "--capacity",
             "2",
         ])
+        .args(extra)
         .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(if std::env::var_os("TEST_LOG").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        })
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .expect("spawn the agent")
+}
+
+/// Not an agent argument: [`agent_with`] pipes the log even with `TEST_LOG`.
+pub const PIPED: &str = "<piped>";
+
+/// Waits until the child's piped log has a line containing `needle`, then
+/// keeps reading it (echoed with `TEST_LOG`) so the agent never blocks on a
+/// full pipe.
+pub async fn wait_for_log(child: &mut Child, needle: &str) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let stderr = child.stderr.take().expect("stderr piped");
+    let echo = std::env::var_os("TEST_LOG").is_some();
+    let mut lines = BufReader::new(stderr).lines();
+    tokio::time::timeout(PROMPT, async {
+        while let Some(line) = lines.next_line().await.expect("read the log") {
+            if echo {
+                eprintln!("{line}");
+            }
+            if line.contains(needle) {
+                return;
+            }
+        }
+        panic!("the log ended before {needle:?}");
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {needle:?} in the log in time"));
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if echo {
+                eprintln!("{line}");
+            }
+        }
+    });
+}
+
+/// The events of a task's history.
+pub async fn history(server: &Server, task_id: &str) -> Vec<pb::TaskEvent> {
+    server
+        .tasks()
+        .await
+        .list_task_events(pb::ListTaskEventsRequest {
+            task_id: task_id.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("history")
+        .into_inner()
+        .events
+}
+
+/// The agents a task was leased to, in order.
+pub async fn leased_to(server: &Server, task_id: &str) -> Vec<String> {
+    history(server, task_id)
+        .await
+        .into_iter()
+        .filter(|e| e.kind == "leased")
+        .map(|e| e.agent_id)
+        .collect()
 }
 
 /// Submits an exec task.

@@ -10,5 +10,6 @@
 
 mod bytes;
 mod common;
+mod kinds;
 mod session;
 mod tiers;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use switchyard_core::diff;
 use switchyard_core::error::DiffError;
+use switchyard_core::kinds::HandledKinds;
 use switchyard_core::limits::Limits;
 use switchyard_core::matcher::{self, AgentId, AgentStatus, AgentView, Outcome};
 use switchyard_core::pack::{self, Pack};
@@ -49,6 +50,7 @@ fn every_vector_file_is_covered() {
         files,
         [
             "diff.json",
+            "kinds.json",
             "merge.json",
             "packs.json",
             "placement.json",
@@ -218,6 +220,13 @@ fn agent(v: &Value) -> AgentView {
         active_leases: v["active_leases"].as_u64().unwrap_or(0) as u32,
         last_granted_at_ms: v["last_granted_at_ms"].as_u64(),
         document: Arc::new(v["document"].clone()),
+        kinds: Arc::new(match v.get("kinds") {
+            Some(kinds) => {
+                let patterns: Vec<String> = serde_json::from_value(kinds.clone()).expect("kinds");
+                HandledKinds::parse(&patterns).expect("valid kinds")
+            }
+            None => HandledKinds::every(),
+        }),
     }
 }
 
@@ -231,7 +240,10 @@ fn placement_vectors() {
         if let Some(sel) = case["selector"].as_str() {
             p.merge(selector::parse(sel).unwrap());
         }
-        let compiled = placement::compile(&p);
+        let compiled = placement::compile(&p).map(|c| match case["kind"].as_str() {
+            Some(kind) => c.with_kind(kind),
+            None => c,
+        });
         if let Some(field) = case["compile_error"].as_str() {
             assert_eq!(
                 compiled.map(|_| ()).unwrap_err().field,
@@ -305,6 +317,27 @@ fn placement_vectors() {
             .map(|v| names[&v.agent_id])
             .collect();
         assert_eq!(json!(capable), want["capable"], "{}: capable", name(&case));
+    }
+}
+
+#[test]
+fn kinds_vectors() {
+    for case in cases("kinds.json") {
+        let packs: Vec<Pack> = serde_json::from_value(case["packs"].clone()).unwrap();
+        let advertised = pack::advertise(&pack::merge_packs(&packs), &case["document"]);
+        let want = &case["expected"];
+        assert_eq!(json!(advertised.kinds), want["kinds"], "{}", name(&case));
+        let withdrawn: Vec<Value> = advertised
+            .withdrawn
+            .iter()
+            .map(|w| json!({"kind": w.kind, "capability": w.capability, "problem": w.problem, "reason": w.reason()}))
+            .collect();
+        assert_eq!(
+            Value::Array(withdrawn),
+            want["withdrawn"],
+            "{}",
+            name(&case)
+        );
     }
 }
 

@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use switchyard_core::diff;
 use switchyard_core::index::AgentIndex;
+use switchyard_core::kinds::HandledKinds;
 use switchyard_core::limits::Limits;
 use switchyard_core::matcher::{self, AgentId, AgentStatus, AgentView};
 use switchyard_core::placement::compile;
@@ -149,8 +150,14 @@ proptest! {
     fn ranking_is_deterministic_sound_and_indexed(
         specs in prop::collection::vec(
             (prop::collection::btree_set(prop_oneof![Just("linux"), Just("docker"), Just("gpu")], 0..3),
-             0u32..3, 0u32..4, prop::option::of(0u64..5), 0usize..4, 0u32..40, any::<bool>()),
+             0u32..3, 0u32..4, prop::option::of(0u64..5), 0usize..4, 0u32..40, any::<bool>(),
+             0usize..6),
             0..30),
+        kind in prop_oneof![
+            Just(None), Just(Some("exec")), Just(Some("build.rust")), Just(Some("build")),
+            Just(Some("deploy.prod.eu")),
+        ],
+        rekind in prop::collection::vec(0usize..6, 0..6),
         sel in prop_oneof![
             Just("linux"), Just("linux, docker"), Just("!gpu"), Just("n>=20"), Just("n=7"),
             Just("linux, prefer 3: gpu"), Just("prefer 2: docker, prefer 1: n<10"), Just("v@^2"),
@@ -165,7 +172,7 @@ proptest! {
             Just("w@>=1"), Just("prefer 2: v@^3, linux"),
         ],
     ) {
-        let agents: Vec<AgentView> = specs.iter().enumerate().map(|(i, (tags, cap, active, last, status, n, llm))| {
+        let agents: Vec<AgentView> = specs.iter().enumerate().map(|(i, (tags, cap, active, last, status, n, llm, k))| {
             // `m`: few distinct numbers; `s`: numbers as text, or absent;
             // `w`: an array for some agents, an object for others.
             let m = [4, 8, 16, 32][(*n % 4) as usize];
@@ -197,12 +204,26 @@ proptest! {
                 active_leases: *active,
                 last_granted_at_ms: *last,
                 document: Arc::new(doc),
+                kinds: Arc::new(kinds_of(*k)),
             }
         }).collect();
         // Agent ids must be unique for a meaningful ranking.
         let mut seen = BTreeSet::new();
         let agents: Vec<AgentView> = agents.into_iter().filter(|a| seen.insert(a.agent_id)).collect();
-        let placement = compile(&selector::parse(sel).unwrap()).unwrap();
+        let mut placement = compile(&selector::parse(sel).unwrap()).unwrap();
+        if let Some(kind) = kind {
+            placement = placement.with_kind(kind);
+        }
+        // Some agents change their kinds after they were indexed.
+        let mut index = AgentIndex::new();
+        for a in &agents {
+            index.upsert(a.clone());
+        }
+        let mut agents = agents;
+        for (a, k) in agents.iter_mut().zip(&rekind) {
+            a.kinds = Arc::new(kinds_of(*k));
+            prop_assert!(index.set_kinds(a.agent_id, a.kinds.clone()));
+        }
         let first = matcher::explain(&placement, "default", &agents);
         let mut reversed = agents.clone();
         reversed.reverse();
@@ -212,11 +233,8 @@ proptest! {
         for id in &first.ranked {
             let a = agents.iter().find(|a| &a.agent_id == id).unwrap();
             prop_assert!(placement.satisfied_by(&a.document));
+            prop_assert!(kind.is_none_or(|k| a.kinds.handles(k)));
             prop_assert!(a.status.takes_work() && a.active_leases < a.capacity && a.namespace == "default");
-        }
-        let mut index = AgentIndex::new();
-        for a in &agents {
-            index.upsert(a.clone());
         }
         prop_assert_eq!(
             index.select_best(&placement, "default").map(|s| s.agent_id),
@@ -229,5 +247,32 @@ proptest! {
             matcher::Outcome::Parked(_)
         );
         prop_assert_eq!(index.any_capable(&placement, "default"), !parked);
+        // Leaving out the agents that refused the task is explaining it
+        // with their refusals.
+        let refused: std::collections::BTreeMap<AgentId, String> =
+            first.ranked.iter().take(1).map(|id| (*id, "no handler".to_owned())).collect();
+        let except: Vec<AgentId> = refused.keys().copied().collect();
+        let without = matcher::explain_refused(&placement, "default", &default_agents, &refused);
+        prop_assert_eq!(
+            index.select_best_except(&placement, "default", &except).map(|s| s.agent_id),
+            without.ranked.first().cloned()
+        );
+        prop_assert_eq!(
+            index.any_capable_except(&placement, "default", &except),
+            !matches!(without.outcome, matcher::Outcome::Parked(_))
+        );
     }
+}
+
+/// A few kinds an agent may advertise.
+fn kinds_of(k: usize) -> HandledKinds {
+    let patterns: &[&str] = match k {
+        0 => &["*"],
+        1 => &[],
+        2 => &["exec"],
+        3 => &["build.*"],
+        4 => &["exec", "build.rust"],
+        _ => &["deploy.*", "build"],
+    };
+    HandledKinds::parse(patterns).expect("valid patterns")
 }

@@ -2,13 +2,13 @@
 //! of every value, leases) and steer it (drain, undrain, operator tier),
 //! and ask what-if questions without changing anything.
 
+use switchyard_core::kinds::{HandledKinds, check_kind};
 use switchyard_core::matcher;
 use switchyard_core::placement::{self as core_placement, Placement};
+use switchyard_core::tier::with_operator_tier;
 use switchyard_proto::v1::{self as pb, agent_admin_service_server::AgentAdminService};
 use tonic::{Request, Response, Status};
 use tracing::{info, instrument};
-
-use switchyard_core::tier::with_operator_tier;
 
 use super::convert::struct_to_json;
 use super::task::verdicts;
@@ -168,8 +168,12 @@ impl AgentAdminService for AdminApi {
         let mut wire_verdicts = Vec::new();
         if req.placement.is_some() {
             let placement = wire::placement::from_proto(req.placement.as_ref())?;
-            let compiled = core_placement::compile(&placement)
+            let mut compiled = core_placement::compile(&placement)
                 .map_err(|err| invalid(&format!("placement.{}", err.field), &err.message))?;
+            if !req.kind.is_empty() {
+                check_kind(&req.kind).map_err(|err| invalid("kind", &err.to_string()))?;
+                compiled = compiled.with_kind(&req.kind);
+            }
             let (fleet, names) = api.fleet(&ns).await?;
             let explanation = matcher::explain(&compiled, &ns, &fleet);
             summary = explanation.summary.clone();
@@ -179,6 +183,13 @@ impl AgentAdminService for AdminApi {
         if let Some(doc) = &req.hypothetical_capabilities {
             let doc = struct_to_json(doc)
                 .map_err(|e| invalid(&format!("hypothetical_capabilities.{}", e.path), e.reason))?;
+            let kinds = if req.hypothetical_kinds.is_empty() {
+                HandledKinds::every()
+            } else {
+                HandledKinds::parse(&req.hypothetical_kinds).map_err(|(i, err)| {
+                    invalid(&format!("hypothetical_kinds[{i}]"), &err.to_string())
+                })?
+            };
             let agent = matcher::AgentView {
                 agent_id: matcher::AgentId::from_name("hypothetical"),
                 namespace: ns.clone(),
@@ -187,6 +198,7 @@ impl AgentAdminService for AdminApi {
                 active_leases: 0,
                 last_granted_at_ms: None,
                 document: std::sync::Arc::new(doc),
+                kinds: std::sync::Arc::new(kinds),
             };
             let filter = crate::model::TaskFilter {
                 namespace: ns.clone(),
@@ -207,6 +219,7 @@ impl AgentAdminService for AdminApi {
                     let Ok(compiled) = core_placement::compile(&placement) else {
                         continue;
                     };
+                    let compiled = compiled.with_kind(&task.kind);
                     if matcher::evaluate(&compiled, &ns, &agent).eligible {
                         placeable.push(wire::task(task));
                         if placeable.len() >= 1000 {

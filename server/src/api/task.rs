@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use switchyard_core::kinds::check_kind;
 use switchyard_core::matcher::{self, AgentId};
 use switchyard_core::placement::{self as core_placement, Placement};
 use switchyard_proto::v1::{self as pb, task_service_server::TaskService};
@@ -22,7 +23,7 @@ use crate::model::{
 };
 use crate::wire;
 
-/// Longest accepted kind, idempotency key and label.
+/// Longest accepted idempotency key and label.
 const MAX_NAME: usize = 256;
 
 impl Api {
@@ -91,10 +92,10 @@ impl Api {
     ) -> Result<(NewTask, core_placement::CompiledPlacement)> {
         let namespace = namespace("namespace", &req.namespace)?;
         caller.require(Need::Tasks, &namespace)?;
-        check_name("kind", &req.kind, true)?;
-        check_name("idempotency_key", &req.idempotency_key, false)?;
+        check_kind(&req.kind).map_err(|err| invalid("kind", &err.to_string()))?;
+        check_name("idempotency_key", &req.idempotency_key)?;
         for (k, v) in &req.labels {
-            check_name(&format!("labels.{k}"), v, false)?;
+            check_name(&format!("labels.{k}"), v)?;
         }
         let payload = match &req.payload {
             Some(p) => {
@@ -130,7 +131,8 @@ impl Api {
             },
         };
         let compiled = core_placement::compile(&placement)
-            .map_err(|err| invalid(&format!("placement.{}", err.field), &err.message))?;
+            .map_err(|err| invalid(&format!("placement.{}", err.field), &err.message))?
+            .with_kind(&req.kind);
         let task = NewTask {
             namespace,
             kind: req.kind,
@@ -150,14 +152,31 @@ impl Api {
     }
 
     async fn explain(&self, record: &TaskRecord) -> Result<matcher::Explanation> {
+        Ok(self.explanation(record).await?.0)
+    }
+
+    /// What matching says about a stored task against the whole fleet: its
+    /// placement and kind, and the agents that refused it; with agent names.
+    async fn explanation(
+        &self,
+        record: &TaskRecord,
+    ) -> Result<(matcher::Explanation, BTreeMap<AgentId, String>)> {
         let compiled = stored_placement(record)?;
-        let (fleet, _) = self.fleet(&record.namespace).await?;
-        Ok(matcher::explain(&compiled, &record.namespace, &fleet))
+        let (fleet, names) = self.fleet(&record.namespace).await?;
+        let refused: BTreeMap<AgentId, String> = self
+            .store
+            .task_refusals(record.id)
+            .await?
+            .into_iter()
+            .map(|(agent, reason)| (agent.into(), reason))
+            .collect();
+        let explanation = matcher::explain_refused(&compiled, &record.namespace, &fleet, &refused);
+        Ok((explanation, names))
     }
 }
 
-/// A stored task's placement, compiled (it compiled when it was
-/// submitted; a failure now is corrupt data).
+/// A stored task's placement, compiled for its kind (it compiled when it
+/// was submitted; a failure now is corrupt data).
 fn stored_placement(record: &TaskRecord) -> Result<core_placement::CompiledPlacement> {
     let corrupt = |detail: String| Error::Corrupt {
         context: "reading a task's placement",
@@ -165,7 +184,9 @@ fn stored_placement(record: &TaskRecord) -> Result<core_placement::CompiledPlace
     };
     let placement: Placement =
         serde_json::from_value(record.placement.clone()).map_err(|e| corrupt(e.to_string()))?;
-    core_placement::compile(&placement).map_err(|e| corrupt(e.to_string()))
+    core_placement::compile(&placement)
+        .map(|c| c.with_kind(&record.kind))
+        .map_err(|e| corrupt(e.to_string()))
 }
 
 /// The wire verdicts of an explanation, eligible first in rank order, with
@@ -198,10 +219,7 @@ pub(crate) fn verdicts(
     verdicts
 }
 
-fn check_name(field: &str, value: &str, required: bool) -> Result<()> {
-    if required && value.trim().is_empty() {
-        return Err(invalid(field, "is required"));
-    }
+fn check_name(field: &str, value: &str) -> Result<()> {
     if value.len() > MAX_NAME {
         return Err(invalid(
             field,
@@ -336,9 +354,7 @@ impl TaskService for TaskApi {
         let caller = api.caller(&request).await?;
         let id = parse_id("task_id", &request.get_ref().task_id)?;
         let record = api.task_for(&caller, id).await?;
-        let compiled = stored_placement(&record)?;
-        let (fleet, names) = api.fleet(&record.namespace).await?;
-        let explanation = matcher::explain(&compiled, &record.namespace, &fleet);
+        let (explanation, names) = api.explanation(&record).await?;
         let mut summary = explanation.summary.clone();
         match record.state {
             TaskState::Queued if record.not_before_ms > api.now_ms() => {

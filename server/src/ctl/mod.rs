@@ -138,6 +138,10 @@ enum Command {
         /// The placement as selector text, e.g. `linux, docker, memory.total>=16384`.
         #[arg(long = "require", default_value = "")]
         selector: String,
+        /// The task kind: agents that do not handle it are not eligible
+        /// (unset: any kind).
+        #[arg(long, default_value = "")]
+        kind: String,
     },
 }
 
@@ -438,13 +442,15 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
             out.explanation(reply.task.as_ref(), &reply.summary, &reply.verdicts);
             Ok(ExitCode::Ok)
         }
-        Command::Simulate { selector } => {
+        Command::Simulate { selector, kind } => {
             let reply = clients
                 .agents
                 .simulate_placement(pb::SimulatePlacementRequest {
                     namespace: global.namespace.clone(),
                     placement: Some(placement(&selector).unwrap_or_default()),
                     hypothetical_capabilities: None,
+                    kind,
+                    hypothetical_kinds: Vec::new(),
                 })
                 .await?
                 .into_inner();

@@ -79,9 +79,10 @@ impl Dispatcher {
         }
     }
 
-    /// Reloads a connected agent's document and status from the store (an
-    /// operator changed it, possibly through another replica), and tells
-    /// its session to reload before its next diff.
+    /// Reloads a connected agent's document, status and refusals from the
+    /// store (an operator changed it, possibly through another replica, or
+    /// a snapshot replaced its document), and tells its session to reload
+    /// before its next diff.
     pub async fn refresh_agent(&self, agent_id: Uuid) {
         if !self.mark_changed(agent_id) {
             return;
@@ -98,6 +99,10 @@ impl Dispatcher {
                 self.update_view(view);
             }
             Err(err) => warn!(agent = %agent_id, cause = %err, "cannot refresh agent"),
+        }
+        match self.shared.store.agent_refusals(agent_id).await {
+            Ok(tasks) => self.reload_refusals(agent_id, &tasks),
+            Err(err) => warn!(agent = %agent_id, cause = %err, "cannot reload agent refusals"),
         }
     }
 }

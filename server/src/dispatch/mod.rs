@@ -27,11 +27,14 @@
 //! - `queue`: what the dispatcher knows about the queue without reading
 //!   it (signals, due times, parked placements, the parked head).
 //! - `round`: the dispatch round, walking the queue page by page.
+//! - `refusals`: the tasks agents here refused, not offered to them again
+//!   until they change.
 //! - `sweep`: expiry, unacknowledged grants, silent sessions, recounts.
 //! - `events`: the store's events from every replica.
 
 mod events;
 mod queue;
+mod refusals;
 mod round;
 pub mod sessions;
 pub mod submit;
@@ -109,6 +112,8 @@ struct State {
     placements: HashMap<Uuid, Arc<CompiledPlacement>>,
     /// What is known about the queue without reading it.
     queue: QueueState,
+    /// The tasks agents here refused.
+    refused: refusals::Refusals,
 }
 
 /// The dispatcher handle; cheap to clone.

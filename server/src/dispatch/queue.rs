@@ -1,15 +1,16 @@
 //! What the dispatcher knows about the queue without reading it: signals
 //! that a task may be waiting (and whether the last round left the queue
 //! clear), when delayed tasks come due, which placements are parked (no
-//! agent here can run them, so the walk leaves their tasks out), and how
-//! far the head of the queue is parked tasks only.
+//! agent here can run them, so the walk leaves their tasks out; a
+//! placement is its namespace, task kind and placement), and how far the
+//! head of the queue is parked tasks only.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use switchyard_core::matcher::AgentView;
+use switchyard_core::matcher::{self, AgentView};
 use switchyard_core::placement::CompiledPlacement;
 use uuid::Uuid;
 
@@ -78,15 +79,21 @@ impl QueueState {
         }
         let before = self.parked.len();
         self.parked.retain(|key, placement| {
-            key.namespace != view.namespace || !placement.satisfied_by(&view.document)
+            key.namespace != view.namespace || !matcher::satisfies(placement, view)
         });
         let unparked = self.parked.len() < before;
         if unparked {
             metrics::gauge!(crate::metrics::PARKED_PLACEMENTS).set(self.parked.len() as f64);
-            self.unparked += 1;
-            self.parked_epoch += 1;
+            self.note_unparked();
         }
         unparked
+    }
+
+    /// Tasks passed over as parked may be placeable now: the next round
+    /// walks from the head, past no remembered parked head.
+    pub(super) fn note_unparked(&mut self) {
+        self.unparked += 1;
+        self.parked_epoch += 1;
     }
 
     /// Remembers that no agent here can run `key`'s tasks. At the cap, the

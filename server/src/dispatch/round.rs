@@ -292,17 +292,29 @@ impl Dispatcher {
     fn pick(&self, task: &TaskRecord, compiled: Arc<CompiledPlacement>, now: i64) -> Pick {
         let mut state = self.state();
         let started = std::time::Instant::now();
-        let selected = state.index.select_best(&compiled, &task.namespace);
+        let refused = state.refused.of(task.id);
+        let selected = state
+            .index
+            .select_best_except(&compiled, &task.namespace, refused);
         metrics::histogram!(crate::metrics::MATCH_SECONDS).record(started.elapsed().as_secs_f64());
         if let Some(selection) = selected {
             self.reserve_slot(&mut state, selection.agent_id, now);
             return Pick::Agent(selection.agent_id.uuid());
         }
-        if state.index.any_capable(&compiled, &task.namespace) {
+        if state
+            .index
+            .any_capable_except(&compiled, &task.namespace, refused)
+        {
             return Pick::Busy;
+        }
+        if !refused.is_empty() && state.index.any_capable(&compiled, &task.namespace) {
+            // Every agent here that could run it refused it: it waits on
+            // its own until one changes; its placement is not parked.
+            return Pick::Parked;
         }
         let key = ParkedPlacement {
             namespace: task.namespace.clone(),
+            kind: task.kind.clone(),
             placement: task.placement.to_string(),
         };
         if state.queue.park(key, compiled) {
@@ -313,7 +325,7 @@ impl Dispatcher {
         Pick::Parked
     }
 
-    /// The compiled placement of a task (cached); `None` if the stored
+    /// The compiled placement of a task, for its kind (cached); `None` if the stored
     /// placement no longer parses or compiles (logged: the task waits).
     fn compiled(&self, task: &TaskRecord) -> Option<Arc<CompiledPlacement>> {
         if let Some(c) = self.state().placements.get(&task.id) {
@@ -327,7 +339,7 @@ impl Dispatcher {
             }
         };
         let compiled = match placement::compile(&placement) {
-            Ok(c) => Arc::new(c),
+            Ok(c) => Arc::new(c.with_kind(&task.kind)),
             Err(err) => {
                 warn!(task = %task.id, cause = %err, "stored placement does not compile");
                 return None;
@@ -344,6 +356,6 @@ enum Pick {
     Agent(uuid::Uuid),
     /// A capable agent, but none with room.
     Busy,
-    /// No agent here can run it.
+    /// No agent here can run it (or every one that could refused it).
     Parked,
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
+use switchyard_core::kinds::HandledKinds;
 use switchyard_core::matcher::{AgentId, AgentView, Outcome};
 use switchyard_core::placement::CompiledPlacement;
 use switchyard_proto::v1 as pb;
@@ -113,6 +114,8 @@ impl Dispatcher {
         }
         metrics::gauge!(crate::metrics::CONNECTED_AGENTS).set(state.sessions.len() as f64);
         state.index.remove(agent_id.into());
+        // Its next registration lifts its refusals in the store too.
+        state.refused.lift(agent_id.into());
         true
     }
 
@@ -159,7 +162,11 @@ impl Dispatcher {
     /// Pushes a granted lease down its agent's stream.
     pub fn push_grant(&self, task: &TaskRecord, lease: &LeaseRecord) {
         metrics::counter!(crate::metrics::GRANTS).increment(1);
-        self.state().placements.remove(&task.id);
+        {
+            let mut state = self.state();
+            state.placements.remove(&task.id);
+            state.refused.forget(task.id);
+        }
         if !self.send(lease.agent_id, down::grant(task, lease)) {
             // Left unacknowledged: the sweeper revokes and re-matches it.
             debug!(lease = %lease.id, agent = %lease.agent_id, "grant not queued to the agent stream");
@@ -238,6 +245,22 @@ impl Dispatcher {
         }
         drop(state);
         self.changed_agent(unparked);
+    }
+
+    /// Records the kinds a connected agent handles from now on (written to
+    /// the store): its parked placements of those kinds go back in the
+    /// walk, and its refusals are lifted.
+    pub fn set_kinds(&self, agent_id: Uuid, kinds: Arc<HandledKinds>) {
+        let key = AgentId::from(agent_id);
+        let mut state = self.state();
+        let mut unparked = false;
+        if state.index.set_kinds(key, kinds) {
+            let State { index, queue, .. } = &mut *state;
+            unparked = index.get(key).is_some_and(|view| queue.unpark_for(view));
+        }
+        drop(state);
+        self.changed_agent(unparked);
+        self.lift_refusals(agent_id);
     }
 
     /// What matching says about a placement against the agents connected to

@@ -105,6 +105,7 @@ impl Fixture {
             capacity,
             labels: BTreeMap::new(),
             runner: "test".into(),
+            handled_kinds: vec!["*".into()],
         };
         let record = self
             .store

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde_json::Value;
+use switchyard_core::kinds::HandledKinds;
 pub use switchyard_core::matcher::AgentStatus;
 use switchyard_core::matcher::AgentView;
 use uuid::Uuid;
@@ -57,6 +58,9 @@ pub struct AgentRecord {
     pub labels: BTreeMap<String, String>,
     /// What the agent runs as.
     pub runner: String,
+    /// The task kinds it handles, as validated patterns (see
+    /// [`switchyard_core::kinds`]).
+    pub handled_kinds: Vec<String>,
     /// Bumped on every registration; a newer session supersedes older ones.
     pub session_epoch: u64,
     /// When the server last heard from the agent.
@@ -87,7 +91,14 @@ impl AgentRecord {
             active_leases: self.active_leases,
             last_granted_at_ms: None,
             document: Arc::new(self.document.clone()),
+            kinds: Arc::new(self.kinds()),
         }
+    }
+
+    /// The kinds it handles (none if what is stored does not parse: they
+    /// were validated on the way in).
+    pub fn kinds(&self) -> HandledKinds {
+        HandledKinds::parse(&self.handled_kinds).unwrap_or_default()
     }
 }
 
@@ -113,6 +124,8 @@ pub struct AgentRegistration {
     pub labels: BTreeMap<String, String>,
     /// What the agent runs as.
     pub runner: String,
+    /// The task kinds it handles, validated patterns.
+    pub handled_kinds: Vec<String>,
 }
 
 /// One heartbeat's writes (the store applies the heartbeats of many
@@ -133,6 +146,11 @@ pub struct Beat {
     pub status: Option<(AgentStatus, Vec<String>)>,
     /// A new document (the session applied a diff), when it changed.
     pub document: Option<DocumentWrite>,
+    /// The task kinds it handles from now on, when they changed.
+    pub kinds: Option<Vec<String>>,
+    /// The agent changed (its kinds, or more than volatile facts of its
+    /// document): the tasks it refused may be offered to it again.
+    pub lift_refusals: bool,
 }
 
 /// A document the session computed from diffs, written only if the stored

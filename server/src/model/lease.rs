@@ -121,6 +121,52 @@ impl StoredName for RevocationCause {
     ];
 }
 
+/// Why an agent hands a lease back (`ReleaseCause` in agent_service.proto),
+/// which decides what happens to the task next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseCause {
+    /// The agent is draining: the task goes back at once.
+    Draining,
+    /// The agent stops after a revocation (a cancel).
+    RevocationAcknowledged,
+    /// No handler for the task's kind: the agent is not offered the task
+    /// again until it changes.
+    CannotHandle,
+    /// The agent cannot decode the task, or finds it invalid: as
+    /// [`ReleaseCause::CannotHandle`].
+    CannotDecode,
+    /// Busy for now: the task goes back after a jittered backoff.
+    Busy,
+    /// Anything else (or not said): as [`ReleaseCause::Busy`].
+    Other,
+}
+
+impl StoredName for ReleaseCause {
+    const WHAT: &'static str = "release cause";
+    const NAMES: &'static [(Self, &'static str)] = &[
+        (Self::Draining, "draining"),
+        (Self::RevocationAcknowledged, "revocation_acknowledged"),
+        (Self::CannotHandle, "cannot_handle"),
+        (Self::CannotDecode, "cannot_decode"),
+        (Self::Busy, "busy"),
+        (Self::Other, "other"),
+    ];
+}
+
+impl ReleaseCause {
+    /// Whether the agent refused the task itself: it is not offered it
+    /// again until its kinds or document change or it registers again.
+    pub fn refuses(self) -> bool {
+        matches!(self, Self::CannotHandle | Self::CannotDecode)
+    }
+
+    /// Whether the task waits a jittered backoff before it is offered again.
+    pub fn backs_off(self) -> bool {
+        matches!(self, Self::Busy | Self::Other)
+    }
+}
+
 /// One attempt's exclusive, time-limited right to run a task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRecord {
@@ -210,6 +256,8 @@ pub enum CompletionOutcome {
     Released {
         /// Why, for the history.
         reason: String,
+        /// Why, for what happens next.
+        cause: ReleaseCause,
     },
 }
 
@@ -306,6 +354,32 @@ pub struct CompletionResult {
     pub duplicate: bool,
 }
 
+/// How many times a task may be handed back (released by an agent, or
+/// revoked as a grant never acknowledged) before it FAILS, unless a store is
+/// configured otherwise: no grant and release can cycle for ever.
+pub const DEFAULT_MAX_RELEASES: u32 = 20;
+
+/// The first backoff after a busy release.
+pub const RELEASE_BACKOFF_BASE_MS: i64 = 250;
+
+/// The longest backoff after a busy release.
+pub const MAX_RELEASE_BACKOFF_MS: i64 = 30_000;
+
+/// The delay before a task released busy for the `releases`-th time is
+/// offered again: [`RELEASE_BACKOFF_BASE_MS`] doubling per release up to
+/// [`MAX_RELEASE_BACKOFF_MS`], times a jitter between one half and one that
+/// `seed` (the task) decides, so that tasks released together do not come
+/// back together.
+pub fn release_backoff_ms(releases: u32, seed: Uuid) -> i64 {
+    let doublings = releases.saturating_sub(1).min(20);
+    let full = RELEASE_BACKOFF_BASE_MS
+        .saturating_mul(1_i64 << doublings)
+        .min(MAX_RELEASE_BACKOFF_MS);
+    let mix = seed.as_u128() ^ u128::from(releases).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let fraction = i64::try_from((mix % 1_000) as u64).unwrap_or(0);
+    full / 2 + full * fraction / 2_000
+}
+
 /// The first retry delay unless a store is configured otherwise.
 pub const DEFAULT_BACKOFF_BASE_MS: i64 = 1_000;
 
@@ -324,6 +398,20 @@ pub fn backoff_ms(base_ms: i64, attempts: u32) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn release_backoff_doubles_caps_and_jitters_between_half_and_whole() {
+        let a = Uuid::from_u128(1);
+        let b = Uuid::from_u128(2);
+        for n in 1..30 {
+            let full = (RELEASE_BACKOFF_BASE_MS << (n - 1).min(20)).min(MAX_RELEASE_BACKOFF_MS);
+            for seed in [a, b] {
+                let d = release_backoff_ms(n, seed);
+                assert!(d >= full / 2 && d <= full, "{n}: {d} of {full}");
+            }
+        }
+        assert_ne!(release_backoff_ms(3, a), release_backoff_ms(3, b));
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {

@@ -27,9 +27,10 @@ pub mod token;
 pub use agent::{AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, DocumentWrite};
 pub use event::{EndedLease, StoreEvent};
 pub use lease::{
-    Completion, CompletionOutcome, CompletionResult, DEFAULT_BACKOFF_BASE_MS, GrantOutcome,
-    GrantRefusal, GrantRequest, LeaseEnd, LeaseRecord, LeaseReport, LeaseState, MAX_BACKOFF_MS,
-    ReportApplied, ReportKind, RevocationCause, Submission, Submitted, backoff_ms,
+    Completion, CompletionOutcome, CompletionResult, DEFAULT_BACKOFF_BASE_MS, DEFAULT_MAX_RELEASES,
+    GrantOutcome, GrantRefusal, GrantRequest, LeaseEnd, LeaseRecord, LeaseReport, LeaseState,
+    MAX_BACKOFF_MS, ReleaseCause, ReportApplied, ReportKind, RevocationCause, Submission,
+    Submitted, backoff_ms, release_backoff_ms,
 };
 pub use names::{StoredName, UnknownState};
 pub use task::{

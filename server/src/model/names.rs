@@ -52,7 +52,9 @@ pub(crate) fn display<T: StoredName>(value: T, f: &mut fmt::Formatter<'_>) -> fm
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{AgentStatus, LeaseEnd, LeaseState, RevocationCause, Role, TaskState};
+    use crate::model::{
+        AgentStatus, LeaseEnd, LeaseState, ReleaseCause, RevocationCause, Role, TaskState,
+    };
 
     fn round_trips<T: StoredName + fmt::Debug>() {
         for (value, name) in T::NAMES {
@@ -69,6 +71,7 @@ mod tests {
         round_trips::<LeaseState>();
         round_trips::<LeaseEnd>();
         round_trips::<RevocationCause>();
+        round_trips::<ReleaseCause>();
         round_trips::<AgentStatus>();
         round_trips::<Role>();
     }

@@ -127,6 +127,9 @@ pub struct TaskRecord {
     pub state: TaskState,
     /// Attempts that ended without success (failures and lost leases).
     pub attempts: u32,
+    /// Times the task was handed back without an attempt (released by an
+    /// agent, or revoked as a grant never acknowledged); bounded.
+    pub releases: u32,
     /// The attempt budget.
     pub max_attempts: u32,
     /// Lease lifetime without renewal.
@@ -248,6 +251,8 @@ impl QueueCursor {
 pub struct ParkedPlacement {
     /// The tasks' namespace.
     pub namespace: String,
+    /// The tasks' kind (a hard constraint too).
+    pub kind: String,
     /// The tasks' placement as JSON text (`TaskRecord::placement`
     /// serialized); compared as JSON, not as text, where the store can.
     pub placement: String,

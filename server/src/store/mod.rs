@@ -44,9 +44,9 @@ pub use sqlite::{SqliteBackend, SqliteStore};
 use crate::error::{Error, Result};
 use crate::model::{
     AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
-    DEFAULT_BACKOFF_BASE_MS, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, Page,
-    ParkedPlacement, QueueCursor, ReportApplied, StoreEvent, Submission, Submitted,
-    TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
+    DEFAULT_BACKOFF_BASE_MS, DEFAULT_MAX_RELEASES, GrantOutcome, GrantRequest, LeaseRecord,
+    LeaseReport, Page, ParkedPlacement, QueueCursor, ReportApplied, StoreEvent, Submission,
+    Submitted, TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
 };
 
 /// Whether `token` is a ListTasks page token this server issued (a task
@@ -175,6 +175,12 @@ pub trait LeaseStore: Send + Sync {
     /// How many live (granted or active) leases each of these agents holds;
     /// an agent holding none is absent.
     async fn live_lease_counts(&self, agent_ids: &[Uuid]) -> Result<HashMap<Uuid, u32>>;
+    /// The agents that refused the task (they cannot handle or decode it),
+    /// with what each said; an agent's refusals end when it changes its
+    /// kinds or document, or registers again.
+    async fn task_refusals(&self, task_id: Uuid) -> Result<Vec<(Uuid, String)>>;
+    /// The tasks the agent refused (see [`LeaseStore::task_refusals`]).
+    async fn agent_refusals(&self, agent_id: Uuid) -> Result<Vec<Uuid>>;
 }
 
 /// A document an agent reported, as the server stores it.
@@ -292,12 +298,16 @@ pub struct StoreOptions {
     /// The first retry delay after a failed attempt; doubles per attempt up
     /// to [`crate::model::MAX_BACKOFF_MS`]. Tests shorten it.
     pub backoff_base_ms: i64,
+    /// How many times a task may be handed back without an attempt before
+    /// it FAILS (see [`DEFAULT_MAX_RELEASES`]).
+    pub max_releases: u32,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
         Self {
             backoff_base_ms: DEFAULT_BACKOFF_BASE_MS,
+            max_releases: DEFAULT_MAX_RELEASES,
         }
     }
 }

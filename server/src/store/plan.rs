@@ -9,10 +9,11 @@ use std::collections::{HashMap, HashSet};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+use super::StoreOptions;
 use crate::error::{Error, Result};
 use crate::model::{
     Completion, CompletionOutcome, GrantRefusal, GrantRequest, LeaseEnd, LeaseRecord, LeaseState,
-    TaskRecord, TaskState, backoff_ms,
+    ReleaseCause, StoredName, TaskRecord, TaskState, backoff_ms, release_backoff_ms,
 };
 
 /// Wraps a driver error with what the store was doing.
@@ -156,6 +157,11 @@ pub(crate) struct SettledAttempt {
     pub task_state: TaskState,
     /// The task's attempts after the report.
     pub attempts: u32,
+    /// The task's releases after the report.
+    pub releases: u32,
+    /// The agent refused the task (it cannot handle or decode it): why,
+    /// recorded so it is not offered the task again until it changes.
+    pub refusal: Option<String>,
     /// The task's `not_before` after the report (the backoff of a retry).
     pub not_before_ms: i64,
     /// The handler's output, for a success.
@@ -190,7 +196,7 @@ pub(crate) fn plan_completion(
     task: &TaskRecord,
     lease: Option<&LeaseRecord>,
     completion: &Completion,
-    backoff_base_ms: i64,
+    options: &StoreOptions,
     now_ms: i64,
 ) -> Result<CompletionPlan> {
     let lease = check_holder(
@@ -217,6 +223,8 @@ pub(crate) fn plan_completion(
             ended_by,
             task_state: TaskState::Succeeded,
             attempts: task.attempts,
+            releases: task.releases,
+            refusal: None,
             not_before_ms: task.not_before_ms,
             result: Some(result.clone()),
             error: None,
@@ -224,28 +232,66 @@ pub(crate) fn plan_completion(
             message: "the agent reported success".to_owned(),
         },
         CompletionOutcome::Failed { error, retryable } => {
-            failed_attempt(task, error, *retryable, backoff_base_ms, now_ms)
+            failed_attempt(task, error, *retryable, options.backoff_base_ms, now_ms)
         }
-        CompletionOutcome::Released { reason } => {
-            let (task_state, event_kind) = if task.cancel_requested {
-                (TaskState::Canceled, "canceled")
-            } else {
-                (TaskState::Queued, "released")
-            };
-            SettledAttempt {
-                lease_state: LeaseState::Released,
-                ended_by,
-                task_state,
-                attempts: task.attempts,
-                not_before_ms: now_ms,
-                result: None,
-                error: None,
-                event_kind,
-                message: format!("the agent released the task: {reason}"),
-            }
+        CompletionOutcome::Released { reason, cause } => {
+            released(task, reason, *cause, options.max_releases, now_ms)
         }
     };
     Ok(CompletionPlan::Settle(settled))
+}
+
+/// A release: CANCELED if a cancel was requested; FAILED once the task was
+/// handed back `max_releases` times (no grant and release can cycle for
+/// ever); otherwise back in the queue, at once or after a jittered backoff
+/// as the cause says, and refused by this agent if it cannot handle it.
+fn released(
+    task: &TaskRecord,
+    reason: &str,
+    cause: ReleaseCause,
+    max_releases: u32,
+    now_ms: i64,
+) -> SettledAttempt {
+    let releases = task.releases.saturating_add(1);
+    let mut settled = SettledAttempt {
+        lease_state: LeaseState::Released,
+        ended_by: LeaseEnd::Released,
+        task_state: TaskState::Queued,
+        attempts: task.attempts,
+        releases,
+        refusal: cause.refuses().then(|| reason.to_owned()),
+        not_before_ms: now_ms,
+        result: None,
+        error: None,
+        event_kind: "released",
+        message: format!("the agent released the task ({}): {reason}", cause.stored()),
+    };
+    if task.cancel_requested {
+        settled.task_state = TaskState::Canceled;
+        settled.event_kind = "canceled";
+        settled.refusal = None;
+    } else if releases >= max_releases {
+        settled.task_state = TaskState::Failed;
+        settled.event_kind = "failed";
+        settled.not_before_ms = task.not_before_ms;
+        settled.error = Some(released_too_often(releases, reason));
+        settled.message = format!("{}; released {releases} times, no more", settled.message);
+    } else if cause.backs_off() {
+        let delay = release_backoff_ms(releases, task.id);
+        settled.not_before_ms = now_ms.saturating_add(delay);
+        settled.message = format!("{}; offered again in {delay} ms", settled.message);
+    }
+    settled
+}
+
+/// The error document of a task handed back too often.
+pub(crate) fn released_too_often(releases: u32, last: &str) -> Value {
+    json!({
+        "message": format!("released {releases} times without running to the end; last: {last}"),
+        "code": "released_too_often",
+        "retryable": false,
+        "details": {},
+    })
 }
 
 /// A failed attempt: retried after the backoff while attempts remain and
@@ -287,6 +333,8 @@ fn failed_attempt(
         ended_by: LeaseEnd::Failed,
         task_state,
         attempts,
+        releases: task.releases,
+        refusal: None,
         not_before_ms,
         result: None,
         error: Some(error.clone()),
@@ -333,7 +381,7 @@ pub(crate) fn plan_whole_attempt(
     task: &TaskRecord,
     lease: &LeaseRecord,
     completion: &Completion,
-    backoff_base_ms: i64,
+    options: &StoreOptions,
     now_ms: i64,
 ) -> Option<(TaskRecord, LeaseRecord, SettledAttempt)> {
     let fresh = lease.state == LeaseState::Granted
@@ -350,7 +398,7 @@ pub(crate) fn plan_whole_attempt(
         return None;
     }
     let (running, active) = started(task, lease);
-    match plan_completion(&running, Some(&active), completion, backoff_base_ms, now_ms) {
+    match plan_completion(&running, Some(&active), completion, options, now_ms) {
         Ok(CompletionPlan::Settle(settled)) => Some((running, active, settled)),
         _ => None,
     }

@@ -32,9 +32,9 @@ const EVENT_BUFFER: usize = 4_096;
 
 /// SQLite keeps the placement as the text it was given, which is how the
 /// dispatcher spells it too.
-const NOT_PARKED: &str = "AND (t.namespace, t.placement) NOT IN \
-    (SELECT json_extract(p.value, '$[0]'), json_extract(p.value, '$[1]') \
-    FROM json_each($4) AS p)";
+const NOT_PARKED: &str = "AND (t.namespace, t.kind, t.placement) NOT IN \
+    (SELECT json_extract(p.value, '$[0]'), json_extract(p.value, '$[1]'), \
+    json_extract(p.value, '$[2]') FROM json_each($4) AS p)";
 
 /// Sweeps lock nothing (there is one writer): candidates in task id order.
 const DUE: &str = "SELECT l.id FROM leases l JOIN tasks t ON t.id = l.task_id \

@@ -326,5 +326,6 @@ pub fn agent(record: &AgentRecord, full: bool) -> pb::Agent {
         registered_at: Some(timestamp(record.registered_at_ms)),
         drained: record.drained,
         runner: record.runner.clone(),
+        handled_kinds: record.handled_kinds.clone(),
     }
 }

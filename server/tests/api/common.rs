@@ -265,12 +265,35 @@ impl TestAgent {
         Self::connect(server, &reg, document, Vec::new()).await
     }
 
-    /// Registers only.
+    /// [`TestAgent::start`] for an agent that handles only `kinds`.
+    pub async fn start_handling(
+        server: &TestServer,
+        name: &str,
+        document: Value,
+        capacity: u32,
+        kinds: &[&str],
+    ) -> Self {
+        let reg = Self::register_handling(server, name, document.clone(), capacity, kinds).await;
+        Self::connect(server, &reg, document, Vec::new()).await
+    }
+
+    /// Registers only, handling every kind (`*`).
     pub async fn register(
         server: &TestServer,
         name: &str,
         document: Value,
         capacity: u32,
+    ) -> pb::RegisterAgentResponse {
+        Self::register_handling(server, name, document, capacity, &["*"]).await
+    }
+
+    /// Registers only, handling `kinds`.
+    pub async fn register_handling(
+        server: &TestServer,
+        name: &str,
+        document: Value,
+        capacity: u32,
+        kinds: &[&str],
     ) -> pb::RegisterAgentResponse {
         AgentServiceClient::new(server.channel().await)
             .register_agent(pb::RegisterAgentRequest {
@@ -279,6 +302,7 @@ impl TestAgent {
                 capabilities: Some(json_to_struct(&document)),
                 capacity,
                 runner: "test".into(),
+                handled_kinds: kinds.iter().map(|k| (*k).to_owned()).collect(),
                 ..Default::default()
             })
             .await
@@ -493,11 +517,41 @@ impl TestAgent {
                 status_reasons: reasons.iter().map(|r| (*r).to_owned()).collect(),
                 load: None,
                 capability_diff: diff,
+                handled_kinds: None,
             }))
             .await;
         let ack = self.ack(seq).await;
         self.generation = ack.capability_generation;
         ack
+    }
+
+    /// A READY heartbeat announcing the kinds the agent handles from now on;
+    /// returns the ack.
+    pub async fn announce_kinds(&mut self, kinds: &[&str]) -> pb::Ack {
+        let seq = self
+            .send(Up::Heartbeat(pb::Heartbeat {
+                status: pb::AgentStatus::Ready as i32,
+                handled_kinds: Some(pb::HandledKinds {
+                    kinds: kinds.iter().map(|k| (*k).to_owned()).collect(),
+                }),
+                ..Default::default()
+            }))
+            .await;
+        self.ack(seq).await
+    }
+
+    /// Releases a grant with `cause` and `reason`; returns the ack.
+    pub async fn release(
+        &mut self,
+        grant: &pb::LeaseGrant,
+        cause: pb::ReleaseCause,
+        reason: &str,
+    ) -> pb::Ack {
+        let released = pb::lease_update::Update::Released(pb::LeaseReleased {
+            reason: reason.to_owned(),
+            cause: cause as i32,
+        });
+        self.update(grant, released).await
     }
 
     /// Closes the agent's half of the stream.

@@ -65,6 +65,7 @@ async fn explain_and_simulate_read_as_specified(backend: Backend) {
                 ..Default::default()
             }),
             hypothetical_capabilities: None,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -120,6 +121,7 @@ async fn explain_and_simulate_read_as_specified(backend: Backend) {
             namespace: String::new(),
             placement: None,
             hypothetical_capabilities: Some(json_to_struct(&json!({"tags": ["linux", "gpu"]}))),
+            ..Default::default()
         })
         .await
         .unwrap()

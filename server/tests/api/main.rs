@@ -10,6 +10,7 @@ mod cli;
 mod common;
 mod explain;
 mod health;
+mod kinds;
 mod ops;
 mod security;
 mod session;

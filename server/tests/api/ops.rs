@@ -327,6 +327,7 @@ async fn sigterm_drains_agents_and_exits_zero() {
             name: "a".into(),
             capacity: 1,
             capabilities: Some(json_to_struct(&json!({"tags": ["x"]}))),
+            handled_kinds: vec!["*".into()],
             ..Default::default()
         })
         .await
@@ -519,6 +520,7 @@ async fn no_secret_reaches_the_logs_or_the_database() {
         name: "s".into(),
         capacity: 1,
         capabilities: Some(json_to_struct(&doc)),
+        handled_kinds: vec!["*".into()],
         ..Default::default()
     });
     register

@@ -64,6 +64,7 @@ async fn fixture(server: &TestServer) -> Fixture {
                 namespace: "alpha".into(),
                 capabilities: Some(json_to_struct(&json!({"tags": ["linux"]}))),
                 capacity: 1,
+                handled_kinds: vec!["*".into()],
                 ..Default::default()
             },
             Some(AGENT_A),
@@ -113,6 +114,7 @@ async fn call_all(
                         name: "alpha-2".into(),
                         namespace: "alpha".into(),
                         capacity: 1,
+                        handled_kinds: vec!["*".into()],
                         ..Default::default()
                     },
                     token,
@@ -413,6 +415,7 @@ async fn an_agent_reports_only_on_its_own_leases(backend: Backend) {
                         namespace: "alpha".into(),
                         capabilities: Some(json_to_struct(&json!({"tags": [name]}))),
                         capacity: 1,
+                        handled_kinds: vec!["*".into()],
                         ..Default::default()
                     },
                     Some(token),
@@ -573,6 +576,7 @@ async fn limits_refuse_with_the_right_code_and_message(backend: Backend) {
     let register = |name: &str| pb::RegisterAgentRequest {
         name: name.into(),
         capacity: 1,
+        handled_kinds: vec!["*".into()],
         ..Default::default()
     };
     agents.register_agent(register("one")).await.unwrap();
@@ -616,6 +620,7 @@ async fn limits_refuse_with_the_right_code_and_message(backend: Backend) {
             name: "one".into(),
             capacity: 1,
             capabilities: Some(json_to_struct(&json!({"deep": deep}))),
+            handled_kinds: vec!["*".into()],
             ..Default::default()
         })
         .await

@@ -397,6 +397,7 @@ async fn cancel_reaches_the_running_agent(backend: Backend) {
             &grant,
             Update::Released(pb::LeaseReleased {
                 reason: "canceled".into(),
+                cause: pb::ReleaseCause::RevocationAcknowledged as i32,
             }),
         )
         .await;

@@ -17,6 +17,9 @@ use uuid::Uuid;
 /// The retry backoff base the suite's stores use (ms).
 pub const BACKOFF_BASE_MS: i64 = 100;
 
+/// The release bound the test stores run with: small, so a test reaches it.
+pub const MAX_RELEASES: u32 = 5;
+
 /// A start time for tests' injected clock.
 pub const T0: i64 = 1_700_000_000_000;
 
@@ -134,6 +137,7 @@ async fn open(url: &str) -> Arc<dyn Store> {
         url,
         StoreOptions {
             backoff_base_ms: BACKOFF_BASE_MS,
+            max_releases: MAX_RELEASES,
         },
     )
     .await
@@ -293,6 +297,8 @@ impl TestStore for dyn Store {
             touch: true,
             status: None,
             document: None,
+            kinds: None,
+            lift_refusals: false,
         };
         self.heartbeats(&[beat], now_ms)
             .await?
@@ -332,6 +338,7 @@ pub async fn agent(store: &dyn Store, ns: &str, name: &str, capacity: u32) -> Ag
                 capacity,
                 labels: BTreeMap::new(),
                 runner: "switchyard-agent/0.1.0 (rust)".to_owned(),
+                handled_kinds: vec!["*".to_owned()],
             },
             T0,
         )

@@ -8,7 +8,7 @@ use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::model::{
     Completion, CompletionOutcome, GrantOutcome, GrantRefusal, GrantRequest, LeaseState,
-    Submission, TaskState,
+    ReleaseCause, Submission, TaskState,
 };
 use switchyard_server::store::Store;
 use uuid::Uuid;
@@ -163,6 +163,7 @@ async fn grant_refusals_and_monotonic_tokens(fx: &mut Fixture) {
                 lease,
                 CompletionOutcome::Released {
                     reason: "shutdown".into(),
+                    cause: ReleaseCause::Draining,
                 },
             )],
             T0 + 2,
@@ -771,6 +772,7 @@ async fn cancel_queued_and_leased_tasks(fx: &mut Fixture) {
                 &lease,
                 CompletionOutcome::Released {
                     reason: "canceled".into(),
+                    cause: ReleaseCause::Draining,
                 },
             )],
             T0 + 4,
@@ -854,6 +856,7 @@ async fn one_batch_completes_many_leases_and_a_repeat(fx: &mut Fixture) {
                 lease,
                 CompletionOutcome::Released {
                     reason: "draining".into(),
+                    cause: ReleaseCause::Draining,
                 },
             ),
         })

@@ -13,5 +13,6 @@ mod common;
 mod events;
 mod leases;
 mod race;
+mod releases;
 mod reports;
 mod tasks;

@@ -8,7 +8,7 @@ use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::model::{
     AgentStatus, Beat, BeatApplied, CompletionOutcome, DocumentWrite, LeaseRecord, LeaseReport,
-    LeaseState, ReportApplied, ReportKind, TaskState,
+    LeaseState, ReleaseCause, ReportApplied, ReportKind, TaskState,
 };
 
 use crate::common::{Fixture, T0, agent, grant, submit, task};
@@ -215,6 +215,7 @@ async fn many_whole_attempts_settle_like_one_by_one(fx: &mut Fixture) {
         }),
         _ => ReportKind::Final(CompletionOutcome::Released {
             reason: "shutting down".into(),
+            cause: ReleaseCause::Draining,
         }),
     };
     let mut batch = Vec::new();
@@ -273,6 +274,8 @@ async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
             touch: true,
             status: None,
             document: Some(write(w1.generation, 512)),
+            kinds: None,
+            lift_refusals: false,
         },
         Beat {
             agent_id: w2.id,
@@ -282,6 +285,8 @@ async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
             status: Some((AgentStatus::Degraded, vec!["disk full".into()])),
             // Based on a generation the store no longer holds.
             document: Some(write(w2.generation + 7, 1)),
+            kinds: None,
+            lift_refusals: false,
         },
     ];
     let now = T0 + 10_000;
@@ -315,6 +320,8 @@ async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
         touch: true,
         status: None,
         document: Some(write(1, 1)),
+        kinds: None,
+        lift_refusals: false,
     };
     let plain = Beat {
         agent_id: w1.id,
@@ -323,6 +330,8 @@ async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
         touch: false,
         status: None,
         document: None,
+        kinds: None,
+        lift_refusals: false,
     };
     let results = store.heartbeats(&[ghost, plain], now + 1).await.unwrap();
     assert!(

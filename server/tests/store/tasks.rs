@@ -371,7 +371,7 @@ async fn walk_queue(
 /// The dispatcher names the placements no agent of its own can run, as the
 /// store gave them back; every page of the walk, from the head or from a
 /// cursor, leaves out exactly the queued tasks of those placements in
-/// those namespaces.
+/// those namespaces and of those kinds.
 async fn the_queue_walk_leaves_out_parked_placements(fx: &mut Fixture) {
     let store = fx.store.as_ref();
     let placed = |ns: &str, priority: i32, placement: serde_json::Value| {
@@ -396,19 +396,25 @@ async fn the_queue_walk_leaves_out_parked_placements(fx: &mut Fixture) {
             )
             .await,
         );
+        // The gpu placement for another kind: a placement of its own.
+        let mut build = placed("ns", 5 - i, gpu.clone());
+        build.kind = "build".to_owned();
+        all.push(submit(store, build, T0 + i64::from(i)).await);
     }
     let key = |t: &switchyard_server::model::TaskRecord| ParkedPlacement {
         namespace: t.namespace.clone(),
+        kind: t.kind.clone(),
         placement: t.placement.to_string(),
     };
-    // gpu in `ns` and the big placement in `ns`, named from the tasks read.
+    // gpu in `ns` and the big placement in `ns`, both of kind exec, named
+    // from the tasks read.
     let parked = [key(&all[0]), key(&all[1])];
     let expected: Vec<Uuid> = all
         .iter()
         .filter(|t| !parked.contains(&key(t)))
         .map(|t| t.id)
         .collect();
-    assert_eq!(expected.len(), 8);
+    assert_eq!(expected.len(), 12);
     let whole: Vec<Uuid> = store
         .queued_tasks(None, T0 + 10, None, &parked, 100)
         .await
@@ -430,7 +436,7 @@ async fn the_queue_walk_leaves_out_parked_placements(fx: &mut Fixture) {
             .await
             .unwrap()
             .len(),
-        16
+        20
     );
 }
 

@@ -2,7 +2,9 @@
 //! generation the server holds. The diff is applied to the document the
 //! session holds; the renewal, status and document are written in one
 //! group commit with other sessions' heartbeats (no store read on the way).
-//! The matcher's index follows the committed document: a diff that changes
+//! A heartbeat also carries the task kinds the agent handles when they
+//! change; they reach the index once written, and lift the agent's
+//! refusals. The matcher's index follows the committed document: a diff that changes
 //! only volatile facts (free memory, load) reaches the index at once and
 //! the store at most [`PERSIST_VOLATILE_MS`] later; any other diff reaches
 //! the index once its write committed, and a write that lost its
@@ -14,11 +16,13 @@ use std::sync::atomic::Ordering;
 
 use json_patch::jsonptr::PointerBuf;
 use serde_json::Value;
+use switchyard_core::kinds::HandledKinds;
 use switchyard_core::tier::with_operator_tier;
 use switchyard_core::{diff, redact};
 use switchyard_proto::v1 as pb;
 use tracing::warn;
 
+use super::register::handled_kinds;
 use super::session::Session;
 use crate::api::convert::timestamp;
 use crate::error::{Error, Result};
@@ -78,6 +82,13 @@ impl Session {
         }
         let status_change = (self.status != status || self.status_reasons != hb.status_reasons)
             .then(|| (status, hb.status_reasons.clone()));
+        if let Some(announced) = &hb.handled_kinds {
+            match handled_kinds("heartbeat.handled_kinds.kinds", &announced.kinds) {
+                Ok(kinds) if kinds != self.kinds => self.pending_kinds = Some(kinds),
+                Ok(_) => self.pending_kinds = None,
+                Err(err) => return Ok(self.refuse(sequence, &err)),
+            }
+        }
         let mut resync_from = None;
         if let Some(d) = hb.capability_diff {
             match self.apply_diff(d) {
@@ -86,7 +97,7 @@ impl Session {
             }
         }
         let beat = self.beat(status_change.clone(), now);
-        let touched = beat.touch;
+        let (touched, lifted) = (beat.touch, beat.lift_refusals);
         let applied = match self.api.dispatcher.heartbeat(beat).await {
             Ok(applied) => applied,
             // The batch failed (the store): the agent hears why, and the
@@ -99,6 +110,12 @@ impl Session {
         self.held_leases_at_connect = false;
         if let Some(stale) = self.written(applied, now).await? {
             resync_from = Some(stale);
+        }
+        if let Some(kinds) = self.pending_kinds.take() {
+            self.kinds_changed(kinds);
+        }
+        if lifted {
+            self.api.dispatcher.lift_refusals(self.agent_id);
         }
         if let Some((status, reasons)) = status_change {
             self.status_changed(status, reasons).await?;
@@ -115,7 +132,9 @@ impl Session {
 
     /// The writes of this heartbeat. The document is written when it moved
     /// past the stored generation and the change is more than volatile (or
-    /// volatile facts were last written long enough ago). Leases are renewed
+    /// volatile facts were last written long enough ago). New kinds are
+    /// written, and they or a change that is more than volatile lift the
+    /// agent's refusals (the tasks it said it cannot run). Leases are renewed
     /// while the agent holds any (by this replica's count, reservations
     /// included); the stored last-seen time is refreshed now and then:
     /// liveness is judged in memory.
@@ -131,13 +150,16 @@ impl Session {
             .is_none_or(|v| v.active_leases > 0)
             || self.held_leases_at_connect;
         let touch = now - self.touched_at_ms >= TOUCH_EVERY_MS;
+        let kinds = self.pending_kinds.clone();
         Beat {
             agent_id: self.agent_id,
             session_epoch: self.epoch,
             renew,
             touch,
             status,
+            lift_refusals: kinds.is_some() || (self.unindexed.is_some() && document.is_some()),
             document,
+            kinds,
         }
     }
 
@@ -195,6 +217,15 @@ impl Session {
                 Ok(None)
             }
         }
+    }
+
+    /// New kinds were written: the session and the index hold them.
+    fn kinds_changed(&mut self, kinds: Vec<String>) {
+        let parsed = HandledKinds::parse(&kinds).unwrap_or_default();
+        self.kinds = kinds;
+        self.api
+            .dispatcher
+            .set_kinds(self.agent_id, Arc::new(parsed));
     }
 
     /// A status change was written: the index follows the stored status (an

@@ -2,6 +2,7 @@
 //! and starts a new session epoch. The operator tier survives a
 //! re-registration: it is merged over the new report.
 
+use switchyard_core::kinds::{HandledKinds, KindError};
 use switchyard_core::tier::with_operator_tier;
 use switchyard_proto::v1 as pb;
 use tracing::info;
@@ -29,6 +30,7 @@ impl Api {
         if req.capacity == 0 || req.capacity > 10_000 {
             return Err(invalid("capacity", "must be between 1 and 10000"));
         }
+        let handled_kinds = handled_kinds("handled_kinds", &req.handled_kinds)?;
         let doc = req.capabilities.unwrap_or_default();
         let (reported, server_rejections) = document::accept(self, "capabilities", &doc)?;
         let provenance = document::provenance(&req.provenance);
@@ -42,6 +44,7 @@ impl Api {
             capacity: req.capacity,
             labels: req.labels.into_iter().collect(),
             runner: req.runner,
+            handled_kinds,
         };
         let mut record = self
             .store
@@ -96,5 +99,15 @@ impl Api {
     async fn agent_named(&self, namespace: &str, name: &str) -> Result<bool> {
         let (_, names) = self.fleet(namespace).await?;
         Ok(names.values().any(|n| n == name))
+    }
+}
+
+/// An agent's handled kinds, validated (INVALID_ARGUMENT naming the first
+/// bad one, `field[i]`) and spelled the one way the store keeps them.
+pub(super) fn handled_kinds(field: &str, patterns: &[String]) -> Result<Vec<String>> {
+    match HandledKinds::parse(patterns) {
+        Ok(kinds) => Ok(kinds.patterns()),
+        Err((_, err @ KindError::TooMany(_))) => Err(invalid(field, &err.to_string())),
+        Err((i, err)) => Err(invalid(&format!("{field}[{i}]"), &err.to_string())),
     }
 }

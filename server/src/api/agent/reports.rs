@@ -1,6 +1,8 @@
 //! Lease reports: `accepted`, `started`, progress and the final report of
 //! each lease, validated (INVALID_ARGUMENT naming the field), applied in one
-//! group commit with other sessions' reports, and each acknowledged. A slot
+//! group commit with other sessions' reports, and each acknowledged. A
+//! release that refuses the task (the agent cannot handle or decode it) is
+//! noted by the dispatcher, which offers the task to that agent no more. A slot
 //! a final report freed is handed back to the dispatcher only after its
 //! acknowledgement is queued: the agent counts the lease as held until it
 //! hears the answer, and must not see a grant for the slot first.
@@ -13,7 +15,7 @@ use super::session::Session;
 use crate::api::convert::struct_to_json;
 use crate::api::{invalid, parse_id};
 use crate::error::Result;
-use crate::model::{CompletionOutcome, LeaseReport, ReportKind};
+use crate::model::{CompletionOutcome, LeaseReport, ReleaseCause, ReportKind};
 
 impl Session {
     /// Applies lease reports and acknowledges each.
@@ -22,13 +24,19 @@ impl Session {
             return;
         }
         let (sequences, reports): (Vec<u64>, Vec<LeaseReport>) = reports.into_iter().unzip();
+        let refusals: Vec<Option<uuid::Uuid>> = reports.iter().map(refused_task).collect();
         match self.api.dispatcher.report(reports).await {
             Ok(results) => {
                 let mut ended = 0;
-                for (sequence, result) in sequences.into_iter().zip(results) {
+                for ((sequence, result), refused) in
+                    sequences.into_iter().zip(results).zip(refusals)
+                {
                     let reply = match result {
                         Ok(applied) => {
                             ended += usize::from(applied.ended);
+                            if let (true, Some(task_id)) = (applied.ended, refused) {
+                                self.api.dispatcher.note_refusal(task_id, self.agent_id);
+                            }
                             self.ok(sequence)
                         }
                         Err(err) => self.refuse(sequence, &err),
@@ -74,9 +82,10 @@ impl Session {
                     retryable: e.retryable,
                 })
             }
-            Some(Update::Released(r)) => {
-                ReportKind::Final(CompletionOutcome::Released { reason: r.reason })
-            }
+            Some(Update::Released(r)) => ReportKind::Final(CompletionOutcome::Released {
+                cause: release_cause(r.cause),
+                reason: bounded(r.reason),
+            }),
         };
         Ok(LeaseReport {
             lease_id,
@@ -106,5 +115,45 @@ impl Session {
             return Err(invalid(&format!("{FIELD}.{}", v.path), &v.reason));
         }
         Ok(ReportKind::Final(CompletionOutcome::Succeeded { result }))
+    }
+}
+
+/// The longest release reason kept, in bytes; a longer one is cut at a
+/// character boundary (a release is never refused for its wording: the
+/// lease would stay held).
+const MAX_REASON_BYTES: usize = 1_024;
+
+/// `reason`, cut to [`MAX_REASON_BYTES`].
+fn bounded(mut reason: String) -> String {
+    if reason.len() > MAX_REASON_BYTES {
+        let mut end = MAX_REASON_BYTES;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+    }
+    reason
+}
+
+/// A release's cause; unset or unknown (a newer agent) is OTHER.
+fn release_cause(cause: i32) -> ReleaseCause {
+    match pb::ReleaseCause::try_from(cause) {
+        Ok(pb::ReleaseCause::Draining) => ReleaseCause::Draining,
+        Ok(pb::ReleaseCause::RevocationAcknowledged) => ReleaseCause::RevocationAcknowledged,
+        Ok(pb::ReleaseCause::CannotHandle) => ReleaseCause::CannotHandle,
+        Ok(pb::ReleaseCause::CannotDecode) => ReleaseCause::CannotDecode,
+        Ok(pb::ReleaseCause::Busy) => ReleaseCause::Busy,
+        Ok(pb::ReleaseCause::Other | pb::ReleaseCause::Unspecified) | Err(_) => ReleaseCause::Other,
+    }
+}
+
+/// The task a report refuses (a release saying the agent cannot handle or
+/// decode it), if it is one.
+fn refused_task(report: &LeaseReport) -> Option<uuid::Uuid> {
+    match &report.kind {
+        ReportKind::Final(CompletionOutcome::Released { cause, .. }) if cause.refuses() => {
+            Some(report.task_id)
+        }
+        _ => None,
     }
 }

@@ -69,6 +69,11 @@ pub(super) struct Session {
     /// the heartbeat that writes it (a volatile diff after it waits too: the
     /// document it yields holds the change).
     pub(super) unindexed: Option<super::heartbeat::AppliedDiff>,
+    /// The task kinds the agent handles, as stored.
+    pub(super) kinds: Vec<String>,
+    /// Kinds the agent announced that are not written yet (a heartbeat's
+    /// write failed): every heartbeat carries them until one commits.
+    pub(super) pending_kinds: Option<Vec<String>>,
 }
 
 impl Session {
@@ -146,6 +151,8 @@ impl Session {
             status: record.status,
             status_reasons: record.status_reasons.clone(),
             unindexed: None,
+            kinds: record.handled_kinds.clone(),
+            pending_kinds: None,
         };
         (session, view)
     }

@@ -1,5 +1,6 @@
 //! PostgreSQL's heartbeats: a batch's renewals and touches in two
-//! statements, its document writes in one compare-and-set statement.
+//! statements, its document writes in one compare-and-set statement, the
+//! rare status and kinds changes one by one.
 
 use std::collections::HashMap;
 
@@ -9,7 +10,7 @@ use uuid::Uuid;
 use crate::error::Result;
 use crate::model::{Beat, BeatApplied, DocumentWrite};
 use crate::store::plan::{db, to_i64, to_u64};
-use crate::store::sql::{Write, agents};
+use crate::store::sql::{Write, agents, tasks};
 
 /// Renews the live leases of the agents in `$1` to `$2` plus their TTL.
 const RENEW_MANY: &str = "UPDATE leases SET expires_at_ms = $2 + \
@@ -67,6 +68,12 @@ pub(super) async fn heartbeats(
         if let Some((status, reasons)) = &beat.status {
             let epoch = Some(beat.session_epoch);
             agents::set_status(w, beat.agent_id, *status, reasons, epoch, now_ms).await?;
+        }
+        if let Some(kinds) = &beat.kinds {
+            agents::set_kinds(w, beat.agent_id, kinds, now_ms).await?;
+        }
+        if beat.lift_refusals {
+            tasks::lift_refusals(w, beat.agent_id).await?;
         }
     }
     let writes: Vec<(Uuid, &DocumentWrite)> = beats

@@ -69,8 +69,8 @@ const NOTIFY_UNFLUSHED: &str = "SELECT pg_notify($1, p) FROM \
 const NOTIFIER_QUEUE: usize = 65_536;
 
 /// A hashed subplan: one probe per task however many are parked.
-const NOT_PARKED: &str = "AND (t.namespace, t.placement) NOT IN \
-    (SELECT p->>0, (p->>1)::jsonb FROM jsonb_array_elements($4::jsonb) AS p)";
+const NOT_PARKED: &str = "AND (t.namespace, t.kind, t.placement) NOT IN \
+    (SELECT p->>0, p->>1, (p->>2)::jsonb FROM jsonb_array_elements($4::jsonb) AS p)";
 
 /// Sweeps on every replica at once share the work: a row another replica
 /// holds is skipped.
@@ -346,7 +346,7 @@ impl Backend for PgBackend {
         options: &StoreOptions,
         now_ms: i64,
     ) -> Result<Vec<Result<CompletionResult>>> {
-        settle::complete(w, completions, options.backoff_base_ms, now_ms).await
+        settle::complete(w, completions, options, now_ms).await
     }
 
     async fn apply_reports(
@@ -356,7 +356,7 @@ impl Backend for PgBackend {
         options: &StoreOptions,
         now_ms: i64,
     ) -> Result<Vec<Result<ReportApplied>>> {
-        settle::apply_reports(w, reports, options.backoff_base_ms, now_ms).await
+        settle::apply_reports(w, reports, options, now_ms).await
     }
 
     async fn heartbeats(

@@ -15,6 +15,7 @@ use crate::model::{
     Completion, CompletionResult, LeaseRecord, LeaseReport, ReportApplied, ReportKind, StoreEvent,
     TaskRecord, TaskState,
 };
+use crate::store::StoreOptions;
 use crate::store::plan::{CompletionPlan, SettledAttempt, db, plan_completion, plan_whole_attempt};
 use crate::store::sql::rows::{self, LEASE_COLUMNS};
 use crate::store::sql::{Write, reports};
@@ -27,7 +28,7 @@ pub(super) const LEASES_WITH_OUTCOME: &str =
 /// of their documents: settling needs none of them.
 pub(super) const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, \
   'null'::jsonb AS payload, 'null'::jsonb AS placement, t.priority, t.state, t.attempts, \
-  t.max_attempts, t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, NULL::jsonb AS result, \
+  t.releases, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, NULL::jsonb AS result, \
   NULL::jsonb AS error, t.fencing_token, t.lease_id, t.agent_id, \
   l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, \
   NULL::jsonb AS progress, '{}'::jsonb AS labels, t.created_at_ms, t.updated_at_ms \
@@ -35,17 +36,17 @@ pub(super) const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, 
   WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t";
 
 /// Applies whole fresh attempts in one statement: ends the leases
-/// (acknowledged), settles the tasks, and appends accepted, started and the
-/// end to each history, the history's last sequence looked up once per
+/// (acknowledged), settles the tasks, records refusals, and appends
+/// accepted, started and the end to each history, the history's last sequence looked up once per
 /// task. Answers how many leases ended and tasks settled.
 pub(super) const WHOLE_ATTEMPTS: &str = "WITH c AS ( \
   SELECT u.*, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
   WHERE e.task_id = u.task_id), 0) AS last_sequence \
   FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
   $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
-  $11::text[], $12::text[]) AS u(lease_id, task_id, agent_id, lease_state, \
-  outcome, task_state, attempts, not_before_ms, result, error, event_kind, \
-  message) \
+  $11::text[], $12::text[], $14::int8[], $15::text[]) AS u(lease_id, task_id, \
+  agent_id, lease_state, outcome, task_state, attempts, not_before_ms, result, error, \
+  event_kind, message, releases, refusal) \
   ), ended AS ( \
   UPDATE leases l SET state = c.lease_state, outcome = c.outcome, acked = TRUE, \
   ended_at_ms = $13 FROM c \
@@ -60,8 +61,13 @@ pub(super) const WHOLE_ATTEMPTS: &str = "WITH c AS ( \
   WHEN 2 THEN 'the agent started the task' ELSE c.message END, \
   c.agent_id, c.lease_id, $13 \
   FROM c CROSS JOIN (VALUES (1), (2), (3)) AS k(n) \
+  ), refused AS ( \
+  INSERT INTO task_refusals (task_id, agent_id, reason, refused_at_ms) \
+  SELECT c.task_id, c.agent_id, c.refusal, $13 FROM c WHERE c.refusal IS NOT NULL \
+  ON CONFLICT (task_id, agent_id) DO UPDATE SET reason = excluded.reason, \
+  refused_at_ms = excluded.refused_at_ms \
   ), settled AS ( \
-  UPDATE tasks t SET state = c.task_state, attempts = c.attempts, \
+  UPDATE tasks t SET state = c.task_state, attempts = c.attempts, releases = c.releases, \
   not_before_ms = c.not_before_ms, \
   result = COALESCE(c.result::jsonb, t.result), \
   error = COALESCE(c.error::jsonb, t.error), \
@@ -71,13 +77,14 @@ pub(super) const WHOLE_ATTEMPTS: &str = "WITH c AS ( \
   SELECT (SELECT COUNT(*) FROM ended), (SELECT COUNT(*) FROM settled)";
 
 /// Settles completed attempts in one statement: ends the leases, settles
-/// the tasks, appends the history; the settled tasks come back.
+/// the tasks, appends the history, records refusals; the settled tasks come
+/// back.
 const COMPLETE: &str = "WITH c AS ( \
   SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
   $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
-  $11::text[], $12::text[]) AS c(lease_id, task_id, agent_id, lease_state, \
-  outcome, task_state, attempts, not_before_ms, result, error, event_kind, \
-  message) \
+  $11::text[], $12::text[], $14::int8[], $15::text[]) AS c(lease_id, task_id, \
+  agent_id, lease_state, outcome, task_state, attempts, not_before_ms, result, error, \
+  event_kind, message, releases, refusal) \
   ), ended AS ( \
   UPDATE leases l SET state = c.lease_state, outcome = c.outcome, \
   ended_at_ms = $13 FROM c \
@@ -88,15 +95,20 @@ const COMPLETE: &str = "WITH c AS ( \
   SELECT c.task_id, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
   WHERE e.task_id = c.task_id), 0) + 1, c.event_kind, c.task_state, \
   c.message, c.agent_id, c.lease_id, $13 FROM c \
+  ), refused AS ( \
+  INSERT INTO task_refusals (task_id, agent_id, reason, refused_at_ms) \
+  SELECT c.task_id, c.agent_id, c.refusal, $13 FROM c WHERE c.refusal IS NOT NULL \
+  ON CONFLICT (task_id, agent_id) DO UPDATE SET reason = excluded.reason, \
+  refused_at_ms = excluded.refused_at_ms \
   ), settled AS ( \
-  UPDATE tasks t SET state = c.task_state, attempts = c.attempts, \
+  UPDATE tasks t SET state = c.task_state, attempts = c.attempts, releases = c.releases, \
   not_before_ms = c.not_before_ms, \
   result = COALESCE(c.result::jsonb, t.result), \
   error = COALESCE(c.error::jsonb, t.error), \
   lease_id = NULL, agent_id = NULL, updated_at_ms = $13 \
   FROM c WHERE t.id = c.task_id \
   RETURNING t.id, t.namespace, t.kind, t.payload, t.placement, t.priority, \
-  t.state, t.attempts, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, \
+  t.state, t.attempts, t.releases, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, \
   t.not_before_ms, t.result, t.error, t.fencing_token, t.lease_id, \
   t.agent_id, NULL::int8 AS lease_expires_at_ms, t.cancel_requested, \
   t.progress, t.labels, t.created_at_ms, t.updated_at_ms \
@@ -119,6 +131,8 @@ pub(super) struct SettledColumns<'a> {
     errors: Vec<Option<String>>,
     kinds: Vec<&'a str>,
     messages: Vec<&'a str>,
+    releases: Vec<i64>,
+    refusals: Vec<Option<&'a str>>,
 }
 
 impl<'a> SettledColumns<'a> {
@@ -140,11 +154,14 @@ impl<'a> SettledColumns<'a> {
             columns.errors.push(s.error.as_ref().map(|v| v.to_string()));
             columns.kinds.push(s.event_kind);
             columns.messages.push(s.message.as_str());
+            columns.releases.push(i64::from(s.releases));
+            columns.refusals.push(s.refusal.as_deref());
         }
         columns
     }
 
-    /// `$1`-`$12`: the columns in the order above; `$13`: `now_ms`.
+    /// `$1`-`$12`: the columns in the order above up to the messages;
+    /// `$13`: `now_ms`; `$14`, `$15`: the releases and refusals.
     pub(super) fn arguments(&self, now_ms: i64) -> Result<PgArguments, sqlx::Error> {
         use sqlx::Arguments as _;
         let mut arguments = PgArguments::default();
@@ -161,7 +178,9 @@ impl<'a> SettledColumns<'a> {
             arguments.add(&self.errors)?;
             arguments.add(&self.kinds)?;
             arguments.add(&self.messages)?;
-            arguments.add(now_ms)
+            arguments.add(now_ms)?;
+            arguments.add(&self.releases)?;
+            arguments.add(&self.refusals)
         })()
         .map_err(sqlx::Error::Encode)?;
         Ok(arguments)
@@ -233,7 +252,7 @@ const LOCK_TASKS_TO_COMPLETE: &str = const_format::concatcp!(
 pub(super) async fn complete(
     w: &mut Write<Postgres>,
     completions: &[Completion],
-    backoff_base_ms: i64,
+    options: &StoreOptions,
     now_ms: i64,
 ) -> Result<Vec<Result<CompletionResult>>> {
     let task_ids: Vec<Uuid> = completions.iter().map(|c| c.task_id).collect();
@@ -257,7 +276,7 @@ pub(super) async fn complete(
             continue;
         };
         let lease = leases.get(&completion.lease_id);
-        match plan_completion(task, lease, completion, backoff_base_ms, now_ms) {
+        match plan_completion(task, lease, completion, options, now_ms) {
             Ok(CompletionPlan::Duplicate) => results.push(Some(Ok(CompletionResult {
                 task: task.clone(),
                 duplicate: true,
@@ -354,17 +373,17 @@ async fn write_completions(
 pub(super) async fn apply_reports(
     w: &mut Write<Postgres>,
     reports: &[LeaseReport],
-    backoff_base_ms: i64,
+    options: &StoreOptions,
     now_ms: i64,
 ) -> Result<Vec<Result<ReportApplied>>> {
     let mut results: Vec<Option<Result<ReportApplied>>> = reports.iter().map(|_| None).collect();
-    let whole = whole_attempts(w, reports, backoff_base_ms, now_ms, &mut results).await?;
+    let whole = whole_attempts(w, reports, options, now_ms, &mut results).await?;
     let rest: Vec<usize> = (0..reports.len())
         .filter(|&i| results[i].is_none())
         .collect();
     if !rest.is_empty() {
         let subset: Vec<LeaseReport> = rest.iter().map(|&i| reports[i].clone()).collect();
-        let applied = reports::apply_rows(w, &subset, backoff_base_ms, now_ms).await?;
+        let applied = reports::apply_rows(w, &subset, options, now_ms).await?;
         for (i, result) in rest.into_iter().zip(applied) {
             results[i] = Some(result);
         }
@@ -415,7 +434,7 @@ fn whole_attempt_candidates(reports: &[LeaseReport]) -> Vec<[usize; 3]> {
 async fn whole_attempts(
     w: &mut Write<Postgres>,
     reports: &[LeaseReport],
-    backoff_base_ms: i64,
+    options: &StoreOptions,
     now_ms: i64,
     results: &mut [Option<Result<ReportApplied>>],
 ) -> Result<usize> {
@@ -445,7 +464,7 @@ async fn whole_attempts(
         };
         let completion = report.completion(outcome);
         if let Some((running, active, settled)) =
-            plan_whole_attempt(task, lease, &completion, backoff_base_ms, now_ms)
+            plan_whole_attempt(task, lease, &completion, options, now_ms)
         {
             settle.push((c, active, running, settled));
         }

@@ -214,6 +214,7 @@ fn submitted(
         priority: task.priority,
         state: TaskState::Queued,
         attempts: 0,
+        releases: 0,
         max_attempts: task.max_attempts,
         lease_ttl_ms: task.lease_ttl_ms,
         idempotency_key: task.idempotency_key.clone(),

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::db::{Cols, SqlDb, StatementExt, built, placeholders, query};
 use super::rows::{self, AGENT_COLUMNS};
-use super::{Write, leases};
+use super::{Write, leases, tasks};
 use crate::error::{Error, Result};
 use crate::model::{
     AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, DocumentWrite, Page,
@@ -45,9 +45,10 @@ pub(crate) async fn must_fetch<DB: SqlDb>(
 const REGISTER: &str = const_format::concatcp!(
     "INSERT INTO agents (id, namespace, name, document, provenance, rejections, reported, \
      operator_overrides, generation, status, status_reasons, capacity, active_leases, drained, \
-     labels, runner, session_epoch, last_seen_at_ms, registered_at_ms, updated_at_ms) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, 'ready', $9, $10, 0, FALSE, $11, $12, 1, $13, \
-     $13, $13) \
+     labels, runner, handled_kinds, session_epoch, last_seen_at_ms, registered_at_ms, \
+     updated_at_ms) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, 'ready', $9, $10, 0, FALSE, $11, $12, $14, 1, \
+     $13, $13, $13) \
      ON CONFLICT (namespace, name) DO UPDATE SET \
      document = excluded.document, provenance = excluded.provenance, \
      rejections = excluded.rejections, reported = excluded.reported, \
@@ -56,7 +57,7 @@ const REGISTER: &str = const_format::concatcp!(
      status_reasons = CASE WHEN agents.drained THEN agents.status_reasons \
      ELSE excluded.status_reasons END, \
      capacity = excluded.capacity, labels = excluded.labels, runner = excluded.runner, \
-     session_epoch = agents.session_epoch + 1, last_seen_at_ms = excluded.last_seen_at_ms, \
+     handled_kinds = excluded.handled_kinds, session_epoch = agents.session_epoch + 1, last_seen_at_ms = excluded.last_seen_at_ms, \
      updated_at_ms = excluded.updated_at_ms \
      RETURNING ",
     AGENT_COLUMNS
@@ -84,6 +85,7 @@ pub(crate) async fn register<DB: SqlDb>(
         .json(&registration.labels)
         .text(&registration.runner)
         .arg(now_ms)
+        .json(&registration.handled_kinds[..])
         .optional(w.conn())
         .await
         .map_err(db("registering an agent"))?
@@ -92,6 +94,7 @@ pub(crate) async fn register<DB: SqlDb>(
             detail: "the upsert returned no row".to_owned(),
         })?;
     let agent = rows::agent::<DB>(&row)?;
+    tasks::lift_refusals(w, agent.id).await?;
     w.announce(StoreEvent::AgentChanged { agent_id: agent.id });
     Ok(agent)
 }
@@ -184,6 +187,7 @@ pub(crate) async fn replace_document<DB: SqlDb>(
         .map_err(db("updating an agent document"))?;
     match row {
         Some(row) => {
+            tasks::lift_refusals(w, agent_id).await?;
             w.announce(StoreEvent::AgentChanged { agent_id });
             Ok(to_u64(generation::<DB>(&row)?))
         }
@@ -229,6 +233,25 @@ async fn write_document<DB: SqlDb>(
 
 const TOUCH: &str = "UPDATE agents SET last_seen_at_ms = $2 WHERE id = $1 AND last_seen_at_ms < $2";
 
+const SET_KINDS: &str = "UPDATE agents SET handled_kinds = $2, updated_at_ms = $3 WHERE id = $1";
+
+/// Records the kinds an agent handles from now on.
+pub(crate) async fn set_kinds<DB: SqlDb>(
+    w: &mut Write<DB>,
+    agent_id: Uuid,
+    kinds: &[String],
+    now_ms: i64,
+) -> Result<()> {
+    query::<DB>(SET_KINDS)
+        .arg(agent_id)
+        .json(kinds)
+        .arg(now_ms)
+        .run(w.conn())
+        .await
+        .map_err(db("recording an agent's kinds"))?;
+    Ok(())
+}
+
 /// Heartbeats one by one, in agent id order.
 pub(crate) async fn heartbeat_rows<DB: SqlDb>(
     w: &mut Write<DB>,
@@ -257,6 +280,12 @@ pub(crate) async fn heartbeat_rows<DB: SqlDb>(
                     .map_err(db("touching an agent"))?;
             }
             None => {}
+        }
+        if let Some(kinds) = &beat.kinds {
+            set_kinds(w, beat.agent_id, kinds, now_ms).await?;
+        }
+        if beat.lift_refusals {
+            tasks::lift_refusals(w, beat.agent_id).await?;
         }
         results[i] = Some(match &beat.document {
             Some(write) => write_document(w, beat.agent_id, write, now_ms).await,
@@ -299,6 +328,7 @@ pub(crate) async fn set_overrides<DB: SqlDb>(
         .await
         .map_err(db("setting operator overrides"))?
         .ok_or_else(|| not_found(agent_id))?;
+    tasks::lift_refusals(w, agent_id).await?;
     w.announce(StoreEvent::AgentChanged { agent_id });
     rows::agent::<DB>(&row)
 }

@@ -16,7 +16,9 @@ use crate::model::{
     EndedLease, GrantOutcome, GrantRequest, LeaseEnd, LeaseRecord, LeaseState, RevocationCause,
     StoreEvent, TaskRecord, TaskState,
 };
-use crate::store::plan::{GrantableTask, db, lease_lost_error, plan_grants, to_i64};
+use crate::store::plan::{
+    GrantableTask, db, lease_lost_error, plan_grants, released_too_often, to_i64,
+};
 
 const BY_ID: &str = const_format::concatcp!("SELECT ", LEASE_COLUMNS, " FROM leases WHERE id = $1");
 
@@ -311,13 +313,14 @@ const COUNT_LOST: &str =
     "SELECT COUNT(*) AS n FROM leases WHERE task_id = $1 AND state = 'expired'";
 
 /// The server ends a live lease: the task goes back to QUEUED (with one
-/// more attempt when the reclaim counts one), or FAILED at the budget, or
-/// CANCELED if a cancel was requested. `None` if the lease was no longer
-/// live.
+/// more attempt when the reclaim counts one, one more release when it does
+/// not), or FAILED at the budget of either, or CANCELED if a cancel was
+/// requested. `None` if the lease was no longer live.
 async fn reclaim<DB: Dialect>(
     w: &mut Write<DB>,
     lease_id: Uuid,
     how: Reclaim,
+    max_releases: u32,
     now_ms: i64,
 ) -> Result<Option<(LeaseRecord, TaskRecord)>> {
     let Some(lease) = fetch::<DB>(w.conn(), lease_id).await? else {
@@ -327,45 +330,82 @@ async fn reclaim<DB: Dialect>(
     if !end(w, &lease, how.state, how.ended_by, now_ms).await? {
         return Ok(None);
     }
-    let attempts = task.attempts + u32::from(how.count_attempt);
     if task.lease_id == Some(lease_id) {
-        let keep = |state| Settlement {
-            state,
-            attempts,
-            not_before_ms: task.not_before_ms,
-            result: None,
-            error: None,
-        };
         let error;
-        let (next, kind, message) = if task.cancel_requested {
-            let message = format!("{} after a cancel was requested", how.reason);
-            (keep(TaskState::Canceled), "canceled", message)
-        } else if how.count_attempt && attempts >= task.max_attempts {
-            let lost = count_lost::<DB>(w, task.id).await?;
-            error = lease_lost_error(lost);
-            let message = format!("{}; lease lost {lost} times, no attempts left", how.reason);
-            let next = Settlement {
-                error: Some(&error),
-                ..keep(TaskState::Failed)
-            };
-            (next, "failed", message)
-        } else {
-            let kind = if how.count_attempt {
-                "lease_expired"
-            } else {
-                "released"
-            };
-            let next = Settlement {
-                not_before_ms: now_ms,
-                ..keep(TaskState::Queued)
-            };
-            (next, kind, how.reason.to_owned())
+        let (next, kind, message) = settle_reclaimed(&task, how, max_releases);
+        let (next, message) = match next.state {
+            TaskState::Failed if how.count_attempt => {
+                let lost = count_lost::<DB>(w, task.id).await?;
+                error = lease_lost_error(lost);
+                let message = format!("{}; lease lost {lost} times, no attempts left", how.reason);
+                (
+                    Settlement {
+                        error: Some(&error),
+                        ..next
+                    },
+                    message,
+                )
+            }
+            TaskState::Failed => {
+                error = released_too_often(next.releases, how.reason);
+                (
+                    Settlement {
+                        error: Some(&error),
+                        ..next
+                    },
+                    message,
+                )
+            }
+            TaskState::Queued => (
+                Settlement {
+                    not_before_ms: now_ms,
+                    ..next
+                },
+                message,
+            ),
+            _ => (next, message),
         };
         tasks::settle(w, &task, next, now_ms).await?;
         let entry = Entry::of(task.id, kind, next.state, &message).by(lease.agent_id, lease_id);
         history::append(w, entry, now_ms).await?;
     }
     reclaimed(w, lease_id, task.id, how, lease.agent_id).await
+}
+
+/// Where a reclaimed task goes (before the error of a FAILED one), its
+/// history kind and message.
+fn settle_reclaimed(
+    task: &TaskRecord,
+    how: Reclaim,
+    max_releases: u32,
+) -> (Settlement<'static>, &'static str, String) {
+    let attempts = task.attempts + u32::from(how.count_attempt);
+    let releases = task.releases + u32::from(!how.count_attempt);
+    let keep = |state| Settlement {
+        state,
+        attempts,
+        releases,
+        not_before_ms: task.not_before_ms,
+        result: None,
+        error: None,
+    };
+    if task.cancel_requested {
+        let message = format!("{} after a cancel was requested", how.reason);
+        (keep(TaskState::Canceled), "canceled", message)
+    } else if how.count_attempt && attempts >= task.max_attempts {
+        (keep(TaskState::Failed), "failed", String::new())
+    } else if !how.count_attempt && releases >= max_releases {
+        let message = format!("{}; handed back {releases} times, no more", how.reason);
+        (keep(TaskState::Failed), "failed", message)
+    } else if how.count_attempt {
+        (
+            keep(TaskState::Queued),
+            "lease_expired",
+            how.reason.to_owned(),
+        )
+    } else {
+        (keep(TaskState::Queued), "released", how.reason.to_owned())
+    }
 }
 
 /// How many leases of the task expired.
@@ -411,6 +451,7 @@ pub(crate) async fn expire<DB: Dialect>(
     w: &mut Write<DB>,
     now_ms: i64,
     limit: u32,
+    max_releases: u32,
 ) -> Result<Vec<(LeaseRecord, TaskRecord)>> {
     let due = lease_ids::<DB>(
         query::<DB>(DB::DUE_LEASES)
@@ -422,7 +463,7 @@ pub(crate) async fn expire<DB: Dialect>(
     )?;
     let mut reclaimed = Vec::new();
     for lease_id in due {
-        if let Some(pair) = reclaim(w, lease_id, EXPIRED, now_ms).await? {
+        if let Some(pair) = reclaim(w, lease_id, EXPIRED, max_releases, now_ms).await? {
             w.announce(StoreEvent::LeaseEnded {
                 agent_id: pair.0.agent_id,
                 expired: Some(EndedLease {
@@ -442,6 +483,7 @@ pub(crate) async fn revoke_unacked<DB: Dialect>(
     agent_id: Option<Uuid>,
     older_than_ms: i64,
     now_ms: i64,
+    max_releases: u32,
 ) -> Result<Vec<(LeaseRecord, TaskRecord)>> {
     let due = lease_ids::<DB>(
         query::<DB>(DB::UNACKED_LEASES)
@@ -453,7 +495,7 @@ pub(crate) async fn revoke_unacked<DB: Dialect>(
     )?;
     let mut revoked = Vec::new();
     for lease_id in due {
-        if let Some(pair) = reclaim(w, lease_id, UNACKNOWLEDGED, now_ms).await? {
+        if let Some(pair) = reclaim(w, lease_id, UNACKNOWLEDGED, max_releases, now_ms).await? {
             w.announce(StoreEvent::LeaseEnded {
                 agent_id: pair.0.agent_id,
                 expired: None,

@@ -63,7 +63,8 @@ pub trait Dialect: SqlDb {
     const UNACKED_LEASES: &'static str;
     /// The head of the queue: leasable at `$1`, namespace `$2` (any if
     /// NULL), at most `$3`, leaving out the parked placements in `$4` (a
-    /// JSON array of `[namespace, placement text]` pairs), in queue order.
+    /// JSON array of `[namespace, kind, placement text]` triples), in queue
+    /// order.
     const QUEUE_HEAD: &'static str;
     /// As [`Dialect::QUEUE_HEAD`], after the cursor within its priority
     /// (`$5` priority, `$6` created at, `$7` id).
@@ -168,7 +169,7 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
         options: &StoreOptions,
         now_ms: i64,
     ) -> Result<Vec<Result<CompletionResult>>> {
-        reports::complete_rows(w, completions, options.backoff_base_ms, now_ms).await
+        reports::complete_rows(w, completions, options, now_ms).await
     }
     /// Lease reports inside `w` (see [`LeaseStore::apply_reports`]).
     async fn apply_reports(
@@ -178,7 +179,7 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
         options: &StoreOptions,
         now_ms: i64,
     ) -> Result<Vec<Result<ReportApplied>>> {
-        reports::apply_rows(w, reports, options.backoff_base_ms, now_ms).await
+        reports::apply_rows(w, reports, options, now_ms).await
     }
     /// Heartbeats inside `w` (see [`AgentStore::heartbeats`]).
     async fn heartbeats(
@@ -367,8 +368,17 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
         older_than_ms: i64,
         now_ms: i64,
     ) -> Result<Vec<(LeaseRecord, TaskRecord)>> {
-        self.write(|w, _| Box::pin(leases::revoke_unacked(w, agent_id, older_than_ms, now_ms)))
-            .await
+        let max_releases = self.options.max_releases;
+        self.write(|w, _| {
+            Box::pin(leases::revoke_unacked(
+                w,
+                agent_id,
+                older_than_ms,
+                now_ms,
+                max_releases,
+            ))
+        })
+        .await
     }
 
     async fn expire_leases(
@@ -376,7 +386,8 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
         now_ms: i64,
         limit: u32,
     ) -> Result<Vec<(LeaseRecord, TaskRecord)>> {
-        self.write(|w, _| Box::pin(leases::expire(w, now_ms, limit)))
+        let max_releases = self.options.max_releases;
+        self.write(|w, _| Box::pin(leases::expire(w, now_ms, limit, max_releases)))
             .await
     }
 
@@ -392,6 +403,16 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
 
     async fn live_lease_counts(&self, agent_ids: &[Uuid]) -> Result<HashMap<Uuid, u32>> {
         self.read(|c, _| Box::pin(leases::live_counts::<B::Db>(c, agent_ids)))
+            .await
+    }
+
+    async fn task_refusals(&self, task_id: Uuid) -> Result<Vec<(Uuid, String)>> {
+        self.read(|c, _| Box::pin(tasks::refusals::<B::Db>(c, task_id)))
+            .await
+    }
+
+    async fn agent_refusals(&self, agent_id: Uuid) -> Result<Vec<Uuid>> {
+        self.read(|c, _| Box::pin(tasks::agent_refusals::<B::Db>(c, agent_id)))
             .await
     }
 }

@@ -16,6 +16,7 @@ use crate::model::{
     Completion, CompletionOutcome, CompletionResult, LeaseRecord, LeaseReport, LeaseState,
     ReportApplied, ReportKind, StoreEvent, TaskRecord, TaskState,
 };
+use crate::store::StoreOptions;
 use crate::store::plan::{
     CompletionPlan, SettledAttempt, check_holder, db, plan_completion, started,
 };
@@ -171,11 +172,15 @@ pub(crate) async fn settle_attempt<DB: SqlDb>(
     let next = Settlement {
         state: settled.task_state,
         attempts: settled.attempts,
+        releases: settled.releases,
         not_before_ms: settled.not_before_ms,
         result: settled.result.as_ref(),
         error: settled.error.as_ref(),
     };
     tasks::settle(w, task, next, now_ms).await?;
+    if let Some(reason) = &settled.refusal {
+        tasks::refuse(w, task.id, lease.agent_id, reason, now_ms).await?;
+    }
     let entry = Entry::of(
         task.id,
         settled.event_kind,
@@ -190,12 +195,12 @@ pub(crate) async fn settle_attempt<DB: SqlDb>(
 async fn complete_one<DB: Dialect>(
     w: &mut Write<DB>,
     completion: &Completion,
-    backoff_base_ms: i64,
+    options: &StoreOptions,
     now_ms: i64,
 ) -> Result<CompletionResult> {
     let task = tasks::lock(w, completion.task_id).await?;
     let lease = leases::fetch::<DB>(w.conn(), completion.lease_id).await?;
-    let plan = plan_completion(&task, lease.as_ref(), completion, backoff_base_ms, now_ms)?;
+    let plan = plan_completion(&task, lease.as_ref(), completion, options, now_ms)?;
     let (CompletionPlan::Settle(settled), Some(lease)) = (plan, lease) else {
         return Ok(CompletionResult {
             task,
@@ -256,12 +261,12 @@ fn order_by<T, K: Ord>(items: &[T], key: impl Fn(&T) -> K) -> Vec<usize> {
 pub(crate) async fn complete_rows<DB: Dialect>(
     w: &mut Write<DB>,
     completions: &[Completion],
-    backoff_base_ms: i64,
+    options: &StoreOptions,
     now_ms: i64,
 ) -> Result<Vec<Result<CompletionResult>>> {
     let mut results = InOrder::new(completions.len());
     for i in order_by(completions, |c| c.task_id) {
-        let outcome = complete_one(w, &completions[i], backoff_base_ms, now_ms).await;
+        let outcome = complete_one(w, &completions[i], options, now_ms).await;
         results.set(i, outcome)?;
     }
     Ok(results.into_results("completing leases"))
@@ -277,7 +282,7 @@ async fn run_attempt<DB: Dialect>(
     w: &mut Write<DB>,
     r: &LeaseReport,
     end: Option<&CompletionOutcome>,
-    backoff_base_ms: i64,
+    options: &StoreOptions,
     now_ms: i64,
 ) -> Result<Option<Result<ReportApplied>>> {
     let task = tasks::lock(w, r.task_id).await?;
@@ -311,13 +316,7 @@ async fn run_attempt<DB: Dialect>(
     };
     let (running, active) = started(&task, &lease);
     let completion = r.completion(outcome);
-    let settled = match plan_completion(
-        &running,
-        Some(&active),
-        &completion,
-        backoff_base_ms,
-        now_ms,
-    ) {
+    let settled = match plan_completion(&running, Some(&active), &completion, options, now_ms) {
         Ok(CompletionPlan::Settle(settled)) => settled,
         Ok(CompletionPlan::Duplicate) => return Ok(Some(Ok(ReportApplied { ended: false }))),
         Err(refusal) => return Ok(Some(Err(refusal))),
@@ -330,7 +329,7 @@ async fn run_attempt<DB: Dialect>(
 async fn apply_one<DB: Dialect>(
     w: &mut Write<DB>,
     r: &LeaseReport,
-    backoff_base_ms: i64,
+    options: &StoreOptions,
     now_ms: i64,
 ) -> Result<ReportApplied> {
     let not_ended = ReportApplied { ended: false };
@@ -338,13 +337,11 @@ async fn apply_one<DB: Dialect>(
         ReportKind::Accepted => accept(w, r, now_ms).await.map(|()| not_ended),
         ReportKind::Started => start(w, r, now_ms).await.map(|()| not_ended),
         ReportKind::Progress(value) => progress(w, r, value, now_ms).await.map(|()| not_ended),
-        ReportKind::Final(outcome) => {
-            complete_one(w, &r.completion(outcome), backoff_base_ms, now_ms)
-                .await
-                .map(|c| ReportApplied {
-                    ended: !c.duplicate,
-                })
-        }
+        ReportKind::Final(outcome) => complete_one(w, &r.completion(outcome), options, now_ms)
+            .await
+            .map(|c| ReportApplied {
+                ended: !c.duplicate,
+            }),
     }
 }
 
@@ -355,7 +352,7 @@ async fn apply_one<DB: Dialect>(
 pub(crate) async fn apply_rows<DB: Dialect>(
     w: &mut Write<DB>,
     reports: &[LeaseReport],
-    backoff_base_ms: i64,
+    options: &StoreOptions,
     now_ms: i64,
 ) -> Result<Vec<Result<ReportApplied>>> {
     let order = order_by(reports, |r| r.task_id);
@@ -376,7 +373,7 @@ pub(crate) async fn apply_rows<DB: Dialect>(
                     ReportKind::Final(outcome) => Some(outcome),
                     _ => None,
                 });
-            if let Some(outcome) = run_attempt(w, r, end, backoff_base_ms, now_ms).await? {
+            if let Some(outcome) = run_attempt(w, r, end, options, now_ms).await? {
                 results.set(order[k], Ok(ReportApplied { ended: false }))?;
                 results.set(order[k + 1], Ok(ReportApplied { ended: false }))?;
                 if end.is_some() {
@@ -388,7 +385,7 @@ pub(crate) async fn apply_rows<DB: Dialect>(
                 continue;
             }
         }
-        let outcome = apply_one(w, r, backoff_base_ms, now_ms).await;
+        let outcome = apply_one(w, r, options, now_ms).await;
         results.set(order[k], outcome)?;
         k += 1;
     }

@@ -19,7 +19,7 @@ use crate::store::plan::{to_u32, to_u64};
 /// The SELECT list and FROM clause that read a [`TaskRecord`] (the lease
 /// expiry comes from the live lease); a statement adds its WHERE.
 pub(crate) const TASK_SELECT: &str = "SELECT t.id, t.namespace, t.kind, t.payload, t.placement, \
-    t.priority, t.state, t.attempts, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, \
+    t.priority, t.state, t.attempts, t.releases, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, \
     t.not_before_ms, t.result, t.error, t.fencing_token, t.lease_id, t.agent_id, \
     l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, t.progress, t.labels, \
     t.created_at_ms, t.updated_at_ms \
@@ -35,7 +35,7 @@ pub(crate) const AGENT_COLUMNS: &str = "id, namespace, name, document, provenanc
     reported, operator_overrides, generation, status, status_reasons, capacity, \
     (SELECT COUNT(*) FROM leases l WHERE l.agent_id = agents.id \
     AND l.state IN ('granted', 'active')) AS active_leases, drained, labels, runner, \
-    session_epoch, last_seen_at_ms, registered_at_ms";
+    handled_kinds, session_epoch, last_seen_at_ms, registered_at_ms";
 
 /// The columns that read a [`TaskEventRecord`].
 pub(crate) const EVENT_COLUMNS: &str =
@@ -81,6 +81,7 @@ pub(crate) fn task<DB: SqlDb>(row: &DB::Row) -> Result<TaskRecord> {
         priority: cols.get("priority")?,
         state: stored::<TaskState>(&cols.get::<String>("state")?, CONTEXT)?,
         attempts: to_u32(cols.get("attempts")?),
+        releases: to_u32(cols.get("releases")?),
         max_attempts: to_u32(cols.get("max_attempts")?),
         lease_ttl_ms: cols.get("lease_ttl_ms")?,
         idempotency_key: cols.get("idempotency_key")?,
@@ -140,6 +141,7 @@ pub(crate) fn agent<DB: SqlDb>(row: &DB::Row) -> Result<AgentRecord> {
         drained: cols.get("drained")?,
         labels: labels(&cols)?,
         runner: cols.get("runner")?,
+        handled_kinds: cols.get::<Json<Vec<String>>>("handled_kinds")?.0,
         session_epoch: to_u64(cols.get("session_epoch")?),
         last_seen_at_ms: cols.get("last_seen_at_ms")?,
         registered_at_ms: cols.get("registered_at_ms")?,

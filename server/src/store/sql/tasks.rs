@@ -271,12 +271,12 @@ pub(crate) async fn queue_page<DB: Dialect>(
     parked: &[ParkedPlacement],
     limit: u32,
 ) -> Result<Vec<TaskRecord>> {
-    // The parked placements as the text of a JSON array of pairs.
-    let pairs: Vec<[&str; 2]> = parked
+    // The parked placements as the text of a JSON array of triples.
+    let triples: Vec<[&str; 3]> = parked
         .iter()
-        .map(|p| [p.namespace.as_str(), p.placement.as_str()])
+        .map(|p| [p.namespace.as_str(), p.kind.as_str(), p.placement.as_str()])
         .collect();
-    let parked = serde_json::to_string(&pairs).map_err(|err| Error::Corrupt {
+    let parked = serde_json::to_string(&triples).map_err(|err| Error::Corrupt {
         context: "listing queued tasks",
         detail: err.to_string(),
     })?;
@@ -432,9 +432,9 @@ pub(crate) async fn count_queued<DB: SqlDb>(
     }
 }
 
-const SETTLE: &str = "UPDATE tasks SET state = $2, attempts = $3, not_before_ms = $4, \
-    result = COALESCE($5, result), error = COALESCE($6, error), \
-    lease_id = NULL, agent_id = NULL, updated_at_ms = $7 WHERE id = $1";
+const SETTLE: &str = "UPDATE tasks SET state = $2, attempts = $3, releases = $4, \
+    not_before_ms = $5, result = COALESCE($6, result), error = COALESCE($7, error), \
+    lease_id = NULL, agent_id = NULL, updated_at_ms = $8 WHERE id = $1";
 
 /// Where a task goes once its lease ended.
 #[derive(Debug, Clone, Copy)]
@@ -443,6 +443,8 @@ pub(crate) struct Settlement<'a> {
     pub state: TaskState,
     /// Its attempts from now on.
     pub attempts: u32,
+    /// Its releases from now on.
+    pub releases: u32,
     /// Not leased again before this (a retry's backoff).
     pub not_before_ms: i64,
     /// The handler's output, for a success.
@@ -462,6 +464,7 @@ pub(crate) async fn settle<DB: SqlDb>(
         .arg(task.id)
         .text(next.state.as_str())
         .arg(i64::from(next.attempts))
+        .arg(i64::from(next.releases))
         .arg(next.not_before_ms)
         .opt_json(next.result)
         .opt_json(next.error)
@@ -477,4 +480,79 @@ pub(crate) async fn settle<DB: SqlDb>(
         state: next.state,
     });
     Ok(())
+}
+
+const REFUSE: &str = "INSERT INTO task_refusals (task_id, agent_id, reason, refused_at_ms) \
+    VALUES ($1, $2, $3, $4) ON CONFLICT (task_id, agent_id) \
+    DO UPDATE SET reason = excluded.reason, refused_at_ms = excluded.refused_at_ms";
+
+/// Records that an agent refused a task (it cannot handle or decode it):
+/// it is not offered the task again until its refusals are lifted.
+pub(crate) async fn refuse<DB: SqlDb>(
+    w: &mut Write<DB>,
+    task_id: Uuid,
+    agent_id: Uuid,
+    reason: &str,
+    now_ms: i64,
+) -> Result<()> {
+    query::<DB>(REFUSE)
+        .arg(task_id)
+        .arg(agent_id)
+        .text(reason)
+        .arg(now_ms)
+        .run(w.conn())
+        .await
+        .map_err(db("recording a refusal"))?;
+    Ok(())
+}
+
+const REFUSALS: &str =
+    "SELECT agent_id, reason FROM task_refusals WHERE task_id = $1 ORDER BY agent_id";
+
+/// The agents that refused a task, with what each said.
+pub(crate) async fn refusals<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    task_id: Uuid,
+) -> Result<Vec<(Uuid, String)>> {
+    let rows = query::<DB>(REFUSALS)
+        .arg(task_id)
+        .all(conn)
+        .await
+        .map_err(db("reading a task's refusals"))?;
+    rows.iter()
+        .map(|row| {
+            let cols = super::db::Cols::<DB>::new(row, "reading a refusal");
+            Ok((cols.get("agent_id")?, cols.get("reason")?))
+        })
+        .collect()
+}
+
+const LIFT_REFUSALS: &str = "DELETE FROM task_refusals WHERE agent_id = $1";
+
+/// Forgets an agent's refusals (it changed, or registered again): it may be
+/// offered those tasks again.
+pub(crate) async fn lift_refusals<DB: SqlDb>(w: &mut Write<DB>, agent_id: Uuid) -> Result<()> {
+    query::<DB>(LIFT_REFUSALS)
+        .arg(agent_id)
+        .run(w.conn())
+        .await
+        .map_err(db("lifting an agent's refusals"))?;
+    Ok(())
+}
+
+const AGENT_REFUSALS: &str = "SELECT task_id FROM task_refusals WHERE agent_id = $1";
+
+/// The tasks an agent refused.
+pub(crate) async fn agent_refusals<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    agent_id: Uuid,
+) -> Result<Vec<Uuid>> {
+    let rows = query::<DB>(AGENT_REFUSALS)
+        .arg(agent_id)
+        .all(conn)
+        .await
+        .map_err(db("reading an agent's refusals"))?;
+    rows.iter()
+        .map(|row| super::db::Cols::<DB>::new(row, "reading a refusal").get("task_id"))
+        .collect()
 }
