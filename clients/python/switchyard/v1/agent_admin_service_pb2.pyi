@@ -85,14 +85,18 @@ class SetAgentOverridesResponse(_message.Message):
     def __init__(self, agent: _Optional[_Union[_agent_pb2.Agent, _Mapping]] = ...) -> None: ...
 
 class SimulatePlacementRequest(_message.Message):
-    __slots__ = ("namespace", "placement", "hypothetical_capabilities")
+    __slots__ = ("namespace", "placement", "hypothetical_capabilities", "kind", "hypothetical_kinds")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     HYPOTHETICAL_CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    HYPOTHETICAL_KINDS_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     placement: _placement_pb2.Placement
     hypothetical_capabilities: _struct_pb2.Struct
-    def __init__(self, namespace: _Optional[str] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., hypothetical_capabilities: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    kind: str
+    hypothetical_kinds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, namespace: _Optional[str] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., hypothetical_capabilities: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., kind: _Optional[str] = ..., hypothetical_kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SimulatePlacementResponse(_message.Message):
     __slots__ = ("summary", "verdicts", "placeable_tasks")

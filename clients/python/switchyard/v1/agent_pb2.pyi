@@ -25,7 +25,7 @@ AGENT_STATUS_DRAINING: AgentStatus
 AGENT_STATUS_OFFLINE: AgentStatus
 
 class Agent(_message.Message):
-    __slots__ = ("agent_id", "name", "namespace", "status", "status_reasons", "capacity", "active_leases", "labels", "capabilities", "session_epoch", "last_seen_at", "registered_at", "drained", "runner")
+    __slots__ = ("agent_id", "name", "namespace", "status", "status_reasons", "capacity", "active_leases", "labels", "capabilities", "session_epoch", "last_seen_at", "registered_at", "drained", "runner", "handled_kinds")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class Agent(_message.Message):
     REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
     DRAINED_FIELD_NUMBER: _ClassVar[int]
     RUNNER_FIELD_NUMBER: _ClassVar[int]
+    HANDLED_KINDS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     name: str
     namespace: str
@@ -61,4 +62,5 @@ class Agent(_message.Message):
     registered_at: _timestamp_pb2.Timestamp
     drained: bool
     runner: str
-    def __init__(self, agent_id: _Optional[str] = ..., name: _Optional[str] = ..., namespace: _Optional[str] = ..., status: _Optional[_Union[AgentStatus, str]] = ..., status_reasons: _Optional[_Iterable[str]] = ..., capacity: _Optional[int] = ..., active_leases: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Union[_capability_pb2.CapabilityView, _Mapping]] = ..., session_epoch: _Optional[int] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drained: bool = ..., runner: _Optional[str] = ...) -> None: ...
+    handled_kinds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, agent_id: _Optional[str] = ..., name: _Optional[str] = ..., namespace: _Optional[str] = ..., status: _Optional[_Union[AgentStatus, str]] = ..., status_reasons: _Optional[_Iterable[str]] = ..., capacity: _Optional[int] = ..., active_leases: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Union[_capability_pb2.CapabilityView, _Mapping]] = ..., session_epoch: _Optional[int] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drained: bool = ..., runner: _Optional[str] = ..., handled_kinds: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -15,6 +15,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ReleaseCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RELEASE_CAUSE_UNSPECIFIED: _ClassVar[ReleaseCause]
+    RELEASE_CAUSE_DRAINING: _ClassVar[ReleaseCause]
+    RELEASE_CAUSE_REVOCATION_ACKNOWLEDGED: _ClassVar[ReleaseCause]
+    RELEASE_CAUSE_CANNOT_HANDLE: _ClassVar[ReleaseCause]
+    RELEASE_CAUSE_CANNOT_DECODE: _ClassVar[ReleaseCause]
+    RELEASE_CAUSE_BUSY: _ClassVar[ReleaseCause]
+    RELEASE_CAUSE_OTHER: _ClassVar[ReleaseCause]
+
 class RevocationReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     REVOCATION_REASON_UNSPECIFIED: _ClassVar[RevocationReason]
@@ -23,6 +33,13 @@ class RevocationReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REVOCATION_REASON_SUPERSEDED: _ClassVar[RevocationReason]
     REVOCATION_REASON_UNACKNOWLEDGED: _ClassVar[RevocationReason]
     REVOCATION_REASON_UNKNOWN_LEASE: _ClassVar[RevocationReason]
+RELEASE_CAUSE_UNSPECIFIED: ReleaseCause
+RELEASE_CAUSE_DRAINING: ReleaseCause
+RELEASE_CAUSE_REVOCATION_ACKNOWLEDGED: ReleaseCause
+RELEASE_CAUSE_CANNOT_HANDLE: ReleaseCause
+RELEASE_CAUSE_CANNOT_DECODE: ReleaseCause
+RELEASE_CAUSE_BUSY: ReleaseCause
+RELEASE_CAUSE_OTHER: ReleaseCause
 REVOCATION_REASON_UNSPECIFIED: RevocationReason
 REVOCATION_REASON_CANCELED: RevocationReason
 REVOCATION_REASON_EXPIRED: RevocationReason
@@ -31,7 +48,7 @@ REVOCATION_REASON_UNACKNOWLEDGED: RevocationReason
 REVOCATION_REASON_UNKNOWN_LEASE: RevocationReason
 
 class RegisterAgentRequest(_message.Message):
-    __slots__ = ("name", "namespace", "capabilities", "capacity", "labels", "provenance", "rejections", "runner")
+    __slots__ = ("name", "namespace", "capabilities", "capacity", "labels", "provenance", "rejections", "runner", "handled_kinds")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +64,7 @@ class RegisterAgentRequest(_message.Message):
     PROVENANCE_FIELD_NUMBER: _ClassVar[int]
     REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     RUNNER_FIELD_NUMBER: _ClassVar[int]
+    HANDLED_KINDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     namespace: str
     capabilities: _struct_pb2.Struct
@@ -55,7 +73,8 @@ class RegisterAgentRequest(_message.Message):
     provenance: _containers.RepeatedCompositeFieldContainer[_capability_pb2.ProvenanceEntry]
     rejections: _containers.RepeatedCompositeFieldContainer[_capability_pb2.Rejection]
     runner: str
-    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., capabilities: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., capacity: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., provenance: _Optional[_Iterable[_Union[_capability_pb2.ProvenanceEntry, _Mapping]]] = ..., rejections: _Optional[_Iterable[_Union[_capability_pb2.Rejection, _Mapping]]] = ..., runner: _Optional[str] = ...) -> None: ...
+    handled_kinds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., capabilities: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., capacity: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., provenance: _Optional[_Iterable[_Union[_capability_pb2.ProvenanceEntry, _Mapping]]] = ..., rejections: _Optional[_Iterable[_Union[_capability_pb2.Rejection, _Mapping]]] = ..., runner: _Optional[str] = ..., handled_kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterAgentResponse(_message.Message):
     __slots__ = ("agent_id", "session_epoch", "heartbeat_interval", "lease_ttl", "capability_generation", "rejections")
@@ -108,16 +127,24 @@ class HeldLease(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., fencing_token: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("status", "status_reasons", "load", "capability_diff")
+    __slots__ = ("status", "status_reasons", "load", "capability_diff", "handled_kinds")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STATUS_REASONS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_DIFF_FIELD_NUMBER: _ClassVar[int]
+    HANDLED_KINDS_FIELD_NUMBER: _ClassVar[int]
     status: _agent_pb2.AgentStatus
     status_reasons: _containers.RepeatedScalarFieldContainer[str]
     load: AgentLoad
     capability_diff: _capability_pb2.CapabilityDiff
-    def __init__(self, status: _Optional[_Union[_agent_pb2.AgentStatus, str]] = ..., status_reasons: _Optional[_Iterable[str]] = ..., load: _Optional[_Union[AgentLoad, _Mapping]] = ..., capability_diff: _Optional[_Union[_capability_pb2.CapabilityDiff, _Mapping]] = ...) -> None: ...
+    handled_kinds: HandledKinds
+    def __init__(self, status: _Optional[_Union[_agent_pb2.AgentStatus, str]] = ..., status_reasons: _Optional[_Iterable[str]] = ..., load: _Optional[_Union[AgentLoad, _Mapping]] = ..., capability_diff: _Optional[_Union[_capability_pb2.CapabilityDiff, _Mapping]] = ..., handled_kinds: _Optional[_Union[HandledKinds, _Mapping]] = ...) -> None: ...
+
+class HandledKinds(_message.Message):
+    __slots__ = ("kinds",)
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AgentLoad(_message.Message):
     __slots__ = ("running_leases", "load_average")
@@ -180,10 +207,12 @@ class LeaseFailed(_message.Message):
     def __init__(self, error: _Optional[_Union[_task_pb2.TaskError, _Mapping]] = ...) -> None: ...
 
 class LeaseReleased(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "cause")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    cause: ReleaseCause
+    def __init__(self, reason: _Optional[str] = ..., cause: _Optional[_Union[ReleaseCause, str]] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
     __slots__ = ("welcome", "lease_grant", "lease_revocation", "ack", "resync_request", "drain")

@@ -291,6 +291,21 @@ export declare type SimulatePlacementRequest = Message<"switchyard.v1.SimulatePl
    * @generated from field: google.protobuf.Struct hypothetical_capabilities = 3;
    */
   hypotheticalCapabilities?: JsonObject | undefined;
+
+  /**
+   * The kind of the task the placement is for: agents that do not handle it
+   * are not eligible. Empty: any kind.
+   *
+   * @generated from field: string kind = 4;
+   */
+  kind: string;
+
+  /**
+   * The kinds the hypothetical agent handles (empty: every kind).
+   *
+   * @generated from field: repeated string hypothetical_kinds = 5;
+   */
+  hypotheticalKinds: string[];
 };
 
 /**

@@ -120,6 +120,13 @@ export declare type Agent = Message<"switchyard.v1.Agent"> & {
    * @generated from field: string runner = 14;
    */
   runner: string;
+
+  /**
+   * The task kinds it handles (exact kinds, `prefix.*` patterns, `*`).
+   *
+   * @generated from field: repeated string handled_kinds = 15;
+   */
+  handledKinds: string[];
 };
 
 /**

@@ -77,6 +77,18 @@ export declare type RegisterAgentRequest = Message<"switchyard.v1.RegisterAgentR
    * @generated from field: string runner = 8;
    */
   runner: string;
+
+  /**
+   * The task kinds the agent handles now: exact kinds (`exec`), prefix
+   * patterns (`build.*`: every kind below `build.`, not `build` itself) and
+   * `*` (every kind). The server grants an agent only tasks of kinds it
+   * handles; an agent that lists none is granted nothing. A kind withdrawn
+   * because a capability it requires is missing or unhealthy is left out
+   * (the agent reports DEGRADED, saying why).
+   *
+   * @generated from field: repeated string handled_kinds = 9;
+   */
+  handledKinds: string[];
 };
 
 /**
@@ -303,6 +315,14 @@ export declare type Heartbeat = Message<"switchyard.v1.Heartbeat"> & {
    * @generated from field: switchyard.v1.CapabilityDiff capability_diff = 4;
    */
   capabilityDiff?: CapabilityDiff | undefined;
+
+  /**
+   * The task kinds the agent handles from now on (all of them, as in
+   * RegisterAgentRequest.handled_kinds); unset when they did not change.
+   *
+   * @generated from field: switchyard.v1.HandledKinds handled_kinds = 5;
+   */
+  handledKinds?: HandledKinds | undefined;
 };
 
 /**
@@ -310,6 +330,26 @@ export declare type Heartbeat = Message<"switchyard.v1.Heartbeat"> & {
  * Use `create(HeartbeatSchema)` to create a new message.
  */
 export declare const HeartbeatSchema: GenMessage<Heartbeat>;
+
+/**
+ * HandledKinds is the whole list of task kinds an agent handles.
+ *
+ * @generated from message switchyard.v1.HandledKinds
+ */
+export declare type HandledKinds = Message<"switchyard.v1.HandledKinds"> & {
+  /**
+   * Exact kinds, `prefix.*` patterns and `*`; empty handles nothing.
+   *
+   * @generated from field: repeated string kinds = 1;
+   */
+  kinds: string[];
+};
+
+/**
+ * Describes the message switchyard.v1.HandledKinds.
+ * Use `create(HandledKindsSchema)` to create a new message.
+ */
+export declare const HandledKindsSchema: GenMessage<HandledKinds>;
 
 /**
  * AgentLoad is what the agent is doing now.
@@ -446,8 +486,10 @@ export declare type LeaseUpdate = Message<"switchyard.v1.LeaseUpdate"> & {
     case: "failed";
   } | {
     /**
-     * The agent hands the lease back without an attempt being counted
-     * (draining, revocation acknowledged, no handler for the kind).
+     * The agent hands the lease back without running it (draining,
+     * revocation acknowledged, no handler for the kind, busy). No attempt is
+     * counted, but every release counts toward the server's per-task bound
+     * of releases, past which the task FAILS.
      *
      * @generated from field: switchyard.v1.LeaseReleased released = 9;
      */
@@ -542,6 +584,13 @@ export declare type LeaseReleased = Message<"switchyard.v1.LeaseReleased"> & {
    * @generated from field: string reason = 1;
    */
   reason: string;
+
+  /**
+   * Why, for the server: what it does with the task next.
+   *
+   * @generated from field: switchyard.v1.ReleaseCause cause = 2;
+   */
+  cause: ReleaseCause;
 };
 
 /**
@@ -844,6 +893,72 @@ export declare type Drain = Message<"switchyard.v1.Drain"> & {
  * Use `create(DrainSchema)` to create a new message.
  */
 export declare const DrainSchema: GenMessage<Drain>;
+
+/**
+ * ReleaseCause says why an agent hands a lease back.
+ *
+ * @generated from enum switchyard.v1.ReleaseCause
+ */
+export enum ReleaseCause {
+  /**
+   * Not said: treated as OTHER.
+   *
+   * @generated from enum value: RELEASE_CAUSE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The agent is draining (shutting down): the task goes back at once.
+   *
+   * @generated from enum value: RELEASE_CAUSE_DRAINING = 1;
+   */
+  DRAINING = 1,
+
+  /**
+   * The agent stops after a revocation (a cancel): the task settles as the
+   * revocation decided.
+   *
+   * @generated from enum value: RELEASE_CAUSE_REVOCATION_ACKNOWLEDGED = 2;
+   */
+  REVOCATION_ACKNOWLEDGED = 2,
+
+  /**
+   * The agent has no handler for the task's kind (or cannot run it as
+   * given): it is not offered the task again until its kinds or document
+   * change or it registers again; a task every capable agent refused is
+   * parked, naming their reasons.
+   *
+   * @generated from enum value: RELEASE_CAUSE_CANNOT_HANDLE = 3;
+   */
+  CANNOT_HANDLE = 3,
+
+  /**
+   * The agent cannot decode the task, or finds it invalid: as CANNOT_HANDLE.
+   *
+   * @generated from enum value: RELEASE_CAUSE_CANNOT_DECODE = 4;
+   */
+  CANNOT_DECODE = 4,
+
+  /**
+   * The agent is busy for now (at capacity, a resource momentarily short):
+   * the task goes back after a jittered backoff.
+   *
+   * @generated from enum value: RELEASE_CAUSE_BUSY = 5;
+   */
+  BUSY = 5,
+
+  /**
+   * Anything else: the task goes back after a jittered backoff.
+   *
+   * @generated from enum value: RELEASE_CAUSE_OTHER = 6;
+   */
+  OTHER = 6,
+}
+
+/**
+ * Describes the enum switchyard.v1.ReleaseCause.
+ */
+export declare const ReleaseCauseSchema: GenEnum<ReleaseCause>;
 
 /**
  * RevocationReason says why the server took a lease back.
