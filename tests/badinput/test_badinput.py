@@ -123,7 +123,8 @@ class Session:
     def __init__(self, stub: agent_service_pb2_grpc.AgentServiceStub, name: str) -> None:
         reg = stub.RegisterAgent(
             agent_service_pb2.RegisterAgentRequest(
-                name=name, capacity=1, capabilities=struct({"tags": ["stream"], "memory": {"total": 1024}})
+                name=name, capacity=1, capabilities=struct({"tags": ["stream"], "memory": {"total": 1024}}),
+                handled_kinds=["*"],
             ),
             timeout=5,
         )
@@ -193,7 +194,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     reg = agents.RegisterAgent(
         agent_service_pb2.RegisterAgentRequest(
             name="bad-input-agent", capacity=2, capabilities=struct({"tags": ["linux"], "os": "linux"}),
-            labels={"suite": "badinput"},
+            labels={"suite": "badinput"}, handled_kinds=["*"],
         ),
         timeout=5,
     )
@@ -268,11 +269,14 @@ def requirement(**fields: object) -> Callable[[Server], object]:
     return submit(placement=placement_pb2.Placement(requirements=[placement_pb2.Requirement(**fields)]))
 
 
-def register(name: str, capabilities: dict | struct_pb2.Struct, capacity: int = 1) -> Callable[[Server], object]:
+def register(
+    name: str, capabilities: dict | struct_pb2.Struct, capacity: int = 1, kinds: tuple[str, ...] = ("*",)
+) -> Callable[[Server], object]:
     caps = capabilities if isinstance(capabilities, struct_pb2.Struct) else struct(capabilities)
     # `name` is new each time: a rejected register must not create the agent.
     return lambda s: s.agents.RegisterAgent(
-        agent_service_pb2.RegisterAgentRequest(name=name, capacity=capacity, capabilities=caps), timeout=10
+        agent_service_pb2.RegisterAgentRequest(name=name, capacity=capacity, capabilities=caps, handled_kinds=kinds),
+        timeout=10,
     )
 
 
@@ -448,6 +452,22 @@ CASES: list[Case] = [
     ("lease_ttl negative", unary(submit(lease_ttl=duration_pb2.Duration(seconds=-5))), INVALID, ["lease_ttl"]),
     ("namespace with capitals", unary(submit(namespace="Bad/NS")), INVALID, ["namespace"]),
     ("capacity 0", unary(register("zero-capacity", {"tags": []}, capacity=0)), INVALID, ["capacity"]),
+    # Task kinds: a kind is 1-256 bytes without white space, and `*` only as a pattern.
+    ("kind with a space", unary(lambda s: s.tasks.SubmitTask(
+        task_service_pb2.SubmitTaskRequest(kind="two words"), timeout=5)), INVALID, ["kind", "white space"]),
+    ("kind of 300 bytes", unary(lambda s: s.tasks.SubmitTask(
+        task_service_pb2.SubmitTaskRequest(kind="k" * 300), timeout=5)), INVALID, ["kind", "256"]),
+    ("kind with a wildcard", unary(lambda s: s.tasks.SubmitTask(
+        task_service_pb2.SubmitTaskRequest(kind="build.*"), timeout=5)), INVALID, ["kind", "`*`"]),
+    ("handled kind with a space", unary(register("bad-kinds", {"tags": []}, kinds=("exec", "two words"))),
+     INVALID, ["handled_kinds[1]"]),
+    ("handled kind pattern in the middle", unary(register("bad-pattern", {"tags": []}, kinds=("a.*.b",))),
+     INVALID, ["handled_kinds[0]"]),
+    ("2000 handled kinds", unary(register("many-kinds", {"tags": []}, kinds=tuple(f"k{i}" for i in range(2000)))),
+     INVALID, ["handled_kinds", "1024"]),
+    ("heartbeat with a bad kind", stream(heartbeat=agent_service_pb2.Heartbeat(
+        status=agent_pb2.AGENT_STATUS_READY, handled_kinds=agent_service_pb2.HandledKinds(kinds=["ok", ""]))),
+     INVALID, ["heartbeat.handled_kinds.kinds[1]"]),
     # Invalid UTF-8 in string fields, hand-encoded: prost refuses to decode,
     # and the error names the message and the field.
     ("invalid UTF-8 in kind", raw_submit(ld(2, b"\xff\xfe bad")),

@@ -195,6 +195,7 @@ class Agent:
                     capabilities=struct({"tags": self.tags, "chaos": {"agent": self.name}}),
                     capacity=self.capacity,
                     runner="switchyard-chaos-tests (python)",
+                    handled_kinds=["*"],
                 ),
                 timeout=2,
             )

@@ -51,7 +51,9 @@ class Session:
     def __init__(self, replica: Replica, name: str) -> None:
         self.stub = agent_service_pb2_grpc.AgentServiceStub(replica.channel)
         reg = self.stub.RegisterAgent(
-            agent_service_pb2.RegisterAgentRequest(name=name, capacity=1, capabilities=struct({"tags": ["zombie"]})),
+            agent_service_pb2.RegisterAgentRequest(
+                name=name, capacity=1, capabilities=struct({"tags": ["zombie"]}), handled_kinds=["*"]
+            ),
             timeout=5,
         )
         self.agent_id = reg.agent_id

@@ -398,6 +398,7 @@ class ProtocolAgent:
                     capabilities=struct({"tags": self.tags}),
                     capacity=self.capacity,
                     runner="switchyard-deploy-tests (python)",
+                    handled_kinds=["*"],
                 ),
                 timeout=2,
             )

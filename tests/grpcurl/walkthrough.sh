@@ -61,4 +61,6 @@ expect '0/0 agents eligible'
 expect '"state": "TASK_STATE_RUNNING"'
 expect '"state": "TASK_STATE_SUCCEEDED"'
 expect 'hello from switchyard'
+expect '"handledKinds": ['
+expect 'does not handle kind build'
 echo "walkthrough: the README block ran ($(grep -c '^grpcurl' "$work/walkthrough.sh") grpcurl commands) and printed what it should"

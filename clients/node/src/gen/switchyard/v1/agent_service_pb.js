@@ -201,8 +201,10 @@ export const RevocationReason = /*@__PURE__*/
  * call. Authenticated with an agent token of the agent's namespace.
  *
  * Flow:
- * 1. The agent calls RegisterAgent with its name, namespace, capacity and its
- *    full capability document (already merged from its tiers and redacted).
+ * 1. The agent calls RegisterAgent with its name, namespace, capacity, its
+ *    full capability document (already merged from its tiers and redacted)
+ *    and the task kinds it handles (it is granted tasks of those kinds only;
+ *    none: nothing).
  *    The server answers with the agent id, a new session epoch, the
  *    heartbeat interval, the lease TTL and the capability generation it now
  *    holds. Registering again under the same (namespace, name) keeps the id
@@ -213,9 +215,9 @@ export const RevocationReason = /*@__PURE__*/
  *    it revoked. A stream with a newer epoch for the same agent closes the
  *    older one with a Drain.
  * 3. Every heartbeat interval the agent sends a Heartbeat: its status
- *    (READY, DEGRADED, DRAINING) with reasons, its load, and, when its
- *    document changed, a CapabilityDiff (RFC 6902 JSON Patch) against the
- *    generation the server holds. The server acknowledges each message by
+ *    (READY, DEGRADED, DRAINING) with reasons, its load, its handled kinds
+ *    when they changed, and, when its document changed, a CapabilityDiff
+ *    (RFC 6902 JSON Patch) against the generation the server holds. The server acknowledges each message by
  *    its sequence number (Ack), renewing all of the agent's leases on each
  *    heartbeat. A diff against another generation, or one that does not
  *    apply, gets a ResyncRequest; the agent answers with a
@@ -224,12 +226,16 @@ export const RevocationReason = /*@__PURE__*/
  *    agent acknowledges it with LeaseUpdate.accepted at once (a grant not
  *    acknowledged within a short window is revoked and re-matched), then
  *    reports started, progress, and exactly one of succeeded, failed or
- *    released, each carrying the lease's fencing token. A report with a
+ *    released (with a ReleaseCause: a task the agent cannot handle is not
+ *    offered to it again until it changes; every release counts toward a
+ *    per-task bound, past which the task FAILS), each carrying the lease's
+ *    fencing token. A report with a
  *    stale token is refused (Ack with FAILED_PRECONDITION) and changes
  *    nothing; a repeated final report is acknowledged again, idempotently.
  * 5. The server sends LeaseRevocation when a task is canceled, a lease
  *    expired, or a newer session superseded it; the agent stops the work
- *    and acknowledges with LeaseUpdate.released.
+ *    and, for a cancel, acknowledges with LeaseUpdate.released
+ *    (REVOCATION_ACKNOWLEDGED).
  * 6. When the server shuts down, or an agent should move, the server sends
  *    Drain; the agent reconnects (to another replica) after the given delay.
  *    When the agent shuts down it sends a DRAINING heartbeat, finishes or
