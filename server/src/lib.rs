@@ -7,7 +7,7 @@
 //! - [`error`]: the crate's one error type; each variant says the status it becomes.
 //! - [`store`]: the `Store` traits and their one SQL implementation (SQLite or PostgreSQL).
 //! - [`batch`]: group commit, many callers' small writes in one transaction.
-//! - [`dispatch`]: sessions, the submit protocol, the dispatch round, the sweep, store events.
+//! - [`dispatch`]: sessions, the submit protocol, the dispatch round, refusals, the sweep, store events.
 //! - [`wire`]: every switchyard.v1 message built from a record, for the API and the dispatcher.
 //! - [`api`]: the three gRPC services, and the one mapping of errors to `tonic::Status`.
 //! - [`auth`]: bearer tokens, roles and namespaces.
