@@ -1,7 +1,9 @@
 //! Criterion benchmarks for the core's hot paths: merging a SheetBot-shaped document's tiers,
 //! diffing two generations where only memory and load average changed, and selecting the best
-//! agent among 1,000 and 10,000 indexed agents, once on a fixed index and once as a server's
-//! picks rotate the rank order (plus a full explanation for scale).
+//! agent among 1,000 and 10,000 indexed agents for a task of kind `exec` (the kind a hard
+//! constraint, as the server compiles it; one placement of a kind only a third of the agents
+//! handle), once on a fixed index and once as a server's picks rotate the rank order (plus a
+//! full explanation for scale).
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
@@ -62,10 +64,21 @@ fn fleet(n: usize) -> Vec<AgentView> {
                 active_leases: (i % 5) as u32,
                 last_granted_at_ms: Some(1_000_000 + (i as u64 * 7919) % 100_000),
                 document: Arc::new(doc),
-                kinds: Arc::new(HandledKinds::every()),
+                kinds: Arc::new(kinds(i)),
             }
         })
         .collect()
+}
+
+/// What agent `i` handles: every agent handles `exec` (exactly, by `*`, or
+/// beside a `build.*` pattern), a third also `build.*`.
+fn kinds(i: usize) -> HandledKinds {
+    let patterns: &[&str] = match i % 3 {
+        0 => &["exec"],
+        1 => &["exec", "build.*"],
+        _ => &["*"],
+    };
+    HandledKinds::parse(patterns).expect("valid patterns")
 }
 
 fn bench_merge(c: &mut Criterion) {
@@ -99,19 +112,23 @@ fn bench_diff(c: &mut Criterion) {
     });
 }
 
+/// A placement for a task of kind `exec`, as the server compiles it.
+fn placement(text: &str) -> switchyard_core::placement::CompiledPlacement {
+    compile(&selector::parse(text).expect("parses"))
+        .expect("compiles")
+        .with_kind("exec")
+}
+
 fn bench_select(c: &mut Criterion) {
-    let typical = compile(
-        &selector::parse("linux, docker, software.node.version@^20, memory.total>=16384")
-            .expect("parses"),
-    )
-    .expect("compiles");
-    let preferring = compile(
-        &selector::parse("linux, docker, software.node.version@^20, prefer 5: gpu, prefer 1: memory.total>=32768")
-            .expect("parses"),
-    )
-    .expect("compiles");
-    let rare = compile(&selector::parse("gpu, software.node.version@^22").expect("parses"))
-        .expect("compiles");
+    let typical = placement("linux, docker, software.node.version@^20, memory.total>=16384");
+    let preferring = placement(
+        "linux, docker, software.node.version@^20, prefer 5: gpu, prefer 1: memory.total>=32768",
+    );
+    let rare = placement("gpu, software.node.version@^22");
+    // A kind a third of the agents handle (by their `build.*` pattern).
+    let rare_kind = compile(&selector::parse("linux, docker").expect("parses"))
+        .expect("compiles")
+        .with_kind("build.rust");
     for n in [1_000usize, 10_000] {
         let agents = fleet(n);
         let mut index = AgentIndex::new();
@@ -145,6 +162,17 @@ fn bench_select(c: &mut Criterion) {
         c.bench_function(&format!("select_best_with_preferences_{n}"), |b| {
             b.iter(|| index.select_best(black_box(&preferring), "default"))
         });
+        let expected = matcher::explain(&rare_kind, "default", &agents)
+            .ranked
+            .first()
+            .cloned();
+        assert_eq!(
+            index.select_best(&rare_kind, "default").map(|s| s.agent_id),
+            expected
+        );
+        c.bench_function(&format!("select_best_rare_kind_{n}"), |b| {
+            b.iter(|| index.select_best(black_box(&rare_kind), "default"))
+        });
         // A server's steady state: every pick is granted and at once
         // released, so the picked agent moves to the back of the rank order,
         // and the agents the placements rarely want gather at the front.
@@ -158,7 +186,7 @@ fn bench_select(c: &mut Criterion) {
             "software.node.version@^18, prefer 2: docker",
         ]
         .into_iter()
-        .map(|text| compile(&selector::parse(text).expect("parses")).expect("compiles"))
+        .map(placement)
         .collect();
         let mut turn = 0usize;
         let mut now = 2_000_000u64;
