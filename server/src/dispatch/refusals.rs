@@ -7,19 +7,23 @@
 //!
 //! A task every capable agent here refused is parked on its own (its
 //! placement is not: other tasks of it may still run), and read by each
-//! walk like a parked placement's task until an agent changes.
+//! walk like a parked placement's task; an agent that connects or changes
+//! and could run it (it did not refuse it) makes the next round read the
+//! queue from its head, as an unparked placement does.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use switchyard_core::matcher::AgentId;
+use switchyard_core::matcher::{self, AgentId, AgentView};
+use switchyard_core::placement::CompiledPlacement;
 use uuid::Uuid;
 
-use super::Dispatcher;
+use super::{Dispatcher, State};
 
 /// The most tasks with refusals a dispatcher remembers. One more makes it
 /// forget them all: each such task may then be offered once more to the
 /// agents that refused it (every release counts toward the task's bound).
-const MAX_REFUSED_TASKS: usize = 65_536;
+const MAX_REFUSED_TASKS: usize = 4_096;
 
 /// Refusals by task.
 #[derive(Debug, Default)]
@@ -69,6 +73,52 @@ impl Refusals {
     /// Forgets a task (it was granted).
     pub(super) fn forget(&mut self, task_id: Uuid) {
         self.by_task.remove(&task_id);
+    }
+
+    /// Whether `view`'s agent, with a slot free, could run a task that
+    /// others refused (its compiled placement, cached while it waits, says
+    /// so); a task of another namespace may answer yes: the walk then only
+    /// reads again.
+    fn could_take(
+        &self,
+        view: &AgentView,
+        placements: &HashMap<Uuid, Arc<CompiledPlacement>>,
+    ) -> bool {
+        view.status.takes_work()
+            && view.active_leases < view.capacity
+            && self.by_task.iter().any(|(task_id, agents)| {
+                !agents.contains(&view.agent_id)
+                    && placements
+                        .get(task_id)
+                        .is_some_and(|p| matcher::satisfies(p, view))
+            })
+    }
+}
+
+impl State {
+    /// After `agent`'s view changed in the index (it connected, or its
+    /// document, kinds or status changed): forgets the parked placements it
+    /// can run, and notes whether it could run a task others refused; true
+    /// if either, and the next round reads the queue from its head.
+    pub(super) fn unpark_for(&mut self, agent: AgentId) -> bool {
+        let State {
+            index,
+            queue,
+            refused,
+            placements,
+            ..
+        } = self;
+        let Some(view) = index.get(agent) else {
+            return false;
+        };
+        if queue.unpark_for(view) {
+            return true;
+        }
+        if refused.could_take(view, placements) {
+            queue.note_unparked();
+            return true;
+        }
+        false
     }
 }
 

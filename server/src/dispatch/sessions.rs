@@ -91,8 +91,14 @@ impl Dispatcher {
         };
         state.sessions.insert(attach.agent_id, session);
         metrics::gauge!(crate::metrics::CONNECTED_AGENTS).set(state.sessions.len() as f64);
-        let unparked = state.queue.unpark_for(&attach.view);
+        let agent = attach.view.agent_id;
         state.index.upsert(attach.view);
+        // It registered for this session: the store lifted its refusals.
+        let lifted = state.refused.lift(agent);
+        let unparked = state.unpark_for(agent) || lifted;
+        if lifted {
+            state.queue.note_unparked();
+        }
         drop(state);
         self.changed_agent(unparked);
         Some(id)
@@ -202,8 +208,9 @@ impl Dispatcher {
         let mut state = self.state();
         let mut unparked = false;
         if state.sessions.contains_key(&view.agent_id.uuid()) {
-            unparked = state.queue.unpark_for(&view);
+            let agent = view.agent_id;
             state.index.upsert(view);
+            unparked = state.unpark_for(agent);
         }
         drop(state);
         // A changed agent matters only to tasks that wait.
@@ -240,8 +247,7 @@ impl Dispatcher {
                     state.index.replace_document(key, document);
                 }
             }
-            let State { index, queue, .. } = &mut *state;
-            unparked = index.get(key).is_some_and(|view| queue.unpark_for(view));
+            unparked = state.unpark_for(key);
         }
         drop(state);
         self.changed_agent(unparked);
@@ -255,8 +261,7 @@ impl Dispatcher {
         let mut state = self.state();
         let mut unparked = false;
         if state.index.set_kinds(key, kinds) {
-            let State { index, queue, .. } = &mut *state;
-            unparked = index.get(key).is_some_and(|view| queue.unpark_for(view));
+            unparked = state.unpark_for(key);
         }
         drop(state);
         self.changed_agent(unparked);

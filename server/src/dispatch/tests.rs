@@ -20,7 +20,8 @@ use super::sessions::Attach;
 use super::{DispatchSettings, Dispatcher};
 use crate::clock::{Clock, ManualClock};
 use crate::model::{
-    AgentRegistration, Completion, CompletionOutcome, NewTask, QueuedReason, Submission, TaskState,
+    AgentRegistration, Completion, CompletionOutcome, NewTask, QueuedReason, ReleaseCause,
+    Submission, TaskState,
 };
 use crate::store::{self, Store};
 
@@ -223,6 +224,7 @@ on_both_stores!(
     a_delayed_task_is_granted_once_it_comes_due,
     a_lapsed_lease_is_expired_revoked_and_granted_again,
     a_submit_is_leased_on_the_way_in_only_when_nothing_waits,
+    a_refused_task_waits_on_its_own_until_an_agent_that_did_not_refuse_it_connects,
 );
 
 async fn a_round_fills_free_slots_in_priority_order(fx: &Fixture) {
@@ -270,6 +272,53 @@ async fn a_parked_task_is_skipped_and_remembered_until_an_agent_can_run_it(fx: &
     assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
     assert_eq!(gpu.grants(), [gpu_task]);
     assert!(linux.grants().is_empty());
+}
+
+/// Settles the lease of `task_id` with `outcome` and tells the dispatcher
+/// the slot is free.
+async fn settle(fx: &Fixture, agent: &Agent, task_id: Uuid, outcome: CompletionOutcome) {
+    let leased = fx.store.get_task(task_id).await.unwrap();
+    let done = Completion {
+        lease_id: leased.lease_id.unwrap(),
+        task_id,
+        agent_id: agent.id,
+        fencing_token: leased.fencing_token,
+        outcome,
+    };
+    fx.store.complete_leases(&[done], fx.now()).await.unwrap();
+    fx.dispatcher.lease_ended(agent.id);
+}
+
+async fn a_refused_task_waits_on_its_own_until_an_agent_that_did_not_refuse_it_connects(
+    fx: &Fixture,
+) {
+    let mut a = fx.connect("a", &["linux"], 1).await;
+    let refused = fx.queue("linux", 9, None).await;
+    let other = fx.queue("linux", 0, None).await;
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(a.grants(), [refused]);
+    let cannot = CompletionOutcome::Released {
+        reason: "no handler".into(),
+        cause: ReleaseCause::CannotHandle,
+    };
+    settle(fx, &a, refused, cannot).await;
+    fx.dispatcher.note_refusal(refused, a.id);
+    // The slot goes to the other task of the same placement: the placement
+    // is not parked, only the refused task waits.
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(a.grants(), [other]);
+    assert!(fx.dispatcher.state().queue.parked_keys().is_empty());
+    let done = CompletionOutcome::Succeeded { result: json!({}) };
+    settle(fx, &a, other, done).await;
+    // Nothing else to run: the head of the queue is known to be parked.
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
+    assert!(a.grants().is_empty());
+    // An agent that did not refuse it takes it at once, past that memory.
+    let mut b = fx.connect("b", &["linux"], 1).await;
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(b.grants(), [refused]);
+    assert!(a.grants().is_empty());
 }
 
 async fn a_delayed_task_is_granted_once_it_comes_due(fx: &Fixture) {
