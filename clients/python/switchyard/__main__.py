@@ -2,7 +2,8 @@
 
 ``capabilities --dir D [--explain]`` prints the merged, redacted document (``--explain``: every
 leaf with its tier, then every rejection), in the Rust agent's formats. ``run`` connects a runner
-with no handlers (it reports capabilities and releases whatever it is granted).
+with no handlers: it reports its capabilities and advertises no task kinds, so the server grants
+it nothing (a program with handlers uses :class:`switchyard.Runner`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     caps = sub.add_parser("capabilities", help="print the capability document this runner would report")
     caps.add_argument("--dir", dest="sub_dir", help="the agent directory (as above)")
     caps.add_argument("--explain", action="store_true", help="show every value with its tier, and every rejection")
-    run = sub.add_parser("run", help="connect to the server (no handlers: capabilities only)")
+    run = sub.add_parser(
+        "run", help="connect to the server and report capabilities (no handlers: advertises no kinds, granted nothing)"
+    )
     run.add_argument("--dir", dest="sub_dir", help="the agent directory (as above)")
     run.add_argument("--server", default=os.environ.get("SWITCHYARD_SERVER", "127.0.0.1:50051"))
     args = parser.parse_args(argv)

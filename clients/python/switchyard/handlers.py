@@ -3,22 +3,47 @@
 A handler is a callable taking a :class:`TaskContext` (``async def`` preferred; a plain function
 runs in a worker thread) and returning the task's result (a dict; ``None`` is ``{}``, anything
 else becomes ``{"result": value}``). Raising :class:`TaskFailure` fails the attempt with its code;
-any other exception fails it with code ``handler_error``, retryable.
+any other exception fails it with code ``handler_error``, retryable. Raising :class:`Release`
+hands the task back instead, without spending an attempt (like Celery's ``Reject``):
+``raise Release("quota exhausted")`` is :attr:`ReleaseCause.BUSY`, offered again after a jittered
+backoff; ``cause=ReleaseCause.CANNOT_HANDLE`` or ``CANNOT_DECODE`` says this runner cannot run
+it as given (the server does not offer it to this runner again until its kinds or document change
+or it registers again); ``OTHER`` backs off like ``BUSY``. Every release counts toward the
+server's per-task bound (``--max-releases-per-task``), past which the task FAILS with code
+``released_too_often``.
 
+The server grants a runner only tasks of the kinds it advertises: the kinds of its handlers.
 A :class:`HandlerPack` bundles handlers with the named capabilities it provides and their
-parameters. Packs merge first-registration-wins (the core's ``merge_packs``); duplicates are
-reported in :attr:`Handlers.rejections`, never raised. A capability whose required parameter is
-missing is reported unhealthy and the runner heartbeats DEGRADED instead of failing to start.
+parameters, and may require capabilities (``requires=["ai.llm@1"]``, or a name alone for any
+version); a single handler may too (``Runner.handler("summarize", requires=["ai.llm@1"])``).
+While a required capability is missing, unhealthy or of another major version in the runner's
+document, the kinds that need it are withdrawn from what it advertises and the runner heartbeats
+DEGRADED naming handler and capability; they come back with the capability
+(:meth:`Handlers.advertise`, the core's ``advertise``). Packs merge first-registration-wins (the
+core's ``merge_packs``); duplicates and malformed kinds are reported in
+:attr:`Handlers.rejections`, never raised. A capability whose required parameter is missing is
+reported unhealthy and the runner heartbeats DEGRADED instead of failing to start.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+import enum
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from switchyard.core.pack import MergedPacks, Pack, PackRejection, ProvidedCapability, merge_packs, resolve_params, unhealthy_reasons
+from switchyard.core.pack import (
+    Advertised,
+    MergedPacks,
+    Pack,
+    PackRejection,
+    ProvidedCapability,
+    advertise,
+    merge_packs,
+    resolve_params,
+    unhealthy_reasons,
+)
 
 Handler = Callable[["TaskContext"], Union[Awaitable[Any], Any]]
 """A task handler: ``async def handle(task: TaskContext) -> dict``."""
@@ -37,6 +62,47 @@ class TaskFailure(Exception):
         """False if a retry cannot help."""
         self.details = details
         """Handler detail, a JSON object."""
+
+
+class ReleaseCause(enum.IntEnum):
+    """Why a runner hands a lease back (``switchyard.v1.ReleaseCause``): what the server does with
+    the task next. A handler raises :class:`Release` with ``BUSY``, ``OTHER``, ``CANNOT_HANDLE``
+    or ``CANNOT_DECODE``; the runner itself uses the others."""
+
+    DRAINING = 1
+    """The runner is shutting down: the task goes back at once."""
+    REVOCATION_ACKNOWLEDGED = 2
+    """The runner stopped after the server revoked the lease to cancel the task."""
+    CANNOT_HANDLE = 3
+    """No handler for the kind, or it cannot run the task as given: not offered to this runner
+    again until its kinds or document change or it registers again."""
+    CANNOT_DECODE = 4
+    """The task cannot be decoded or is invalid: as ``CANNOT_HANDLE``."""
+    BUSY = 5
+    """Busy for now (at capacity, a resource momentarily short): offered again after a backoff."""
+    OTHER = 6
+    """Anything else: offered again after a backoff."""
+
+
+_HANDLER_CAUSES = (ReleaseCause.BUSY, ReleaseCause.OTHER, ReleaseCause.CANNOT_HANDLE, ReleaseCause.CANNOT_DECODE)
+
+
+class Release(Exception):
+    """Raised by a handler to hand the task back instead of failing the attempt (see the module doc).
+
+    >>> raise Release("model quota exhausted")  # doctest: +SKIP
+    >>> raise Release("payload is not a PDF", cause=ReleaseCause.CANNOT_DECODE)  # doctest: +SKIP
+    """
+
+    def __init__(self, reason: str, cause: ReleaseCause | int = ReleaseCause.BUSY):
+        cause = ReleaseCause(cause)
+        if cause not in _HANDLER_CAUSES:
+            raise ValueError(f"a handler releases with BUSY, OTHER, CANNOT_HANDLE or CANNOT_DECODE, not {cause.name}")
+        super().__init__(reason)
+        self.reason = reason
+        """Why, for people (the server records it, and names it when the runner refused the task)."""
+        self.cause = cause
+        """What the server does with the task next."""
 
 
 @dataclass
@@ -68,19 +134,25 @@ class TaskContext:
 
 @dataclass(frozen=True)
 class HandlerPack:
-    """A pack: an id, the handlers for the kinds it runs, and the capabilities it provides.
+    """A pack: an id, the handlers for the kinds it runs, the capabilities it provides, and those
+    its handlers require.
 
     ``provides`` maps a dotted capability name to its version and parameters, e.g.
     ``{"ai.llm": ProvidedCapability("1.2.0", {"API_KEY": Param(sensitive=True)})}``.
+    ``requires`` lists capability refs, e.g. ``["ai.llm@1", "comm.gateway"]``: while one is not in
+    the runner's document, healthy and of that major version, the pack's kinds are withdrawn.
     """
 
     id: str
     handlers: Mapping[str, Handler] = field(default_factory=dict)
     provides: Mapping[str, ProvidedCapability] = field(default_factory=dict)
+    requires: Sequence[str] = ()
 
     def declaration(self) -> Pack:
         """The pack as the core sees it."""
-        return Pack(id=self.id, handlers=tuple(self.handlers), provides=dict(self.provides))
+        return Pack(
+            id=self.id, handlers=tuple(self.handlers), provides=dict(self.provides), requires=tuple(self.requires)
+        )
 
 
 class Handlers:
@@ -107,8 +179,13 @@ class Handlers:
 
     @property
     def kinds(self) -> list[str]:
-        """The kinds handled."""
+        """The kinds handled, withdrawn or not (:meth:`advertise` says which are advertised)."""
         return sorted(self._by_kind)
+
+    def advertise(self, document: Any) -> Advertised:
+        """The kinds to advertise given the runner's ``document``, and those withdrawn because a
+        capability their pack requires is missing or unhealthy (the core's ``advertise``)."""
+        return advertise(self.merged, document)
 
     @property
     def rejections(self) -> list[PackRejection]:

@@ -9,6 +9,16 @@ backoff and re-sends final reports not yet acknowledged (the server takes a repe
 idempotently). ``stop()`` (SIGTERM under :meth:`Runner.run_forever`) drains: a DRAINING heartbeat,
 new grants are released, running handlers get the grace period to finish, the rest are
 cancelled and released, and :meth:`Runner.run` returns.
+
+The runner registers with the task kinds it advertises (its handlers' kinds, less those withdrawn
+because a capability they require is not in its document; see :mod:`switchyard.handlers`), and
+a heartbeat carries the whole list again whenever it changes; the server grants it only tasks of
+those kinds, and a runner with no handlers nothing. Withdrawals are reported with the DEGRADED
+status, after the unhealthy capabilities. Every release says why, for the server: DRAINING while
+shutting down, BUSY at capacity, CANNOT_HANDLE for a kind with no handler or a withdrawn one,
+CANNOT_DECODE for a grant whose task cannot be turned into a :class:`TaskContext`,
+REVOCATION_ACKNOWLEDGED after the server revoked a lease to cancel it, and a handler's
+:class:`~switchyard.handlers.Release` its own cause and reason.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,8 +43,8 @@ from switchyard import convert
 from switchyard.capabilities import Capabilities
 from switchyard.core.diff import diff
 from switchyard.core.json_util import json_equal
-from switchyard.core.pack import PackRejection
-from switchyard.handlers import Handler, HandlerPack, Handlers, TaskContext, TaskFailure
+from switchyard.core.pack import Advertised, PackRejection
+from switchyard.handlers import Handler, HandlerPack, Handlers, Release, ReleaseCause, TaskContext, TaskFailure
 from switchyard.v1 import agent_pb2, agent_service_pb2 as pb, agent_service_pb2_grpc, capability_pb2, task_pb2
 
 log = logging.getLogger("switchyard.runner")
@@ -115,9 +125,9 @@ class _Running:
     context: TaskContext
     job: asyncio.Task | None = None
     canceled: bool = False
-    """The server revoked it for cancellation: report ``released``."""
+    """The server revoked it for cancellation: report it released (REVOCATION_ACKNOWLEDGED)."""
     shut_down: bool = False
-    """The grace period ran out: report ``released``."""
+    """The grace period ran out: report it released (DRAINING)."""
 
 
 class _Reconnect(Exception):
@@ -133,6 +143,9 @@ class Runner:
     >>> @runner.handler("echo")
     ... async def echo(task: TaskContext) -> dict:
     ...     return {"echo": task.payload}
+    >>> @runner.handler("summarize", requires=["ai.llm@1"])  # withdrawn while ai.llm is not there
+    ... async def summarize(task: TaskContext) -> dict:
+    ...     return {"summary": "..."}
     >>> runner.run_forever()  # doctest: +SKIP
     """
 
@@ -159,25 +172,29 @@ class Runner:
 
     # ----- registration ------------------------------------------------------------------
 
-    def handler(self, kind: str) -> Callable[[Handler], Handler]:
-        """Decorator: ``@runner.handler("kind")`` registers a handler as a pack of its own (id = kind)."""
+    def handler(self, kind: str, requires: Sequence[str] = ()) -> Callable[[Handler], Handler]:
+        """Decorator: ``@runner.handler("kind")`` registers a handler as a pack of its own (id = kind);
+        ``requires=["ai.llm@1"]`` withdraws the kind while that capability is not there."""
 
         def register(fn: Handler) -> Handler:
-            self.add_handler(kind, fn)
+            self.add_handler(kind, fn, requires)
             return fn
 
         return register
 
-    def add_handler(self, kind: str, fn: Handler) -> None:
-        """Registers ``fn`` for ``kind``; a kind already claimed is reported, not raised."""
-        self.pack(HandlerPack(id=kind, handlers={kind: fn}))
+    def add_handler(self, kind: str, fn: Handler, requires: Sequence[str] = ()) -> None:
+        """Registers ``fn`` for ``kind``, needing the capabilities ``requires`` (``name@major``, or a
+        name alone for any version); a kind already claimed or malformed is reported, not raised."""
+        self.pack(HandlerPack(id=kind, handlers={kind: fn}, requires=tuple(requires)))
 
     def pack(self, pack: HandlerPack) -> None:
-        """Adds a handler pack; the first registration of a pack id, kind or capability wins."""
+        """Adds a handler pack; the first registration of a pack id, kind or capability wins. While
+        running, the next heartbeat (sent at once) advertises the new kinds."""
         self.handlers.add(pack)
         for r in self.handlers.rejections:
             log.debug("pack %s: %s %s rejected: %s", r.pack, r.kind, r.id, r.reason)
         self._update_provides()
+        self._post(("tick", None))
 
     @property
     def rejections(self) -> list[PackRejection]:
@@ -190,9 +207,14 @@ class Runner:
         self.capabilities.merge()
 
     @property
+    def advertised(self) -> Advertised:
+        """The kinds the runner advertises given its document now, and those withdrawn."""
+        return self.handlers.advertise(self.capabilities.document)
+
+    @property
     def unhealthy(self) -> list[str]:
-        """Why the runner is DEGRADED (unhealthy capabilities), if it is."""
-        return list(self._unhealthy)
+        """Why the runner is DEGRADED (unhealthy capabilities, then withdrawn handlers), if it is."""
+        return list(self._unhealthy) + [w.reason for w in self.advertised.withdrawn]
 
     # ----- capabilities ------------------------------------------------------------------
 
@@ -353,10 +375,13 @@ class Runner:
         return self.config.name or (host if isinstance(host, str) and host else socket.gethostname() or "runner")
 
     def _status(self) -> tuple[int, list[str]]:
+        """DRAINING while shutting down, else DEGRADED while a capability is unhealthy or a handler
+        is withdrawn."""
         if self._draining:
             return agent_pb2.AGENT_STATUS_DRAINING, ["agent shutting down"]
-        if self._unhealthy:
-            return agent_pb2.AGENT_STATUS_DEGRADED, list(self._unhealthy)
+        reasons = self.unhealthy
+        if reasons:
+            return agent_pb2.AGENT_STATUS_DEGRADED, reasons
         return agent_pb2.AGENT_STATUS_READY, []
 
     async def _session(self) -> None:
@@ -373,6 +398,7 @@ class Runner:
             stub = agent_service_pb2_grpc.AgentServiceStub(channel)
             await self.capabilities.refresh()
             merged = self.capabilities.merged
+            sent_kinds = self.handlers.advertise(merged.document).kinds
             reg = await stub.RegisterAgent(
                 pb.RegisterAgentRequest(
                     name=self._name(),
@@ -383,6 +409,7 @@ class Runner:
                     provenance=convert.provenance_entries(merged),
                     rejections=convert.rejections(merged),
                     runner=f"switchyard-runner/{RUNNER_VERSION} (python)",
+                    handled_kinds=sent_kinds,
                 ),
                 timeout=10,
                 metadata=metadata,
@@ -497,9 +524,14 @@ class Runner:
                         diff_message = capability_pb2.CapabilityDiff(
                             base_generation=generation, operations=convert.patch_to_proto(diff(sent_doc, doc))
                         )
-                    seq = send(heartbeat=self._heartbeat(diff_message))
+                    kinds = self.advertised.kinds
+                    changed_kinds = kinds if kinds != sent_kinds else None
+                    seq = send(heartbeat=self._heartbeat(diff_message, changed_kinds))
                     if diff_message is not None:
                         pending_doc = (seq, doc)
+                    if changed_kinds is not None:
+                        log.info("handled kinds changed: %s", kinds)
+                        sent_kinds = kinds
                 elif what == "stop":
                     send(heartbeat=self._heartbeat(None))
                 elif what == "progress":
@@ -529,7 +561,10 @@ class Runner:
                 call.cancel()
             await channel.close(grace=None)
 
-    def _heartbeat(self, capability_diff: capability_pb2.CapabilityDiff | None) -> pb.Heartbeat:
+    def _heartbeat(
+        self, capability_diff: capability_pb2.CapabilityDiff | None, handled_kinds: list[str] | None = None
+    ) -> pb.Heartbeat:
+        """Status and reasons, load, the diff if any, and the handled kinds when they changed."""
         status, reasons = self._status()
         load = self.capabilities.document.get("loadavg", {})
         one = load.get("1min", 0.0) if isinstance(load, dict) else 0.0
@@ -540,6 +575,8 @@ class Runner:
         )
         if capability_diff is not None:
             heartbeat.capability_diff.CopyFrom(capability_diff)
+        if handled_kinds is not None:
+            heartbeat.handled_kinds.CopyFrom(pb.HandledKinds(kinds=handled_kinds))
         return heartbeat
 
     async def _read(self, call: Any, sid: int) -> None:
@@ -559,24 +596,48 @@ class Runner:
 
     # ----- leases ------------------------------------------------------------------------
 
-    def _grant(self, grant: pb.LeaseGrant, send: Callable[..., int]) -> None:
-        task = grant.task
-        reason = None
+    def _refusal(self, kind: str) -> tuple[ReleaseCause, str] | None:
+        """Why the runner cannot take a grant of ``kind`` now, if it cannot: draining, at capacity
+        (busy: the server offers it again later), or no handler for the kind or its handler
+        withdrawn (the server offers it to this runner no more)."""
         if self._draining:
-            reason = "agent is draining"
-        elif len(self._running) >= self._capacity():
-            reason = "agent at capacity"
-        elif self.handlers.get(task.kind) is None:
-            reason = f"no handler for kind {task.kind}"
+            return ReleaseCause.DRAINING, "agent is draining"
+        if len(self._running) >= self._capacity():
+            return ReleaseCause.BUSY, "agent at capacity"
+        if self.handlers.get(kind) is None:
+            return ReleaseCause.CANNOT_HANDLE, f"no handler for kind {kind}"
+        withdrawn = next((w for w in self.advertised.withdrawn if w.kind == kind), None)
+        if withdrawn is not None:
+            return ReleaseCause.CANNOT_HANDLE, withdrawn.reason
+        return None
+
+    def _grant(self, grant: pb.LeaseGrant, send: Callable[..., int]) -> None:
+        """A grant: accepted and started at once, or released with the cause and reason the runner
+        cannot take it (a task it cannot decode included: the session goes on)."""
+        task = grant.task
         ids = {"lease_id": grant.lease_id, "task_id": task.task_id, "fencing_token": grant.fencing_token}
-        if reason is not None:
-            log.debug("releasing grant %s: %s", grant.lease_id, reason)
-            send(lease_update=pb.LeaseUpdate(**ids, released=pb.LeaseReleased(reason=reason)))
-            return
-        send(lease_update=pb.LeaseUpdate(**ids, accepted=pb.LeaseAccepted()))
-        send(lease_update=pb.LeaseUpdate(**ids, started=pb.LeaseStarted()))
-        lease_id = grant.lease_id
-        context = TaskContext(
+        refusal = self._refusal(task.kind)
+        if refusal is None:
+            try:
+                context = self._context(grant)
+            except Exception as err:  # whatever fails while preparing a grant hands it back
+                log.warning("cannot decode the task of grant %s", grant.lease_id, exc_info=True)
+                refusal = ReleaseCause.CANNOT_DECODE, f"cannot decode the task: {_describe(err)}"
+            else:
+                send(lease_update=pb.LeaseUpdate(**ids, accepted=pb.LeaseAccepted()))
+                send(lease_update=pb.LeaseUpdate(**ids, started=pb.LeaseStarted()))
+                running = _Running(task_id=task.task_id, fencing_token=grant.fencing_token, context=context)
+                self._running[grant.lease_id] = running
+                running.job = asyncio.create_task(self._work(grant.lease_id, running, self.handlers.get(task.kind)))
+                return
+        cause, reason = refusal
+        log.debug("releasing grant %s (%s): %s", grant.lease_id, cause.name, reason)
+        send(lease_update=pb.LeaseUpdate(**ids, released=_released(cause, reason)))
+
+    def _context(self, grant: pb.LeaseGrant) -> TaskContext:
+        """The handler's view of a grant; raises if the task cannot be decoded."""
+        task, lease_id = grant.task, grant.lease_id
+        return TaskContext(
             task_id=task.task_id,
             kind=task.kind,
             payload=convert.from_struct(task.payload),
@@ -585,9 +646,6 @@ class Runner:
             task=task,
             _progress=lambda percent, text: self._post(("progress", None, lease_id, float(percent), text)),
         )
-        running = _Running(task_id=task.task_id, fencing_token=grant.fencing_token, context=context)
-        self._running[lease_id] = running
-        running.job = asyncio.create_task(self._work(lease_id, running, self.handlers.get(task.kind)))
 
     def _revoke(self, revocation: pb.LeaseRevocation) -> None:
         running = self._running.get(revocation.lease_id)
@@ -621,6 +679,8 @@ class Runner:
             outcome = ("succeeded", result)
         except asyncio.CancelledError:
             outcome = ("cancelled", None)
+        except Release as release:
+            outcome = ("released", release)
         except TaskFailure as failure:
             outcome = ("failed", failure)
         except Exception as err:  # a handler's exception is a failed attempt, never a crash
@@ -635,11 +695,15 @@ class Runner:
         ids = {"lease_id": lease_id, "task_id": running.task_id, "fencing_token": running.fencing_token}
         what, value = outcome
         if running.canceled:
-            update = pb.LeaseUpdate(**ids, released=pb.LeaseReleased(reason="canceled by the server"))
+            update = pb.LeaseUpdate(
+                **ids, released=_released(ReleaseCause.REVOCATION_ACKNOWLEDGED, "canceled by the server")
+            )
         elif running.shut_down:
-            update = pb.LeaseUpdate(**ids, released=pb.LeaseReleased(reason="agent shut down"))
+            update = pb.LeaseUpdate(**ids, released=_released(ReleaseCause.DRAINING, "agent shut down"))
         elif what == "cancelled":
-            update = pb.LeaseUpdate(**ids, released=pb.LeaseReleased(reason="handler was cancelled"))
+            update = pb.LeaseUpdate(**ids, released=_released(ReleaseCause.OTHER, "handler was cancelled"))
+        elif what == "released":
+            update = pb.LeaseUpdate(**ids, released=_released(value.cause, value.reason))
         elif what == "succeeded":
             result = value if isinstance(value, dict) else ({} if value is None else {"result": value})
             try:
@@ -651,6 +715,11 @@ class Runner:
             update = _failed(ids, value)
         self._unacked_finals[lease_id] = update
         self._post(("final", None, lease_id))
+
+
+def _released(cause: ReleaseCause, reason: str) -> pb.LeaseReleased:
+    """A release with its cause."""
+    return pb.LeaseReleased(reason=reason, cause=int(cause))
 
 
 def _failed(ids: dict, failure: TaskFailure) -> pb.LeaseUpdate:

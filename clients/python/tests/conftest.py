@@ -1,9 +1,10 @@
-"""Test fixtures: a real switchyard-server on an ephemeral port.
+"""Test fixtures: a real switchyard-server on an ephemeral port, and a client of it.
 
 The server binary is ``$SWITCHYARD_SERVER_BIN`` or the workspace's
 ``target/debug/switchyard-server`` (built by ``cargo build``); the Rust agent is
 ``$SWITCHYARD_AGENT_BIN`` or ``target/debug/switchyard-agent``. Server logs show when ``TEST_LOG``
-is set.
+is set. A test marked ``@pytest.mark.server_args("--flag", "value", ...)`` starts its server with
+those flags too.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import pathlib
 import re
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import pytest
+
+from helpers import Client
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 
@@ -32,9 +35,11 @@ class ServerProcess:
     """A switchyard-server child process on SQLite; can be killed and restarted on the same port
     and database file."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, extra_args: Sequence[str] = ()):
         self.database = f"sqlite://{directory}/switchyard.db"
         self.address = "127.0.0.1:0"
+        self.extra_args = list(extra_args)
+        """Flags added to every start, e.g. ``["--max-releases-per-task", "3"]``."""
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> str:
@@ -47,6 +52,7 @@ class ServerProcess:
                 "--heartbeat-interval-ms", "200",
                 "--sweep-interval-ms", "100",
                 "--ack-window-ms", "2000",
+                *self.extra_args,
             ],
             stdout=subprocess.PIPE,
             stderr=None if os.environ.get("TEST_LOG") else subprocess.DEVNULL,
@@ -77,10 +83,11 @@ class ServerProcess:
 
 
 @pytest.fixture
-def server() -> Iterator[ServerProcess]:
-    """A started server that a test may kill and restart."""
+def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """A started server that a test may kill and restart, with the flags of its ``server_args`` mark."""
+    marker = request.node.get_closest_marker("server_args")
     with tempfile.TemporaryDirectory() as tmp:
-        process = ServerProcess(tmp)
+        process = ServerProcess(tmp, marker.args if marker else ())
         process.start()
         try:
             yield process
@@ -92,3 +99,13 @@ def server() -> Iterator[ServerProcess]:
 def server_address(server: ServerProcess) -> str:
     """Starts switchyard-server on SQLite in a temporary directory; yields host:port."""
     return server.address
+
+
+@pytest.fixture
+async def client(server_address: str) -> AsyncIterator[Client]:
+    """The task and admin services of the test's server."""
+    c = Client(server_address)
+    try:
+        yield c
+    finally:
+        await c.close()

@@ -1,11 +1,13 @@
 """Helpers for end-to-end tests: clients, a runner running in the background, and waits that
-end on events (WatchTask), each with a deadline."""
+end on events (WatchTask), each with a deadline; an agent's status and kinds are only visible by
+polling, so :meth:`Client.agent_until` polls them."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Container
+import pathlib
+from collections.abc import AsyncIterator, Callable, Container
 
 import grpc
 
@@ -13,6 +15,7 @@ from switchyard import Runner
 from switchyard.v1 import (
     agent_admin_service_pb2,
     agent_admin_service_pb2_grpc,
+    agent_pb2,
     placement_pb2,
     task_pb2,
     task_service_pb2,
@@ -21,6 +24,16 @@ from switchyard.v1 import (
 from switchyard import convert
 
 TERMINAL = (task_pb2.TASK_STATE_SUCCEEDED, task_pb2.TASK_STATE_FAILED, task_pb2.TASK_STATE_CANCELED)
+
+
+def make_runner(address: str, directory: pathlib.Path | None = None, **overrides) -> Runner:
+    """A runner tuned for tests: fast refresh and reconnects, a short grace period."""
+    settings = dict(
+        server=address, name=f"py-{id(overrides)}", directory=directory, refresh_interval=0.2,
+        backoff_initial=0.05, backoff_max=0.5, grace_period=5.0, params=lambda name: None,
+    )
+    settings.update(overrides)
+    return Runner(**settings)
 
 
 @contextlib.asynccontextmanager
@@ -88,8 +101,57 @@ class Client:
 
         return await asyncio.wait_for(watch(), timeout)
 
-    async def agent(self, agent_id: str):
+    async def agent(self, agent_id: str) -> agent_pb2.Agent:
         return (await self.admin.GetAgent(agent_admin_service_pb2.GetAgentRequest(agent_id=agent_id), timeout=5)).agent
+
+    async def agents(self) -> list[agent_pb2.Agent]:
+        """The agents of the default namespace (ListAgents, every page)."""
+        agents: list[agent_pb2.Agent] = []
+        token = ""
+        while True:
+            reply = await self.admin.ListAgents(agent_admin_service_pb2.ListAgentsRequest(page_token=token), timeout=5)
+            agents.extend(reply.agents)
+            token = reply.next_page_token
+            if not token:
+                return agents
+
+    async def agent_until(
+        self, predicate: Callable[[agent_pb2.Agent], bool], name: str, timeout: float = 10.0
+    ) -> agent_pb2.Agent:
+        """The agent named ``name`` (as ListAgents shows it) once ``predicate`` holds for it."""
+
+        async def poll() -> agent_pb2.Agent:
+            while True:
+                for agent in await self.agents():
+                    if agent.name == name and predicate(agent):
+                        return agent
+                await asyncio.sleep(0.05)  # nothing to await: an agent's status is only visible by polling
+
+        return await asyncio.wait_for(poll(), timeout)
+
+    async def verdict(self, task_id: str, agent_id: str) -> placement_pb2.AgentVerdict:
+        """ExplainTask's verdict on the task for one agent."""
+        reply = await self.tasks.ExplainTask(task_service_pb2.ExplainTaskRequest(task_id=task_id), timeout=5)
+        found = [v for v in reply.verdicts if v.agent_id == agent_id]
+        assert found, f"no verdict for {agent_id} in {reply}"
+        return found[0]
+
+    async def history(self, task_id: str) -> list[task_pb2.TaskEvent]:
+        """The task's events, oldest first (ListTaskEvents, every page)."""
+        events: list[task_pb2.TaskEvent] = []
+        token = ""
+        while True:
+            reply = await self.tasks.ListTaskEvents(
+                task_service_pb2.ListTaskEventsRequest(task_id=task_id, page_token=token), timeout=5
+            )
+            events.extend(reply.events)
+            token = reply.next_page_token
+            if not token:
+                return events
+
+    async def leased_to(self, task_id: str) -> list[str]:
+        """The agent of every grant of the task (its ``leased`` events), oldest first."""
+        return [e.agent_id for e in await self.history(task_id) if e.kind == "leased"]
 
     async def close(self) -> None:
         await self.channel.close()

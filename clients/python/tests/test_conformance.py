@@ -1,6 +1,6 @@
-"""The shared conformance vectors (`tests/conformance/`): merge, diff, redaction and packs.
+"""The shared conformance vectors (`tests/conformance/`): merge, diff, redaction, packs and kinds.
 
-Every case of the four files the runners share must pass, as the Rust core passes them.
+Every case of the five files the runners share must pass, as the Rust core passes them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from switchyard.core import diff as diffs
 from switchyard.core.json_util import json_equal
 from switchyard.core.limits import Limits
-from switchyard.core.pack import Pack, merge_packs, resolve_params
+from switchyard.core.pack import Pack, advertise, merge_packs, resolve_params
 from switchyard.core.redact import redact
 from switchyard.core.tier import Tier, merge_tiers
 
@@ -89,3 +89,16 @@ def test_packs(case: dict) -> None:
     for value in params.values():
         if value:
             assert value not in json.dumps(provides)
+
+
+@pytest.mark.parametrize("case", cases("kinds"))
+def test_kinds(case: dict) -> None:
+    merged = merge_packs([Pack.from_json(p) for p in case["packs"]])
+    advertised = advertise(merged, case["document"])
+    expected = case["expected"]
+    assert advertised.kinds == expected["kinds"]
+    got = [
+        {"kind": w.kind, "capability": w.capability, "problem": w.problem, "reason": w.reason}
+        for w in advertised.withdrawn
+    ]
+    assert got == expected["withdrawn"]

@@ -6,34 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
-from collections.abc import AsyncIterator
 
-import pytest
-
-from helpers import Client, running
+from helpers import Client, make_runner, running
 from switchyard import HandlerPack, Param, ProvidedCapability, Runner, TaskContext
 from switchyard.v1 import agent_pb2, task_pb2
 
 SUCCEEDED = (task_pb2.TASK_STATE_SUCCEEDED,)
-
-
-def make_runner(address: str, directory: pathlib.Path | None = None, **overrides) -> Runner:
-    """A runner tuned for tests: fast refresh and reconnects, a short grace period."""
-    settings = dict(
-        server=address, name=f"py-{id(overrides)}", directory=directory, refresh_interval=0.2,
-        backoff_initial=0.05, backoff_max=0.5, grace_period=5.0, params=lambda name: None,
-    )
-    settings.update(overrides)
-    return Runner(**settings)
-
-
-@pytest.fixture
-async def client(server_address: str) -> AsyncIterator[Client]:
-    c = Client(server_address)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_registers_with_its_document(server_address: str, client: Client, tmp_path: pathlib.Path) -> None:
@@ -41,6 +19,7 @@ async def test_registers_with_its_document(server_address: str, client: Client, 
     async with running(make_runner(server_address, tmp_path)) as runner:
         agent = await client.agent(runner.agent_id)
         assert agent.runner.startswith("switchyard-runner/") and agent.runner.endswith("(python)")
+        assert list(agent.handled_kinds) == [], "no handlers: it advertises no kinds"
         doc = agent.capabilities.document
         assert doc["environment"] == "test"
         assert doc["db_password"] == "[redacted]"
@@ -60,6 +39,7 @@ async def test_lease_and_complete(server_address: str, client: Client) -> None:
         return {"echo": task.payload}
 
     async with running(runner):
+        assert list((await client.agent(runner.agent_id)).handled_kinds) == ["echo"]
         task = await client.submit("echo", {"n": 3, "s": "hi"})
         done = await client.wait_for(task.task_id, SUCCEEDED)
         assert dict(done.result)["echo"]["s"] == "hi"
@@ -146,6 +126,9 @@ async def test_cancel_reaches_a_running_handler(server_address: str, client: Cli
         done = await client.wait_for(task.task_id, (task_pb2.TASK_STATE_CANCELED,))
         assert done.state == task_pb2.TASK_STATE_CANCELED
         assert not runner._running
+        last = (await client.history(task.task_id))[-1]
+        assert last.kind == "canceled"
+        assert last.message == "the agent released the task (revocation_acknowledged): canceled by the server"
 
 
 async def test_missing_required_parameter_degrades_not_stops(server_address: str, client: Client) -> None:
@@ -159,14 +142,9 @@ async def test_missing_required_parameter_degrades_not_stops(server_address: str
         task = await client.submit("chat")
         await client.wait_for(task.task_id, SUCCEEDED)
 
-        async def degraded():
-            while True:
-                agent = await client.agent(runner.agent_id)
-                if agent.status == agent_pb2.AGENT_STATUS_DEGRADED:
-                    return agent
-                await asyncio.sleep(0.05)  # nothing to await: the status is only visible by polling
-
-        agent = await asyncio.wait_for(degraded(), 10)
+        await client.agent_until(lambda a: a.status == agent_pb2.AGENT_STATUS_DEGRADED, runner.config.name)
+        agent = await client.agent(runner.agent_id)  # with its document
+        assert list(agent.handled_kinds) == ["chat"], "a handler that requires nothing stays"
         assert list(agent.status_reasons) == ["capability ai.llm unhealthy: missing parameter API_KEY"]
         provides = agent.capabilities.document["provides"]["ai.llm"]
         assert provides["healthy"] is False and provides["version"] == "1.2.0"

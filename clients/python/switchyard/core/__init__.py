@@ -5,8 +5,10 @@ Layout:
 - ``tier``: the tier merge (RFC 7386) with provenance and rejections.
 - ``redact``: secret redaction by key words and declared sensitive keys.
 - ``diff``: JSON Patch (RFC 6902) diffs between generations, and their checked application.
-- ``pack``: handler packs merged first-registration-wins, and parameter resolution.
-- ``version``: lenient version parsing, as pack validation needs it.
+- ``pack``: handler packs merged first-registration-wins, parameter resolution, and the kinds a
+  runner advertises (those whose required capabilities are there) with the withdrawn ones.
+- ``kinds``: the rules for a task kind's name, as handler kinds must follow them.
+- ``version``: lenient version parsing, as pack validation and capability refs need it.
 
 Every function here matches its Rust counterpart on the shared conformance vectors in
 ``tests/conformance/``.

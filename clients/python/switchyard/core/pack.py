@@ -7,6 +7,12 @@ already claimed is dropped and reported; nothing raises. :func:`resolve_params` 
 capabilities into the document's ``provides`` subtree, ``{name: {version, healthy, reason?}}``,
 where a required parameter (no default) that the lookup does not supply, or supplies as ``""``,
 makes that capability ``healthy: false``. Parameter values never enter the document.
+
+A handler kind must be a valid kind (:func:`switchyard.core.kinds.check_kind`), or it is rejected
+like a duplicate. A pack may require capabilities (``requires: ["ai.llm@1"]``, or a name alone for
+any version): :func:`advertise` withdraws its kinds while one of them is missing, unhealthy or of
+another major version in the runner's document, and says why (the runner reports DEGRADED with
+the reasons); a kind comes back when its capabilities do.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from switchyard.core.json_util import byte_sorted
+from switchyard.core.kinds import check_kind
 from switchyard.core.version import parse_lenient
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_-]+")
@@ -46,11 +53,15 @@ class ProvidedCapability:
 
 @dataclass(frozen=True)
 class Pack:
-    """A pack's declaration: its id, the task kinds it handles, the capabilities it provides."""
+    """A pack's declaration: its id, the task kinds it handles, the capabilities it provides and
+    those its handlers require."""
 
     id: str
     handlers: tuple[str, ...] = ()
     provides: dict[str, ProvidedCapability] = field(default_factory=dict)
+    requires: tuple[str, ...] = ()
+    """Capability refs (``ai.llm@1``, or ``ai.llm`` for any version) the pack's handlers need;
+    while one is not there its kinds are withdrawn (see :func:`advertise`)."""
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Pack:
@@ -62,7 +73,12 @@ class Pack:
             )
             for name, cap in (value.get("provides") or {}).items()
         }
-        return cls(id=value["id"], handlers=tuple(value.get("handlers") or ()), provides=provides)
+        return cls(
+            id=value["id"],
+            handlers=tuple(value.get("handlers") or ()),
+            provides=provides,
+            requires=tuple(value.get("requires") or ()),
+        )
 
 
 @dataclass(frozen=True)
@@ -89,6 +105,9 @@ class MergedPacks:
     """Task kind to the pack that handles it."""
     provides: dict[str, tuple[str, ProvidedCapability]] = field(default_factory=dict)
     """Capability name to (pack id, capability)."""
+    requires: dict[str, list[str]] = field(default_factory=dict)
+    """Task kind to the capabilities required by the pack whose registration of it won (kinds
+    whose pack requires none are absent)."""
     rejections: list[PackRejection] = field(default_factory=list)
     """What was not merged, in order."""
 
@@ -116,12 +135,15 @@ def merge_packs(packs: list[Pack]) -> MergedPacks:
         seen.add(pack.id)
         merged.packs.append(pack.id)
         for kind in pack.handlers:
-            if not kind:
-                reject("handler", kind, "handler kind is empty")
+            problem = check_kind(kind)
+            if problem is not None:
+                reject("handler", kind, f"handler kind {problem}")
             elif kind in merged.handlers:
                 reject("handler", kind, f"already handled by pack {merged.handlers[kind]}")
             else:
                 merged.handlers[kind] = pack.id
+                if pack.requires:
+                    merged.requires[kind] = list(pack.requires)
         for name in byte_sorted(pack.provides):
             capability = pack.provides[name]
             if not valid_dotted_name(name):
@@ -165,3 +187,89 @@ def unhealthy_reasons(provides: dict[str, dict]) -> list[str]:
         for name, entry in provides.items()
         if entry.get("healthy") is False
     ]
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    """A handler kind withdrawn from what the runner advertises, and why."""
+
+    kind: str
+    """The kind."""
+    capability: str
+    """The required capability that is not there, as the pack wrote it."""
+    problem: str
+    """What is wrong with it: ``not provided``, ``unhealthy: missing parameter API_KEY``,
+    ``version 2.0.0, not major 1``, ``not a capability ref (name@major)``."""
+
+    @property
+    def reason(self) -> str:
+        """The reason the runner reports with its DEGRADED status."""
+        return f"handler {self.kind} withdrawn: needs {self.capability}, {self.problem}"
+
+
+@dataclass(frozen=True)
+class Advertised:
+    """What a runner advertises: the kinds it handles now, and those withdrawn."""
+
+    kinds: list[str] = field(default_factory=list)
+    """The kinds handled, sorted."""
+    withdrawn: list[Withdrawal] = field(default_factory=list)
+    """The kinds withdrawn because a required capability is missing or unhealthy, in kind order
+    (a kind with several missing capabilities is listed once for each)."""
+
+
+def advertise(merged: MergedPacks, document: Any) -> Advertised:
+    """The kinds the merged packs handle given the runner's ``document`` (only its ``provides``
+    subtree matters): a kind whose pack requires a capability that is missing, unhealthy or of
+    another major version is withdrawn, and comes back when the capability does."""
+    out = Advertised()
+    for kind in byte_sorted(merged.handlers):
+        problems = [
+            Withdrawal(kind, required, problem)
+            for required in merged.requires.get(kind, ())
+            if (problem := requirement_problem(required, document)) is not None
+        ]
+        if problems:
+            out.withdrawn.extend(problems)
+        else:
+            out.kinds.append(kind)
+    return out
+
+
+_U64_TEXT = re.compile(r"\+?[0-9]+")
+_NOT_A_REF = "not a capability ref (name@major)"
+
+
+def requirement_problem(required: str, document: Any) -> str | None:
+    """Why a required capability (``name@major`` or ``name``) is not there, or ``None`` if it is."""
+    name, at, major_text = required.partition("@")
+    major: int | None = None
+    if at:
+        if not _U64_TEXT.fullmatch(major_text) or int(major_text) > 2**64 - 1:
+            return _NOT_A_REF
+        major = int(major_text)
+    if not valid_dotted_name(name):
+        return _NOT_A_REF
+    provides = document.get("provides") if isinstance(document, dict) else None
+    entry = provides.get(name) if isinstance(provides, dict) else None
+    if not isinstance(entry, dict):
+        return "not provided"
+    version = _version_text(entry.get("version"))
+    if major is not None:
+        parsed = parse_lenient(version) if version is not None else None
+        if parsed is None or parsed[0] != major:
+            return f"version {version if version is not None else 'no version'}, not major {major}"
+    healthy = entry.get("healthy")
+    if healthy is False:
+        reason = entry.get("reason")
+        return f"unhealthy: {reason}" if isinstance(reason, str) else "unhealthy"
+    return None
+
+
+def _version_text(value: Any) -> str | None:
+    """A provided capability's version as the core reads it: a string, or a number's text."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return str(value) if isinstance(value, int) else repr(value)

@@ -1,0 +1,52 @@
+"""The handler API without a server: what a runner advertises as its document changes, requires
+on packs and single handlers, malformed kinds, and :class:`Release`'s causes."""
+
+from __future__ import annotations
+
+import pytest
+
+from switchyard import HandlerPack, Release, ReleaseCause, Runner
+from switchyard.v1 import agent_service_pb2 as pb
+
+
+def test_release_causes_are_the_contract_s() -> None:
+    for cause in ReleaseCause:
+        assert pb.ReleaseCause.Value(f"RELEASE_CAUSE_{cause.name}") == cause
+    assert Release("not now").cause is ReleaseCause.BUSY
+    assert Release("not a PDF", cause=ReleaseCause.CANNOT_DECODE).cause is ReleaseCause.CANNOT_DECODE
+    assert Release("later", pb.RELEASE_CAUSE_OTHER).cause is ReleaseCause.OTHER
+    with pytest.raises(ValueError, match="DRAINING"):
+        Release("bye", ReleaseCause.DRAINING)
+
+
+def test_a_required_capability_withdraws_the_kind_until_it_is_there() -> None:
+    runner = Runner(params=lambda name: None)
+    runner.add_handler("echo", lambda task: {})
+    runner.add_handler("summarize", lambda task: {}, requires=["ai.llm@1"])
+    runner.pack(HandlerPack("bot", handlers={"reply": lambda task: {}}, requires=["ai.llm@1", "comm.gateway"]))
+    assert runner.advertised.kinds == ["echo"]
+    assert runner.unhealthy == [
+        "handler reply withdrawn: needs ai.llm@1, not provided",
+        "handler reply withdrawn: needs comm.gateway, not provided",
+        "handler summarize withdrawn: needs ai.llm@1, not provided",
+    ]
+
+    runner.set_capabilities({"provides": {"ai.llm": {"version": "2.0.0"}, "comm.gateway": {"version": "1"}}})
+    assert runner.advertised.kinds == ["echo"]
+    assert [w.problem for w in runner.advertised.withdrawn] == ["version 2.0.0, not major 1"] * 2
+
+    runner.set_capabilities({"provides": {"ai.llm": {"version": "1.4.0"}}})
+    assert runner.advertised.kinds == ["echo", "reply", "summarize"]
+    assert runner.unhealthy == []
+
+
+def test_a_malformed_handler_kind_is_rejected_and_not_advertised() -> None:
+    runner = Runner(params=lambda name: None)
+    runner.add_handler("two words", lambda task: {})
+    runner.add_handler("build.*", lambda task: {})
+    runner.add_handler("build.docker", lambda task: {})
+    assert runner.advertised.kinds == ["build.docker"]
+    assert [(r.kind, r.id, r.reason) for r in runner.rejections] == [
+        ("handler", "two words", "handler kind has ' ': no white space or control characters"),
+        ("handler", "build.*", "handler kind has `*` other than as `*` alone or a trailing `.*`"),
+    ]
