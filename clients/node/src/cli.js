@@ -1,10 +1,12 @@
 #!/usr/bin/env node
-// switchyard-node: prints what the Node runner would register.
+// switchyard-node: prints the capability document the Node runner would register.
 //
 //   node src/cli.js capabilities --dir D [--explain] [--script-timeout-secs N]
 //
 // `capabilities` prints the merged, redacted capability document as JSON on stdout and
-// nothing else; with `--explain` it prints `{document, provenance, rejections}` instead.
+// nothing else; with `--explain` it prints `{document, provenance, rejections}` instead. It
+// connects to no server; the task kinds a runner advertises come from the handlers a program
+// registers (`Runner#advertised`).
 import { parseArgs } from "node:util";
 import { resolve } from "node:path";
 import { Capabilities } from "./capabilities.js";

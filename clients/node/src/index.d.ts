@@ -1,6 +1,7 @@
 // Types for @switchyard/runner.
 import { EventEmitter } from "node:events";
 import type {
+  Advertised,
   JsonObject,
   JsonValue,
   Limits,
@@ -8,9 +9,22 @@ import type {
   PackRejection,
   ProvidedCapability,
   Rejection,
+  Withdrawal,
 } from "./core/index.js";
+import { ReleaseCause } from "./gen/switchyard/v1/agent_service_pb.js";
 
-export type { JsonObject, JsonValue, Limits, Merged, PackRejection, ProvidedCapability, Rejection };
+export type {
+  Advertised,
+  JsonObject,
+  JsonValue,
+  Limits,
+  Merged,
+  PackRejection,
+  ProvidedCapability,
+  Rejection,
+  Withdrawal,
+};
+export { ReleaseCause };
 export * as core from "./core/index.js";
 
 export interface RunnerOptions {
@@ -82,7 +96,7 @@ export interface TaskContext {
 /**
  * Runs one attempt. The resolved value becomes the task's result (an object as is, anything
  * else as `{value}`); a thrown error is a failed attempt (`handler_error`, retryable) unless
- * it is a TaskFailure.
+ * it is a TaskFailure, or a Release (the task is handed back, no attempt spent).
  */
 export type Handler = (task: TaskInput, ctx: TaskContext) => unknown | Promise<unknown>;
 
@@ -90,6 +104,35 @@ export interface HandlerPack {
   id: string;
   handlers?: Record<string, Handler>;
   provides?: Record<string, ProvidedCapability>;
+  /**
+   * Capabilities the handlers need (`ai.llm@1`, or a name alone for any version): while one is
+   * missing, unhealthy or of another major version in the runner's document, the pack's kinds
+   * are withdrawn from what the runner advertises and the runner is DEGRADED, saying why.
+   */
+  requires?: string[];
+}
+
+/** The causes a handler may hand its task back with. */
+export type HandlerReleaseCause =
+  | ReleaseCause.BUSY
+  | ReleaseCause.OTHER
+  | ReleaseCause.CANNOT_HANDLE
+  | ReleaseCause.CANNOT_DECODE;
+
+/**
+ * Thrown by a handler to hand its task back instead of failing the attempt (like Celery's
+ * `Reject`); no attempt is spent. `BUSY` (the default) and `OTHER`: offered again after a
+ * jittered backoff. `CANNOT_HANDLE` and `CANNOT_DECODE`: not offered to this runner again until
+ * its kinds or document change or it registers again. Every release counts toward the server's
+ * per-task bound (`--max-releases-per-task`, default 20), past which the task FAILS with
+ * `released_too_often`. Any other cause throws a RangeError.
+ */
+export declare class Release extends Error {
+  constructor(reason: string, options?: { cause?: HandlerReleaseCause });
+  /** Why, for people (also the message). */
+  reason: string;
+  /** What the server does with the task. Shadows `Error#cause`. */
+  cause: HandlerReleaseCause;
 }
 
 /** A failed attempt with a chosen code, retryability and details. */
@@ -112,15 +155,23 @@ export declare class Runner extends EventEmitter {
   readonly draining: boolean;
   /** Leases being worked on, by lease id. */
   readonly running: ReadonlyMap<string, { taskId: string; fencingToken: bigint }>;
-  /** Registers a handler for one kind (a pack whose id is the kind). First registration wins. */
-  handler(kind: string, fn: Handler): this;
+  /**
+   * Registers a handler for one kind (a pack whose id is the kind). First registration wins.
+   * With `requires`, the kind is withdrawn while one of those capabilities is not there.
+   */
+  handler(kind: string, fn: Handler, options?: { requires?: string[] }): this;
   /** Registers a handler pack. First registration wins; rejections are reported, never thrown. */
   pack(pack: HandlerPack): this;
   /** What the pack merge rejected. */
   readonly packRejections: readonly PackRejection[];
-  /** The kinds handled. */
+  /** The kinds it has handlers for (advertised or withdrawn). */
   readonly kinds: string[];
-  /** Reasons the runner is DEGRADED (unhealthy capabilities). */
+  /**
+   * What it advertises given its current document: the kinds it handles now (sorted; none
+   * without handlers, and then it is granted nothing) and those withdrawn, with why.
+   */
+  readonly advertised: Advertised;
+  /** Reasons the runner is DEGRADED (unhealthy capabilities of its packs, withdrawn handlers). */
   readonly unhealthy: string[];
   /** Loads (once) and returns the merged capability document with provenance and rejections. */
   capabilities(): Promise<Merged>;
@@ -134,7 +185,10 @@ export declare class Runner extends EventEmitter {
   /** Drains: DRAINING, nothing new accepted, running handlers get the grace period, the rest are released. */
   stop(): Promise<void>;
 
-  on(event: "registered", listener: (e: { agentId: string; sessionEpoch: bigint }) => void): this;
+  on(
+    event: "registered",
+    listener: (e: { agentId: string; sessionEpoch: bigint; handledKinds: string[] }) => void,
+  ): this;
   on(event: "connected", listener: (e: { agentId: string; resumed: string[] }) => void): this;
   on(event: "disconnected", listener: (error: unknown) => void): this;
   on(event: "lease", listener: (e: { leaseId: string; taskId: string; kind: string }) => void): this;

@@ -1,12 +1,18 @@
 // The Node runner's life with the server, matching the Rust agent (`agent-rs/src/session.rs`):
-// register, hold one `Connect` stream, heartbeat at the server's interval with JSON-Patch
-// diffs of the capability document against the generation the server holds (a ResyncRequest
-// is answered with a CapabilitySnapshot), acknowledge each grant at once, report started,
-// progress and exactly one final report, and stop a handler (its AbortSignal) when its lease is
-// revoked. When the stream breaks it reconnects with jittered exponential backoff and resumes
-// the leases it still holds (running handlers keep running); final reports not yet
-// acknowledged are sent again. `stop()` (and SIGTERM) drains: a DRAINING heartbeat, nothing
-// new accepted, running handlers get a grace period, the rest are released.
+// register with the task kinds it handles (the core's `advertise`: its handlers' kinds minus
+// those whose required capabilities are missing or unhealthy; none when it has no handlers, and
+// then it is granted nothing), hold one `Connect` stream, heartbeat at the server's interval
+// with JSON-Patch diffs of the capability document against the generation the server holds (a
+// ResyncRequest is answered with a CapabilitySnapshot) and with the handled kinds whenever they
+// changed, acknowledge each grant at once, report started, progress and exactly one final
+// report, and stop a handler (its AbortSignal) when its lease is revoked. A grant it cannot take
+// is released with its cause: DRAINING, BUSY (at capacity), CANNOT_HANDLE (no handler, or the
+// handler withdrawn), CANNOT_DECODE (the task cannot be prepared); a canceled lease with
+// REVOCATION_ACKNOWLEDGED; a handler may hand its task back by throwing `Release`. Every release
+// counts toward the server's per-task bound. When the stream breaks it reconnects with jittered
+// exponential backoff and resumes the leases it still holds (running handlers keep running);
+// final reports not yet acknowledged are sent again. `stop()` (and SIGTERM) drains: a DRAINING
+// heartbeat, nothing new accepted, running handlers get a grace period, the rest are released.
 import { EventEmitter } from "node:events";
 import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
@@ -15,11 +21,20 @@ import { fromJson } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { AgentService, RevocationReason } from "./gen/switchyard/v1/agent_service_pb.js";
+import { AgentService, ReleaseCause, RevocationReason } from "./gen/switchyard/v1/agent_service_pb.js";
 import { AgentStatus } from "./gen/switchyard/v1/agent_pb.js";
 import { PatchOp, Tier } from "./gen/switchyard/v1/capability_pb.js";
 import { Capabilities } from "./capabilities.js";
-import { clone, diff, isObject, jsonEqual, mergePacks, resolveParams, unhealthyReasons } from "./core/index.js";
+import {
+  advertise,
+  clone,
+  diff,
+  isObject,
+  jsonEqual,
+  mergePacks,
+  resolveParams,
+  unhealthyReasons,
+} from "./core/index.js";
 
 const VERSION = "0.1.0";
 
@@ -37,6 +52,45 @@ export class TaskFailure extends Error {
     this.details = details;
   }
 }
+
+/** The causes a handler may give when it hands its task back (the others are the runner's own). */
+const HANDLER_RELEASE_CAUSES = new Set([
+  ReleaseCause.BUSY,
+  ReleaseCause.OTHER,
+  ReleaseCause.CANNOT_HANDLE,
+  ReleaseCause.CANNOT_DECODE,
+]);
+
+/**
+ * Thrown by a handler to hand its task back instead of failing the attempt (like Celery's
+ * `Reject`): no attempt is spent. `BUSY` (the default) or `OTHER`: the server offers the task
+ * again after a jittered backoff. `CANNOT_HANDLE` or `CANNOT_DECODE`: it is not offered to this
+ * runner again until the runner's kinds or document change or it registers again. Every release
+ * counts toward the server's per-task bound (`--max-releases-per-task`, default 20), past which
+ * the task fails with `released_too_often`.
+ */
+export class Release extends Error {
+  /**
+   * @param {string} reason
+   * @param {{cause?: ReleaseCause}} [options]
+   */
+  constructor(reason, { cause = ReleaseCause.BUSY } = {}) {
+    if (!HANDLER_RELEASE_CAUSES.has(cause)) {
+      throw new RangeError(
+        `a handler releases with BUSY, OTHER, CANNOT_HANDLE or CANNOT_DECODE, not ${ReleaseCause[cause] ?? cause}`,
+      );
+    }
+    super(reason);
+    this.name = "Release";
+    /** Why, for people: the release's reason. */
+    this.reason = reason;
+    /** What the server does with the task (a `ReleaseCause`); shadows `Error#cause`. */
+    this.cause = cause;
+  }
+}
+
+/** A `released` final report or refusal with its cause. */
+const released = (cause, reason) => ({ case: "released", value: { cause, reason } });
 
 const WIRE_TIER = {
   base: Tier.BASE,
@@ -64,6 +118,19 @@ function toStruct(result) {
   if (result === undefined || result === null) return {};
   const json = plainJson(result);
   return isObject(json) ? json : { value: json };
+}
+
+/** The task as a handler gets it (throws if the grant's task cannot be read). */
+function taskInput(task) {
+  return {
+    id: task.taskId,
+    kind: task.kind,
+    payload: task.payload ?? {},
+    attempts: task.attempts,
+    maxAttempts: task.maxAttempts,
+    labels: { ...task.labels },
+    priority: task.priority,
+  };
 }
 
 function sleep(ms, signal) {
@@ -179,18 +246,32 @@ export class Runner extends EventEmitter {
   #hardDeadline = 0;
   #refreshing = Promise.resolve(false);
 
-  /** Registers a handler for one task kind (a pack of its own whose id is the kind). */
-  handler(kind, fn) {
-    return this.pack({ id: kind, handlers: { [kind]: fn } });
+  /**
+   * Registers a handler for one task kind (a pack of its own whose id is the kind). With
+   * `requires` (`["ai.llm@1"]`, or a name alone for any version) the kind is withdrawn from
+   * what the runner advertises while one of those capabilities is missing, unhealthy or of
+   * another major version in its document (the runner is then DEGRADED, saying why).
+   * @param {string} kind
+   * @param {import("./index.js").Handler} fn
+   * @param {{requires?: string[]}} [options]
+   */
+  handler(kind, fn, { requires = [] } = {}) {
+    return this.pack({ id: kind, handlers: { [kind]: fn }, requires });
   }
 
   /**
-   * Registers a handler pack: `{id, handlers: {kind: fn}, provides: {name: {version, params}}}`.
+   * Registers a handler pack:
+   * `{id, handlers: {kind: fn}, provides: {name: {version, params}}, requires: ["name@major"]}`.
    * First registration wins; what is rejected is reported (`packRejections`, a warning), never thrown.
    */
   pack(pack) {
     const handlers = isObject(pack?.handlers) ? pack.handlers : {};
-    const declaration = { id: pack?.id ?? "", handlers: Object.keys(handlers), provides: pack?.provides ?? {} };
+    const declaration = {
+      id: pack?.id ?? "",
+      handlers: Object.keys(handlers),
+      provides: pack?.provides ?? {},
+      requires: Array.isArray(pack?.requires) ? pack.requires.map(String) : [],
+    };
     this.packs.push({ declaration, handlers });
     const before = this.mergedPacks.rejections.length;
     this.mergedPacks = mergePacks(this.packs.map((p) => p.declaration));
@@ -211,9 +292,19 @@ export class Runner extends EventEmitter {
     return this.mergedPacks.rejections;
   }
 
-  /** The kinds this runner handles. */
+  /** The kinds this runner has handlers for (advertised or withdrawn; see `advertised`). */
   get kinds() {
     return [...this.byKind.keys()];
+  }
+
+  /**
+   * What the runner advertises given its current document: `{kinds, withdrawn}`, the kinds it
+   * handles now (sorted) and those withdrawn because a capability they require is not there.
+   * @returns {import("./core/index.js").Advertised}
+   */
+  get advertised() {
+    const { kinds, withdrawn } = advertise(this.mergedPacks, this.#document());
+    return { kinds: kinds.filter((kind) => this.byKind.has(kind)), withdrawn };
   }
 
   #provides() {
@@ -221,9 +312,16 @@ export class Runner extends EventEmitter {
     return { provides, unhealthy: unhealthyReasons(provides) };
   }
 
-  /** Why the runner is DEGRADED (unhealthy capabilities), if it is. */
+  /** Why the runner is DEGRADED (unhealthy capabilities of its packs, withdrawn handlers), if it is. */
   get unhealthy() {
-    return this.#provides().unhealthy;
+    return [...this.#provides().unhealthy, ...this.advertised.withdrawn.map((w) => w.reason)];
+  }
+
+  /** The status and reasons to report: DRAINING while shutting down, else DEGRADED while `unhealthy`. */
+  #status() {
+    if (this.draining) return { status: AgentStatus.DRAINING, reasons: ["agent shutting down"] };
+    const reasons = this.unhealthy;
+    return { status: reasons.length > 0 ? AgentStatus.DEGRADED : AgentStatus.READY, reasons };
   }
 
   /** Loads the capability document (once); resolves to the merge `{document, provenance, rejections}`. */
@@ -330,7 +428,7 @@ export class Runner extends EventEmitter {
     for (const [leaseId, r] of this.running) {
       r.abort.abort(new Error(reason));
       this.running.delete(leaseId);
-      this.#final(leaseId, r, { case: "released", value: { reason } });
+      this.#final(leaseId, r, released(ReleaseCause.DRAINING, reason));
     }
     this.#checkDrained();
   }
@@ -400,6 +498,8 @@ export class Runner extends EventEmitter {
       sentDoc: {},
       /** A diff or snapshot in flight: {seq, doc}. */
       pendingDoc: null,
+      /** The handled kinds last sent (at registration or in a heartbeat). */
+      sentKinds: [],
       /** Final reports in flight: sequence → lease id. */
       finalSeqs: new Map(),
       finish: () => {},
@@ -412,6 +512,7 @@ export class Runner extends EventEmitter {
     const ended = new Promise((r) => (s.finish = r));
     try {
       await this.refreshCapabilities();
+      const handledKinds = this.advertised.kinds;
       const reg = await client.registerAgent(
         {
           name: this.name,
@@ -422,13 +523,15 @@ export class Runner extends EventEmitter {
           provenance: this.#provenance(),
           rejections: this.#rejections(),
           runner: `switchyard-runner-node/${VERSION} (node ${process.versions.node})`,
+          handledKinds,
         },
         { headers: this.#headers(), timeoutMs: 10_000, signal: abort.signal },
       );
       this.agentId = reg.agentId;
       s.generation = reg.capabilityGeneration;
       s.sentDoc = clone(this.#document());
-      this.emit("registered", { agentId: reg.agentId, sessionEpoch: reg.sessionEpoch });
+      s.sentKinds = handledKinds;
+      this.emit("registered", { agentId: reg.agentId, sessionEpoch: reg.sessionEpoch, handledKinds });
       s.send({
         case: "hello",
         value: {
@@ -476,21 +579,27 @@ export class Runner extends EventEmitter {
     }
   }
 
+  /**
+   * A heartbeat: status and reasons, load, and for a regular one (`withDiff`) the handled kinds
+   * when they changed (a required capability went or came back, a handler was added) and, when
+   * the document changed and no diff is in flight, the diff from what the server holds.
+   */
   #heartbeatBody(s, withDiff) {
-    const unhealthy = this.unhealthy;
-    const status = this.draining
-      ? AgentStatus.DRAINING
-      : unhealthy.length > 0
-        ? AgentStatus.DEGRADED
-        : AgentStatus.READY;
+    const { status, reasons } = this.#status();
     const body = {
       status,
-      statusReasons: this.draining ? ["agent shutting down"] : unhealthy,
+      statusReasons: reasons,
       load: {
         runningLeases: this.running.size,
         loadAverage: Number(this.#document().loadavg?.["1min"] ?? 0) || 0,
       },
     };
+    const { kinds } = this.advertised;
+    if (withDiff && !jsonEqual(kinds, s.sentKinds)) {
+      this.log.info(`handled kinds now: ${kinds.join(", ") || "none"}`);
+      body.handledKinds = { kinds };
+      s.sentKinds = kinds;
+    }
     if (withDiff && !s.pendingDoc && !jsonEqual(this.#document(), s.sentDoc)) {
       const doc = clone(this.#document());
       body.capabilityDiff = {
@@ -610,21 +719,40 @@ export class Runner extends EventEmitter {
       update({ case: "accepted", value: {} });
       return;
     }
-    let refuse;
-    if (this.draining) refuse = "agent is draining";
-    else if (this.running.size >= this.#capacity()) refuse = "agent at capacity";
-    else if (!this.byKind.has(task.kind)) refuse = `no handler for kind ${task.kind}`;
+    let refuse = this.#refusal(task.kind);
+    let input;
+    if (!refuse) {
+      try {
+        input = taskInput(task);
+      } catch (err) {
+        refuse = released(ReleaseCause.CANNOT_DECODE, `cannot decode the task: ${err?.message ?? err}`);
+      }
+    }
     if (refuse) {
-      this.log.debug(`releasing grant ${grant.leaseId}: ${refuse}`);
-      update({ case: "released", value: { reason: refuse } });
+      this.log.debug(`releasing grant ${grant.leaseId}: ${refuse.value.reason}`);
+      update(refuse);
       return;
     }
     update({ case: "accepted", value: {} });
     update({ case: "started", value: {} });
-    this.#start(grant, task);
+    this.#start(grant, task, input);
   }
 
-  #start(grant, task) {
+  /**
+   * Why the runner cannot take a grant of `kind` now, as the release to send, if it cannot:
+   * draining, at capacity (busy: the server offers it again later), or no handler for the kind
+   * or its handler withdrawn (the server offers it to this runner no more until it changes).
+   */
+  #refusal(kind) {
+    if (this.draining) return released(ReleaseCause.DRAINING, "agent is draining");
+    if (this.running.size >= this.#capacity()) return released(ReleaseCause.BUSY, "agent at capacity");
+    if (!this.byKind.has(kind)) return released(ReleaseCause.CANNOT_HANDLE, `no handler for kind ${kind}`);
+    const withdrawal = this.advertised.withdrawn.find((w) => w.kind === kind);
+    if (withdrawal) return released(ReleaseCause.CANNOT_HANDLE, withdrawal.reason);
+    return undefined;
+  }
+
+  #start(grant, task, input) {
     const fn = this.byKind.get(task.kind);
     const abort = new AbortController();
     const entry = { taskId: task.taskId, fencingToken: grant.fencingToken, abort, canceled: false };
@@ -650,15 +778,6 @@ export class Runner extends EventEmitter {
         });
       },
     };
-    const input = {
-      id: task.taskId,
-      kind: task.kind,
-      payload: task.payload ?? {},
-      attempts: task.attempts,
-      maxAttempts: task.maxAttempts,
-      labels: { ...task.labels },
-      priority: task.priority,
-    };
     this.emit("lease", { leaseId, taskId: task.taskId, kind: task.kind });
     Promise.resolve()
       .then(() => fn(input, ctx))
@@ -673,7 +792,9 @@ export class Runner extends EventEmitter {
     this.running.delete(leaseId);
     let update;
     if (entry.canceled) {
-      update = { case: "released", value: { reason: "canceled by the server" } };
+      update = released(ReleaseCause.REVOCATION_ACKNOWLEDGED, "canceled by the server");
+    } else if (!outcome.ok && outcome.error instanceof Release) {
+      update = released(outcome.error.cause, outcome.error.reason);
     } else if (outcome.ok) {
       let result;
       try {

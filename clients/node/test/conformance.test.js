@@ -1,12 +1,14 @@
 // Runs every case of the shared conformance vectors this runner must pass:
-// tests/conformance/{merge,diff,redaction,packs}.json at the repository root.
+// tests/conformance/{merge,diff,redaction,packs,kinds}.json at the repository root.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import {
+  advertise,
   applyDiff,
+  checkKind,
   clone,
   DiffError,
   diff,
@@ -102,4 +104,28 @@ describe("packs.json", () => {
       }
     });
   }
+});
+
+describe("kinds.json", () => {
+  for (const c of vectors("kinds")) {
+    test(c.name, () => {
+      const merged = mergePacks(c.packs);
+      assert.deepEqual(advertise(merged, c.document), c.expected);
+    });
+  }
+});
+
+describe("check_kind", () => {
+  // The core's own unit cases for a kind's name (core/src/kinds.rs), reasons included.
+  test("valid and invalid kinds, with the core's reasons", () => {
+    assert.equal(checkKind("build.docker:amd64/v2"), null);
+    assert.equal(checkKind("é".repeat(128)), null, "256 UTF-8 bytes is the limit");
+    assert.equal(checkKind(""), "is empty");
+    assert.equal(checkKind("é".repeat(129)), "is 258 bytes, at most 256 allowed");
+    assert.equal(checkKind("a*b"), "has `*` other than as `*` alone or a trailing `.*`");
+    assert.equal(checkKind("with space"), "has ' ': no white space or control characters");
+    assert.equal(checkKind("tab\there"), "has '\\t': no white space or control characters");
+    assert.match(checkKind("nbsp\u00a0"), /no white space or control characters$/);
+    assert.equal(checkKind("bell\u0007"), "has '\\u{7}': no white space or control characters");
+  });
 });

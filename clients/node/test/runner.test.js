@@ -1,6 +1,7 @@
 // The Node runner against the real switchyard-server on an ephemeral port: registration,
 // leases and results, failed attempts and retries, capability diffs, cancellation, packs with
-// missing parameters (DEGRADED), drain, and a server restart the runner survives.
+// missing parameters (DEGRADED), drain, the causes its releases carry, and a server restart the
+// runner survives. Handled kinds and hand-backs are in kinds.test.js.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { once } from "node:events";
@@ -177,6 +178,11 @@ test("cancel reaches a running handler through its AbortSignal", async () => {
   await within(aborted.promise, 10_000, "the handler's AbortSignal");
   const done = await watch(api.tasks, task.taskId);
   assert.equal(TaskState[done.state], "CANCELED");
+  const { events } = await api.tasks.listTaskEvents({ taskId: task.taskId });
+  assert.deepEqual(
+    events.filter((e) => e.kind === "canceled").map((e) => e.message),
+    ["the agent released the task (revocation_acknowledged): canceled by the server"],
+  );
 });
 
 test("progress reaches the server", async () => {
@@ -278,6 +284,11 @@ test("a handler still running after the grace period is released and the task re
   await within(r.stop(), 10_000, "the drain");
   const requeued = await watch(api.tasks, task.taskId, (t) => t.state === TaskState.QUEUED, 10_000);
   assert.equal(requeued.attempts, 0, "a release counts no attempt");
+  const { events } = await api.tasks.listTaskEvents({ taskId: task.taskId });
+  assert.deepEqual(
+    events.filter((e) => e.kind === "released").map((e) => e.message),
+    ["the agent released the task (draining): agent shut down"],
+  );
   await api.tasks.cancelTask({ taskId: task.taskId });
 });
 

@@ -1,5 +1,5 @@
-// Types for the capability core (src/core/*.js): the same merge, redaction, diff, limit and
-// pack rules as the Rust `switchyard-core`.
+// Types for the capability core (src/core/*.js): the same merge, redaction, diff, limit, kind
+// and pack rules as the Rust `switchyard-core`.
 
 export type JsonValue = null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
 export type JsonObject = { [key: string]: JsonValue };
@@ -90,6 +90,8 @@ export interface PackDeclaration {
   id: string;
   handlers?: string[];
   provides?: Record<string, ProvidedCapability>;
+  /** Capabilities its handlers need (`ai.llm@1`, or a name alone for any version); see `advertise`. */
+  requires?: string[];
 }
 export interface PackRejection {
   pack: string;
@@ -99,9 +101,27 @@ export interface PackRejection {
 }
 export interface MergedPacks {
   packs: string[];
+  /** Task kind → the pack that handles it. */
   handlers: Map<string, string>;
   provides: Map<string, { pack: string; capability: ProvidedCapability }>;
+  /** Task kind → the `requires` of the pack whose registration of the kind won (absent when none). */
+  requires: Map<string, string[]>;
   rejections: PackRejection[];
+}
+/** A handler kind withdrawn from what a runner advertises, and why. */
+export interface Withdrawal {
+  kind: string;
+  /** The required capability that is not there, as the pack wrote it. */
+  capability: string;
+  /** `not provided`, `unhealthy[: reason]`, `version V, not major M`, `not a capability ref (name@major)`. */
+  problem: string;
+  /** `handler KIND withdrawn: needs CAPABILITY, PROBLEM`: reported with the DEGRADED status. */
+  reason: string;
+}
+/** What a runner advertises: the kinds it handles now (sorted), and those withdrawn. */
+export interface Advertised {
+  kinds: string[];
+  withdrawn: Withdrawal[];
 }
 export interface ProvidesEntry {
   version: string;
@@ -118,6 +138,22 @@ export declare function resolveParams(
 /** `capability NAME unhealthy: REASON` for each unhealthy capability. */
 export declare function unhealthyReasons(provides: Record<string, ProvidesEntry>): string[];
 export declare function parsesLeniently(text: unknown): boolean;
+/** The numeric part of a version as the core reads it leniently, or undefined. */
+export declare function parseLenient(text: unknown): { major: bigint; minor: bigint; patch: bigint } | undefined;
+/**
+ * The kinds the merged packs handle given the runner's document (its `provides` subtree): a kind
+ * whose pack requires a capability that is missing, unhealthy or of another major version is withdrawn.
+ */
+export declare function advertise(merged: MergedPacks, document: unknown): Advertised;
+/** Why a required capability (`name@major` or `name`) is not there in `document`, or null. */
+export declare function requirementProblem(required: string, document: unknown): string | null;
+
+/** The longest task kind, in UTF-8 bytes (256). */
+export declare const MAX_KIND_BYTES: number;
+/** The most kind patterns one runner advertises (1024). */
+export declare const MAX_PATTERNS: number;
+/** What is wrong with a task kind (`is empty`, ...), or null when it is valid. */
+export declare function checkKind(kind: unknown): string | null;
 
 export declare function canonical<T>(value: T): T;
 export declare function jsonEqual(a: unknown, b: unknown): boolean;

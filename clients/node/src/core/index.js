@@ -3,10 +3,12 @@
 //
 // Layout: `json.js` (ordering, safe keys, sizes), `limits.js` (document limits), `tier.js`
 // (tier merge with provenance and rejections), `redact.js` (secret redaction), `diff.js`
-// (JSON Patch diffs and their checked application), `pack.js` (handler packs and parameters).
+// (JSON Patch diffs and their checked application), `kinds.js` (the rules for a task kind's
+// name), `pack.js` (handler packs, parameters, and the kinds a runner advertises).
 export * from "./json.js";
 export * from "./limits.js";
 export * from "./tier.js";
 export * from "./redact.js";
 export * from "./diff.js";
+export * from "./kinds.js";
 export * from "./pack.js";

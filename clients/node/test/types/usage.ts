@@ -1,6 +1,23 @@
 // Compiled with `tsc --noEmit` by test/types.test.js: the published types describe the API.
-import { Runner, TaskFailure, type TaskContext, type TaskInput } from "@switchyard/runner";
-import { mergeTiers, redact, diff, applyDiff, mergePacks, resolveParams } from "@switchyard/runner/core";
+import {
+  Release,
+  ReleaseCause,
+  Runner,
+  TaskFailure,
+  type TaskContext,
+  type TaskInput,
+  type Withdrawal,
+} from "@switchyard/runner";
+import {
+  advertise,
+  checkKind,
+  mergeTiers,
+  redact,
+  diff,
+  applyDiff,
+  mergePacks,
+  resolveParams,
+} from "@switchyard/runner/core";
 
 const runner = new Runner({ server: "http://127.0.0.1:50051", dir: ".", capacity: 2, params: { API_KEY: "x" } });
 runner
@@ -13,7 +30,23 @@ runner
     id: "ai",
     handlers: { summarize: async () => ({ ok: true }) },
     provides: { "ai.llm": { version: "1.0.0", params: { API_KEY: { default: null, sensitive: true } } } },
-  });
+  })
+  .pack({ id: "bot", handlers: { reply: async () => ({}) }, requires: ["ai.llm@1", "comm.gateway"] })
+  .handler(
+    "classify",
+    async (task) => {
+      if (!task.payload.text) throw new Release("no text", { cause: ReleaseCause.CANNOT_DECODE });
+      throw new Release("at the model's rate limit");
+    },
+    { requires: ["ai.llm@1"] },
+  );
+const withdrawn: Withdrawal[] = runner.advertised.withdrawn;
+const advertisedKinds: string[] = runner.advertised.kinds;
+const busy: ReleaseCause = new Release("later").cause;
+// @ts-expect-error DRAINING is the runner's own cause, not a handler's.
+new Release("x", { cause: ReleaseCause.DRAINING });
+const kindProblem: string | null = checkKind("build.docker");
+const ad = advertise(mergePacks([{ id: "p", handlers: ["x"], requires: ["ai.llm@1"] }]), {});
 runner.on("connected", ({ agentId, resumed }) => console.log(agentId, resumed.length));
 const rejections: readonly { pack: string; kind: string }[] = runner.packRejections;
 const stopped: Promise<void> = runner.stop();
@@ -23,4 +56,4 @@ const paths: string[] = redact(merged.document);
 const patch = diff(merged.document, { os: "darwin" });
 const next = applyDiff(merged.document, 1n, 1n, patch);
 const provides = resolveParams(mergePacks([{ id: "p" }]), () => undefined);
-export { rejections, stopped, paths, next, provides };
+export { rejections, stopped, paths, next, provides, withdrawn, advertisedKinds, busy, kindProblem, ad };
