@@ -2,7 +2,9 @@
 //! few conventional fields — `os`, `arch`, `hostname`, `tags` (flat strings),
 //! `software.<tool>.{version, major_version, minor_version, patch_version}`,
 //! `memory.{total, free, available, unit}`, `loadavg.{1min, 5min, 15min}`,
-//! `max_concurrent_tasks`, and `provides.<dotted.name>.{version, healthy, reason}` — and
+//! `max_concurrent_tasks`, `taints` (the task classes the agent reserves itself for: it takes
+//! only tasks that tolerate each of them), and `provides.<dotted.name>.{version, healthy,
+//! reason}` — and
 //! everything else is free-form but still reachable by a dotted path. This module resolves such
 //! paths and reads the conventional fields.
 //!
@@ -125,6 +127,19 @@ impl<'a> CapabilityDocument<'a> {
         self.tags().any(|t| t == tag)
     }
 
+    /// The agent's taints: the strings of the `taints` array, or `taints` itself when it is one
+    /// string; a task goes to the agent only if it tolerates every one.
+    pub fn taints(&self) -> impl Iterator<Item = &'a str> + 'a {
+        let taints = self.0.get("taints");
+        let one = taints.and_then(Value::as_str);
+        taints
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .chain(one)
+    }
+
     /// `software.<tool>.version`.
     pub fn software_version(&self, tool: &str) -> Option<&'a str> {
         self.0.get("software")?.get(tool)?.get("version")?.as_str()
@@ -216,6 +231,15 @@ mod tests {
         assert_eq!(c.hostname(), Some("h"));
         assert_eq!(c.tags().collect::<Vec<_>>(), vec!["a", "b"]);
         assert!(c.has_tag("b") && !c.has_tag("3"));
+        assert_eq!(c.taints().count(), 0);
+        let tainted = json!({"taints": ["gpu", 3, "licensed"]});
+        let t = CapabilityDocument(&tainted);
+        assert_eq!(t.taints().collect::<Vec<_>>(), vec!["gpu", "licensed"]);
+        let one = json!({"taints": "gpu"});
+        assert_eq!(
+            CapabilityDocument(&one).taints().collect::<Vec<_>>(),
+            vec!["gpu"]
+        );
         assert_eq!(c.software_version("node"), Some("20.1.0"));
         assert_eq!(c.memory_total(), Some(16384.0));
         assert_eq!(c.max_concurrent_tasks(), Some(4));

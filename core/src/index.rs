@@ -27,9 +27,11 @@
 //! fails (node 18 against `@^20`) stays at the front of the rank order, and every later
 //! selection would evaluate it again. If the smallest posting is small compared with the
 //! namespace's available agents (at most 1/32 of them), it evaluates just those candidates.
-//! Otherwise it walks `available` in rank order, skips agents missing from any required posting
-//! (bitmap probes, no evaluation), and stops at the first agent that satisfies the placement —
-//! or, with preferences, at the first that satisfies all of them (else after the walk).
+//! Otherwise it walks `available` in rank order (from the other end to *binpack*: the binpack
+//! order is exactly the spread order reversed), skips agents missing from any required posting
+//! or holding a taint the task does not tolerate (bitmap probes, no evaluation: the `taints`
+//! value postings), and stops at the first agent that satisfies the placement — or, with
+//! preferences, at the first that satisfies all of them (else after the walk).
 //!
 //! Complexity, with `n` agents in the namespace, `c` the candidate set, `k` the number of
 //! available agents visited before the first satisfying one, `k'` those of them in every
@@ -51,7 +53,7 @@
 
 use crate::kinds::{HandledKinds, parents};
 use crate::matcher::{self, AgentId, AgentStatus, AgentView, Availability, Explanation};
-use crate::placement::{CompiledPlacement, Operator, PreferenceCondition};
+use crate::placement::{CompiledPlacement, Operator, PlacementPolicy, PreferenceCondition};
 use json_patch::jsonptr::Pointer;
 use roaring::RoaringBitmap;
 use serde_json::Value;
@@ -283,6 +285,9 @@ pub struct AgentIndex {
     /// Ordinals free for the next agent.
     free_ordinals: Vec<u32>,
 }
+
+/// The document path of an agent's taints.
+const TAINTS: &str = "taints";
 
 /// Arrays with more items than this are not value-indexed (their path is marked partial).
 const MAX_INDEXED_ARRAY_ITEMS: usize = 64;
@@ -733,6 +738,31 @@ impl AgentIndex {
         })
     }
 
+    /// The agents holding a taint `placement` does not tolerate (none of them satisfies it), from
+    /// the value postings of `taints`; `None` when no agent has a taint, or when those postings
+    /// are incomplete (some agent has more than 64): evaluation then tells.
+    fn untolerated<'a>(
+        ns: &'a NamespacePostings,
+        placement: &CompiledPlacement,
+    ) -> Option<Cow<'a, Posting>> {
+        if ns.partial.contains_key(TAINTS) {
+            return None;
+        }
+        let mut untolerated =
+            ns.values
+                .get(TAINTS)?
+                .iter()
+                .filter_map(|(key, posting)| match key {
+                    ScalarKey::String(taint) if !placement.tolerates(taint) => Some(posting),
+                    _ => None,
+                });
+        let first = untolerated.next()?;
+        Some(match untolerated.next() {
+            None => Cow::Borrowed(first),
+            Some(second) => Cow::Owned(untolerated.fold(first | second, |all, p| all | p)),
+        })
+    }
+
     /// Each preference's weight with the posting an agent must be in to satisfy it (`None`: any
     /// agent may); preferences no agent can satisfy are left out.
     fn preference_bounds<'a>(
@@ -796,6 +826,9 @@ impl AgentIndex {
     ) -> Option<Selection> {
         let ns = self.namespaces.get(namespace)?;
         let required = Self::required_postings(ns, placement)?;
+        let untolerated = Self::untolerated(ns, placement);
+        let tolerated = |ord: u32| untolerated.as_ref().is_none_or(|p| !p.contains(ord));
+        let policy = placement.policy();
         let max = placement.max_preference_score();
         let mut best: Option<(u64, &IndexedAgent)> = None;
         match required.first() {
@@ -807,6 +840,7 @@ impl AgentIndex {
                         continue;
                     };
                     if agent.slot().is_none()
+                        || !tolerated(ord)
                         || except.contains(&agent.view.agent_id)
                         || !matcher::satisfies(placement, &agent.view)
                     {
@@ -815,6 +849,7 @@ impl AgentIndex {
                     let score = placement.preference_score(&agent.view.document);
                     let better = best.is_none_or(|(s, b)| {
                         matcher::rank_cmp(
+                            policy,
                             (score, &agent.view.availability(), &agent.view.agent_id),
                             (s, &b.view.availability(), &b.view.agent_id),
                         ) == Ordering::Less
@@ -826,8 +861,12 @@ impl AgentIndex {
             }
             _ => {
                 let bounds = Self::preference_bounds(ns, placement);
-                for slot in &ns.available {
-                    if !required.iter().all(|p| p.contains(slot.ord)) {
+                let walk: Box<dyn Iterator<Item = &RankedSlot>> = match policy {
+                    PlacementPolicy::Spread => Box::new(ns.available.iter()),
+                    PlacementPolicy::Binpack => Box::new(ns.available.iter().rev()),
+                };
+                for slot in walk {
+                    if !required.iter().all(|p| p.contains(slot.ord)) || !tolerated(slot.ord) {
                         continue;
                     }
                     // Skip agents that could not beat the best score so far even if they
@@ -868,6 +907,30 @@ impl AgentIndex {
         })
     }
 
+    /// The best agent for a task's retry, leaving out the agents in `refused`, and those in
+    /// `failed` (earlier attempts failed on them) while another agent that takes work satisfies
+    /// the placement: then `None` if that agent has no free slot (the retry waits for it).
+    /// Equivalent to the first of [`crate::matcher::explain_task`]'s `ranked`.
+    pub fn select_retry(
+        &self,
+        placement: &CompiledPlacement,
+        namespace: &str,
+        refused: &[AgentId],
+        failed: &[AgentId],
+    ) -> Option<Selection> {
+        if failed.is_empty() {
+            return self.select_best_except(placement, namespace, refused);
+        }
+        let avoided: Vec<AgentId> = refused.iter().chain(failed).copied().collect();
+        if let Some(selection) = self.select_best_except(placement, namespace, &avoided) {
+            return Some(selection);
+        }
+        if self.any_capable_except(placement, namespace, &avoided) {
+            return None;
+        }
+        self.select_best_except(placement, namespace, refused)
+    }
+
     /// Whether some agent of `namespace` that takes work satisfies
     /// `placement`, free slot or not: false exactly when the matcher's
     /// outcome is [`Outcome::Parked`](crate::matcher::Outcome::Parked). Walks
@@ -889,10 +952,12 @@ impl AgentIndex {
         let Some(required) = Self::required_postings(ns, placement) else {
             return false;
         };
+        let untolerated = Self::untolerated(ns, placement);
         let candidates: &Posting = required.first().map_or(&ns.all, |p| p);
         candidates.iter().any(|ord| {
             self.agent_at(ord).is_some_and(|agent| {
                 agent.view.status.takes_work()
+                    && untolerated.as_ref().is_none_or(|p| !p.contains(ord))
                     && !except.contains(&agent.view.agent_id)
                     && required.iter().all(|p| p.contains(ord))
                     && matcher::satisfies(placement, &agent.view)
@@ -1054,6 +1119,95 @@ mod tests {
             let expected = index.explain(&c, "default").ranked.first().cloned();
             assert_eq!(best(&index, text), expected, "{text}");
         }
+    }
+
+    #[test]
+    fn binpack_fills_one_agent_before_the_next() {
+        let mut index = AgentIndex::new();
+        for name in ["a", "b", "c"] {
+            let mut v = view(name, json!({}));
+            v.capacity = 3;
+            index.upsert(v);
+        }
+        let mut binpack = selector::parse("").unwrap();
+        binpack.policy = Some(PlacementPolicy::Binpack);
+        let binpack = compile(&binpack).unwrap();
+        let spread = sel("");
+        let mut now = 0;
+        let mut grant = |index: &mut AgentIndex, placement: &CompiledPlacement| {
+            let chosen = index.select_best(placement, "default").unwrap().agent_id;
+            let active = index.get(chosen).unwrap().active_leases;
+            now += 1;
+            index.update_load(chosen, active + 1, Some(now));
+            chosen
+        };
+        // Binpack: every idle agent ties, the highest id first, then it fills.
+        let packed: Vec<AgentId> = (0..4).map(|_| grant(&mut index, &binpack)).collect();
+        assert_eq!(packed, vec![id("c"), id("c"), id("c"), id("b")]);
+        // Spread: the idle agent first, then of two equally loaded the
+        // one granted longest ago, then the less loaded.
+        let spread_out: Vec<AgentId> = (0..3).map(|_| grant(&mut index, &spread)).collect();
+        assert_eq!(spread_out, vec![id("a"), id("b"), id("a")]);
+        assert_eq!(
+            index.explain(&binpack, "default").ranked.first().copied(),
+            index.select_best(&binpack, "default").map(|s| s.agent_id)
+        );
+    }
+
+    #[test]
+    fn tainted_agents_take_only_tolerating_tasks() {
+        let mut index = AgentIndex::new();
+        index.upsert(view("cpu", json!({"tags": ["linux"]})));
+        // The GPU pool is idle and would rank first, but it is tainted.
+        index.upsert(view(
+            "gpu",
+            json!({"tags": ["linux", "gpu"], "taints": ["gpu"]}),
+        ));
+        index.update_load(id("cpu"), 1, Some(1));
+        assert_eq!(best(&index, "linux"), Some(id("cpu")));
+        assert_eq!(best(&index, "linux, tolerates gpu"), Some(id("gpu")));
+        assert_eq!(best(&index, "gpu"), None);
+        assert!(!index.any_capable(&sel("gpu"), "default"));
+        let why = index.explain(&sel("gpu"), "default");
+        assert_eq!(
+            why.summary,
+            "0/2 agents eligible: 1 missing tag gpu, 1 tainted gpu"
+        );
+        let gpu = why
+            .verdicts
+            .iter()
+            .find(|v| v.agent_id == id("gpu"))
+            .unwrap();
+        assert_eq!(gpu.reason_text(), "tainted gpu: task does not tolerate it");
+        // Untainted, it takes ordinary work again.
+        index.replace_document(id("gpu"), Arc::new(json!({"tags": ["linux", "gpu"]})));
+        assert_eq!(best(&index, "gpu"), Some(id("gpu")));
+    }
+
+    #[test]
+    fn a_retry_goes_elsewhere_while_another_agent_could_take_it() {
+        let mut index = AgentIndex::new();
+        index.upsert(view("a", json!({})));
+        index.upsert(view("b", json!({})));
+        let any = sel("");
+        let failed = [id("a")];
+        assert_eq!(
+            index
+                .select_retry(&any, "default", &[], &failed)
+                .map(|s| s.agent_id),
+            Some(id("b"))
+        );
+        // The other agent is busy: the retry waits for it.
+        index.update_load(id("b"), 2, Some(1));
+        assert_eq!(index.select_retry(&any, "default", &[], &failed), None);
+        // It is gone: the agent that failed is the only one, and takes it.
+        index.remove(id("b"));
+        assert_eq!(
+            index
+                .select_retry(&any, "default", &[], &failed)
+                .map(|s| s.agent_id),
+            Some(id("a"))
+        );
     }
 
     #[test]

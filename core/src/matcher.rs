@@ -13,20 +13,26 @@
 //!   (`active_leases < capacity`).
 //! - It is *capable* (the proto's `AgentVerdict.capable`) when it satisfies the placement but is
 //!   not eligible: at capacity, draining or offline.
-//! - Ranking among eligible agents: higher satisfied preference weight, then higher free
-//!   capacity ratio (`(capacity - active) / capacity`, compared exactly), then longest since
-//!   last grant (never granted first), then agent id ascending.
+//! - Ranking among eligible agents, by the placement's [`PlacementPolicy`]: higher satisfied
+//!   preference weight first under either; then, to *spread*, higher free capacity ratio
+//!   (`(capacity - active) / capacity`, compared exactly), then longest since last grant (never
+//!   granted first), then agent id ascending; to *binpack*, exactly the reverse of that load
+//!   order: lower free capacity ratio, then most recently granted (never granted last), then
+//!   agent id descending — the agent left with the least spare room fills first.
+//! - A task's retry avoids the agents that failed its earlier attempts ([`explain_task`]): while
+//!   another agent that takes work satisfies the placement (free slot or not), they are not
+//!   eligible ([`Ineligibility::FailedEarlier`]); when none does, they are as eligible as any.
 //! - Outcome: [`Outcome::Placeable`] if any agent is eligible; [`Outcome::WaitingForCapacity`]
 //!   if a READY or DEGRADED agent satisfies the placement but is at capacity; otherwise
 //!   [`Outcome::Parked`] — a DRAINING or OFFLINE agent that satisfies it does not count, since it
 //!   will not take new work until an operator or the agent changes its state.
 
 use crate::kinds::HandledKinds;
-use crate::placement::{CompiledPlacement, Unmet};
+use crate::placement::{CompiledPlacement, PlacementPolicy, Unmet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -194,11 +200,17 @@ impl Availability {
     }
 }
 
-/// The full ranking order for eligible agents: `Less` ranks first.
-pub fn rank_cmp(a: (u64, &Availability, &AgentId), b: (u64, &Availability, &AgentId)) -> Ordering {
-    b.0.cmp(&a.0)
-        .then_with(|| a.1.rank_cmp(b.1))
-        .then_with(|| a.2.cmp(b.2))
+/// The full ranking order for eligible agents under `policy`: `Less` ranks first.
+pub fn rank_cmp(
+    policy: PlacementPolicy,
+    a: (u64, &Availability, &AgentId),
+    b: (u64, &Availability, &AgentId),
+) -> Ordering {
+    let load = || a.1.rank_cmp(b.1).then_with(|| a.2.cmp(b.2));
+    b.0.cmp(&a.0).then_with(|| match policy {
+        PlacementPolicy::Spread => load(),
+        PlacementPolicy::Binpack => load().reverse(),
+    })
 }
 
 /// Why an agent cannot take a task now.
@@ -222,6 +234,9 @@ pub enum Ineligibility {
         /// What it said.
         reason: String,
     },
+    /// An earlier attempt of the task failed on it (or its lease was lost there), and another
+    /// agent that takes work satisfies the placement.
+    FailedEarlier,
     /// It is offline.
     Offline,
     /// It is draining.
@@ -242,6 +257,9 @@ impl fmt::Display for Ineligibility {
             Ineligibility::KindNotHandled { kind } => write!(f, "does not handle kind {kind}"),
             Ineligibility::Unmet(u) => u.fmt(f),
             Ineligibility::Refused { reason } => write!(f, "refused the task: {reason}"),
+            Ineligibility::FailedEarlier => f.write_str(
+                "an earlier attempt failed on it; another capable agent takes the retry",
+            ),
             Ineligibility::Offline => f.write_str("offline"),
             Ineligibility::Draining => f.write_str("draining"),
             Ineligibility::AtCapacity { active, capacity } => {
@@ -259,6 +277,7 @@ impl Ineligibility {
             Ineligibility::KindNotHandled { kind } => format!("not handling kind {kind}"),
             Ineligibility::Unmet(u) => u.summary(),
             Ineligibility::Refused { .. } => "refused the task".to_owned(),
+            Ineligibility::FailedEarlier => "failed an earlier attempt".to_owned(),
             Ineligibility::Offline => "offline".to_owned(),
             Ineligibility::Draining => "draining".to_owned(),
             Ineligibility::AtCapacity { .. } => "at capacity".to_owned(),
@@ -408,6 +427,20 @@ pub fn explain_refused(
     agents: &[AgentView],
     refused: &BTreeMap<AgentId, String>,
 ) -> Explanation {
+    explain_task(placement, namespace, agents, refused, &BTreeSet::new())
+}
+
+/// [`explain_refused`] for a retry: the agents in `failed` had earlier attempts of the task
+/// fail (or lose their lease). While another agent that takes work satisfies the placement,
+/// each of them that would satisfy it is capable but not eligible
+/// ([`Ineligibility::FailedEarlier`]).
+pub fn explain_task(
+    placement: &CompiledPlacement,
+    namespace: &str,
+    agents: &[AgentView],
+    refused: &BTreeMap<AgentId, String>,
+    failed: &BTreeSet<AgentId>,
+) -> Explanation {
     let mut verdicts: Vec<Verdict> = agents
         .iter()
         .map(|a| {
@@ -424,12 +457,29 @@ pub fn explain_refused(
             verdict
         })
         .collect();
+    let elsewhere = verdicts.iter().zip(agents).any(|(v, a)| {
+        v.satisfies_placement() && v.status.takes_work() && !failed.contains(&a.agent_id)
+    });
+    if elsewhere {
+        for (verdict, agent) in verdicts.iter_mut().zip(agents) {
+            if failed.contains(&agent.agent_id)
+                && verdict.satisfies_placement()
+                && verdict.status.takes_work()
+            {
+                verdict.eligible = false;
+                verdict.capable = true;
+                verdict.reason = Some(Ineligibility::FailedEarlier);
+            }
+        }
+    }
     let mut order: Vec<usize> = (0..agents.len())
         .filter(|&i| verdicts[i].eligible)
         .collect();
     let avail: Vec<Availability> = agents.iter().map(AgentView::availability).collect();
+    let policy = placement.policy();
     order.sort_by(|&i, &j| {
         rank_cmp(
+            policy,
             (verdicts[i].preference_score, &avail[i], &agents[i].agent_id),
             (verdicts[j].preference_score, &avail[j], &agents[j].agent_id),
         )
@@ -446,6 +496,68 @@ pub fn explain_refused(
         summary,
         outcome,
     }
+}
+
+/// Why the first of `explanation.ranked` ranks first under `policy`, for people: the key that
+/// put it ahead of the second (`agent-7 ranks first of 3 under binpack: fewer slots free (1/4
+/// against 4/4)`); `None` when no agent is eligible. `agents` are the views explained, `name`
+/// names an agent.
+pub fn ranking_note(
+    explanation: &Explanation,
+    agents: &[AgentView],
+    policy: PlacementPolicy,
+    name: impl Fn(AgentId) -> String,
+) -> Option<String> {
+    let view = |id: &AgentId| agents.iter().find(|a| &a.agent_id == id);
+    let score = |id: &AgentId| {
+        explanation
+            .verdicts
+            .iter()
+            .find(|v| &v.agent_id == id)
+            .map_or(0, |v| v.preference_score)
+    };
+    let first_id = explanation.ranked.first()?;
+    let first = view(first_id)?;
+    let mut note = format!(
+        "{} ranks first of {} under {policy}",
+        name(*first_id),
+        explanation.ranked.len()
+    );
+    let Some(second) = explanation.ranked.get(1).and_then(view) else {
+        note.push_str(": the only eligible agent");
+        return Some(note);
+    };
+    let (a, b) = (first.availability(), second.availability());
+    let slots = |v: &Availability| format!("{}/{}", v.free, v.capacity);
+    let (s1, s2) = (score(first_id), score(&second.agent_id));
+    let why = if s1 != s2 {
+        format!("a higher preference score ({s1} against {s2})")
+    } else if u64::from(a.free) * u64::from(b.capacity.max(1))
+        != u64::from(b.free) * u64::from(a.capacity.max(1))
+    {
+        match policy {
+            PlacementPolicy::Spread => format!(
+                "more of its slots free ({} against {})",
+                slots(&a),
+                slots(&b)
+            ),
+            PlacementPolicy::Binpack => format!(
+                "the least spare room that still fits ({} free against {})",
+                slots(&a),
+                slots(&b)
+            ),
+        }
+    } else if a.last_granted_at_ms != b.last_granted_at_ms {
+        match policy {
+            PlacementPolicy::Spread => "as free, and granted longest ago".to_owned(),
+            PlacementPolicy::Binpack => "as full, and granted most recently".to_owned(),
+        }
+    } else {
+        "as loaded and as recently granted; the agent id breaks the tie".to_owned()
+    };
+    note.push_str(": ");
+    note.push_str(&why);
+    Some(note)
 }
 
 /// The outcome implied by a set of verdicts.
@@ -516,6 +628,75 @@ mod tests {
 
     fn node(version: &str) -> Value {
         json!({"tags": ["linux", "docker"], "software": {"node": {"version": version}}})
+    }
+
+    #[test]
+    fn ranking_note_names_the_key_that_decided() {
+        let mut a = agent("a", json!({}));
+        let b = agent("b", json!({}));
+        a.active_leases = 1;
+        let agents = vec![a, b];
+        let name = |id: AgentId| id.to_string().chars().take(8).collect::<String>();
+        let mut p = selector::parse("").unwrap();
+        let spread = compile(&p).unwrap();
+        let e = explain(&spread, "default", &agents);
+        assert_eq!(e.ranked, vec![id("b"), id("a")]);
+        let note = ranking_note(&e, &agents, spread.policy(), |i| {
+            if i == id("a") { "a".into() } else { "b".into() }
+        })
+        .unwrap();
+        assert_eq!(
+            note,
+            "b ranks first of 2 under spread: more of its slots free (4/4 against 3/4)"
+        );
+        p.policy = Some(PlacementPolicy::Binpack);
+        let binpack = compile(&p).unwrap();
+        let e = explain(&binpack, "default", &agents);
+        assert_eq!(e.ranked, vec![id("a"), id("b")]);
+        assert!(
+            ranking_note(&e, &agents, binpack.policy(), name)
+                .unwrap()
+                .ends_with(
+                    "under binpack: the least spare room that still fits (3/4 free against 4/4)"
+                )
+        );
+        let alone = explain(&binpack, "default", &agents[..1]);
+        assert!(
+            ranking_note(&alone, &agents[..1], binpack.policy(), name)
+                .unwrap()
+                .ends_with("the only eligible agent")
+        );
+        let none = explain(
+            &compile(&selector::parse("gpu").unwrap()).unwrap(),
+            "default",
+            &agents,
+        );
+        assert_eq!(
+            ranking_note(&none, &agents, PlacementPolicy::Spread, name),
+            None
+        );
+    }
+
+    #[test]
+    fn a_retry_avoids_failed_agents_while_another_can_take_it() {
+        let mut busy = agent("b", json!({}));
+        busy.active_leases = busy.capacity;
+        let agents = vec![agent("a", json!({})), busy];
+        let failed: BTreeSet<AgentId> = [id("a")].into();
+        let p = placement("");
+        let e = explain_task(&p, "default", &agents, &BTreeMap::new(), &failed);
+        // b is busy, but it is there: the retry waits for it.
+        assert!(e.ranked.is_empty());
+        assert_eq!(e.outcome, Outcome::WaitingForCapacity);
+        assert_eq!(e.verdicts[0].reason, Some(Ineligibility::FailedEarlier));
+        assert!(e.verdicts[0].capable);
+        assert_eq!(
+            e.summary,
+            "0/2 agents eligible: 1 at capacity, 1 failed an earlier attempt"
+        );
+        // Without b, a takes it again.
+        let e = explain_task(&p, "default", &agents[..1], &BTreeMap::new(), &failed);
+        assert_eq!(e.ranked, vec![id("a")]);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! What a task needs from the agent that runs it, mirroring `switchyard.v1.Placement`: required
 //! tags, typed [`Requirement`]s on document values, named capability refs (`name@major`),
-//! weighted [`Preference`]s, and a JSON Schema (draft 2020-12) the whole document must satisfy.
+//! weighted [`Preference`]s, a JSON Schema (draft 2020-12) the whole document must satisfy, the
+//! agent taints the task tolerates (an agent whose document lists a taint the task does not
+//! tolerate never takes it), and the [`PlacementPolicy`] that ranks the agents that qualify.
 //! [`compile`] validates a placement once — operator arity, operand types, regular expressions,
 //! version ranges and the schema — naming the offending field on error, and the resulting
 //! [`CompiledPlacement`] evaluates documents without further parsing.
@@ -219,6 +221,53 @@ pub struct Preference {
     pub condition: PreferenceCondition,
 }
 
+/// How the agents that qualify for a task are ranked once preferences tie (see
+/// [`crate::matcher`] for the exact order).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlacementPolicy {
+    /// The least loaded agent first (highest free share of its slots): work spreads out.
+    #[default]
+    Spread,
+    /// The most loaded agent that still has room first: work fills one agent before the next,
+    /// and the idle ones stay whole for the work that needs them.
+    Binpack,
+}
+
+impl PlacementPolicy {
+    /// The name (`spread`, `binpack`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlacementPolicy::Spread => "spread",
+            PlacementPolicy::Binpack => "binpack",
+        }
+    }
+}
+
+impl fmt::Display for PlacementPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The name is not a placement policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown placement policy `{0}` (expected spread or binpack)")]
+pub struct UnknownPolicy(pub String);
+
+impl FromStr for PlacementPolicy {
+    type Err = UnknownPolicy;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [PlacementPolicy::Spread, PlacementPolicy::Binpack]
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| UnknownPolicy(s.to_owned()))
+    }
+}
+
+/// Longest accepted toleration.
+pub const MAX_TOLERATION_LEN: usize = 256;
+
 /// What a task needs from its agent; mirrors `switchyard.v1.Placement` minus the selector text,
 /// which [`crate::selector::parse`] turns into another `Placement` to [`Placement::merge`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -235,6 +284,13 @@ pub struct Placement {
     /// A JSON Schema (draft 2020-12) the whole document must validate against.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub json_schema: Option<Value>,
+    /// Agent taints the task tolerates; an agent with any other taint never takes it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<String>,
+    /// How qualifying agents rank; unset means the namespace's default (the server resolves it
+    /// when the task is submitted), else [`PlacementPolicy::Spread`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PlacementPolicy>,
 }
 
 impl Placement {
@@ -245,19 +301,22 @@ impl Placement {
         self.requirements.extend(other.requirements);
         self.capabilities.extend(other.capabilities);
         self.preferences.extend(other.preferences);
+        self.tolerations.extend(other.tolerations);
+        self.policy = self.policy.or(other.policy);
         self.json_schema = match (self.json_schema.take(), other.json_schema) {
             (Some(a), Some(b)) => Some(json!({"allOf": [a, b]})),
             (a, b) => a.or(b),
         };
     }
 
-    /// Whether the placement constrains nothing (it then matches every online agent).
+    /// Whether the placement constrains nothing (it then matches every online untainted agent).
     pub fn is_empty(&self) -> bool {
         self.required_tags.is_empty()
             && self.requirements.is_empty()
             && self.capabilities.is_empty()
             && self.preferences.is_empty()
             && self.json_schema.is_none()
+            && self.tolerations.is_empty()
     }
 }
 
@@ -346,6 +405,11 @@ pub enum Unmet {
         /// How.
         problem: CapabilityProblem,
     },
+    /// The agent has a taint the task does not tolerate.
+    Tainted {
+        /// The first such taint.
+        taint: String,
+    },
     /// The document does not validate against the JSON Schema.
     Schema {
         /// JSON Pointer of the first failing instance (`""` for the document).
@@ -361,6 +425,7 @@ impl fmt::Display for Unmet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Unmet::MissingTag(tag) => write!(f, "missing tag {tag}"),
+            Unmet::Tainted { taint } => write!(f, "tainted {taint}: task does not tolerate it"),
             Unmet::Requirement {
                 key,
                 operator,
@@ -422,6 +487,7 @@ impl Unmet {
     pub fn summary(&self) -> String {
         match self {
             Unmet::MissingTag(tag) => format!("missing tag {tag}"),
+            Unmet::Tainted { taint } => format!("tainted {taint}"),
             Unmet::Requirement {
                 key,
                 operator,
@@ -505,6 +571,9 @@ pub fn compile(placement: &Placement) -> Result<CompiledPlacement, PlacementErro
     for (i, c) in placement.capabilities.iter().enumerate() {
         check_capability_ref(c, &format!("capabilities[{i}]"))?;
     }
+    for (i, t) in placement.tolerations.iter().enumerate() {
+        check_toleration(t).map_err(|m| PlacementError::new(format!("tolerations[{i}]"), m))?;
+    }
     let mut preferences = Vec::with_capacity(placement.preferences.len());
     let mut max_score = 0u64;
     for (i, p) in placement.preferences.iter().enumerate() {
@@ -554,6 +623,26 @@ pub fn compile(placement: &Placement) -> Result<CompiledPlacement, PlacementErro
         schema,
         max_score,
     })
+}
+
+/// A toleration names a taint: 1 to [`MAX_TOLERATION_LEN`] bytes, no whitespace or control
+/// characters.
+fn check_toleration(t: &str) -> Result<(), String> {
+    if t.is_empty() {
+        return Err("toleration is empty".to_owned());
+    }
+    if t.len() > MAX_TOLERATION_LEN {
+        return Err(format!(
+            "toleration is {} bytes, longer than {MAX_TOLERATION_LEN}",
+            t.len()
+        ));
+    }
+    if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "toleration {t:?} holds whitespace or a control character"
+        ));
+    }
+    Ok(())
 }
 
 fn check_capability_ref(c: &CapabilityRef, field: &str) -> Result<(), PlacementError> {
@@ -861,6 +950,23 @@ impl CompiledPlacement {
         &self.placement
     }
 
+    /// How qualifying agents rank ([`PlacementPolicy::Spread`] when unset).
+    pub fn policy(&self) -> PlacementPolicy {
+        self.placement.policy.unwrap_or_default()
+    }
+
+    /// Whether the task tolerates `taint`.
+    pub fn tolerates(&self, taint: &str) -> bool {
+        self.placement.tolerations.iter().any(|t| t == taint)
+    }
+
+    /// The first of the document's taints the task does not tolerate.
+    pub fn untolerated_taint<'d>(&self, doc: &'d Value) -> Option<&'d str> {
+        document::CapabilityDocument(doc)
+            .taints()
+            .find(|t| !self.tolerates(t))
+    }
+
     /// The compiled requirements, in order.
     pub fn requirements(&self) -> &[CompiledRequirement] {
         &self.requirements
@@ -876,9 +982,14 @@ impl CompiledPlacement {
         self.max_score
     }
 
-    /// The first hard constraint `doc` fails, in the order tags, requirements, capability refs,
-    /// schema; `None` when it satisfies them all.
+    /// The first hard constraint `doc` fails, in the order taints, tags, requirements,
+    /// capability refs, schema; `None` when it satisfies them all.
     pub fn unmet(&self, doc: &Value) -> Option<Unmet> {
+        if let Some(taint) = self.untolerated_taint(doc) {
+            return Some(Unmet::Tainted {
+                taint: taint.to_owned(),
+            });
+        }
         let view = document::CapabilityDocument(doc);
         if let Some(tag) = self
             .placement
@@ -919,7 +1030,8 @@ impl CompiledPlacement {
     /// Whether `doc` satisfies every hard constraint; [`Self::unmet`] without building a reason.
     pub fn satisfied_by(&self, doc: &Value) -> bool {
         let view = document::CapabilityDocument(doc);
-        self.placement.required_tags.iter().all(|t| view.has_tag(t))
+        self.untolerated_taint(doc).is_none()
+            && self.placement.required_tags.iter().all(|t| view.has_tag(t))
             && self.requirements.iter().all(|r| r.check(doc).is_ok())
             && self
                 .placement

@@ -7,6 +7,7 @@
 //! ```text
 //! selector   = [ clause { "," clause } [ "," ] ]
 //! clause     = "prefer" [ weight ] ":" condition      preference (weight defaults to 1)
+//!            | "tolerates" name                       toleration, e.g. tolerates gpu
 //!            | condition                              hard constraint
 //! condition  = "provides" name "@" major              capability ref, e.g. provides ai.llm@1
 //!            | "!" key "?"                            NOT_EXISTS
@@ -32,8 +33,9 @@
 //! weight     = digits (at least 1)       major = digits
 //! ```
 //!
-//! Whitespace is allowed between any two tokens. `prefer` and `provides` are keywords only where
-//! the grammar expects them (`provides` followed by a name); elsewhere they are ordinary words.
+//! Whitespace is allowed between any two tokens. `prefer`, `provides` and `tolerates` are
+//! keywords only where the grammar expects them (`provides` or `tolerates` followed by a name);
+//! elsewhere they are ordinary words (a lone `tolerates` is a tag).
 //!
 //! Literals: a quoted value is always a string. An unquoted `true`, `false` or `null` is that
 //! JSON value; an unquoted word that is a JSON number is a number — except as the operand of
@@ -289,6 +291,18 @@ impl<'a> Parser<'a> {
             }
             self.pos = save;
         }
+        if self.peek_word() == "tolerates" {
+            let save = self.pos;
+            self.pos += "tolerates".len();
+            let spaced = self.peek().is_some_and(|b| b.is_ascii_whitespace());
+            self.ws();
+            if spaced && (self.peek() == Some(b'"') || !self.peek_word().is_empty()) {
+                let (taint, _) = self.name("a taint")?;
+                placement.tolerations.push(taint);
+                return Ok(());
+            }
+            self.pos = save;
+        }
         match self.condition()? {
             Condition::Tag(t) => placement.required_tags.push(t),
             Condition::Requirement(r) => placement.requirements.push(r),
@@ -509,6 +523,17 @@ mod tests {
                 "preferences": []
             })
         );
+    }
+
+    #[test]
+    fn tolerations() {
+        let got = parse(r#"gpu, tolerates gpu, tolerates "pool-a", tolerates"#).unwrap();
+        assert_eq!(got.required_tags, vec!["gpu", "tolerates"]);
+        assert_eq!(got.tolerations, vec!["gpu", "pool-a"]);
+        // Not followed by a name, `tolerates` is an ordinary key.
+        let key = parse("tolerates=1").unwrap();
+        assert!(key.tolerations.is_empty());
+        assert_eq!(key.requirements[0].key, "tolerates");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Property-based laws: tier merges equal a fold of single-tier merges and agree with RFC 7386;
 //! `apply(a, diff(a, b)) == b`; redaction is idempotent and leaves no sensitive value; ranking
-//! is deterministic, never returns an agent failing a hard constraint, and the index picks the
-//! matcher's first choice.
+//! is deterministic, never returns an agent failing a hard constraint (taints included), and the
+//! index picks the matcher's first choice under either placement policy.
 
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
@@ -12,7 +12,7 @@ use switchyard_core::index::AgentIndex;
 use switchyard_core::kinds::HandledKinds;
 use switchyard_core::limits::Limits;
 use switchyard_core::matcher::{self, AgentId, AgentStatus, AgentView};
-use switchyard_core::placement::compile;
+use switchyard_core::placement::{PlacementPolicy, compile};
 use switchyard_core::redact;
 use switchyard_core::selector;
 use switchyard_core::tier::{Merged, Tier, merge_tiers};
@@ -158,6 +158,12 @@ proptest! {
             Just(Some("deploy.prod.eu")),
         ],
         rekind in prop::collection::vec(0usize..6, 0..6),
+        policy in prop_oneof![
+            Just(None), Just(Some(PlacementPolicy::Spread)), Just(Some(PlacementPolicy::Binpack)),
+        ],
+        tolerations in prop_oneof![
+            Just(vec![]), Just(vec!["gpu"]), Just(vec!["lic"]), Just(vec!["gpu", "lic"]),
+        ],
         sel in prop_oneof![
             Just("linux"), Just("linux, docker"), Just("!gpu"), Just("n>=20"), Just("n=7"),
             Just("linux, prefer 3: gpu"), Just("prefer 2: docker, prefer 1: n<10"), Just("v@^2"),
@@ -193,6 +199,14 @@ proptest! {
                 _ if n % 8 == 3 => doc["b"] = json!("true"),
                 _ => {}
             }
+            // Taints: an array, a lone string, two, or none.
+            match n % 7 {
+                0 => doc["taints"] = json!(["gpu"]),
+                1 => doc["taints"] = json!("gpu"),
+                2 => doc["taints"] = json!(["gpu", "lic"]),
+                3 => doc["taints"] = json!([]),
+                _ => {}
+            }
             if *llm {
                 doc["provides"] = json!({"ai.llm": {"version": "1.0.0", "healthy": n % 3 != 0}});
             }
@@ -210,7 +224,10 @@ proptest! {
         // Agent ids must be unique for a meaningful ranking.
         let mut seen = BTreeSet::new();
         let agents: Vec<AgentView> = agents.into_iter().filter(|a| seen.insert(a.agent_id)).collect();
-        let mut placement = compile(&selector::parse(sel).unwrap()).unwrap();
+        let mut parsed = selector::parse(sel).unwrap();
+        parsed.policy = policy;
+        parsed.tolerations = tolerations.iter().map(|t| (*t).to_owned()).collect();
+        let mut placement = compile(&parsed).unwrap();
         if let Some(kind) = kind {
             placement = placement.with_kind(kind);
         }
@@ -233,6 +250,7 @@ proptest! {
         for id in &first.ranked {
             let a = agents.iter().find(|a| &a.agent_id == id).unwrap();
             prop_assert!(placement.satisfied_by(&a.document));
+            prop_assert!(placement.untolerated_taint(&a.document).is_none());
             prop_assert!(kind.is_none_or(|k| a.kinds.handles(k)));
             prop_assert!(a.status.takes_work() && a.active_leases < a.capacity && a.namespace == "default");
         }
@@ -261,6 +279,23 @@ proptest! {
             index.any_capable_except(&placement, "default", &except),
             !matches!(without.outcome, matcher::Outcome::Parked(_))
         );
+        // A retry avoids the agents earlier attempts failed on while
+        // another capable agent exists: the matcher's first choice again.
+        let failed: BTreeSet<AgentId> = first.ranked.iter().skip(1).take(2).copied()
+            .chain(default_agents.iter().take(2).map(|a| a.agent_id))
+            .collect();
+        let failed_ids: Vec<AgentId> = failed.iter().copied().collect();
+        let retry = matcher::explain_task(&placement, "default", &default_agents, &refused, &failed);
+        prop_assert_eq!(
+            index.select_retry(&placement, "default", &except, &failed_ids).map(|s| s.agent_id),
+            retry.ranked.first().cloned()
+        );
+        for id in &retry.ranked {
+            let others = retry.verdicts.iter().any(|v| {
+                v.satisfies_placement() && v.status.takes_work() && !failed.contains(&v.agent_id)
+            });
+            prop_assert!(!others || !failed.contains(id));
+        }
     }
 }
 
