@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 
 use clap::{Args, Parser, Subcommand};
+use switchyard_core::placement::{PlacementPolicy, UnknownPolicy};
 
 use crate::telemetry::LogFormat;
 
@@ -258,6 +259,20 @@ pub struct ServerConfig {
     )]
     pub max_releases_per_task: u32,
 
+    /// How tasks that do not say rank the agents that qualify: `spread`
+    /// (least loaded first) or `binpack` (fill one agent before the next);
+    /// `NAMESPACE=POLICY` sets one namespace's default (repeat, or separate
+    /// with commas). Applied when a task is submitted.
+    #[arg(
+        long,
+        env = "SWITCHYARD_PLACEMENT_POLICY",
+        value_name = "[NAMESPACE=]POLICY",
+        value_parser = parse_policy_default,
+        value_delimiter = ',',
+        global = true
+    )]
+    pub placement_policy: Vec<PolicyDefault>,
+
     /// On SIGTERM, how long in-flight requests and streams get to finish
     /// after agents were told to reconnect elsewhere, in milliseconds.
     #[arg(
@@ -301,7 +316,28 @@ impl ServerConfig {
             max_queued_tasks_per_namespace: 100_000,
             max_agents_per_namespace: 20_000,
             max_releases_per_task: crate::model::DEFAULT_MAX_RELEASES,
+            placement_policy: Vec::new(),
             shutdown_grace_ms: 2_000,
         }
     }
+}
+
+/// One `--placement-policy` value: a namespace's default policy, or (no
+/// namespace) every other namespace's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyDefault {
+    /// The namespace; `None` for the default of all.
+    pub namespace: Option<String>,
+    /// The policy.
+    pub policy: PlacementPolicy,
+}
+
+fn parse_policy_default(text: &str) -> Result<PolicyDefault, String> {
+    let (namespace, policy) = match text.split_once('=') {
+        Some((ns, policy)) if !ns.trim().is_empty() => (Some(ns.trim().to_owned()), policy),
+        Some(_) => return Err(format!("{text:?}: the namespace before '=' is empty")),
+        None => (None, text),
+    };
+    let policy = policy.parse().map_err(|e: UnknownPolicy| e.to_string())?;
+    Ok(PolicyDefault { namespace, policy })
 }

@@ -228,6 +228,7 @@ fn api_settings(config: &ServerConfig) -> ApiSettings {
         default_lease_ttl_ms: config.lease_ttl_ms,
         max_queued_tasks_per_namespace: config.max_queued_tasks_per_namespace,
         max_agents_per_namespace: config.max_agents_per_namespace,
+        placement_policy: crate::api::PolicyDefaults::from_flags(&config.placement_policy),
         ..ApiSettings::default()
     }
 }

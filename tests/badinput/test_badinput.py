@@ -417,6 +417,15 @@ CASES: list[Case] = [
      INVALID, ["placement.requirements[0]"]),
     ("JSON Schema that is not one", unary(submit(placement=placement_pb2.Placement(
         json_schema=struct({"type": 12})))), INVALID, ["placement.json_schema"]),
+    ("toleration with whitespace", unary(submit(placement=placement_pb2.Placement(tolerations=["gpu pool"]))),
+     INVALID, ["placement.tolerations[0]", "whitespace"]),
+    ("empty toleration", unary(submit(placement=placement_pb2.Placement(tolerations=[""]))),
+     INVALID, ["placement.tolerations[0]", "empty"]),
+    ("toleration of 300 bytes", unary(submit(placement=placement_pb2.Placement(tolerations=["t" * 300]))),
+     INVALID, ["placement.tolerations[0]", "300 bytes"]),
+    ("tolerates without a usable taint", unary(selector('tolerates "a\tb"')), INVALID, ["placement.tolerations[0]"]),
+    ("unknown placement policy", unary(submit(placement=placement_pb2.Placement(policy=9))),
+     INVALID, ["placement.policy", "unknown policy 9"]),
     # Wrong generations and invalid patches: a ResyncRequest, nothing applied.
     ("diff against a future generation", diff(10_000, op(REPLACE, "/memory/total", 2048)), "RESYNC", ["generation"]),
     ("diff against generation 0", diff(0, op(REPLACE, "/memory/total", 2048)), "RESYNC", ["generation"]),

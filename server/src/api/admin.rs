@@ -166,8 +166,17 @@ impl AgentAdminService for AdminApi {
         let api = &self.0;
         let mut summary = String::new();
         let mut wire_verdicts = Vec::new();
+        let mut policy = None;
+        let mut ranking = None;
         if req.placement.is_some() {
-            let placement = wire::placement::from_proto(req.placement.as_ref())?;
+            let mut placement = wire::placement::from_proto(req.placement.as_ref())?;
+            // Ranked as a task submitted now would be: the namespace's
+            // default applies.
+            policy = Some(
+                *placement
+                    .policy
+                    .get_or_insert(api.settings.placement_policy.of(&ns)),
+            );
             let mut compiled = core_placement::compile(&placement)
                 .map_err(|err| invalid(&format!("placement.{}", err.field), &err.message))?;
             if !req.kind.is_empty() {
@@ -177,6 +186,9 @@ impl AgentAdminService for AdminApi {
             let (fleet, names) = api.fleet(&ns).await?;
             let explanation = matcher::explain(&compiled, &ns, &fleet);
             summary = explanation.summary.clone();
+            ranking = matcher::ranking_note(&explanation, &fleet, compiled.policy(), |id| {
+                names.get(&id).cloned().unwrap_or_else(|| id.to_string())
+            });
             wire_verdicts = verdicts(&explanation, &names);
         }
         let mut placeable = Vec::new();
@@ -237,6 +249,8 @@ impl AgentAdminService for AdminApi {
             summary,
             verdicts: wire_verdicts,
             placeable_tasks: placeable,
+            policy: wire::placement::wire_policy(policy) as i32,
+            ranking: ranking.unwrap_or_default(),
         }))
     }
 }

@@ -22,6 +22,7 @@ pub use crate::wire::convert;
 use std::sync::Arc;
 
 use switchyard_core::Limits;
+use switchyard_core::placement::PlacementPolicy;
 use uuid::Uuid;
 
 use crate::auth::{Caller, Tokens};
@@ -42,6 +43,43 @@ pub struct ApiSettings {
     pub max_queued_tasks_per_namespace: u64,
     /// Most agents a namespace may register (0: no cap).
     pub max_agents_per_namespace: u64,
+    /// The placement policy of tasks that do not say, by namespace
+    /// (`--placement-policy`).
+    pub placement_policy: PolicyDefaults,
+}
+
+/// The default placement policy of each namespace: its own if set, else the
+/// default of all, else spread.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyDefaults {
+    /// For every namespace not in `by_namespace`.
+    pub default: PlacementPolicy,
+    /// Namespaces with a default of their own.
+    pub by_namespace: std::collections::BTreeMap<String, PlacementPolicy>,
+}
+
+impl PolicyDefaults {
+    /// The defaults the flags give (a later value for the same namespace wins).
+    pub fn from_flags(flags: &[crate::config::PolicyDefault]) -> Self {
+        let mut out = Self::default();
+        for flag in flags {
+            match &flag.namespace {
+                Some(ns) => {
+                    out.by_namespace.insert(ns.clone(), flag.policy);
+                }
+                None => out.default = flag.policy,
+            }
+        }
+        out
+    }
+
+    /// The policy of a task of `namespace` that does not say.
+    pub fn of(&self, namespace: &str) -> PlacementPolicy {
+        self.by_namespace
+            .get(namespace)
+            .copied()
+            .unwrap_or(self.default)
+    }
 }
 
 impl Default for ApiSettings {
@@ -52,6 +90,7 @@ impl Default for ApiSettings {
             document_limits: Limits::default(),
             max_queued_tasks_per_namespace: 0,
             max_agents_per_namespace: 0,
+            placement_policy: PolicyDefaults::default(),
         }
     }
 }

@@ -106,7 +106,12 @@ impl Api {
         if let Some(v) = self.settings.document_limits.violations(&payload).first() {
             return Err(invalid(&super::field_path("payload", &v.path), &v.reason));
         }
-        let placement = wire::placement::from_proto(req.placement.as_ref())?;
+        let mut placement = wire::placement::from_proto(req.placement.as_ref())?;
+        // The namespace's default policy is the task's from now on: what
+        // explain, the dispatcher and every replica read.
+        placement
+            .policy
+            .get_or_insert(self.settings.placement_policy.of(&namespace));
         let cap = self.settings.max_queued_tasks_per_namespace;
         if cap > 0 {
             self.queued_counts
@@ -156,7 +161,8 @@ impl Api {
     }
 
     /// What matching says about a stored task against the whole fleet: its
-    /// placement and kind, and the agents that refused it; with agent names.
+    /// placement and kind, the agents that refused it, and (for a retry)
+    /// those its attempts failed on; with agent names.
     async fn explanation(
         &self,
         record: &TaskRecord,
@@ -170,7 +176,14 @@ impl Api {
             .into_iter()
             .map(|(agent, reason)| (agent.into(), reason))
             .collect();
-        let explanation = matcher::explain_refused(&compiled, &record.namespace, &fleet, &refused);
+        let failed: std::collections::BTreeSet<AgentId> = if record.attempts > 0 {
+            let agents = self.store.failed_agents(record.id).await?;
+            agents.into_iter().map(AgentId::from).collect()
+        } else {
+            Default::default()
+        };
+        let explanation =
+            matcher::explain_task(&compiled, &record.namespace, &fleet, &refused, &failed);
         Ok((explanation, names))
     }
 }

@@ -142,6 +142,9 @@ enum Command {
         /// (unset: any kind).
         #[arg(long, default_value = "")]
         kind: String,
+        /// Rank by `spread` or `binpack` (unset: the namespace's default).
+        #[arg(long, value_parser = parse_policy)]
+        policy: Option<pb::PlacementPolicy>,
     },
 }
 
@@ -149,9 +152,15 @@ enum Command {
 struct SubmitArgs {
     /// The task kind agents dispatch on (e.g. `exec`).
     kind: String,
-    /// What the task needs, as selector text, e.g. `linux, docker, software.node.version@^20`.
+    /// What the task needs, as selector text, e.g. `linux, docker, software.node.version@^20`
+    /// (`tolerates gpu` lets it run on agents tainted `gpu`).
     #[arg(long = "require", default_value = "")]
     selector: String,
+    /// How the agents that qualify rank: `spread` (least loaded first) or
+    /// `binpack` (fill one agent before the next); unset: the namespace's
+    /// default.
+    #[arg(long, value_parser = parse_policy)]
+    policy: Option<pb::PlacementPolicy>,
     /// The payload: a JSON object in a file, or `-` for standard input.
     #[arg(long)]
     payload: Option<String>,
@@ -348,11 +357,22 @@ async fn connect(global: &Global) -> Result<Clients, Failure> {
     })
 }
 
-fn placement(selector: &str) -> Option<pb::Placement> {
-    (!selector.trim().is_empty()).then(|| pb::Placement {
+fn placement(selector: &str, policy: Option<pb::PlacementPolicy>) -> Option<pb::Placement> {
+    (!selector.trim().is_empty() || policy.is_some()).then(|| pb::Placement {
         selector: selector.to_owned(),
+        policy: policy.unwrap_or_default() as i32,
         ..Default::default()
     })
+}
+
+fn parse_policy(text: &str) -> Result<pb::PlacementPolicy, String> {
+    use switchyard_core::placement::{PlacementPolicy, UnknownPolicy};
+    Ok(
+        match text.parse().map_err(|e: UnknownPolicy| e.to_string())? {
+            PlacementPolicy::Spread => pb::PlacementPolicy::Spread,
+            PlacementPolicy::Binpack => pb::PlacementPolicy::Binpack,
+        },
+    )
 }
 
 fn read_payload(source: Option<&str>) -> Result<prost_types::Struct, Failure> {
@@ -439,22 +459,26 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
                 .explain_task(pb::ExplainTaskRequest { task_id })
                 .await?
                 .into_inner();
-            out.explanation(reply.task.as_ref(), &reply.summary, &reply.verdicts);
+            out.explanation(reply.task.as_ref(), &reply.summary, &reply.verdicts, "");
             Ok(ExitCode::Ok)
         }
-        Command::Simulate { selector, kind } => {
+        Command::Simulate {
+            selector,
+            kind,
+            policy,
+        } => {
             let reply = clients
                 .agents
                 .simulate_placement(pb::SimulatePlacementRequest {
                     namespace: global.namespace.clone(),
-                    placement: Some(placement(&selector).unwrap_or_default()),
+                    placement: Some(placement(&selector, policy).unwrap_or_default()),
                     hypothetical_capabilities: None,
                     kind,
                     hypothetical_kinds: Vec::new(),
                 })
                 .await?
                 .into_inner();
-            out.explanation(None, &reply.summary, &reply.verdicts);
+            out.explanation(None, &reply.summary, &reply.verdicts, &reply.ranking);
             Ok(ExitCode::Ok)
         }
         Command::Agents(command) => agents(&mut clients, &out, &global, command).await,
@@ -472,7 +496,7 @@ async fn submit(
         namespace: global.namespace.clone(),
         kind: args.kind,
         payload: Some(read_payload(args.payload.as_deref())?),
-        placement: placement(&args.selector),
+        placement: placement(&args.selector, args.policy),
         priority: args.priority,
         max_attempts: args.max_attempts,
         lease_ttl: (args.lease_ttl_secs > 0).then(|| prost_types::Duration {

@@ -227,11 +227,13 @@ impl Printer {
         task: Option<&pb::Task>,
         summary: &str,
         verdicts: &[pb::AgentVerdict],
+        ranking: &str,
     ) {
         if self.0 == Output::Json {
             return self.json(&json!({
                 "task": task.map(task_json),
                 "summary": summary,
+                "ranking": ranking,
                 "verdicts": verdicts.iter().map(verdict_json).collect::<Vec<_>>(),
             }));
         }
@@ -239,6 +241,9 @@ impl Printer {
             self.task(task, "");
         }
         println!("{summary}");
+        if !ranking.is_empty() {
+            println!("{ranking}");
+        }
         for v in verdicts {
             if v.eligible {
                 println!(

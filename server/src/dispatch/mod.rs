@@ -110,6 +110,9 @@ struct State {
     sessions: HashMap<Uuid, sessions::Session>,
     /// Compiled placements by task id, so a waiting task is compiled once.
     placements: HashMap<Uuid, Arc<CompiledPlacement>>,
+    /// By retried task id: its attempt count when read, and the agents its
+    /// attempts failed on (a retry avoids them).
+    failed: HashMap<Uuid, (u32, Arc<[switchyard_core::matcher::AgentId]>)>,
     /// What is known about the queue without reading it.
     queue: QueueState,
     /// The tasks agents here refused.

@@ -3,10 +3,16 @@
 //! matches in one store batch, until no agent has room or the queue ends.
 //! A parked task is skipped, never a blocker: the walk goes on to lower
 //! priorities, and the tasks of placements known to be parked are not read
-//! at all.
+//! at all. A retried task avoids the agents its earlier attempts failed on
+//! while another agent here could take it (read from the store once per
+//! attempt count, and cached while it waits).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+use switchyard_core::matcher::AgentId;
+use uuid::Uuid;
 
 use switchyard_core::placement::{self, CompiledPlacement, Placement};
 use tracing::{debug, warn};
@@ -242,12 +248,14 @@ impl Dispatcher {
         let mut requests = Vec::new();
         let mut picked: Vec<&TaskRecord> = Vec::new();
         let mut outcome = PageOutcome::default();
+        let failed = self.failed_agents(tasks).await?;
         for (i, task) in tasks.iter().enumerate() {
             let Some(compiled) = self.compiled(task) else {
                 outcome.first_live.get_or_insert(i);
                 continue;
             };
-            match self.pick(task, compiled, now) {
+            let avoid = failed.get(&task.id).map_or(&[][..], |a| a);
+            match self.pick(task, compiled, avoid, now) {
                 Pick::Agent(agent_id) => {
                     outcome.first_live.get_or_insert(i);
                     requests.push(GrantRequest {
@@ -289,13 +297,19 @@ impl Dispatcher {
     /// The best agent here for `task`, its slot reserved; or why there is
     /// none (busy: a capable agent has no room; parked: no agent here can
     /// run it, and its placement is remembered as parked).
-    fn pick(&self, task: &TaskRecord, compiled: Arc<CompiledPlacement>, now: i64) -> Pick {
+    fn pick(
+        &self,
+        task: &TaskRecord,
+        compiled: Arc<CompiledPlacement>,
+        failed: &[AgentId],
+        now: i64,
+    ) -> Pick {
         let mut state = self.state();
         let started = std::time::Instant::now();
         let refused = state.refused.of(task.id);
         let selected = state
             .index
-            .select_best_except(&compiled, &task.namespace, refused);
+            .select_retry(&compiled, &task.namespace, refused, failed);
         metrics::histogram!(crate::metrics::MATCH_SECONDS).record(started.elapsed().as_secs_f64());
         if let Some(selection) = selected {
             self.reserve_slot(&mut state, selection.agent_id, now);
@@ -323,6 +337,40 @@ impl Dispatcher {
             self.note_queued();
         }
         Pick::Parked
+    }
+
+    /// The agents on which earlier attempts of the page's retried tasks
+    /// failed (by task; tasks without any are absent), read once per
+    /// attempt count and cached while the task waits.
+    async fn failed_agents(&self, tasks: &[TaskRecord]) -> Result<HashMap<Uuid, Arc<[AgentId]>>> {
+        let mut out = HashMap::new();
+        for task in tasks.iter().filter(|t| t.attempts > 0) {
+            let cached = self
+                .state()
+                .failed
+                .get(&task.id)
+                .filter(|(attempts, _)| *attempts == task.attempts)
+                .map(|(_, agents)| agents.clone());
+            let agents = match cached {
+                Some(agents) => agents,
+                None => {
+                    let read = self.shared.store.failed_agents(task.id);
+                    let agents: Arc<[AgentId]> = crate::metrics::timed("failed_agents", read)
+                        .await?
+                        .into_iter()
+                        .map(AgentId::from)
+                        .collect();
+                    self.state()
+                        .failed
+                        .insert(task.id, (task.attempts, agents.clone()));
+                    agents
+                }
+            };
+            if !agents.is_empty() {
+                out.insert(task.id, agents);
+            }
+        }
+        Ok(out)
     }
 
     /// The compiled placement of a task, for its kind (cached); `None` if the stored

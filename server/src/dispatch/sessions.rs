@@ -171,6 +171,7 @@ impl Dispatcher {
         {
             let mut state = self.state();
             state.placements.remove(&task.id);
+            state.failed.remove(&task.id);
             state.refused.forget(task.id);
         }
         if !self.send(lease.agent_id, down::grant(task, lease)) {

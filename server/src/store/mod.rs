@@ -181,6 +181,9 @@ pub trait LeaseStore: Send + Sync {
     async fn task_refusals(&self, task_id: Uuid) -> Result<Vec<(Uuid, String)>>;
     /// The tasks the agent refused (see [`LeaseStore::task_refusals`]).
     async fn agent_refusals(&self, agent_id: Uuid) -> Result<Vec<Uuid>>;
+    /// The agents on which earlier attempts of the task failed or lost
+    /// their lease (expired), in id order: a retry avoids them.
+    async fn failed_agents(&self, task_id: Uuid) -> Result<Vec<Uuid>>;
 }
 
 /// A document an agent reported, as the server stores it.

@@ -112,6 +112,21 @@ pub fn from_proto(placement: Option<&pb::Placement>) -> Result<core::Placement> 
                     .map_err(|e| invalid(&format!("placement.json_schema.{}", e.path), e.reason))
             })
             .transpose()?,
+        tolerations: p.tolerations.clone(),
+        policy: match pb::PlacementPolicy::try_from(p.policy) {
+            Ok(pb::PlacementPolicy::Unspecified) => None,
+            Ok(pb::PlacementPolicy::Spread) => Some(core::PlacementPolicy::Spread),
+            Ok(pb::PlacementPolicy::Binpack) => Some(core::PlacementPolicy::Binpack),
+            Err(_) => {
+                return Err(invalid(
+                    "placement.policy",
+                    &format!(
+                        "unknown policy {} (expected PLACEMENT_POLICY_SPREAD or PLACEMENT_POLICY_BINPACK)",
+                        p.policy
+                    ),
+                ));
+            }
+        },
     };
     if !p.selector.trim().is_empty() {
         let parsed = switchyard_core::selector::parse(&p.selector)
@@ -162,5 +177,16 @@ pub fn to_proto(p: &core::Placement) -> pb::Placement {
             .collect(),
         selector: String::new(),
         json_schema: p.json_schema.as_ref().map(json_to_struct),
+        tolerations: p.tolerations.clone(),
+        policy: wire_policy(p.policy) as i32,
+    }
+}
+
+/// The wire form of a policy (unset: unspecified).
+pub fn wire_policy(policy: Option<core::PlacementPolicy>) -> pb::PlacementPolicy {
+    match policy {
+        None => pb::PlacementPolicy::Unspecified,
+        Some(core::PlacementPolicy::Spread) => pb::PlacementPolicy::Spread,
+        Some(core::PlacementPolicy::Binpack) => pb::PlacementPolicy::Binpack,
     }
 }

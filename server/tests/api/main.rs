@@ -12,5 +12,6 @@ mod explain;
 mod health;
 mod kinds;
 mod ops;
+mod policy;
 mod security;
 mod session;

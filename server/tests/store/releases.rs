@@ -2,7 +2,9 @@
 //! store settles it) and every grant revoked as never acknowledged counts
 //! toward the task's bound, past which it FAILS; a busy release backs off;
 //! a refusal (cannot handle, cannot decode) is recorded and lifted when the
-//! agent changes or registers again; an agent's kinds are stored.
+//! agent changes or registers again; an agent's kinds are stored; the
+//! agents a task's attempts failed or expired on are known (a retry avoids
+//! them), and a release is not one of them.
 
 use serde_json::json;
 use switchyard_server::model::{
@@ -17,7 +19,66 @@ crate::both_backends!(
     every_hand_back_counts_and_the_bound_fails_the_task,
     refusals_are_recorded_and_lifted_when_the_agent_changes,
     kinds_are_stored_at_registration_and_by_heartbeat,
+    failed_agents_are_those_attempts_failed_or_expired_on,
 );
+
+async fn failed_agents_are_those_attempts_failed_or_expired_on(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let a = agent(store, "ns", "a", 2).await;
+    let b = agent(store, "ns", "b", 2).await;
+    let c = agent(store, "ns", "c", 2).await;
+    let t = submit(store, task("ns", 0, 5), T0).await;
+    assert!(store.failed_agents(t.id).await.unwrap().is_empty());
+    let mut now = T0 + 10;
+
+    // Fails on a.
+    let lease = grant(store, t.id, a.id, now).await;
+    let failed = CompletionOutcome::Failed {
+        error: json!({"message": "exit 1", "retryable": true}),
+        retryable: true,
+    };
+    store
+        .complete_leases(&[completion(&lease, failed.clone())], now + 1)
+        .await
+        .unwrap()[0]
+        .as_ref()
+        .unwrap();
+    // Handed back by b: not a failure.
+    now += 600_000;
+    let lease = grant(store, t.id, b.id, now).await;
+    let busy = released(ReleaseCause::Busy, "no room");
+    store
+        .complete_leases(&[completion(&lease, busy)], now + 1)
+        .await
+        .unwrap()[0]
+        .as_ref()
+        .unwrap();
+    // Lost on c.
+    now += 600_000;
+    let lease = grant(store, t.id, c.id, now).await;
+    assert_eq!(
+        store
+            .expire_leases(lease.expires_at_ms, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let mut expected = vec![a.id, c.id];
+    expected.sort();
+    assert_eq!(store.failed_agents(t.id).await.unwrap(), expected);
+    // Failing on a again names it once.
+    now += 600_000;
+    let lease = grant(store, t.id, a.id, now).await;
+    store
+        .complete_leases(&[completion(&lease, failed)], now + 1)
+        .await
+        .unwrap()[0]
+        .as_ref()
+        .unwrap();
+    assert_eq!(store.failed_agents(t.id).await.unwrap(), expected);
+    assert_eq!(store.get_task(t.id).await.unwrap().attempts, 3);
+}
 
 fn released(cause: ReleaseCause, reason: &str) -> CompletionOutcome {
     CompletionOutcome::Released {

@@ -99,11 +99,15 @@ class SimulatePlacementRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., hypothetical_capabilities: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., kind: _Optional[str] = ..., hypothetical_kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SimulatePlacementResponse(_message.Message):
-    __slots__ = ("summary", "verdicts", "placeable_tasks")
+    __slots__ = ("summary", "verdicts", "placeable_tasks", "policy", "ranking")
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
     PLACEABLE_TASKS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    RANKING_FIELD_NUMBER: _ClassVar[int]
     summary: str
     verdicts: _containers.RepeatedCompositeFieldContainer[_placement_pb2.AgentVerdict]
     placeable_tasks: _containers.RepeatedCompositeFieldContainer[_task_pb2.Task]
-    def __init__(self, summary: _Optional[str] = ..., verdicts: _Optional[_Iterable[_Union[_placement_pb2.AgentVerdict, _Mapping]]] = ..., placeable_tasks: _Optional[_Iterable[_Union[_task_pb2.Task, _Mapping]]] = ...) -> None: ...
+    policy: _placement_pb2.PlacementPolicy
+    ranking: str
+    def __init__(self, summary: _Optional[str] = ..., verdicts: _Optional[_Iterable[_Union[_placement_pb2.AgentVerdict, _Mapping]]] = ..., placeable_tasks: _Optional[_Iterable[_Union[_task_pb2.Task, _Mapping]]] = ..., policy: _Optional[_Union[_placement_pb2.PlacementPolicy, str]] = ..., ranking: _Optional[str] = ...) -> None: ...

@@ -8,6 +8,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PlacementPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PLACEMENT_POLICY_UNSPECIFIED: _ClassVar[PlacementPolicy]
+    PLACEMENT_POLICY_SPREAD: _ClassVar[PlacementPolicy]
+    PLACEMENT_POLICY_BINPACK: _ClassVar[PlacementPolicy]
+
 class Operator(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     OPERATOR_UNSPECIFIED: _ClassVar[Operator]
@@ -25,6 +31,9 @@ class Operator(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OPERATOR_REGEX: _ClassVar[Operator]
     OPERATOR_CONTAINS: _ClassVar[Operator]
     OPERATOR_CONTAINS_ANY: _ClassVar[Operator]
+PLACEMENT_POLICY_UNSPECIFIED: PlacementPolicy
+PLACEMENT_POLICY_SPREAD: PlacementPolicy
+PLACEMENT_POLICY_BINPACK: PlacementPolicy
 OPERATOR_UNSPECIFIED: Operator
 OPERATOR_EXISTS: Operator
 OPERATOR_NOT_EXISTS: Operator
@@ -42,20 +51,24 @@ OPERATOR_CONTAINS: Operator
 OPERATOR_CONTAINS_ANY: Operator
 
 class Placement(_message.Message):
-    __slots__ = ("required_tags", "requirements", "capabilities", "preferences", "selector", "json_schema")
+    __slots__ = ("required_tags", "requirements", "capabilities", "preferences", "selector", "json_schema", "tolerations", "policy")
     REQUIRED_TAGS_FIELD_NUMBER: _ClassVar[int]
     REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     PREFERENCES_FIELD_NUMBER: _ClassVar[int]
     SELECTOR_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    TOLERATIONS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     required_tags: _containers.RepeatedScalarFieldContainer[str]
     requirements: _containers.RepeatedCompositeFieldContainer[Requirement]
     capabilities: _containers.RepeatedCompositeFieldContainer[CapabilityRef]
     preferences: _containers.RepeatedCompositeFieldContainer[Preference]
     selector: str
     json_schema: _struct_pb2.Struct
-    def __init__(self, required_tags: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[_Union[Requirement, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[CapabilityRef, _Mapping]]] = ..., preferences: _Optional[_Iterable[_Union[Preference, _Mapping]]] = ..., selector: _Optional[str] = ..., json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    tolerations: _containers.RepeatedScalarFieldContainer[str]
+    policy: PlacementPolicy
+    def __init__(self, required_tags: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[_Union[Requirement, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[CapabilityRef, _Mapping]]] = ..., preferences: _Optional[_Iterable[_Union[Preference, _Mapping]]] = ..., selector: _Optional[str] = ..., json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tolerations: _Optional[_Iterable[str]] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ...) -> None: ...
 
 class Requirement(_message.Message):
     __slots__ = ("key", "operator", "values")

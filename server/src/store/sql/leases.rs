@@ -512,3 +512,21 @@ fn lease_ids<DB: SqlDb>(rows: Vec<DB::Row>) -> Result<Vec<Uuid>> {
         .map(|row| Cols::<DB>::new(row, "reading a lease id").get("id"))
         .collect()
 }
+
+const FAILED_AGENTS: &str = "SELECT DISTINCT agent_id FROM leases \
+    WHERE task_id = $1 AND outcome IN ('failed', 'expired') ORDER BY agent_id";
+
+/// The agents on which attempts of a task failed or expired.
+pub(crate) async fn failed_agents<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    task_id: Uuid,
+) -> Result<Vec<Uuid>> {
+    let rows = query::<DB>(FAILED_AGENTS)
+        .arg(task_id)
+        .all(conn)
+        .await
+        .map_err(db("reading the agents a task failed on"))?;
+    rows.iter()
+        .map(|row| Cols::<DB>::new(row, "reading a failed attempt").get("agent_id"))
+        .collect()
+}

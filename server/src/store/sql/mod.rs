@@ -415,6 +415,11 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
         self.read(|c, _| Box::pin(tasks::agent_refusals::<B::Db>(c, agent_id)))
             .await
     }
+
+    async fn failed_agents(&self, task_id: Uuid) -> Result<Vec<Uuid>> {
+        self.read(|c, _| Box::pin(leases::failed_agents::<B::Db>(c, task_id)))
+            .await
+    }
 }
 
 #[async_trait]

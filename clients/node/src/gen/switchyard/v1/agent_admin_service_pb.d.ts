@@ -6,7 +6,7 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 import type { Agent, AgentStatus } from "./agent_pb.js";
 import type { Lease, Task } from "./task_pb.js";
-import type { AgentVerdict, Placement } from "./placement_pb.js";
+import type { AgentVerdict, Placement, PlacementPolicy } from "./placement_pb.js";
 
 /**
  * Describes the file switchyard/v1/agent_admin_service.proto.
@@ -340,6 +340,22 @@ export declare type SimulatePlacementResponse = Message<"switchyard.v1.SimulateP
    * @generated from field: repeated switchyard.v1.Task placeable_tasks = 3;
    */
   placeableTasks: Task[];
+
+  /**
+   * The policy the placement was ranked by (the namespace's default applied).
+   *
+   * @generated from field: switchyard.v1.PlacementPolicy policy = 4;
+   */
+  policy: PlacementPolicy;
+
+  /**
+   * Why the first ranked agent ranks first, e.g. `agent-7 ranks first under
+   * binpack: preference score 0 (as 2 others), 1 of 4 slots free, the least
+   * spare room`; empty when no agent is eligible.
+   *
+   * @generated from field: string ranking = 5;
+   */
+  ranking: string;
 };
 
 /**

@@ -13,10 +13,12 @@ export declare const file_switchyard_v1_placement: GenFile;
 
 /**
  * Placement is what a task needs from the agent that runs it. Every hard
- * constraint (tags, requirements, capability refs, selector, JSON Schema) must
- * hold for an agent to be eligible; preferences only rank eligible agents.
+ * constraint (tags, requirements, capability refs, selector, JSON Schema,
+ * tolerations) must hold for an agent to be eligible; preferences and the
+ * policy only rank eligible agents.
  *
- * An empty placement matches every online agent of the task's namespace.
+ * An empty placement matches every online agent of the task's namespace that
+ * has no taint.
  *
  * @generated from message switchyard.v1.Placement
  */
@@ -72,6 +74,24 @@ export declare type Placement = Message<"switchyard.v1.Placement"> & {
    * @generated from field: google.protobuf.Struct json_schema = 6;
    */
   jsonSchema?: JsonObject | undefined;
+
+  /**
+   * Agent taints the task tolerates. An agent whose capability document lists
+   * taints (`taints: ["gpu"]`, set in its tiers or by an operator override)
+   * takes only tasks that tolerate every one of them. Each is 1-256 bytes
+   * without whitespace; the selector's `tolerates gpu` adds one.
+   *
+   * @generated from field: repeated string tolerations = 7;
+   */
+  tolerations: string[];
+
+  /**
+   * How eligible agents with equal preference scores rank. Unspecified: the
+   * namespace's default (the server's `--placement-policy`), else SPREAD.
+   *
+   * @generated from field: switchyard.v1.PlacementPolicy policy = 8;
+   */
+  policy: PlacementPolicy;
 };
 
 /**
@@ -260,6 +280,42 @@ export declare type AgentVerdict = Message<"switchyard.v1.AgentVerdict"> & {
  * Use `create(AgentVerdictSchema)` to create a new message.
  */
 export declare const AgentVerdictSchema: GenMessage<AgentVerdict>;
+
+/**
+ * PlacementPolicy ranks the eligible agents once preferences tie.
+ *
+ * @generated from enum switchyard.v1.PlacementPolicy
+ */
+export enum PlacementPolicy {
+  /**
+   * The namespace's default.
+   *
+   * @generated from enum value: PLACEMENT_POLICY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The least loaded agent first (highest free share of its slots), then the
+   * one granted longest ago: work spreads over the fleet.
+   *
+   * @generated from enum value: PLACEMENT_POLICY_SPREAD = 1;
+   */
+  SPREAD = 1,
+
+  /**
+   * The most loaded agent that still has room first, then the one granted
+   * most recently: work fills one agent before the next, leaving idle agents
+   * whole for the work that needs them.
+   *
+   * @generated from enum value: PLACEMENT_POLICY_BINPACK = 2;
+   */
+  BINPACK = 2,
+}
+
+/**
+ * Describes the enum switchyard.v1.PlacementPolicy.
+ */
+export declare const PlacementPolicySchema: GenEnum<PlacementPolicy>;
 
 /**
  * Operator is a comparison between a document value and a requirement's
