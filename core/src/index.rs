@@ -140,11 +140,41 @@ struct NamespacePostings {
     kinds_prefix: HashMap<String, Posting>,
     /// Agents that advertise `*`.
     kinds_all: Posting,
+    /// Task kind → the agents that handle it (the union of the three kind postings above), built
+    /// when a selection first needs it and kept until an agent's kinds are posted or unposted: a
+    /// union over thousands of agents costs microseconds, and every selection needs one.
+    kind_unions: std::sync::Mutex<HashMap<String, Arc<Posting>>>,
+}
+
+/// A posting a selection holds: borrowed from the index, built for it, or a shared cached union.
+enum Held<'a> {
+    Cow(Cow<'a, Posting>),
+    Shared(Arc<Posting>),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Posting;
+    fn deref(&self) -> &Posting {
+        match self {
+            Held::Cow(cow) => cow,
+            Held::Shared(shared) => shared,
+        }
+    }
+}
+
+impl<'a> From<Cow<'a, Posting>> for Held<'a> {
+    fn from(cow: Cow<'a, Posting>) -> Self {
+        Held::Cow(cow)
+    }
 }
 
 impl NamespacePostings {
     /// Adds (`add`) or removes agent `id` from the postings of the kinds it handles.
     fn post_kinds(&mut self, id: u32, kinds: &HandledKinds, add: bool) {
+        self.kind_unions
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
         fn toggle(map: &mut HashMap<String, Posting>, key: &str, id: u32, add: bool) {
             if add {
                 map.entry(key.to_owned()).or_default().insert(id);
@@ -170,8 +200,9 @@ impl NamespacePostings {
         }
     }
 
-    /// The agents that handle `kind`; `None` when none does.
-    fn handling<'a>(&'a self, kind: &str) -> Option<Cow<'a, Posting>> {
+    /// The agents that handle `kind`; `None` when none does. A union of several postings is
+    /// cached (see `kind_unions`).
+    fn handling<'a>(&'a self, kind: &str) -> Option<Held<'a>> {
         let mut sources: Vec<&'a Posting> = Vec::new();
         if !self.kinds_all.is_empty() {
             sources.push(&self.kinds_all);
@@ -180,10 +211,22 @@ impl NamespacePostings {
         sources.extend(parents(kind).filter_map(|p| self.kinds_prefix.get(p)));
         match sources.as_slice() {
             [] => None,
-            [one] => Some(Cow::Borrowed(*one)),
-            many => Some(Cow::Owned(
-                many.iter().fold(Posting::new(), |all, p| all | *p),
-            )),
+            [one] => Some(Held::Cow(Cow::Borrowed(*one))),
+            many => {
+                let mut unions = self
+                    .kind_unions
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let union = match unions.get(kind) {
+                    Some(union) => union.clone(),
+                    None => {
+                        let union = Arc::new(many.iter().fold(Posting::new(), |all, p| all | *p));
+                        unions.insert(kind.to_owned(), union.clone());
+                        union
+                    }
+                };
+                Some(Held::Shared(union))
+            }
         }
     }
 
@@ -616,8 +659,8 @@ impl AgentIndex {
     fn required_postings<'a>(
         ns: &'a NamespacePostings,
         placement: &CompiledPlacement,
-    ) -> Option<Vec<Cow<'a, Posting>>> {
-        let mut required: Vec<Cow<'a, Posting>> = Vec::new();
+    ) -> Option<Vec<Held<'a>>> {
+        let mut required: Vec<Held<'a>> = Vec::new();
         if let Some(kind) = placement.kind() {
             required.push(ns.handling(kind)?);
         }
@@ -628,10 +671,10 @@ impl AgentIndex {
             ns.values.get(path)?.get(&ScalarKey::of(v)?)
         };
         for tag in &placement.placement().required_tags {
-            required.push(Cow::Borrowed(value_posting(
+            required.push(Held::Cow(Cow::Borrowed(value_posting(
                 "tags",
                 &Value::String(tag.clone()),
-            )?));
+            )?)));
         }
         for compiled in placement.requirements() {
             let r = compiled.requirement();
@@ -641,21 +684,21 @@ impl AgentIndex {
             match r.operator {
                 Operator::NotExists | Operator::NotIn => {}
                 Operator::Eq if r.values.first().and_then(ScalarKey::of).is_some() => {
-                    required.push(Cow::Borrowed(
+                    required.push(Held::Cow(Cow::Borrowed(
                         r.values.first().and_then(|v| value_posting(&r.key, v))?,
-                    ));
+                    )));
                 }
                 _ => match Self::satisfying_posting(ns, compiled) {
                     Some(posting) if posting.is_empty() => return None,
-                    Some(posting) => required.push(posting),
-                    None => required.push(Cow::Borrowed(ns.paths.get(r.key.as_str())?)),
+                    Some(posting) => required.push(posting.into()),
+                    None => required.push(Held::Cow(Cow::Borrowed(ns.paths.get(r.key.as_str())?))),
                 },
             }
         }
         for c in &placement.placement().capabilities {
-            required.push(Cow::Borrowed(
+            required.push(Held::Cow(Cow::Borrowed(
                 ns.paths.get(format!("provides.{}", c.name).as_str())?,
-            ));
+            )));
         }
         required.sort_by_key(|p| p.len());
         Some(required)
@@ -1119,6 +1162,41 @@ mod tests {
             let expected = index.explain(&c, "default").ranked.first().cloned();
             assert_eq!(best(&index, text), expected, "{text}");
         }
+    }
+
+    #[test]
+    fn the_cached_union_of_kind_postings_follows_every_change() {
+        let mut index = AgentIndex::new();
+        let mut a = view("a", json!({}));
+        a.kinds = Arc::new(HandledKinds::parse(&["exec"]).unwrap());
+        index.upsert(a);
+        index.upsert(view("b", json!({})));
+        index.upsert(view("d", json!({})));
+        let exec = sel("").with_kind("exec");
+        // a (exact), b and d (`*`): the union is built and cached.
+        assert!(index.any_capable(&exec, "default"));
+        index.update_load(id("a"), 2, Some(1));
+        index.update_load(id("d"), 2, Some(1));
+        assert_eq!(
+            index.select_best(&exec, "default").map(|s| s.agent_id),
+            Some(id("b"))
+        );
+        // b stops handling every kind: the cached union must not keep it.
+        index.set_kinds(
+            id("b"),
+            Arc::new(HandledKinds::parse(&["build.*"]).unwrap()),
+        );
+        assert_eq!(index.select_best(&exec, "default"), None);
+        // A new agent handling exec by `*` is found at once.
+        index.upsert(view("c", json!({})));
+        assert_eq!(
+            index.select_best(&exec, "default").map(|s| s.agent_id),
+            Some(id("c"))
+        );
+        // Removed, it is gone from the union.
+        index.remove(id("c"));
+        assert_eq!(index.select_best(&exec, "default"), None);
+        assert!(index.any_capable(&exec, "default"));
     }
 
     #[test]
