@@ -3,7 +3,9 @@
 //! agent among 1,000 and 10,000 indexed agents for a task of kind `exec` (the kind a hard
 //! constraint, as the server compiles it; one placement of a kind only a third of the agents
 //! handle), once on a fixed index and once as a server's picks rotate the rank order (plus a
-//! full explanation for scale).
+//! full explanation for scale); the typical placement ranked by binpack, and an ordinary
+//! placement among a fleet whose idle GPU tenth is tainted `gpu` (the taint's postings keep
+//! those agents, first in the spread order, out of the walk).
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
@@ -14,7 +16,7 @@ use switchyard_core::index::AgentIndex;
 use switchyard_core::kinds::HandledKinds;
 use switchyard_core::limits::Limits;
 use switchyard_core::matcher::{self, AgentId, AgentStatus, AgentView};
-use switchyard_core::placement::compile;
+use switchyard_core::placement::{PlacementPolicy, compile};
 use switchyard_core::selector;
 use switchyard_core::tier::{Tier, merge_tiers};
 
@@ -201,6 +203,57 @@ fn bench_select(c: &mut Criterion) {
                     index.update_load(s.agent_id, active, Some(now));
                 }
             })
+        });
+        let mut binpack =
+            selector::parse("linux, docker, software.node.version@^20, memory.total>=16384")
+                .expect("parses");
+        binpack.policy = Some(PlacementPolicy::Binpack);
+        let binpack = compile(&binpack).expect("compiles").with_kind("exec");
+        let expected = matcher::explain(&binpack, "default", &agents)
+            .ranked
+            .first()
+            .cloned();
+        assert_eq!(
+            index.select_best(&binpack, "default").map(|s| s.agent_id),
+            expected
+        );
+        c.bench_function(&format!("select_best_binpack_{n}"), |b| {
+            b.iter(|| index.select_best(black_box(&binpack), "default"))
+        });
+        // The GPU tenth tainted and idle: first in the spread order, never
+        // taken by ordinary work.
+        let mut tainted = AgentIndex::new();
+        let pool: Vec<AgentView> = agents
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let mut a = a.clone();
+                if i % 10 == 0 {
+                    let mut doc = (*a.document).clone();
+                    doc["taints"] = json!(["gpu"]);
+                    a.document = Arc::new(doc);
+                    a.active_leases = 0;
+                    a.last_granted_at_ms = None;
+                }
+                a
+            })
+            .collect();
+        for a in &pool {
+            tainted.upsert(a.clone());
+        }
+        let ordinary = placement("linux, docker");
+        let expected = matcher::explain(&ordinary, "default", &pool)
+            .ranked
+            .first()
+            .cloned();
+        assert_eq!(
+            tainted
+                .select_best(&ordinary, "default")
+                .map(|s| s.agent_id),
+            expected
+        );
+        c.bench_function(&format!("select_best_tainted_pool_{n}"), |b| {
+            b.iter(|| tainted.select_best(black_box(&ordinary), "default"))
         });
         if n == 1_000 {
             c.bench_function("explain_all_1000", |b| {
