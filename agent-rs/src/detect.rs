@@ -2,8 +2,11 @@
 //! time-limited (a missing or hanging tool only leaves its entry out): tool
 //! versions shaped `software.<tool>.{version, major_version, minor_version,
 //! patch_version}`, OS release and `/etc/os-release`, memory and load
-//! averages (sysinfo), CPUs, NVIDIA GPUs when `nvidia-smi` answers, and
-//! `tags` derived from what was found.
+//! averages (sysinfo), CPUs, NVIDIA GPUs when `nvidia-smi` answers (index,
+//! uuid, name, memory, driver), and `tags` derived from what was found. The
+//! Python and Node runners detect the same, held to the shared vectors in
+//! `tests/conformance/detect.json` (the tool list, version parsing,
+//! `/etc/os-release`, `nvidia-smi` rows, tags).
 
 use std::time::Duration;
 
@@ -176,13 +179,8 @@ pub async fn base(probe_timeout: Duration) -> Value {
     doc.extend(load_facts());
     let software = software(probe_timeout).await;
     let gpus = nvidia_gpus(probe_timeout).await;
-    let mut tags = vec![os.to_owned(), std::env::consts::ARCH.to_owned()];
-    if software.contains_key("docker") {
-        tags.push("docker".into());
-    }
+    let tags = tags(os, std::env::consts::ARCH, &software, gpus.len());
     if !gpus.is_empty() {
-        tags.push("gpu".into());
-        tags.push("nvidia".into());
         doc.insert("gpus".into(), Value::Array(gpus));
     }
     doc.insert("software".into(), Value::Object(software));
@@ -190,30 +188,59 @@ pub async fn base(probe_timeout: Duration) -> Value {
     Value::Object(doc)
 }
 
+/// The tags detection derives: the OS and architecture, `docker` when docker
+/// answered, `gpu` and `nvidia` when GPUs did.
+pub fn tags(os: &str, arch: &str, software: &Map<String, Value>, gpus: usize) -> Vec<String> {
+    let mut tags = vec![os.to_owned(), arch.to_owned()];
+    if software.contains_key("docker") {
+        tags.push("docker".into());
+    }
+    if gpus > 0 {
+        tags.push("gpu".into());
+        tags.push("nvidia".into());
+    }
+    tags
+}
+
+/// The query `nvidia-smi` answers, one GPU a row.
+pub const NVIDIA_SMI_ARGS: [&str; 2] = [
+    "--query-gpu=index,uuid,name,memory.total,driver_version",
+    "--format=csv,noheader,nounits",
+];
+
+/// GPUs from `nvidia-smi`'s rows (`index, uuid, name, memory MB, driver`):
+/// a row of another shape is left out, an unreadable number is null.
+pub fn parse_nvidia_smi(output: &str) -> Vec<Value> {
+    output
+        .lines()
+        .filter_map(|l| {
+            let parts: Vec<&str> = l.split(',').map(str::trim).collect();
+            (parts.len() == 5).then(|| {
+                json!({
+                    "index": parts[0].parse::<u64>().ok(),
+                    "uuid": parts[1],
+                    "name": parts[2],
+                    "memory_mb": parts[3].parse::<u64>().ok(),
+                    "driver": parts[4],
+                })
+            })
+        })
+        .collect()
+}
+
 /// NVIDIA GPUs from `nvidia-smi`, if it answers.
 async fn nvidia_gpus(timeout: Duration) -> Vec<Value> {
     let mut cmd = Command::new("nvidia-smi");
-    cmd.args([
-        "--query-gpu=name,memory.total,driver_version",
-        "--format=csv,noheader,nounits",
-    ])
-    .stdin(std::process::Stdio::null())
-    .kill_on_drop(true);
+    cmd.args(NVIDIA_SMI_ARGS)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
     let Ok(Ok(out)) = tokio::time::timeout(timeout, cmd.output()).await else {
         return Vec::new();
     };
     if !out.status.success() {
         return Vec::new();
     }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let parts: Vec<&str> = l.split(',').map(str::trim).collect();
-            (parts.len() == 3).then(|| {
-                json!({"name": parts[0], "memory_mb": parts[1].parse::<u64>().ok(), "driver": parts[2]})
-            })
-        })
-        .collect()
+    parse_nvidia_smi(&String::from_utf8_lossy(&out.stdout))
 }
 
 #[cfg(test)]
@@ -238,6 +265,58 @@ mod tests {
         );
         assert_eq!(version_in("Python 3.11.7").as_deref(), Some("3.11.7"));
         assert_eq!(version_in("no version here"), None);
+    }
+
+    /// The shared detection vectors, as the Python and Node runners read them.
+    #[test]
+    fn detection_follows_the_shared_vectors() {
+        let v: Value =
+            serde_json::from_str(include_str!("../../tests/conformance/detect.json")).unwrap();
+        let tools: Vec<Value> = TOOLS
+            .iter()
+            .map(|(name, program, args)| json!([name, program, args]))
+            .collect();
+        assert_eq!(json!(tools), v["tools"]);
+        for case in v["version_in"].as_array().unwrap() {
+            let output = case["output"].as_str().unwrap();
+            assert_eq!(json!(version_in(output)), case["version"], "{output:?}");
+        }
+        for case in v["software_entry"].as_array().unwrap() {
+            let version = case["version"].as_str().unwrap();
+            assert_eq!(software_entry(version), case["expected"], "{version}");
+        }
+        for case in v["os_release"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            assert_eq!(
+                Value::Object(os_release(text)),
+                case["expected"],
+                "{text:?}"
+            );
+        }
+        for case in v["nvidia_smi"].as_array().unwrap() {
+            let output = case["output"].as_str().unwrap();
+            assert_eq!(
+                json!(parse_nvidia_smi(output)),
+                case["expected"],
+                "{output:?}"
+            );
+        }
+        for case in v["tags"].as_array().unwrap() {
+            let software: Map<String, Value> = case["software"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| (t.as_str().unwrap().to_owned(), json!({})))
+                .collect();
+            let gpus = case["gpus"].as_u64().unwrap() as usize;
+            let got = tags(
+                case["os"].as_str().unwrap(),
+                case["arch"].as_str().unwrap(),
+                &software,
+                gpus,
+            );
+            assert_eq!(json!(got), case["expected"]);
+        }
     }
 
     #[test]

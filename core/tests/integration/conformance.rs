@@ -49,6 +49,9 @@ fn every_vector_file_is_covered() {
     assert_eq!(
         files,
         [
+            // detect.json is the runners' detection (agent-rs/src/detect.rs
+            // and the Python and Node runners' tests).
+            "detect.json",
             "diff.json",
             "kinds.json",
             "merge.json",
