@@ -1,8 +1,9 @@
-// The runner's capability document: base facts (with the `provides` of its handler packs),
-// then the directory's static, dynamic and override tiers, merged and redacted by the core.
+// The runner's capability document: base facts (tools and GPUs probed once at load; with the
+// `provides` of its handler packs), then the directory's static, dynamic and override tiers,
+// merged and redacted by the core.
 // Memory and load are refreshed on every `refresh`; the tier files are re-read when they
 // change on disk (or when forced).
-import { baseFacts, loadFacts } from "./base.js";
+import { baseFacts, loadFacts, probedFacts } from "./base.js";
 import { jsonEqual } from "./core/json.js";
 import { DEFAULT_LIMITS } from "./core/limits.js";
 import { Merged } from "./core/tier.js";
@@ -10,14 +11,16 @@ import { mergeDirectory, readDirectory, stamps } from "./tiers.js";
 
 export class Capabilities {
   /**
-   * @param {{dir: string, scriptTimeoutMs?: number, limits?: import("./core/limits.js").Limits,
-   *   provides?: () => Record<string, unknown>}} options
+   * @param {{dir: string, scriptTimeoutMs?: number, probeTimeoutMs?: number,
+   *   limits?: import("./core/limits.js").Limits, provides?: () => Record<string, unknown>}} options
    */
-  constructor({ dir, scriptTimeoutMs = 10_000, limits = DEFAULT_LIMITS, provides = () => ({}) }) {
+  constructor({ dir, scriptTimeoutMs = 10_000, probeTimeoutMs = 5_000, limits = DEFAULT_LIMITS, provides = () => ({}) }) {
     /** The runner directory holding the tier files. */
     this.dir = dir;
     /** How long a dynamic script may run. */
     this.scriptTimeoutMs = scriptTimeoutMs;
+    /** How long each detection probe (a tool's version, `nvidia-smi`) may run. */
+    this.probeTimeoutMs = probeTimeoutMs;
     this.limits = limits;
     /** The packs' `provides` subtree, recomputed on each merge (parameters may change). */
     this.provides = provides;
@@ -31,8 +34,9 @@ export class Capabilities {
     this.merged = new Merged();
   }
 
-  /** Reads the directory and merges. */
+  /** Probes the machine (tools, GPUs), reads the directory and merges. */
   async load() {
+    Object.assign(this.detected, await probedFacts(this.probeTimeoutMs));
     await this.#reread();
     this.#merge();
     return this;

@@ -231,3 +231,5 @@ export declare function runDynamic(
 ): Promise<{ value?: JsonObject; rejection?: Rejection }>;
 export declare function baseFacts(): JsonObject;
 export declare function loadFacts(): JsonObject;
+/** What the detection probes find: `software` (the tools that answer), `gpus`, and the tags derived from them. */
+export declare function probedFacts(timeoutMs?: number): Promise<JsonObject>;

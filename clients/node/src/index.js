@@ -8,6 +8,6 @@
 export { Release, Runner, TaskFailure } from "./runner.js";
 export { ReleaseCause } from "./gen/switchyard/v1/agent_service_pb.js";
 export { Capabilities } from "./capabilities.js";
-export { baseFacts, loadFacts } from "./base.js";
+export { baseFacts, loadFacts, probedFacts } from "./base.js";
 export { readDirectory, mergeDirectory, runDynamic, DYNAMIC_EXTENSIONS } from "./tiers.js";
 export * as core from "./core/index.js";

@@ -131,7 +131,9 @@ test("invalid tier files are rejected and the rest applies; base tags stay unles
         ["override", ""],
       ],
     );
-    assert.deepEqual(caps.document.tags, [caps.document.os, caps.document.arch]);
+    // The detected tags: OS and architecture first, then what the probes found.
+    assert.deepEqual(caps.document.tags, caps.detected.tags);
+    assert.deepEqual(caps.document.tags.slice(0, 2), [caps.document.os, caps.document.arch]);
     assert.equal(caps.merged.provenance.get("tags"), "base");
   } finally {
     d.remove();

@@ -1,5 +1,6 @@
-"""The runner's capability document: base facts (with the ``provides`` of its handler packs),
-then the agent directory's static, dynamic and override tiers, merged and redacted by the core.
+"""The runner's capability document: base facts (tools and GPUs probed once at load; with the
+``provides`` of its handler packs), then the agent directory's static, dynamic and override tiers,
+merged and redacted by the core.
 
 Memory and load are refreshed on every :meth:`Capabilities.refresh`; the tier files are re-read
 when they change on disk; values set through the runner's API merge into the dynamic tier.
@@ -18,11 +19,15 @@ from switchyard.core.tier import Merged
 class Capabilities:
     """Builds and refreshes the document of one agent directory."""
 
-    def __init__(self, directory: pathlib.Path | str | None, script_timeout: float = 10.0):
+    def __init__(
+        self, directory: pathlib.Path | str | None, script_timeout: float = 10.0, probe_timeout: float = 5.0
+    ):
         self.directory = pathlib.Path(directory) if directory is not None else None
         """The agent directory; ``None`` for a runner with base facts only."""
         self.script_timeout = script_timeout
         """How long the dynamic script may run, in seconds."""
+        self.probe_timeout = probe_timeout
+        """How long each detection probe (a tool's version, ``nvidia-smi``) may run, in seconds."""
         self.detected: dict = detect.base()
         """The base tier from detection."""
         self.provides: dict = {}
@@ -36,7 +41,8 @@ class Capabilities:
         """The last merge."""
 
     async def load(self) -> Capabilities:
-        """Reads the directory and merges; returns ``self``."""
+        """Probes the machine (tools, GPUs), reads the directory and merges; returns ``self``."""
+        self.detected.update(await detect.probed(self.probe_timeout))
         await self._reread()
         self.merge()
         return self

@@ -34,7 +34,9 @@ async def test_script_returning_a_non_object_is_rejected(tmp_path: pathlib.Path)
 
 async def test_static_tags_replace_detected_tags_and_runtime_values_merge(tmp_path: pathlib.Path) -> None:
     caps = await Capabilities(tmp_path).load()
-    assert caps.document["tags"] == [caps.document["os"], caps.document["arch"]]
+    # The detected tags: OS and architecture first, then what the probes found.
+    assert caps.document["tags"] == caps.detected["tags"]
+    assert caps.document["tags"][:2] == [caps.document["os"], caps.document["arch"]]
     assert caps.merged.provenance["tags"] == Tier.BASE
     caps.set_runtime({"tags": ["x"], "tool": {"version": "1"}})
     assert caps.document["tags"] == ["x"]
