@@ -220,6 +220,31 @@ pub async fn get_task(server: &TestServer, task_id: &str) -> pb::Task {
         .expect("task")
 }
 
+/// What ExplainTask says of a task.
+pub async fn explain(server: &TestServer, task_id: &str) -> pb::ExplainTaskResponse {
+    server
+        .tasks()
+        .await
+        .explain_task(pb::ExplainTaskRequest {
+            task_id: task_id.into(),
+        })
+        .await
+        .expect("explain")
+        .into_inner()
+}
+
+/// The first page of the default namespace's tasks.
+pub async fn all_tasks(server: &TestServer) -> Vec<pb::Task> {
+    server
+        .tasks()
+        .await
+        .list_tasks(pb::ListTasksRequest::default())
+        .await
+        .expect("list tasks")
+        .into_inner()
+        .tasks
+}
+
 /// Waits (through WatchTask, not by polling) until the task is in `state`.
 pub async fn wait_for_state(server: &TestServer, task_id: &str, state: pb::TaskState) -> pb::Task {
     let mut stream = server

@@ -8,7 +8,7 @@ use serde_json::json;
 use switchyard_proto::v1::{self as pb, agent_service_client::AgentServiceClient};
 use tonic::Code;
 
-use crate::common::{Backend, TestAgent, TestServer, get_task, submit, wait_for_state};
+use crate::common::{Backend, TestAgent, TestServer, explain, get_task, submit, wait_for_state};
 use crate::on_both_stores;
 
 on_both_stores!(
@@ -42,18 +42,6 @@ async fn times_leased(server: &TestServer, task_id: &str) -> usize {
         .iter()
         .filter(|e| e.kind == "leased")
         .count()
-}
-
-async fn explain(server: &TestServer, task_id: &str) -> pb::ExplainTaskResponse {
-    server
-        .tasks()
-        .await
-        .explain_task(pb::ExplainTaskRequest {
-            task_id: task_id.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
 }
 
 /// The first repro: an agent that handles only `exec` and a task of

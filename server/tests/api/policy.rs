@@ -10,7 +10,9 @@ use switchyard_proto::v1::{self as pb, lease_update::Update};
 use switchyard_server::api::convert::json_to_struct;
 use tonic::Code;
 
-use crate::common::{Backend, TestAgent, TestServer, get_task, submit_request, wait_for_state};
+use crate::common::{
+    Backend, TestAgent, TestServer, all_tasks, explain, get_task, submit_request, wait_for_state,
+};
 use crate::on_both_stores;
 
 on_both_stores!(
@@ -79,14 +81,7 @@ async fn binpack_fills_one_agent_before_the_next_and_spread_alternates(backend: 
     assert_eq!(placed(&server, &mut agents, spread()).await, 1 - first);
     assert_eq!(placed(&server, &mut agents, spread()).await, first);
     // The server's default for the namespace decided, and the task says so.
-    let tasks = server
-        .tasks()
-        .await
-        .list_tasks(pb::ListTasksRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .tasks;
+    let tasks = all_tasks(&server).await;
     assert!(
         tasks
             .iter()
@@ -108,18 +103,6 @@ async fn binpack_fills_one_agent_before_the_next_and_spread_alternates(backend: 
     let first = placed(&server, &mut agents, spread()).await;
     assert_eq!(placed(&server, &mut agents, spread()).await, first);
     server.stop().await;
-}
-
-async fn explain(server: &TestServer, task_id: &str) -> pb::ExplainTaskResponse {
-    server
-        .tasks()
-        .await
-        .explain_task(pb::ExplainTaskRequest {
-            task_id: task_id.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
 }
 
 async fn a_tainted_agent_takes_only_tasks_that_tolerate_it(backend: Backend) {
@@ -330,14 +313,7 @@ async fn bad_tolerations_and_policies_are_refused_naming_the_field(backend: Back
         assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
         assert!(err.message().contains(field), "{field}: {}", err.message());
     }
-    let tasks = server
-        .tasks()
-        .await
-        .list_tasks(pb::ListTasksRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .tasks;
+    let tasks = all_tasks(&server).await;
     assert!(tasks.is_empty());
     server.stop().await;
 }
