@@ -3,7 +3,10 @@
 //! versions shaped `software.<tool>.{version, major_version, minor_version,
 //! patch_version}`, OS release and `/etc/os-release`, memory and load
 //! averages (sysinfo), CPUs, NVIDIA GPUs when `nvidia-smi` answers (index,
-//! uuid, name, memory, driver), and `tags` derived from what was found. The
+//! uuid, name, memory, driver), `resources` (what the agent offers: CPU in
+//! millicores, memory in MB, the GPUs as devices; a tier may override or add
+//! to it, e.g. a named count such as `resources.licenses.matlab`), and `tags`
+//! derived from what was found. The
 //! Python and Node runners detect the same, held to the shared vectors in
 //! `tests/conformance/detect.json` (the tool list, version parsing,
 //! `/etc/os-release`, `nvidia-smi` rows, tags).
@@ -163,6 +166,7 @@ pub async fn base(probe_timeout: Duration) -> Value {
     if let Ok(text) = std::fs::read_to_string("/etc/os-release") {
         doc.insert("linux".into(), Value::Object(os_release(&text)));
     }
+    let mut cpu_count = 0;
     if let Ok(sys) = sysinfo::System::new_with_specifics(
         sysinfo::RefreshKind::nothing().with_cpu(sysinfo::CpuRefreshKind::nothing()),
     ) {
@@ -171,6 +175,7 @@ pub async fn base(probe_timeout: Duration) -> Value {
             .first()
             .map(|c| c.brand().trim().to_owned())
             .unwrap_or_default();
+        cpu_count = sys.cpus().len() as u64;
         doc.insert(
             "cpu".into(),
             json!({"count": sys.cpus().len(), "model": model}),
@@ -179,6 +184,14 @@ pub async fn base(probe_timeout: Duration) -> Value {
     doc.extend(load_facts());
     let software = software(probe_timeout).await;
     let gpus = nvidia_gpus(probe_timeout).await;
+    let memory_total = doc
+        .get("memory")
+        .and_then(|m| m.get("total"))
+        .and_then(Value::as_u64);
+    doc.insert(
+        "resources".into(),
+        resources(cpu_count, memory_total, &gpus),
+    );
     let tags = tags(os, std::env::consts::ARCH, &software, gpus.len());
     if !gpus.is_empty() {
         doc.insert("gpus".into(), Value::Array(gpus));
@@ -186,6 +199,28 @@ pub async fn base(probe_timeout: Duration) -> Value {
     doc.insert("software".into(), Value::Object(software));
     doc.insert("tags".into(), json!(tags));
     Value::Object(doc)
+}
+
+/// What the agent offers: `cpu_millicores` (1,000 a CPU) and `memory_mb`
+/// when known, and every GPU as a device (`index`, `uuid`, `model`,
+/// `memory_mb`).
+pub fn resources(cpu_count: u64, memory_total_mb: Option<u64>, gpus: &[Value]) -> Value {
+    let mut out = Map::new();
+    if cpu_count > 0 {
+        out.insert("cpu_millicores".into(), json!(cpu_count * 1000));
+    }
+    if let Some(mb) = memory_total_mb {
+        out.insert("memory_mb".into(), json!(mb));
+    }
+    let devices: Vec<Value> = gpus
+        .iter()
+        .map(|g| {
+            json!({"index": g["index"], "uuid": g["uuid"], "model": g["name"],
+                   "memory_mb": g["memory_mb"]})
+        })
+        .collect();
+    out.insert("gpus".into(), Value::Array(devices));
+    Value::Object(out)
 }
 
 /// The tags detection derives: the OS and architecture, `docker` when docker
@@ -300,6 +335,14 @@ mod tests {
                 case["expected"],
                 "{output:?}"
             );
+        }
+        for case in v["resources"].as_array().unwrap() {
+            let got = resources(
+                case["cpu_count"].as_u64().unwrap(),
+                case["memory_total_mb"].as_u64(),
+                case["gpus"].as_array().unwrap(),
+            );
+            assert_eq!(got, case["expected"], "{case}");
         }
         for case in v["tags"].as_array().unwrap() {
             let software: Map<String, Value> = case["software"]

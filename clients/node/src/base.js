@@ -3,7 +3,9 @@
 // (`/etc/os-release`), `cpu.{count,model}`, `memory.{total,free,available,unit}` in MB,
 // `loadavg.{1min,5min,15min}`, `software.<tool>` for the tools that answer (`TOOLS`, each probe
 // time-limited; `node` is this runner's own when `node` is not on the PATH), `gpus` from
-// `nvidia-smi` (index, uuid, name, memory, driver), and `tags` derived from them. The parsing is
+// `nvidia-smi` (index, uuid, name, memory, driver), `resources` (what the runner offers: CPU
+// millicores, memory MB, the GPUs as devices; a tier may override or add to it), and `tags`
+// derived from them. The parsing is
 // held to the shared vectors in tests/conformance/detect.json. `baseFacts` starts no process;
 // `probedFacts` runs the probes; `loadFacts` is cheap enough for every capability refresh.
 import os from "node:os";
@@ -93,6 +95,18 @@ export function parseNvidiaSmi(output) {
   return gpus;
 }
 
+/**
+ * What the runner offers: `cpu_millicores` (1,000 a CPU) and `memory_mb` when known, and every GPU
+ * as a device (`index`, `uuid`, `model`, `memory_mb`).
+ */
+export function detectedResources(cpuCount, memoryTotalMb, gpus) {
+  const out = {};
+  if (cpuCount > 0) out.cpu_millicores = cpuCount * 1000;
+  if (memoryTotalMb !== null && memoryTotalMb !== undefined) out.memory_mb = memoryTotalMb;
+  out.gpus = gpus.map((g) => ({ index: g.index, uuid: g.uuid, model: g.name, memory_mb: g.memory_mb }));
+  return out;
+}
+
 /** The tags detection derives: OS and architecture, `docker`, `gpu` and `nvidia`. */
 export function detectedTags(osn, arch, software, gpus) {
   const tags = [osn, arch];
@@ -111,7 +125,7 @@ function run(program, args, timeoutMs) {
   });
 }
 
-/** What the probes find: `software`, `gpus` (when any) and the `tags` derived from them. */
+/** What the probes find: `software`, `gpus` (when any), and the `resources` and `tags` derived from them. */
 export async function probedFacts(timeoutMs = 5_000) {
   const found = await Promise.all(
     TOOLS.map(async ([name, program, args]) => {
@@ -126,7 +140,11 @@ export async function probedFacts(timeoutMs = 5_000) {
   software.node ??= softwareEntry(process.versions.node);
   const smi = await run("nvidia-smi", NVIDIA_SMI_ARGS, timeoutMs);
   const gpus = smi === undefined ? [] : parseNvidiaSmi(smi);
-  const out = { software, tags: detectedTags(osName(), archName(), software, gpus.length) };
+  const out = {
+    software,
+    resources: detectedResources(os.cpus().length, loadFacts().memory.total, gpus),
+    tags: detectedTags(osName(), archName(), software, gpus.length),
+  };
   if (gpus.length > 0) out.gpus = gpus;
   return out;
 }

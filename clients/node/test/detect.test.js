@@ -1,6 +1,6 @@
 // Detection as the Rust agent does it, held to the shared vectors (tests/conformance/detect.json):
-// the tool list, version parsing, software entries, /etc/os-release, nvidia-smi rows and the
-// derived tags; and a real probe of this machine finds the Node running the tests.
+// the tool list, version parsing, software entries, /etc/os-release, nvidia-smi rows, the resources
+// offered and the derived tags; and a real probe of this machine finds the Node running the tests.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
@@ -10,6 +10,7 @@ import {
   TOOLS,
   archName,
   baseFacts,
+  detectedResources,
   detectedTags,
   osName,
   osRelease,
@@ -36,6 +37,11 @@ describe("detect.json", () => {
   test("nvidia-smi rows", () => {
     for (const c of vectors.nvidia_smi) assert.deepEqual(parseNvidiaSmi(c.output), c.expected, c.output);
   });
+  test("resources", () => {
+    for (const c of vectors.resources) {
+      assert.deepEqual(detectedResources(c.cpu_count, c.memory_total_mb, c.gpus), c.expected);
+    }
+  });
   test("tags", () => {
     for (const c of vectors.tags) {
       const software = Object.fromEntries(c.software.map((s) => [s, {}]));
@@ -49,6 +55,8 @@ test("the probes find the tools that answer", async () => {
   assert.equal(found.software.node.major_version, Number(process.versions.node.split(".")[0]));
   assert.deepEqual(found.tags.slice(0, 2), [osName(), archName()]);
   assert.equal("gpus" in found, found.tags.includes("gpu"));
+  assert.ok(found.resources.cpu_millicores >= 1000);
+  assert.equal(found.resources.gpus.length, (found.gpus ?? []).length);
   const base = baseFacts();
   assert.ok(base.cpu.count >= 1);
   assert.equal(base.os_release.version.length > 0, true);

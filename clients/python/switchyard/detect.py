@@ -2,7 +2,9 @@
 ``os``, ``arch``, ``hostname``, ``os_release`` (the kernel), ``linux`` (``/etc/os-release``),
 ``cpu.{count,model}``, ``memory.{total,free,available,unit}`` in MB, ``loadavg.{1min,5min,15min}``,
 ``software.<tool>`` for the tools that answer (:data:`TOOLS`, each probe time-limited), ``gpus``
-from ``nvidia-smi`` (index, uuid, name, memory, driver), and ``tags`` derived from them. The
+from ``nvidia-smi`` (index, uuid, name, memory, driver), ``resources`` (what the runner offers:
+CPU millicores, memory MB, the GPUs as devices; a tier may override or add to it), and ``tags``
+derived from them. The
 parsing is held to the shared vectors in ``tests/conformance/detect.json``.
 
 :func:`base` is the cheap part (no process started); :func:`probed` starts the probes.
@@ -147,6 +149,21 @@ def parse_nvidia_smi(output: str) -> list[dict[str, Any]]:
     return gpus
 
 
+def resources(cpu_count: int, memory_total_mb: int | None, gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the runner offers: ``cpu_millicores`` (1,000 a CPU) and ``memory_mb`` when known, and
+    every GPU as a device (``index``, ``uuid``, ``model``, ``memory_mb``)."""
+    out: dict[str, Any] = {}
+    if cpu_count > 0:
+        out["cpu_millicores"] = cpu_count * 1000
+    if memory_total_mb is not None:
+        out["memory_mb"] = memory_total_mb
+    out["gpus"] = [
+        {"index": g.get("index"), "uuid": g.get("uuid"), "model": g.get("name"), "memory_mb": g.get("memory_mb")}
+        for g in gpus
+    ]
+    return out
+
+
 def tags(os_: str, arch_: str, software: dict[str, Any], gpus: int) -> list[str]:
     """The tags detection derives: OS and architecture, ``docker``, ``gpu`` and ``nvidia``."""
     out = [os_, arch_]
@@ -212,9 +229,15 @@ def _cpu() -> dict[str, Any]:
 
 
 async def probed(timeout: float = 5.0) -> dict[str, Any]:
-    """What the probes find: ``software``, ``gpus`` (when any) and the ``tags`` derived from them."""
+    """What the probes find: ``software``, ``gpus`` (when any), and the ``resources`` and ``tags``
+    derived from them."""
     found, gpus = await asyncio.gather(software(timeout), nvidia_gpus(timeout))
-    out: dict[str, Any] = {"software": found, "tags": tags(os_name(), arch(), found, len(gpus))}
+    memory_total = load_facts().get("memory", {}).get("total")
+    out: dict[str, Any] = {
+        "software": found,
+        "resources": resources(_cpu()["count"], memory_total, gpus),
+        "tags": tags(os_name(), arch(), found, len(gpus)),
+    }
     if gpus:
         out["gpus"] = gpus
     return out

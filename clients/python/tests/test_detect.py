@@ -1,6 +1,6 @@
 """Detection as the Rust agent does it, held to the shared vectors (``tests/conformance/detect.json``):
-the tool list, version parsing, ``software`` entries, ``/etc/os-release``, ``nvidia-smi`` rows and
-the derived tags; and a real probe of this machine finds the Python running the tests."""
+the tool list, version parsing, ``software`` entries, ``/etc/os-release``, ``nvidia-smi`` rows, the
+resources offered and the derived tags; and a real probe of this machine finds the Python running the tests."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def test_nvidia_smi_rows() -> None:
         assert detect.parse_nvidia_smi(case["output"]) == case["expected"], case["output"]
 
 
+def test_resources() -> None:
+    for case in VECTORS["resources"]:
+        got = detect.resources(case["cpu_count"], case["memory_total_mb"], case["gpus"])
+        assert got == case["expected"], case
+
+
 def test_tags() -> None:
     for case in VECTORS["tags"]:
         software = {name: {} for name in case["software"]}
@@ -53,6 +59,8 @@ async def test_probes_find_the_tools_that_answer() -> None:
     assert python3["major_version"] == 3
     assert found["tags"][:2] == [detect.os_name(), detect.arch()]
     assert ("gpus" in found) == ("gpu" in found["tags"])
+    assert found["resources"]["cpu_millicores"] >= 1000
+    assert len(found["resources"]["gpus"]) == len(found.get("gpus", []))
     base = detect.base()
     assert base["cpu"]["count"] >= 1
     assert sys.platform != "linux" or "linux" in base
