@@ -781,28 +781,25 @@ impl AgentIndex {
         })
     }
 
-    /// The agents holding a taint `placement` does not tolerate (none of them satisfies it), from
-    /// the value postings of `taints`; `None` when no agent has a taint, or when those postings
-    /// are incomplete (some agent has more than 64): evaluation then tells.
+    /// The postings of the taints `placement` does not tolerate (an agent in any of them
+    /// satisfies nothing it asks), from the value postings of `taints`: probed one by one, never
+    /// unioned, since a fleet has few distinct taints. Empty when no agent has one, or when those
+    /// postings are incomplete (some agent has more than 64): evaluation then tells.
     fn untolerated<'a>(
         ns: &'a NamespacePostings,
         placement: &CompiledPlacement,
-    ) -> Option<Cow<'a, Posting>> {
+    ) -> Vec<&'a Posting> {
         if ns.partial.contains_key(TAINTS) {
-            return None;
+            return Vec::new();
         }
-        let mut untolerated =
-            ns.values
-                .get(TAINTS)?
+        ns.values.get(TAINTS).map_or_else(Vec::new, |values| {
+            values
                 .iter()
                 .filter_map(|(key, posting)| match key {
                     ScalarKey::String(taint) if !placement.tolerates(taint) => Some(posting),
                     _ => None,
-                });
-        let first = untolerated.next()?;
-        Some(match untolerated.next() {
-            None => Cow::Borrowed(first),
-            Some(second) => Cow::Owned(untolerated.fold(first | second, |all, p| all | p)),
+                })
+                .collect()
         })
     }
 
@@ -870,7 +867,7 @@ impl AgentIndex {
         let ns = self.namespaces.get(namespace)?;
         let required = Self::required_postings(ns, placement)?;
         let untolerated = Self::untolerated(ns, placement);
-        let tolerated = |ord: u32| untolerated.as_ref().is_none_or(|p| !p.contains(ord));
+        let tolerated = |ord: u32| !untolerated.iter().any(|p| p.contains(ord));
         let policy = placement.policy();
         let max = placement.max_preference_score();
         let mut best: Option<(u64, &IndexedAgent)> = None;
@@ -1000,7 +997,7 @@ impl AgentIndex {
         candidates.iter().any(|ord| {
             self.agent_at(ord).is_some_and(|agent| {
                 agent.view.status.takes_work()
-                    && untolerated.as_ref().is_none_or(|p| !p.contains(ord))
+                    && !untolerated.iter().any(|p| p.contains(ord))
                     && !except.contains(&agent.view.agent_id)
                     && required.iter().all(|p| p.contains(ord))
                     && matcher::satisfies(placement, &agent.view)
