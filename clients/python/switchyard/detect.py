@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import re
 import socket
 from typing import Any
 
@@ -63,7 +64,8 @@ TOOLS: list[tuple[str, str, list[str]]] = [
 NVIDIA_SMI_ARGS = ["--query-gpu=index,uuid,name,memory.total,driver_version", "--format=csv,noheader,nounits"]
 """The query ``nvidia-smi`` answers, one GPU a row."""
 
-_SEPARATORS = '",()'
+_SEPARATORS = re.compile(r'[\s",()]')
+_TRAILING = re.compile(r"[^A-Za-z0-9]+$")
 _DIGITS = "0123456789"
 
 
@@ -82,21 +84,10 @@ def version_in(output: str) -> str | None:
     """The first version-looking token of a tool's output (``git version 2.39.5`` → ``2.39.5``,
     ``v20.11.1`` → ``20.11.1``, ``go1.22.1`` → ``1.22.1``)."""
     for line in output.splitlines():
-        token = ""
-        tokens: list[str] = []
-        for c in line:
-            if c.isspace() or c in _SEPARATORS:
-                tokens.append(token)
-                token = ""
-            else:
-                token += c
-        tokens.append(token)
-        for tok in tokens:
+        for tok in _SEPARATORS.split(line):
             t = _strip_prefix_all(_strip_prefix_all(tok, "v"), "go")
             if _is_version(t):
-                while t and not (t[-1].isascii() and t[-1].isalnum()):
-                    t = t[:-1]
-                return t
+                return _TRAILING.sub("", t)
     return None
 
 
