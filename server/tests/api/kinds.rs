@@ -20,7 +20,7 @@ on_both_stores!(
     bad_kinds_are_refused_naming_the_field_and_change_nothing,
 );
 
-/// The kinds of a task's history, in order.
+/// The events of a task's history, in order.
 async fn history(server: &TestServer, task_id: &str) -> Vec<pb::TaskEvent> {
     server
         .tasks()
