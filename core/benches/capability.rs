@@ -55,6 +55,7 @@ fn fleet(n: usize) -> Vec<AgentView> {
             doc["memory"]["free"] = json!(1000 + i);
             doc["hostname"] = json!(format!("build-{i:05}"));
             AgentView {
+                held: Default::default(),
                 agent_id: AgentId::from_name(&format!("agent-{i:05}")),
                 namespace: "default".into(),
                 status: if i % 50 == 0 {

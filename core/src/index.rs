@@ -54,6 +54,7 @@
 use crate::kinds::{HandledKinds, parents};
 use crate::matcher::{self, AgentId, AgentStatus, AgentView, Availability, Explanation};
 use crate::placement::{CompiledPlacement, Operator, PlacementPolicy, PreferenceCondition};
+use crate::resources::{self, Claim};
 use json_patch::jsonptr::Pointer;
 use roaring::RoaringBitmap;
 use serde_json::Value;
@@ -624,6 +625,56 @@ impl AgentIndex {
         self.update(agent_id, |v| v.status = status)
     }
 
+    /// Records that the lease for `task` holds `claim` on the agent (its slots counted in
+    /// `active_leases`, replacing what the task held before), granted at `granted_at_ms`. A
+    /// claim of one slot alone is only counted, not recorded by task. Returns false for an
+    /// unknown agent.
+    pub fn hold(
+        &mut self,
+        agent_id: AgentId,
+        task: uuid::Uuid,
+        claim: Claim,
+        granted_at_ms: Option<u64>,
+    ) -> bool {
+        self.update(agent_id, |v| {
+            v.last_granted_at_ms = granted_at_ms;
+            if claim.is_one_slot() && v.held.claim(task).is_none() {
+                v.active_leases = v.active_leases.saturating_add(1);
+                return;
+            }
+            let held = Arc::make_mut(&mut v.held);
+            let before = held.claim(task).map_or(0, |c| c.slots);
+            v.active_leases = v
+                .active_leases
+                .saturating_sub(before)
+                .saturating_add(claim.slots);
+            held.hold(task, claim);
+        })
+    }
+
+    /// Gives back what the lease for `task` held on the agent: its claim, or one slot for a
+    /// lease whose claim was not recorded here. Returns false for an unknown agent.
+    pub fn release(&mut self, agent_id: AgentId, task: uuid::Uuid) -> bool {
+        self.update(agent_id, |v| {
+            let slots = match v.held.claim(task) {
+                Some(_) => Arc::make_mut(&mut v.held)
+                    .release(task)
+                    .map_or(1, |c| c.slots),
+                None => 1,
+            };
+            v.active_leases = v.active_leases.saturating_sub(slots);
+        })
+    }
+
+    /// Replaces what the agent's leases hold with `held` and the slots they hold with `active`
+    /// (both counted from the store). Returns false for an unknown agent.
+    pub fn set_held(&mut self, agent_id: AgentId, held: resources::Held, active: u32) -> bool {
+        self.update(agent_id, |v| {
+            v.active_leases = active;
+            v.held = Arc::new(held);
+        })
+    }
+
     /// Records the kinds an agent handles. Returns false for an unknown agent.
     pub fn set_kinds(&mut self, agent_id: AgentId, kinds: Arc<HandledKinds>) -> bool {
         let Some(agent) = self.agents.get_mut(&agent_id) else {
@@ -883,6 +934,7 @@ impl AgentIndex {
                         || !tolerated(ord)
                         || except.contains(&agent.view.agent_id)
                         || !matcher::satisfies(placement, &agent.view)
+                        || !matcher::fits_now(placement, &agent.view)
                     {
                         continue;
                     }
@@ -927,7 +979,9 @@ impl AgentIndex {
                     let Some(agent) = self.agents.get(&slot.agent_id) else {
                         continue;
                     };
-                    if !matcher::satisfies(placement, &agent.view) {
+                    if !matcher::satisfies(placement, &agent.view)
+                        || !matcher::fits_now(placement, &agent.view)
+                    {
                         continue;
                     }
                     let score = placement.preference_score(&agent.view.document);
@@ -1027,6 +1081,7 @@ mod tests {
 
     fn view(id: &str, doc: Value) -> AgentView {
         AgentView {
+            held: Default::default(),
             agent_id: AgentId::from_name(id),
             namespace: "default".into(),
             status: AgentStatus::Ready,

@@ -41,6 +41,7 @@ pub mod matcher;
 pub mod pack;
 pub mod placement;
 pub mod redact;
+pub mod resources;
 pub mod selector;
 pub mod tier;
 pub mod version;

@@ -9,10 +9,15 @@
 //!   [`CompiledPlacement::with_kind`](crate::placement::CompiledPlacement::with_kind)), and its
 //!   document meets every hard constraint. A DEGRADED agent whose `provides.X.healthy` is false fails capability
 //!   refs to `X` (and only those), so it stays eligible for placements that do not need `X`.
-//! - It is *eligible* when it satisfies the placement, is READY or DEGRADED, and has a free slot
-//!   (`active_leases < capacity`).
+//!   A placement with a resource request (see [`crate::resources`]) is satisfied only by an
+//!   agent that could give it what it asks for once its leases end (its offer and slots cover
+//!   the request; otherwise [`Ineligibility::TooSmall`], and a task no agent could ever take is
+//!   parked).
+//! - It is *eligible* when it satisfies the placement, is READY or DEGRADED, and has room: a
+//!   free slot (`active_leases < capacity`), or for a resource request free resources that
+//!   cover it beside what its leases hold ([`Ineligibility::ResourcesHeld`] otherwise).
 //! - It is *capable* (the proto's `AgentVerdict.capable`) when it satisfies the placement but is
-//!   not eligible: at capacity, draining or offline.
+//!   not eligible: at capacity, short of free resources, draining or offline.
 //! - Ranking among eligible agents, by the placement's [`PlacementPolicy`]: higher satisfied
 //!   preference weight first under either; then, to *spread*, higher free capacity ratio
 //!   (`(capacity - active) / capacity`, compared exactly), then longest since last grant (never
@@ -29,6 +34,7 @@
 
 use crate::kinds::HandledKinds;
 use crate::placement::{CompiledPlacement, PlacementPolicy, Unmet};
+use crate::resources::{Held, Shortfall};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::cmp::Ordering;
@@ -159,6 +165,9 @@ pub struct AgentView {
     pub document: Arc<Value>,
     /// The task kinds it handles; a task of another kind never goes to it.
     pub kinds: Arc<HandledKinds>,
+    /// What its live leases hold beyond their slots (devices, CPU, memory, named resources),
+    /// by task; the slots are `active_leases`.
+    pub held: Arc<Held>,
 }
 
 impl AgentView {
@@ -241,6 +250,10 @@ pub enum Ineligibility {
     Offline,
     /// It is draining.
     Draining,
+    /// It could never give the task what its resource request needs.
+    TooSmall(Shortfall),
+    /// Its free resources do not cover the task's request now.
+    ResourcesHeld(Shortfall),
     /// Every slot is taken.
     AtCapacity {
         /// Leases held.
@@ -262,6 +275,7 @@ impl fmt::Display for Ineligibility {
             ),
             Ineligibility::Offline => f.write_str("offline"),
             Ineligibility::Draining => f.write_str("draining"),
+            Ineligibility::TooSmall(short) | Ineligibility::ResourcesHeld(short) => short.fmt(f),
             Ineligibility::AtCapacity { active, capacity } => {
                 write!(f, "at capacity ({active}/{capacity})")
             }
@@ -280,6 +294,7 @@ impl Ineligibility {
             Ineligibility::FailedEarlier => "failed an earlier attempt".to_owned(),
             Ineligibility::Offline => "offline".to_owned(),
             Ineligibility::Draining => "draining".to_owned(),
+            Ineligibility::TooSmall(short) | Ineligibility::ResourcesHeld(short) => short.summary(),
             Ineligibility::AtCapacity { .. } => "at capacity".to_owned(),
         }
     }
@@ -348,10 +363,23 @@ pub fn evaluate(placement: &CompiledPlacement, namespace: &str, agent: &AgentVie
         verdict.reason = Some(Ineligibility::Unmet(unmet));
         return verdict;
     }
+    if let Some(short) = placement.never_fits(&agent.document, agent.capacity) {
+        verdict.reason = Some(Ineligibility::TooSmall(short));
+        return verdict;
+    }
     verdict.preference_score = placement.preference_score(&agent.document);
     verdict.reason = match agent.status {
         AgentStatus::Offline => Some(Ineligibility::Offline),
         AgentStatus::Draining => Some(Ineligibility::Draining),
+        _ if placement.resource_need().is_some() => placement
+            .assign(
+                &agent.document,
+                agent.capacity,
+                agent.active_leases,
+                &agent.held,
+            )
+            .err()
+            .map(Ineligibility::ResourcesHeld),
         _ if agent.active_leases >= agent.capacity => Some(Ineligibility::AtCapacity {
             active: agent.active_leases,
             capacity: agent.capacity,
@@ -407,6 +435,25 @@ pub fn satisfies(placement: &CompiledPlacement, agent: &AgentView) -> bool {
         .kind()
         .is_none_or(|kind| agent.kinds.handles(kind))
         && placement.satisfied_by(&agent.document)
+        && placement
+            .never_fits(&agent.document, agent.capacity)
+            .is_none()
+}
+
+/// Whether the agent's free resources cover the placement's request now (for a placement that
+/// needs one slot: whether it has a free slot). Status and constraints are not looked at.
+pub fn fits_now(placement: &CompiledPlacement, agent: &AgentView) -> bool {
+    match placement.resource_need() {
+        None => agent.active_leases < agent.capacity,
+        Some(_) => placement
+            .assign(
+                &agent.document,
+                agent.capacity,
+                agent.active_leases,
+                &agent.held,
+            )
+            .is_ok(),
+    }
 }
 
 /// Evaluates every agent and ranks the eligible ones (see the module doc for the order).
@@ -611,6 +658,7 @@ mod tests {
 
     fn agent(id: &str, doc: Value) -> AgentView {
         AgentView {
+            held: Default::default(),
             agent_id: AgentId::from_name(id),
             namespace: "default".into(),
             status: AgentStatus::Ready,
@@ -759,6 +807,7 @@ mod tests {
     #[test]
     fn parked_versus_waiting() {
         let busy = AgentView {
+            held: Default::default(),
             active_leases: 4,
             ..agent("a", node("20.1.0"))
         };
@@ -768,6 +817,7 @@ mod tests {
             Outcome::WaitingForCapacity
         );
         let draining = AgentView {
+            held: Default::default(),
             status: AgentStatus::Draining,
             ..agent("a", node("20.1.0"))
         };
@@ -795,6 +845,7 @@ mod tests {
             "ai.llm": {"version": "1.0.0", "healthy": false, "reason": "missing parameter API_KEY"},
             "comm.gateway": {"version": "1.2.0", "healthy": true}}});
         let a = AgentView {
+            held: Default::default(),
             status: AgentStatus::Degraded,
             ..agent("a", doc)
         };
@@ -830,6 +881,7 @@ mod tests {
     #[test]
     fn zero_capacity_is_at_capacity() {
         let a = AgentView {
+            held: Default::default(),
             capacity: 0,
             ..agent("a", json!({}))
         };

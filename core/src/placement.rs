@@ -21,11 +21,13 @@
 
 use crate::document::{self, display, kind, lookup};
 use crate::error::PlacementError;
+use crate::resources::{self, Claim, Held, Need, Offer, Shortfall};
 use crate::version::{self, VersionRange};
 use regex::{Regex, RegexBuilder};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::cmp::Ordering;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -291,7 +293,74 @@ pub struct Placement {
     /// when the task is submitted), else [`PlacementPolicy::Spread`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<PlacementPolicy>,
+    /// The consumable resources the task holds while it runs; unset means one slot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequest>,
 }
+
+/// The consumable resources a task asks of its agent (see [`crate::resources`]): an agent is
+/// eligible only while its free resources cover them, and the lease holds them until it ends.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ResourceRequest {
+    /// Slots; 0 means 1.
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub slots: u32,
+    /// CPU in millicores (1,000 a CPU).
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub cpu_millicores: u64,
+    /// Memory in MB.
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    pub memory_mb: u64,
+    /// How many GPUs.
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub gpus: u32,
+    /// What each GPU must satisfy, as requirements on the device's fields (`memory_mb`,
+    /// `model`, `uuid`, `index`, ...).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gpu_requirements: Vec<Requirement>,
+    /// Named countable resources by their dotted path below the agent's `resources` section
+    /// (`licenses.matlab`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub named: BTreeMap<String, u64>,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
+impl ResourceRequest {
+    /// Adds `other` to this request: an amount this one leaves at zero takes the other's, GPU
+    /// requirements and named resources are added.
+    pub fn merge(&mut self, other: ResourceRequest) {
+        fn take<T: Default + PartialEq>(mine: &mut T, theirs: T) {
+            if *mine == T::default() {
+                *mine = theirs;
+            }
+        }
+        take(&mut self.slots, other.slots);
+        take(&mut self.cpu_millicores, other.cpu_millicores);
+        take(&mut self.memory_mb, other.memory_mb);
+        take(&mut self.gpus, other.gpus);
+        self.gpu_requirements.extend(other.gpu_requirements);
+        for (name, n) in other.named {
+            self.named.entry(name).or_insert(n);
+        }
+    }
+}
+
+/// Most slots a task may ask for.
+pub const MAX_REQUEST_SLOTS: u32 = 10_000;
+/// Most GPUs a task may ask for.
+pub const MAX_REQUEST_GPUS: u32 = 1_024;
+/// Most named resources a task may ask for.
+pub const MAX_REQUEST_NAMED: usize = 64;
+/// Largest amount a task may ask for (every runner's JSON reads it exactly: 2^53 - 1).
+pub const MAX_REQUEST_AMOUNT: u64 = (1 << 53) - 1;
 
 impl Placement {
     /// Adds everything in `other` (typically the parsed selector) to this placement. Two schemas
@@ -303,6 +372,13 @@ impl Placement {
         self.preferences.extend(other.preferences);
         self.tolerations.extend(other.tolerations);
         self.policy = self.policy.or(other.policy);
+        self.resources = match (self.resources.take(), other.resources) {
+            (Some(mut a), Some(b)) => {
+                a.merge(b);
+                Some(a)
+            }
+            (a, b) => a.or(b),
+        };
         self.json_schema = match (self.json_schema.take(), other.json_schema) {
             (Some(a), Some(b)) => Some(json!({"allOf": [a, b]})),
             (a, b) => a.or(b),
@@ -317,6 +393,7 @@ impl Placement {
             && self.preferences.is_empty()
             && self.json_schema.is_none()
             && self.tolerations.is_empty()
+            && self.resources.is_none()
     }
 }
 
@@ -359,6 +436,15 @@ pub struct CompiledPlacement {
     preferences: Vec<CompiledPreference>,
     schema: Option<Arc<jsonschema::Validator>>,
     max_score: u64,
+    /// What the resource request needs, when it needs more than one slot.
+    resources: Option<Arc<CompiledResources>>,
+}
+
+/// A resource request, validated, with its GPU filter compiled.
+#[derive(Debug)]
+struct CompiledResources {
+    need: Need,
+    gpu_filter: Vec<CompiledRequirement>,
 }
 
 /// Why a capability ref is not satisfied.
@@ -615,6 +701,10 @@ pub fn compile(placement: &Placement) -> Result<CompiledPlacement, PlacementErro
             PlacementError::new("json_schema", format!("invalid schema: {e}"))
         })?)),
     };
+    let resources = match &placement.resources {
+        None => None,
+        Some(request) => compile_resources(request)?.map(Arc::new),
+    };
     Ok(CompiledPlacement {
         placement: placement.clone(),
         kind: None,
@@ -622,7 +712,111 @@ pub fn compile(placement: &Placement) -> Result<CompiledPlacement, PlacementErro
         preferences,
         schema,
         max_score,
+        resources,
     })
+}
+
+/// Validates a resource request; `None` when it needs one slot and nothing else.
+fn compile_resources(r: &ResourceRequest) -> Result<Option<CompiledResources>, PlacementError> {
+    let err =
+        |field: &str, message: String| PlacementError::new(format!("resources.{field}"), message);
+    if r.slots > MAX_REQUEST_SLOTS {
+        return Err(err(
+            "slots",
+            format!("{} slots is more than {MAX_REQUEST_SLOTS}", r.slots),
+        ));
+    }
+    if r.gpus > MAX_REQUEST_GPUS {
+        return Err(err(
+            "gpus",
+            format!("{} GPUs is more than {MAX_REQUEST_GPUS}", r.gpus),
+        ));
+    }
+    for (field, n) in [
+        ("cpu_millicores", r.cpu_millicores),
+        ("memory_mb", r.memory_mb),
+    ] {
+        if n > MAX_REQUEST_AMOUNT {
+            return Err(err(field, format!("{n} is more than {MAX_REQUEST_AMOUNT}")));
+        }
+    }
+    if !r.gpu_requirements.is_empty() && r.gpus == 0 {
+        return Err(err(
+            "gpu_requirements",
+            "GPU requirements need gpus of at least 1".to_owned(),
+        ));
+    }
+    if r.named.len() > MAX_REQUEST_NAMED {
+        return Err(err(
+            "named",
+            format!(
+                "{} named resources, more than {MAX_REQUEST_NAMED}",
+                r.named.len()
+            ),
+        ));
+    }
+    for (name, n) in &r.named {
+        let field = format!("named[{name:?}]");
+        check_toleration(name)
+            .map_err(|m| err(&field, m.replacen("toleration", "resource name", 1)))?;
+        if matches!(
+            name.as_str(),
+            "cpu_millicores" | "memory_mb" | "gpus" | "slots"
+        ) {
+            return Err(err(&field, format!("{name} is requested by its own field")));
+        }
+        if *n == 0 {
+            return Err(err(&field, "amount must be at least 1".to_owned()));
+        }
+        if *n > MAX_REQUEST_AMOUNT {
+            return Err(err(
+                &field,
+                format!("{n} is more than {MAX_REQUEST_AMOUNT}"),
+            ));
+        }
+    }
+    let gpu_filter = r
+        .gpu_requirements
+        .iter()
+        .enumerate()
+        .map(|(i, req)| compile_requirement(req, &format!("resources.gpu_requirements[{i}]")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let need = Need {
+        slots: r.slots.max(1),
+        cpu_millicores: r.cpu_millicores,
+        memory_mb: r.memory_mb,
+        gpus: r.gpus,
+        gpu_filter: r
+            .gpu_requirements
+            .iter()
+            .map(requirement_text)
+            .collect::<Vec<_>>()
+            .join(", "),
+        named: r.named.clone(),
+    };
+    Ok((!need.is_one_slot()).then_some(CompiledResources { need, gpu_filter }))
+}
+
+/// A requirement as the selector writes it (`memory_mb>=40000`, `model~H100`).
+pub fn requirement_text(r: &Requirement) -> String {
+    let wanted = wanted_text(&r.values, r.operator);
+    let key = &r.key;
+    match r.operator {
+        Operator::Exists => format!("{key}?"),
+        Operator::NotExists => format!("!{key}?"),
+        Operator::Eq => format!("{key}={wanted}"),
+        Operator::Ne => format!("{key}!={wanted}"),
+        Operator::Gt => format!("{key}>{wanted}"),
+        Operator::Gte => format!("{key}>={wanted}"),
+        Operator::Lt => format!("{key}<{wanted}"),
+        Operator::Lte => format!("{key}<={wanted}"),
+        Operator::Version => format!("{key}@{wanted}"),
+        Operator::Regex => format!("{key}~{wanted}"),
+        Operator::In => format!("{key} in {wanted}"),
+        Operator::NotIn => format!("{key} not in {wanted}"),
+        Operator::Contains => format!("{key} contains {wanted}"),
+        Operator::ContainsAny => format!("{key} contains any {wanted}"),
+    }
 }
 
 /// A toleration names a taint: 1 to [`MAX_TOLERATION_LEN`] bytes, no whitespace or control
@@ -953,6 +1147,49 @@ impl CompiledPlacement {
     /// How qualifying agents rank ([`PlacementPolicy::Spread`] when unset).
     pub fn policy(&self) -> PlacementPolicy {
         self.placement.policy.unwrap_or_default()
+    }
+
+    /// What the task's resource request needs, when it needs more than one slot.
+    pub fn resource_need(&self) -> Option<&Need> {
+        self.resources.as_deref().map(|r| &r.need)
+    }
+
+    /// Whether a GPU (its object in the agent's `resources.gpus`) passes the request's filter.
+    pub fn gpu_ok(&self, device: &Value) -> bool {
+        self.resources
+            .as_deref()
+            .is_none_or(|r| r.gpu_filter.iter().all(|req| req.check(device).is_ok()))
+    }
+
+    /// The first resource an agent with `document` and `capacity` slots could never give the
+    /// task; `None` when it could (always, for a task that needs one slot).
+    pub fn never_fits(&self, document: &Value, capacity: u32) -> Option<Shortfall> {
+        let need = self.resource_need()?;
+        resources::never_fits(need, &Offer::of(document), capacity, |d| self.gpu_ok(d))
+    }
+
+    /// What the agent would give the task now, its leases holding `active` slots and `held`:
+    /// the claim, or the first resource short.
+    pub fn assign(
+        &self,
+        document: &Value,
+        capacity: u32,
+        active: u32,
+        held: &Held,
+    ) -> Result<Claim, Shortfall> {
+        match self.resource_need() {
+            None if active < capacity => Ok(Claim::one_slot()),
+            None => Err(Shortfall::Slots {
+                need: 1,
+                free: 0,
+                total: capacity,
+            }),
+            Some(need) => {
+                resources::assign(need, &Offer::of(document), capacity, active, held, |d| {
+                    self.gpu_ok(d)
+                })
+            }
+        }
     }
 
     /// Whether the task tolerates `taint`.

@@ -8,6 +8,7 @@
 //! selector   = [ clause { "," clause } [ "," ] ]
 //! clause     = "prefer" [ weight ] ":" condition      preference (weight defaults to 1)
 //!            | "tolerates" name                       toleration, e.g. tolerates gpu
+//!            | "needs" word ":" digits [ gpus ]       resource request, e.g. needs memory: 4096
 //!            | condition                              hard constraint
 //! condition  = "provides" name "@" major              capability ref, e.g. provides ai.llm@1
 //!            | "!" key "?"                            NOT_EXISTS
@@ -24,6 +25,7 @@
 //!            | key "contains" value                   CONTAINS
 //!            | key "contains" "any" list              CONTAINS_ANY
 //!            | word                                   required tag
+//! gpus       = "(" condition { "," condition } ")"   requirements each GPU must meet
 //! list       = "(" value { "," value } [ "," ] ")"
 //! value      = quoted | word                          see "Literals"
 //! raw        = quoted | text up to the next "," (trimmed), e.g. >=2.30 <3 or ^18 || ^20
@@ -33,9 +35,16 @@
 //! weight     = digits (at least 1)       major = digits
 //! ```
 //!
-//! Whitespace is allowed between any two tokens. `prefer`, `provides` and `tolerates` are
-//! keywords only where the grammar expects them (`provides` or `tolerates` followed by a name);
-//! elsewhere they are ordinary words (a lone `tolerates` is a tag).
+//! Whitespace is allowed between any two tokens. `prefer`, `provides`, `tolerates` and `needs`
+//! are keywords only where the grammar expects them (`provides` or `tolerates` followed by a
+//! name, `needs` by a word and `:`); elsewhere they are ordinary words (a lone `tolerates` is a
+//! tag).
+//!
+//! A `needs` clause asks for a consumable resource: `slots`, `cpu` (millicores), `memory` (MB),
+//! `gpus` — optionally with the conditions each GPU must meet, on the device's fields:
+//! `needs gpus: 2 (memory_mb>=40000, model~H100)`, where an unquoted version range or regular
+//! expression also ends at `)` — or any named countable resource the agents offer (`needs
+//! licenses.matlab: 1`).
 //!
 //! Literals: a quoted value is always a string. An unquoted `true`, `false` or `null` is that
 //! JSON value; an unquoted word that is a JSON number is a number — except as the operand of
@@ -45,7 +54,8 @@
 //! must be quoted, e.g. `software.git.version@">=2.30, <3"`.
 //!
 //! Example: `linux, docker, !gpu, os=linux, memory.total>=16384, software.node.version@^20,
-//! arch in (x86_64, aarch64), hostname~^build-, provides ai.llm@1, prefer 5: gpu`.
+//! arch in (x86_64, aarch64), hostname~^build-, provides ai.llm@1, prefer 5: gpu, needs memory:
+//! 4096, needs gpus: 1 (memory_mb>=40000)`.
 
 use crate::error::SelectorError;
 use crate::placement::{
@@ -56,7 +66,11 @@ use serde_json::Value;
 
 /// Parses a selector into a placement (to [`Placement::merge`] with the structured fields).
 pub fn parse(text: &str) -> Result<Placement, SelectorError> {
-    let mut p = Parser { text, pos: 0 };
+    let mut p = Parser {
+        text,
+        pos: 0,
+        nested: false,
+    };
     let mut placement = Placement::default();
     p.ws();
     if p.at_end() {
@@ -85,6 +99,8 @@ enum Condition {
 struct Parser<'a> {
     text: &'a str,
     pos: usize,
+    /// Inside a GPU condition list, where an unquoted raw operand also ends at `)`.
+    nested: bool,
 }
 
 fn is_word_byte(b: u8) -> bool {
@@ -117,6 +133,7 @@ impl<'a> Parser<'a> {
         let save = Parser {
             text: self.text,
             pos: offset,
+            nested: self.nested,
         };
         SelectorError {
             offset,
@@ -253,7 +270,8 @@ impl<'a> Parser<'a> {
             return Ok((start, self.quoted()?));
         }
         let rest = &self.text[self.pos..];
-        let len = rest.find(',').unwrap_or(rest.len());
+        let end = |b: char| b == ',' || (self.nested && b == ')');
+        let len = rest.find(end).unwrap_or(rest.len());
         let raw = rest[..len].trim_end();
         if raw.is_empty() {
             return Err(self.error(expected));
@@ -291,6 +309,13 @@ impl<'a> Parser<'a> {
             }
             self.pos = save;
         }
+        if self.peek_word() == "needs" {
+            let save = self.pos;
+            if self.needs(placement)? {
+                return Ok(());
+            }
+            self.pos = save;
+        }
         if self.peek_word() == "tolerates" {
             let save = self.pos;
             self.pos += "tolerates".len();
@@ -309,6 +334,68 @@ impl<'a> Parser<'a> {
             Condition::Capability(c) => placement.capabilities.push(c),
         }
         Ok(())
+    }
+
+    /// `needs NAME: AMOUNT [ "(" GPU conditions ")" ]`, at `needs`: false (nothing consumed
+    /// that matters) when it is not such a clause.
+    fn needs(&mut self, placement: &mut Placement) -> Result<bool, SelectorError> {
+        self.pos += "needs".len();
+        if !self.peek().is_some_and(|b| b.is_ascii_whitespace()) {
+            return Ok(false);
+        }
+        self.ws();
+        let Some(name) = self.word() else {
+            return Ok(false);
+        };
+        self.ws();
+        if !self.eat(b':') {
+            return Ok(false);
+        }
+        self.ws();
+        let at = self.pos;
+        while self.peek().is_some_and(|b| b.is_ascii_digit()) {
+            self.pos += 1;
+        }
+        let amount: u64 = self.text[at..self.pos]
+            .parse()
+            .map_err(|_| self.error_at(at, "an amount (digits)"))?;
+        let request = placement.resources.get_or_insert_with(Default::default);
+        let small = |p: &Self| {
+            u32::try_from(amount).map_err(|_| p.error_at(at, &format!("at most {}", u32::MAX)))
+        };
+        match name {
+            "slots" => request.slots = small(self)?,
+            "cpu" | "cpu_millicores" => request.cpu_millicores = amount,
+            "memory" | "memory_mb" => request.memory_mb = amount,
+            "gpus" | "gpu" => {
+                request.gpus = small(self)?;
+                self.ws();
+                if self.peek() == Some(b'(') {
+                    self.pos += 1;
+                    self.nested = true;
+                    loop {
+                        self.ws();
+                        let start = self.pos;
+                        match self.condition()? {
+                            Condition::Requirement(r) => request.gpu_requirements.push(r),
+                            _ => {
+                                return Err(self.error_at(start, "a requirement on a GPU field"));
+                            }
+                        }
+                        self.ws();
+                        if self.eat(b')') {
+                            self.nested = false;
+                            break;
+                        }
+                        self.expect(b',', "',' or ')' closing the GPU conditions")?;
+                    }
+                }
+            }
+            other => {
+                request.named.insert(other.to_owned(), amount);
+            }
+        }
+        Ok(true)
     }
 
     fn condition(&mut self) -> Result<Condition, SelectorError> {
@@ -534,6 +621,33 @@ mod tests {
         let key = parse("tolerates=1").unwrap();
         assert!(key.tolerations.is_empty());
         assert_eq!(key.requirements[0].key, "tolerates");
+    }
+
+    #[test]
+    fn resource_requests() {
+        let got = parse(
+            r#"linux, needs cpu: 2000, needs memory: 4096, needs slots: 2, needs gpus: 2 (memory_mb>=40000, model~H100), needs licenses.matlab: 1, needs"#,
+        )
+        .unwrap();
+        let r = got.resources.unwrap();
+        assert_eq!(
+            (r.cpu_millicores, r.memory_mb, r.slots, r.gpus),
+            (2000, 4096, 2, 2)
+        );
+        let keys: Vec<&str> = r.gpu_requirements.iter().map(|q| q.key.as_str()).collect();
+        assert_eq!(keys, ["memory_mb", "model"]);
+        assert_eq!(r.gpu_requirements[1].values, [Value::from("H100")]);
+        assert_eq!(r.named.get("licenses.matlab"), Some(&1));
+        assert_eq!(got.required_tags, ["linux", "needs"]);
+        // Not followed by a word and ':', `needs` is an ordinary key or tag.
+        assert!(parse("needs=1").unwrap().resources.is_none());
+        let err = parse("needs gpus: x").unwrap_err();
+        assert_eq!(
+            (err.offset, err.expected.as_str()),
+            (12, "an amount (digits)")
+        );
+        let err = parse("needs gpus: 1 (provides cuda@12)").unwrap_err();
+        assert_eq!(err.expected, "a requirement on a GPU field");
     }
 
     #[test]

@@ -211,6 +211,7 @@ fn selector_vectors() {
 
 fn agent(v: &Value) -> AgentView {
     AgentView {
+        held: Default::default(),
         // The vectors name agents; an id made of the name sorts as it does.
         agent_id: AgentId::from_name(v["agent_id"].as_str().expect("agent_id")),
         namespace: v["namespace"].as_str().unwrap_or("default").to_owned(),

@@ -1,7 +1,8 @@
 //! Property-based laws: tier merges equal a fold of single-tier merges and agree with RFC 7386;
 //! `apply(a, diff(a, b)) == b`; redaction is idempotent and leaves no sensitive value; ranking
 //! is deterministic, never returns an agent failing a hard constraint (taints included), and the
-//! index picks the matcher's first choice under either placement policy.
+//! index picks the matcher's first choice under either placement policy; resources granted one
+//! task after another are never handed out twice.
 
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
@@ -14,6 +15,7 @@ use switchyard_core::limits::Limits;
 use switchyard_core::matcher::{self, AgentId, AgentStatus, AgentView};
 use switchyard_core::placement::{PlacementPolicy, compile};
 use switchyard_core::redact;
+use switchyard_core::resources;
 use switchyard_core::selector;
 use switchyard_core::tier::{Merged, Tier, merge_tiers};
 
@@ -211,6 +213,7 @@ proptest! {
                 doc["provides"] = json!({"ai.llm": {"version": "1.0.0", "healthy": n % 3 != 0}});
             }
             AgentView {
+                held: Default::default(),
                 agent_id: AgentId::from_name(&format!("a{:02}", (i * 7) % 31)),
                 namespace: if i % 9 == 8 { "other".into() } else { "default".into() },
                 status: [AgentStatus::Ready, AgentStatus::Degraded, AgentStatus::Draining, AgentStatus::Offline][*status],
@@ -295,6 +298,107 @@ proptest! {
                 v.satisfies_placement() && v.status.takes_work() && !failed.contains(&v.agent_id)
             });
             prop_assert!(!others || !failed.contains(id));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Granting tasks with resource requests one after another, as the dispatcher does (select,
+    /// assign, hold), with leases ending in between: no device is ever held by two leases of an
+    /// agent, no amount beyond the offer, no slot beyond capacity; the index picks the matcher's
+    /// first choice every time, and a task is parked exactly when no agent could ever take it.
+    #[test]
+    fn resources_are_never_handed_out_twice(
+        fleet in prop::collection::vec((0usize..4, 1u32..4, 0u64..3, any::<bool>()), 1..8),
+        steps in prop::collection::vec((0usize..6, 0u32..3, 0usize..3, any::<bool>(), 0usize..16), 1..40),
+        policy in prop_oneof![Just(PlacementPolicy::Spread), Just(PlacementPolicy::Binpack)],
+    ) {
+        let mut index = AgentIndex::new();
+        let mut offers = Vec::new();
+        for (i, (gpus, capacity, cpus, big)) in fleet.iter().enumerate() {
+            let devices: Vec<Value> = (0..*gpus).map(|g| json!({
+                "index": g, "uuid": format!("GPU-{i}-{g}"),
+                "model": if *big && g % 2 == 0 { "H100" } else { "T4" },
+                "memory_mb": if *big && g % 2 == 0 { 81559 } else { 15360 },
+            })).collect();
+            let doc = json!({"tags": ["linux"], "resources": {
+                "cpu_millicores": cpus * 2000, "memory_mb": 8192, "gpus": devices,
+                "licenses": {"matlab": i % 2},
+            }});
+            offers.push(resources::Offer::of(&doc));
+            index.upsert(AgentView {
+                held: Default::default(),
+                agent_id: AgentId::from_name(&format!("a{i}")),
+                namespace: "default".into(),
+                status: AgentStatus::Ready,
+                capacity: *capacity,
+                active_leases: 0,
+                last_granted_at_ms: None,
+                document: Arc::new(doc),
+                kinds: Arc::new(HandledKinds::every()),
+            });
+        }
+        let ids: Vec<AgentId> = (0..fleet.len()).map(|i| AgentId::from_name(&format!("a{i}"))).collect();
+        let mut live: Vec<(AgentId, uuid::Uuid)> = Vec::new();
+        for (n, (shape, gpus, amount, filtered, release)) in steps.iter().enumerate() {
+            // Now and then a lease ends first.
+            if *release < live.len() && n % 3 == 0 {
+                let (agent, task) = live.remove(*release);
+                prop_assert!(index.release(agent, task));
+            }
+            let text = match shape {
+                0 => format!("needs gpus: {gpus}"),
+                1 => format!("needs gpus: {} (memory_mb>=40000)", gpus + 1),
+                2 => format!("needs cpu: {}", (amount + 1) * 1000),
+                3 => format!("needs memory: {}", (amount + 1) * 3000),
+                4 => format!("needs licenses.matlab: 1, needs slots: {}", gpus + 1),
+                _ => "linux".to_owned(),
+            };
+            let mut parsed = selector::parse(&text).unwrap();
+            if *filtered {
+                parsed.merge(selector::parse("needs gpus: 1 (model~H)").unwrap());
+            }
+            parsed.policy = Some(policy);
+            let placement = compile(&parsed).unwrap();
+            let views: Vec<AgentView> = ids.iter().map(|id| index.get(*id).unwrap().clone()).collect();
+            let explained = matcher::explain(&placement, "default", &views);
+            let selected = index.select_best(&placement, "default").map(|s| s.agent_id);
+            prop_assert_eq!(selected, explained.ranked.first().copied(), "{}", text);
+            let never = views.iter().all(|v| placement.never_fits(&v.document, v.capacity).is_some());
+            prop_assert_eq!(matches!(explained.outcome, matcher::Outcome::Parked(_)), never);
+            prop_assert_eq!(index.any_capable(&placement, "default"), !never);
+            if let Some(agent) = selected {
+                let v = index.get(agent).unwrap();
+                let claim = placement.assign(&v.document, v.capacity, v.active_leases, &v.held).unwrap();
+                let task = uuid::Uuid::from_u128(n as u128 + 1);
+                prop_assert!(index.hold(agent, task, claim, Some(n as u64)));
+                live.push((agent, task));
+            }
+            for (i, id) in ids.iter().enumerate() {
+                let v = index.get(*id).unwrap();
+                prop_assert!(v.active_leases <= v.capacity);
+                let mut gpus = BTreeSet::new();
+                let (mut cpu, mut memory, mut matlab) = (0, 0, 0);
+                for (agent, task) in &live {
+                    if agent != id {
+                        continue;
+                    }
+                    if let Some(c) = v.held.claim(*task) {
+                        for g in &c.gpus {
+                            prop_assert!(gpus.insert(g.clone()), "{} held twice", g);
+                            prop_assert!(offers[i].gpus.iter().any(|d| &d.id == g));
+                        }
+                        cpu += c.cpu_millicores;
+                        memory += c.memory_mb;
+                        matlab += c.named.get("licenses.matlab").copied().unwrap_or(0);
+                    }
+                }
+                prop_assert!(cpu <= offers[i].cpu_millicores.unwrap_or(0));
+                prop_assert!(memory <= offers[i].memory_mb.unwrap_or(0));
+                prop_assert!(matlab <= offers[i].named.get("licenses.matlab").copied().unwrap_or(0));
+            }
         }
     }
 }

@@ -203,6 +203,7 @@ impl AgentAdminService for AdminApi {
                 })?
             };
             let agent = matcher::AgentView {
+                held: Default::default(),
                 agent_id: matcher::AgentId::from_name("hypothetical"),
                 namespace: ns.clone(),
                 status: matcher::AgentStatus::Ready,

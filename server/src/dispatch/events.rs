@@ -51,7 +51,11 @@ impl Dispatcher {
             // connected here: its slot is free again. An expired lease is
             // news to the agent (it may be working on it still): it hears so
             // before a grant can reuse the slot.
-            StoreEvent::LeaseEnded { agent_id, expired } => {
+            StoreEvent::LeaseEnded {
+                agent_id,
+                task_id,
+                expired,
+            } => {
                 if let Some(ended) = expired {
                     self.revoke_ids(
                         agent_id,
@@ -61,7 +65,7 @@ impl Dispatcher {
                         EXPIRED,
                     );
                 }
-                self.lease_ended(agent_id);
+                self.lease_ended(agent_id, task_id);
             }
             StoreEvent::LeaseRevoked {
                 lease_id,
@@ -95,6 +99,7 @@ impl Dispatcher {
                 if let Some(current) = self.view(agent_id) {
                     view.active_leases = view.active_leases.max(current.active_leases);
                     view.last_granted_at_ms = current.last_granted_at_ms;
+                    view.held = current.held;
                 }
                 self.update_view(view);
             }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_core::matcher::AgentId;
+use switchyard_core::resources::Claim;
 use uuid::Uuid;
 
 use switchyard_core::placement::{self, CompiledPlacement, Placement};
@@ -256,11 +257,12 @@ impl Dispatcher {
             };
             let avoid = failed.get(&task.id).map_or(&[][..], |a| a);
             match self.pick(task, compiled, avoid, now) {
-                Pick::Agent(agent_id) => {
+                Pick::Agent(agent_id, claim) => {
                     outcome.first_live.get_or_insert(i);
                     requests.push(GrantRequest {
                         task_id: task.id,
                         agent_id,
+                        claim,
                     });
                     picked.push(task);
                 }
@@ -287,7 +289,7 @@ impl Dispatcher {
                 }
                 GrantOutcome::Refused(refusal) => {
                     debug!(task = %task.id, agent = %request.agent_id, ?refusal, "grant refused");
-                    self.lease_ended(request.agent_id);
+                    self.lease_ended(request.agent_id, Some(request.task_id));
                 }
             }
         }
@@ -312,8 +314,17 @@ impl Dispatcher {
             .select_retry(&compiled, &task.namespace, refused, failed);
         metrics::histogram!(crate::metrics::MATCH_SECONDS).record(started.elapsed().as_secs_f64());
         if let Some(selection) = selected {
-            self.reserve_slot(&mut state, selection.agent_id, now);
-            return Pick::Agent(selection.agent_id.uuid());
+            let claim = state
+                .index
+                .get(selection.agent_id)
+                .and_then(|v| {
+                    compiled
+                        .assign(&v.document, v.capacity, v.active_leases, &v.held)
+                        .ok()
+                })
+                .unwrap_or_else(Claim::one_slot);
+            self.reserve(&mut state, selection.agent_id, task.id, claim.clone(), now);
+            return Pick::Agent(selection.agent_id.uuid(), claim);
         }
         if state
             .index
@@ -400,8 +411,8 @@ impl Dispatcher {
 
 /// What matching a task against the agents here found.
 enum Pick {
-    /// This agent, its slot reserved.
-    Agent(uuid::Uuid),
+    /// This agent, what the lease would hold there reserved.
+    Agent(uuid::Uuid, Claim),
     /// A capable agent, but none with room.
     Busy,
     /// No agent here can run it (or every one that could refused it).

@@ -20,6 +20,7 @@ use uuid::Uuid;
 use super::{Dispatcher, State};
 use crate::model::{LeaseRecord, RevocationCause, TaskRecord};
 use crate::wire::session as down;
+use switchyard_core::resources::Claim;
 
 /// Outbound half of one agent session.
 pub type SessionSender = mpsc::Sender<Box<pb::ConnectResponse>>;
@@ -275,15 +276,23 @@ impl Dispatcher {
         self.state().index.explain(placement, namespace).outcome
     }
 
-    /// A lease of the agent ended: one more free slot (and a dispatch round,
-    /// unless nothing waits in the queue for it).
-    pub fn lease_ended(&self, agent_id: Uuid) {
+    /// A lease of the agent ended (for `task`; `None` from an older
+    /// replica): what it held is free again — its claim, or one slot — and
+    /// a dispatch round follows, unless nothing waits in the queue for it.
+    pub fn lease_ended(&self, agent_id: Uuid, task: Option<Uuid>) {
         let key = AgentId::from(agent_id);
         let mut state = self.state();
-        if let Some(view) = state.index.get(key) {
-            let active = view.active_leases.saturating_sub(1);
-            let last = view.last_granted_at_ms;
-            state.index.update_load(key, active, last);
+        match task {
+            Some(task) => {
+                state.index.release(key, task);
+            }
+            None => {
+                if let Some(view) = state.index.get(key) {
+                    let active = view.active_leases.saturating_sub(1);
+                    let last = view.last_granted_at_ms;
+                    state.index.update_load(key, active, last);
+                }
+            }
         }
         drop(state);
         if !self.queue_clear() {
@@ -291,15 +300,20 @@ impl Dispatcher {
         }
     }
 
-    /// Takes a slot of the agent for a grant being made at `now_ms` (so the
-    /// next pick sees it taken); given back by [`Dispatcher::lease_ended`].
-    pub(super) fn reserve_slot(&self, state: &mut State, agent_id: AgentId, now_ms: i64) {
-        if let Some(view) = state.index.get(agent_id) {
-            let active = view.active_leases + 1;
-            state
-                .index
-                .update_load(agent_id, active, u64::try_from(now_ms).ok());
-        }
+    /// Takes what a grant of `task` being made at `now_ms` would hold on
+    /// the agent (so the next pick sees it taken); given back by
+    /// [`Dispatcher::lease_ended`].
+    pub(super) fn reserve(
+        &self,
+        state: &mut State,
+        agent_id: AgentId,
+        task: Uuid,
+        claim: Claim,
+        now_ms: i64,
+    ) {
+        state
+            .index
+            .hold(agent_id, task, claim, u64::try_from(now_ms).ok());
     }
 
     /// Marks the session's stored agent as changed under it; false if the

@@ -7,6 +7,7 @@
 //! reads it.
 
 use switchyard_core::placement::CompiledPlacement;
+use switchyard_core::resources::Claim;
 use tracing::info;
 use uuid::Uuid;
 
@@ -41,7 +42,7 @@ impl Dispatcher {
         // The batch that commits it reads the clock after this pick, so the
         // lease is stamped after it (see the dispatch round's grants).
         let target = if task.not_before_ms.is_none_or(|at| at <= now) {
-            self.place_now(placement, &task.namespace)
+            self.place_now(placement, &task)
         } else {
             None
         };
@@ -53,7 +54,7 @@ impl Dispatcher {
             Ok(submitted) => submitted,
             Err(err) => {
                 if let Some(agent_id) = target {
-                    self.lease_ended(agent_id);
+                    self.lease_ended(agent_id, None);
                 }
                 return Err(err);
             }
@@ -64,7 +65,7 @@ impl Dispatcher {
                 true
             }
             (Some(agent_id), _) => {
-                self.lease_ended(agent_id);
+                self.lease_ended(agent_id, Some(record.id));
                 false
             }
             (None, _) => false,
@@ -89,18 +90,28 @@ impl Dispatcher {
     }
 
     /// Picks and reserves an agent for a task being submitted, if one
-    /// connected here has room and nothing waits in the queue.
-    fn place_now(&self, placement: &CompiledPlacement, namespace: &str) -> Option<Uuid> {
-        if self.stopping() || !self.queue_clear() {
+    /// connected here has room and nothing waits in the queue. A task with
+    /// a resource request is left to the dispatch round, whose grant checks
+    /// its claim against the agent's live leases.
+    fn place_now(&self, placement: &CompiledPlacement, task: &NewTask) -> Option<Uuid> {
+        if self.stopping() || !self.queue_clear() || placement.resource_need().is_some() {
             return None;
         }
+        let namespace = &task.namespace;
         let now = self.now_ms();
         let mut state = self.state();
         let started = std::time::Instant::now();
         let selection = state.index.select_best(placement, namespace);
         metrics::histogram!(crate::metrics::MATCH_SECONDS).record(started.elapsed().as_secs_f64());
         let selection = selection?;
-        self.reserve_slot(&mut state, selection.agent_id, now);
+        // One slot, not recorded by task (the task has no id yet).
+        self.reserve(
+            &mut state,
+            selection.agent_id,
+            Uuid::nil(),
+            Claim::one_slot(),
+            now,
+        );
         Some(selection.agent_id.uuid())
     }
 

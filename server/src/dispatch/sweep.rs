@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use switchyard_core::matcher::{AgentId, AgentView};
+use switchyard_core::resources::Held;
 use tracing::{info, warn};
 use uuid::Uuid;
 
@@ -55,7 +56,7 @@ impl Dispatcher {
         for (lease, task) in &expired {
             info!(lease = %lease.id, task = %task.id, agent = %lease.agent_id, state = task.state.as_str(), "lease expired");
             self.revoke(lease, RevocationCause::Expired, EXPIRED);
-            self.lease_ended(lease.agent_id);
+            self.lease_ended(lease.agent_id, Some(lease.task_id));
             self.task_changed(task.id);
         }
         count_requeued(&expired);
@@ -124,7 +125,7 @@ impl Dispatcher {
         if candidates.is_empty() {
             return Ok(0);
         }
-        let stored = self.shared.store.live_lease_counts(&candidates).await?;
+        let mut stored = self.shared.store.live_claims(&candidates).await?;
         let mut corrected = 0;
         let mut state = self.state();
         for agent_id in candidates {
@@ -132,11 +133,14 @@ impl Dispatcher {
             let Some(view) = state.index.get(key).filter(|v| quiet(v)) else {
                 continue;
             };
-            let count = stored.get(&agent_id).copied().unwrap_or(0);
-            if count != view.active_leases {
+            let claims = stored.remove(&agent_id).unwrap_or_default();
+            let count = claims
+                .iter()
+                .fold(0u32, |n, (_, c)| n.saturating_add(c.slots));
+            let held = Held::of(claims);
+            if count != view.active_leases || held != *view.held {
                 warn!(agent = %agent_id, counted = view.active_leases, stored = count, "lease count corrected from the store");
-                let last = view.last_granted_at_ms;
-                state.index.update_load(key, count, last);
+                state.index.set_held(key, held, count);
                 corrected += 1;
             }
         }
@@ -171,7 +175,7 @@ impl Dispatcher {
         for (lease, task) in revoked {
             info!(lease = %lease.id, task = %task.id, agent = %lease.agent_id, "{why}; revoked");
             self.revoke(lease, RevocationCause::Unacknowledged, why);
-            self.lease_ended(lease.agent_id);
+            self.lease_ended(lease.agent_id, Some(lease.task_id));
             self.task_changed(task.id);
         }
     }

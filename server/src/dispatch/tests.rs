@@ -253,7 +253,7 @@ async fn a_round_fills_free_slots_in_priority_order(fx: &Fixture) {
         outcome: CompletionOutcome::Succeeded { result: json!({}) },
     };
     fx.store.complete_leases(&[done], fx.now()).await.unwrap();
-    fx.dispatcher.lease_ended(agent.id);
+    fx.dispatcher.lease_ended(agent.id, Some(high));
     assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
     assert_eq!(agent.grants(), [low]);
 }
@@ -286,7 +286,7 @@ async fn settle(fx: &Fixture, agent: &Agent, task_id: Uuid, outcome: CompletionO
         outcome,
     };
     fx.store.complete_leases(&[done], fx.now()).await.unwrap();
-    fx.dispatcher.lease_ended(agent.id);
+    fx.dispatcher.lease_ended(agent.id, Some(task_id));
 }
 
 async fn a_refused_task_waits_on_its_own_until_an_agent_that_did_not_refuse_it_connects(

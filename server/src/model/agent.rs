@@ -84,6 +84,7 @@ impl AgentRecord {
     /// holds it keeps its own).
     pub fn view(&self) -> AgentView {
         AgentView {
+            held: Default::default(),
             agent_id: self.id.into(),
             namespace: self.namespace.clone(),
             status: self.effective_status(),

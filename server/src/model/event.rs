@@ -51,6 +51,10 @@ pub enum StoreEvent {
     LeaseEnded {
         /// The agent that held it.
         agent_id: Uuid,
+        /// Its task, whose claim on the agent comes back. Absent from the events of older
+        /// replicas (one slot comes back).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        task_id: Option<Uuid>,
         /// The lease, when it expired: the agent may not know yet (a grant
         /// never acknowledged is told as [`StoreEvent::LeaseRevoked`]), and
         /// must hear so before any grant that reuses the slot. Absent from

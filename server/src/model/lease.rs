@@ -7,6 +7,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use switchyard_core::resources::Claim;
 use uuid::Uuid;
 
 use super::names::{StoredName, display};
@@ -188,15 +189,32 @@ pub struct LeaseRecord {
     pub expires_at_ms: i64,
     /// What ended it, once it ended.
     pub ended_by: Option<LeaseEnd>,
+    /// What it holds on its agent: slots and, for a task with a resource request, the amounts
+    /// and devices assigned.
+    pub claim: Claim,
 }
 
 /// Asks to lease a task to an agent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrantRequest {
     /// The task to lease.
     pub task_id: Uuid,
     /// The agent to lease it to.
     pub agent_id: Uuid,
+    /// What the lease would hold there (re-checked against the agent's live leases when
+    /// granted).
+    pub claim: Claim,
+}
+
+impl GrantRequest {
+    /// A request for a lease that holds one slot.
+    pub fn one_slot(task_id: Uuid, agent_id: Uuid) -> Self {
+        Self {
+            task_id,
+            agent_id,
+            claim: Claim::one_slot(),
+        }
+    }
 }
 
 /// Why a grant was refused.
@@ -204,8 +222,10 @@ pub struct GrantRequest {
 pub enum GrantRefusal {
     /// Missing, no longer QUEUED, or being changed by another transaction.
     TaskNotQueued,
-    /// The agent already holds `capacity` leases.
+    /// The agent's free slots do not cover the grant.
     AgentAtCapacity,
+    /// Another lease holds a device, or the amounts, the grant would take.
+    ResourcesTaken,
     /// No such agent.
     AgentUnknown,
     /// The task's `not_before` is in the future.

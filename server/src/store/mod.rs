@@ -34,6 +34,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use switchyard_core::resources::Claim;
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
@@ -172,9 +173,10 @@ pub trait LeaseStore: Send + Sync {
     async fn agent_leases(&self, agent_id: Uuid) -> Result<Vec<LeaseRecord>>;
     /// One lease; `NotFound` if missing.
     async fn get_lease(&self, lease_id: Uuid) -> Result<LeaseRecord>;
-    /// How many live (granted or active) leases each of these agents holds;
-    /// an agent holding none is absent.
-    async fn live_lease_counts(&self, agent_ids: &[Uuid]) -> Result<HashMap<Uuid, u32>>;
+    /// What the live (granted or active) leases of each of these agents
+    /// hold, by task (slots, and the claims of tasks with resource
+    /// requests); an agent holding none is absent.
+    async fn live_claims(&self, agent_ids: &[Uuid]) -> Result<HashMap<Uuid, Vec<(Uuid, Claim)>>>;
     /// The agents that refused the task (they cannot handle or decode it),
     /// with what each said; an agent's refusals end when it changes its
     /// kinds or document, or registers again.

@@ -7,6 +7,7 @@
 use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value, json};
+use switchyard_core::resources::{self, Claim, Held, Offer};
 use uuid::Uuid;
 
 use super::StoreOptions;
@@ -70,8 +71,19 @@ pub(crate) struct GrantableTask {
     pub lease_ttl_ms: i64,
 }
 
+/// What the store knows of an agent's resources when planning grants that
+/// claim more than slots: its offer (from its stored document) and what its
+/// live leases hold, both read under the agent's lock.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AgentResources {
+    /// What the agent offers.
+    pub offer: Offer,
+    /// What its live leases hold.
+    pub held: Held,
+}
+
 /// One planned grant.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct PlannedGrant {
     /// The new lease.
     pub lease_id: Uuid,
@@ -83,6 +95,8 @@ pub(crate) struct PlannedGrant {
     pub fencing_token: i64,
     /// When the lease runs out.
     pub expires_at_ms: i64,
+    /// What the lease holds.
+    pub claim: Claim,
 }
 
 impl PlannedGrant {
@@ -98,17 +112,22 @@ impl PlannedGrant {
             acked: false,
             expires_at_ms: self.expires_at_ms,
             ended_by: None,
+            claim: self.claim.clone(),
         }
     }
 }
 
-/// Decides each grant request against the agents' free slots and the task
-/// rows read under lock: a task is granted at most once per batch, an agent
-/// never beyond its free slots (`free`: agent id to free slots; an agent
-/// missing from it is unknown).
+/// Decides each grant request against the agents' free slots, their
+/// resources and the task rows read under lock: a task is granted at most
+/// once per batch, an agent never beyond its free slots (`free`: agent id to
+/// free slots; an agent missing from it is unknown), and a claim of more
+/// than slots only if its devices are free and its amounts within the
+/// agent's offer beside what its leases and the batch's earlier grants hold
+/// (`resources`, read for the agents such claims name).
 pub(crate) fn plan_grants(
     requests: &[GrantRequest],
     free: &HashMap<Uuid, i64>,
+    resources: &mut HashMap<Uuid, AgentResources>,
     tasks: &HashMap<Uuid, GrantableTask>,
     now_ms: i64,
 ) -> Vec<Result<PlannedGrant, GrantRefusal>> {
@@ -130,10 +149,19 @@ pub(crate) fn plan_grants(
             if task.not_before_ms > now_ms {
                 return Err(GrantRefusal::NotYet);
             }
-            if *slots <= 0 {
+            let claim = &request.claim;
+            if *slots < i64::from(claim.slots.max(1)) {
                 return Err(GrantRefusal::AgentAtCapacity);
             }
-            *slots -= 1;
+            if !claim.is_one_slot() {
+                let agent = resources
+                    .get_mut(&request.agent_id)
+                    .ok_or(GrantRefusal::ResourcesTaken)?;
+                resources::recheck(claim, &agent.offer, &agent.held)
+                    .map_err(|_| GrantRefusal::ResourcesTaken)?;
+                agent.held.hold(request.task_id, claim.clone());
+            }
+            *slots -= i64::from(claim.slots.max(1));
             taken.insert(request.task_id);
             Ok(PlannedGrant {
                 lease_id: Uuid::now_v7(),
@@ -141,6 +169,10 @@ pub(crate) fn plan_grants(
                 agent_id: request.agent_id,
                 fencing_token: task.fencing_token + 1,
                 expires_at_ms: now_ms.saturating_add(task.lease_ttl_ms),
+                claim: Claim {
+                    slots: claim.slots.max(1),
+                    ..claim.clone()
+                },
             })
         })
         .collect()

@@ -47,6 +47,40 @@ fn requirement(req: &pb::Requirement, field: &str) -> Result<Requirement> {
     Ok(Requirement::new(req.key.clone(), op, values))
 }
 
+/// The core resource request a wire one means (its GPU selector parsed into requirements).
+fn resources(r: &pb::ResourceRequest) -> Result<core::ResourceRequest> {
+    let mut gpu_requirements = r
+        .gpu_requirements
+        .iter()
+        .enumerate()
+        .map(|(i, q)| requirement(q, &format!("placement.resources.gpu_requirements[{i}]")))
+        .collect::<Result<Vec<_>, _>>()?;
+    if !r.gpu_selector.trim().is_empty() {
+        let parsed = switchyard_core::selector::parse(&r.gpu_selector)
+            .map_err(|err| invalid("placement.resources.gpu_selector", &err.to_string()))?;
+        if !parsed.required_tags.is_empty()
+            || !parsed.capabilities.is_empty()
+            || !parsed.preferences.is_empty()
+            || !parsed.tolerations.is_empty()
+            || parsed.resources.is_some()
+        {
+            return Err(invalid(
+                "placement.resources.gpu_selector",
+                "holds only requirements on GPU fields (memory_mb>=40000, model~H100)",
+            ));
+        }
+        gpu_requirements.extend(parsed.requirements);
+    }
+    Ok(core::ResourceRequest {
+        slots: r.slots,
+        cpu_millicores: r.cpu_millicores,
+        memory_mb: r.memory_mb,
+        gpus: r.gpus,
+        gpu_requirements,
+        named: r.named.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+    })
+}
+
 /// The core placement a submitted wire placement means (selector included),
 /// validated and compiled once to catch every error now.
 pub fn from_proto(placement: Option<&pb::Placement>) -> Result<core::Placement> {
@@ -127,6 +161,7 @@ pub fn from_proto(placement: Option<&pb::Placement>) -> Result<core::Placement> 
                 ));
             }
         },
+        resources: p.resources.as_ref().map(resources).transpose()?,
     };
     if !p.selector.trim().is_empty() {
         let parsed = switchyard_core::selector::parse(&p.selector)
@@ -179,6 +214,26 @@ pub fn to_proto(p: &core::Placement) -> pb::Placement {
         json_schema: p.json_schema.as_ref().map(json_to_struct),
         tolerations: p.tolerations.clone(),
         policy: wire_policy(p.policy) as i32,
+        resources: p.resources.as_ref().map(|r| pb::ResourceRequest {
+            slots: r.slots,
+            cpu_millicores: r.cpu_millicores,
+            memory_mb: r.memory_mb,
+            gpus: r.gpus,
+            gpu_requirements: r.gpu_requirements.iter().map(wire_req).collect(),
+            gpu_selector: String::new(),
+            named: r.named.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        }),
+    }
+}
+
+/// The wire form of what a lease holds.
+pub fn assigned(claim: &switchyard_core::resources::Claim) -> pb::AssignedResources {
+    pb::AssignedResources {
+        slots: claim.slots,
+        cpu_millicores: claim.cpu_millicores,
+        memory_mb: claim.memory_mb,
+        gpu_ids: claim.gpus.clone(),
+        named: claim.named.iter().map(|(k, v)| (k.clone(), *v)).collect(),
     }
 }
 

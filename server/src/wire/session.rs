@@ -22,6 +22,7 @@ pub fn grant(task: &TaskRecord, lease: &LeaseRecord) -> pb::ConnectResponse {
         fencing_token: lease.fencing_token,
         task: Some(super::granted_task(task, lease)),
         expires_at: Some(timestamp(lease.expires_at_ms)),
+        resources: Some(super::placement::assigned(&lease.claim)),
     }))
 }
 

@@ -358,7 +358,14 @@ pub async fn agents(store: &dyn Store, ns: &str, count: usize, capacity: u32) ->
 /// Grants one task to one agent and returns the lease, panicking if refused.
 pub async fn grant(store: &dyn Store, task_id: Uuid, agent_id: Uuid, now_ms: i64) -> LeaseRecord {
     let outcomes = store
-        .grant_leases(&[GrantRequest { task_id, agent_id }], now_ms)
+        .grant_leases(
+            &[GrantRequest {
+                claim: switchyard_core::resources::Claim::one_slot(),
+                task_id,
+                agent_id,
+            }],
+            now_ms,
+        )
         .await
         .expect("grant");
     match outcomes.as_slice() {

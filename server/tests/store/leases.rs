@@ -58,12 +58,20 @@ async fn live_lease_counts_count_granted_and_active_only(fx: &mut Fixture) {
         )
         .await
         .unwrap();
-    let counts = store
-        .live_lease_counts(&[busy.id, idle.id, Uuid::now_v7()])
+    let claims = store
+        .live_claims(&[busy.id, idle.id, Uuid::now_v7()])
         .await
         .unwrap();
-    assert_eq!(counts, HashMap::from([(busy.id, 2)]));
-    assert!(store.live_lease_counts(&[]).await.unwrap().is_empty());
+    let mut held: Vec<(Uuid, u32)> = claims[&busy.id]
+        .iter()
+        .map(|(t, c)| (*t, c.slots))
+        .collect();
+    held.sort();
+    let mut want: Vec<(Uuid, u32)> = leases[1..].iter().map(|l| (l.task_id, 1)).collect();
+    want.sort();
+    assert_eq!(held, want);
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    assert!(store.live_claims(&[]).await.unwrap().is_empty());
 }
 
 fn completion(
@@ -105,26 +113,32 @@ async fn grant_refusals_and_monotonic_tokens(fx: &mut Fixture) {
         .grant_leases(
             &[
                 GrantRequest {
+                    claim: switchyard_core::resources::Claim::one_slot(),
                     task_id: a.id,
                     agent_id: worker.id,
                 },
                 GrantRequest {
+                    claim: switchyard_core::resources::Claim::one_slot(),
                     task_id: a.id,
                     agent_id: worker.id,
                 },
                 GrantRequest {
+                    claim: switchyard_core::resources::Claim::one_slot(),
                     task_id: b.id,
                     agent_id: worker.id,
                 },
                 GrantRequest {
+                    claim: switchyard_core::resources::Claim::one_slot(),
                     task_id: c.id,
                     agent_id: worker.id,
                 },
                 GrantRequest {
+                    claim: switchyard_core::resources::Claim::one_slot(),
                     task_id: b.id,
                     agent_id: Uuid::now_v7(),
                 },
                 GrantRequest {
+                    claim: switchyard_core::resources::Claim::one_slot(),
                     task_id: Uuid::now_v7(),
                     agent_id: worker.id,
                 },
@@ -206,6 +220,7 @@ async fn concurrent_grants_never_double_lease_or_overfill(fx: &mut Fixture) {
                 let requests: Vec<GrantRequest> = chunk
                     .iter()
                     .map(|&task_id| GrantRequest {
+                        claim: switchyard_core::resources::Claim::one_slot(),
                         task_id,
                         agent_id: agent_ids[rng.next(agent_ids.len())],
                     })
@@ -288,6 +303,7 @@ async fn submits_leased_on_the_way_in_and_grants_never_overfill_an_agent(fx: &mu
                     let requests: Vec<GrantRequest> = queued[(round * 5) % queued.len()..][..5]
                         .iter()
                         .map(|&task_id| GrantRequest {
+                            claim: switchyard_core::resources::Claim::one_slot(),
                             task_id,
                             agent_id: agent_ids[rng.next(AGENTS)],
                         })
@@ -537,6 +553,7 @@ async fn failed_attempt_retries_after_backoff(fx: &mut Fixture) {
     let early = store
         .grant_leases(
             &[GrantRequest {
+                claim: switchyard_core::resources::Claim::one_slot(),
                 task_id: t.id,
                 agent_id: worker.id,
             }],
@@ -832,6 +849,7 @@ async fn one_batch_completes_many_leases_and_a_repeat(fx: &mut Fixture) {
         let t = submit(store, task("ns", 0, 3), T0 + i).await;
         let agent_id = if i % 2 == 0 { first.id } else { second.id };
         requests.push(GrantRequest {
+            claim: switchyard_core::resources::Claim::one_slot(),
             task_id: t.id,
             agent_id,
         });
@@ -897,6 +915,7 @@ async fn concurrent_sweepers_expire_each_lease_once(fx: &mut Fixture) {
     for i in 0..40 {
         let t = submit(fx.store.as_ref(), task("ns", 0, 3), T0 + i).await;
         requests.push(GrantRequest {
+            claim: switchyard_core::resources::Claim::one_slot(),
             task_id: t.id,
             agent_id: worker.id,
         });

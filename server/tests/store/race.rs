@@ -58,6 +58,7 @@ async fn two_replicas_grant_1000_tasks_to_50_agents_exactly_once() {
                     let requests: Vec<GrantRequest> = candidates
                         .iter()
                         .map(|t| GrantRequest {
+                            claim: switchyard_core::resources::Claim::one_slot(),
                             task_id: t.id,
                             agent_id: pool[rng.next(pool.len())],
                         })
@@ -154,6 +155,7 @@ async fn an_event_from_one_replica_reaches_the_other() {
     assert_eq!(expired.len(), 1);
     let ended = StoreEvent::LeaseEnded {
         agent_id: worker.id,
+        task_id: Some(leased.id),
         expired: Some(EndedLease {
             lease_id: expired[0].0.id,
             task_id: leased.id,

@@ -27,10 +27,11 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from switchyard.v1 import agent_pb2 as switchyard_dot_v1_dot_agent__pb2
 from switchyard.v1 import capability_pb2 as switchyard_dot_v1_dot_capability__pb2
+from switchyard.v1 import placement_pb2 as switchyard_dot_v1_dot_placement__pb2
 from switchyard.v1 import task_pb2 as switchyard_dot_v1_dot_task__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!switchyard/v1/agent_service.proto\x12\rswitchyard.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19switchyard/v1/agent.proto\x1a\x1eswitchyard/v1/capability.proto\x1a\x18switchyard/v1/task.proto\"\xf1\x02\n\x14RegisterAgentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12-\n\x0c\x63\x61pabilities\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\r\x12?\n\x06labels\x18\x05 \x03(\x0b\x32/.switchyard.v1.RegisterAgentRequest.LabelsEntry\x12\x32\n\nprovenance\x18\x06 \x03(\x0b\x32\x1e.switchyard.v1.ProvenanceEntry\x12,\n\nrejections\x18\x07 \x03(\x0b\x32\x18.switchyard.v1.Rejection\x12\x0e\n\x06runner\x18\x08 \x01(\t\x12\x15\n\rhandled_kinds\x18\t \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf2\x01\n\x15RegisterAgentResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x15\n\rsession_epoch\x18\x02 \x01(\x04\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tlease_ttl\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1d\n\x15\x63\x61pability_generation\x18\x05 \x01(\x04\x12,\n\nrejections\x18\x06 \x03(\x0b\x32\x18.switchyard.v1.Rejection\"\xf9\x01\n\x0e\x43onnectRequest\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12%\n\x05hello\x18\x02 \x01(\x0b\x32\x14.switchyard.v1.HelloH\x00\x12-\n\theartbeat\x18\x03 \x01(\x0b\x32\x18.switchyard.v1.HeartbeatH\x00\x12\x32\n\x0clease_update\x18\x04 \x01(\x0b\x32\x1a.switchyard.v1.LeaseUpdateH\x00\x12@\n\x13\x63\x61pability_snapshot\x18\x05 \x01(\x0b\x32!.switchyard.v1.CapabilitySnapshotH\x00\x42\t\n\x07message\"_\n\x05Hello\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x15\n\rsession_epoch\x18\x02 \x01(\x04\x12-\n\x0bheld_leases\x18\x03 \x03(\x0b\x32\x18.switchyard.v1.HeldLease\"E\n\tHeldLease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\"\xe3\x01\n\tHeartbeat\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.switchyard.v1.AgentStatus\x12\x16\n\x0estatus_reasons\x18\x02 \x03(\t\x12&\n\x04load\x18\x03 \x01(\x0b\x32\x18.switchyard.v1.AgentLoad\x12\x36\n\x0f\x63\x61pability_diff\x18\x04 \x01(\x0b\x32\x1d.switchyard.v1.CapabilityDiff\x12\x32\n\rhandled_kinds\x18\x05 \x01(\x0b\x32\x1b.switchyard.v1.HandledKinds\"\x1d\n\x0cHandledKinds\x12\r\n\x05kinds\x18\x01 \x03(\t\"9\n\tAgentLoad\x12\x16\n\x0erunning_leases\x18\x01 \x01(\r\x12\x14\n\x0cload_average\x18\x02 \x01(\x01\"\xa5\x01\n\x12\x43\x61pabilitySnapshot\x12-\n\x0c\x63\x61pabilities\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x32\n\nprovenance\x18\x02 \x03(\x0b\x32\x1e.switchyard.v1.ProvenanceEntry\x12,\n\nrejections\x18\x03 \x03(\x0b\x32\x18.switchyard.v1.Rejection\"\xf8\x02\n\x0bLeaseUpdate\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\x12\x30\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x0b\x32\x1c.switchyard.v1.LeaseAcceptedH\x00\x12.\n\x07started\x18\x05 \x01(\x0b\x32\x1b.switchyard.v1.LeaseStartedH\x00\x12/\n\x08progress\x18\x06 \x01(\x0b\x32\x1b.switchyard.v1.TaskProgressH\x00\x12\x32\n\tsucceeded\x18\x07 \x01(\x0b\x32\x1d.switchyard.v1.LeaseSucceededH\x00\x12,\n\x06\x66\x61iled\x18\x08 \x01(\x0b\x32\x1a.switchyard.v1.LeaseFailedH\x00\x12\x30\n\x08released\x18\t \x01(\x0b\x32\x1c.switchyard.v1.LeaseReleasedH\x00\x42\x08\n\x06update\"\x0f\n\rLeaseAccepted\"\x0e\n\x0cLeaseStarted\"9\n\x0eLeaseSucceeded\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\"6\n\x0bLeaseFailed\x12\'\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x18.switchyard.v1.TaskError\"K\n\rLeaseReleased\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12*\n\x05\x63\x61use\x18\x02 \x01(\x0e\x32\x1b.switchyard.v1.ReleaseCause\"\xb7\x02\n\x0f\x43onnectResponse\x12)\n\x07welcome\x18\x01 \x01(\x0b\x32\x16.switchyard.v1.WelcomeH\x00\x12\x30\n\x0blease_grant\x18\x02 \x01(\x0b\x32\x19.switchyard.v1.LeaseGrantH\x00\x12:\n\x10lease_revocation\x18\x03 \x01(\x0b\x32\x1e.switchyard.v1.LeaseRevocationH\x00\x12!\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x12.switchyard.v1.AckH\x00\x12\x36\n\x0eresync_request\x18\x05 \x01(\x0b\x32\x1c.switchyard.v1.ResyncRequestH\x00\x12%\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x14.switchyard.v1.DrainH\x00\x42\t\n\x07message\"\xab\x01\n\x07Welcome\x12\x1d\n\x15\x63\x61pability_generation\x18\x01 \x01(\x04\x12\x19\n\x11resumed_lease_ids\x18\x02 \x03(\t\x12/\n\x07revoked\x18\x03 \x03(\x0b\x32\x1e.switchyard.v1.LeaseRevocation\x12\x35\n\x12heartbeat_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x88\x01\n\nLeaseGrant\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x15\n\rfencing_token\x18\x02 \x01(\x04\x12!\n\x04task\x18\x03 \x01(\x0b\x32\x13.switchyard.v1.Task\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"v\n\x0fLeaseRevocation\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12/\n\x06reason\x18\x03 \x01(\x0e\x32\x1f.switchyard.v1.RevocationReason\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x8b\x01\n\x03\x41\x63k\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x1d\n\x15\x63\x61pability_generation\x18\x04 \x01(\x04\x12\x34\n\x10leases_expire_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\":\n\rResyncRequest\x12\x19\n\x11server_generation\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"K\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x32\n\x0freconnect_after\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration*\xe7\x01\n\x0cReleaseCause\x12\x1d\n\x19RELEASE_CAUSE_UNSPECIFIED\x10\x00\x12\x1a\n\x16RELEASE_CAUSE_DRAINING\x10\x01\x12)\n%RELEASE_CAUSE_REVOCATION_ACKNOWLEDGED\x10\x02\x12\x1f\n\x1bRELEASE_CAUSE_CANNOT_HANDLE\x10\x03\x12\x1f\n\x1bRELEASE_CAUSE_CANNOT_DECODE\x10\x04\x12\x16\n\x12RELEASE_CAUSE_BUSY\x10\x05\x12\x17\n\x13RELEASE_CAUSE_OTHER\x10\x06*\xe1\x01\n\x10RevocationReason\x12!\n\x1dREVOCATION_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aREVOCATION_REASON_CANCELED\x10\x01\x12\x1d\n\x19REVOCATION_REASON_EXPIRED\x10\x02\x12 \n\x1cREVOCATION_REASON_SUPERSEDED\x10\x03\x12$\n REVOCATION_REASON_UNACKNOWLEDGED\x10\x04\x12#\n\x1fREVOCATION_REASON_UNKNOWN_LEASE\x10\x05\x32\xb8\x01\n\x0c\x41gentService\x12Z\n\rRegisterAgent\x12#.switchyard.v1.RegisterAgentRequest\x1a$.switchyard.v1.RegisterAgentResponse\x12L\n\x07\x43onnect\x12\x1d.switchyard.v1.ConnectRequest\x1a\x1e.switchyard.v1.ConnectResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!switchyard/v1/agent_service.proto\x12\rswitchyard.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19switchyard/v1/agent.proto\x1a\x1eswitchyard/v1/capability.proto\x1a\x1dswitchyard/v1/placement.proto\x1a\x18switchyard/v1/task.proto\"\xf1\x02\n\x14RegisterAgentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12-\n\x0c\x63\x61pabilities\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08\x63\x61pacity\x18\x04 \x01(\r\x12?\n\x06labels\x18\x05 \x03(\x0b\x32/.switchyard.v1.RegisterAgentRequest.LabelsEntry\x12\x32\n\nprovenance\x18\x06 \x03(\x0b\x32\x1e.switchyard.v1.ProvenanceEntry\x12,\n\nrejections\x18\x07 \x03(\x0b\x32\x18.switchyard.v1.Rejection\x12\x0e\n\x06runner\x18\x08 \x01(\t\x12\x15\n\rhandled_kinds\x18\t \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf2\x01\n\x15RegisterAgentResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x15\n\rsession_epoch\x18\x02 \x01(\x04\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tlease_ttl\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1d\n\x15\x63\x61pability_generation\x18\x05 \x01(\x04\x12,\n\nrejections\x18\x06 \x03(\x0b\x32\x18.switchyard.v1.Rejection\"\xf9\x01\n\x0e\x43onnectRequest\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12%\n\x05hello\x18\x02 \x01(\x0b\x32\x14.switchyard.v1.HelloH\x00\x12-\n\theartbeat\x18\x03 \x01(\x0b\x32\x18.switchyard.v1.HeartbeatH\x00\x12\x32\n\x0clease_update\x18\x04 \x01(\x0b\x32\x1a.switchyard.v1.LeaseUpdateH\x00\x12@\n\x13\x63\x61pability_snapshot\x18\x05 \x01(\x0b\x32!.switchyard.v1.CapabilitySnapshotH\x00\x42\t\n\x07message\"_\n\x05Hello\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x15\n\rsession_epoch\x18\x02 \x01(\x04\x12-\n\x0bheld_leases\x18\x03 \x03(\x0b\x32\x18.switchyard.v1.HeldLease\"E\n\tHeldLease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\"\xe3\x01\n\tHeartbeat\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.switchyard.v1.AgentStatus\x12\x16\n\x0estatus_reasons\x18\x02 \x03(\t\x12&\n\x04load\x18\x03 \x01(\x0b\x32\x18.switchyard.v1.AgentLoad\x12\x36\n\x0f\x63\x61pability_diff\x18\x04 \x01(\x0b\x32\x1d.switchyard.v1.CapabilityDiff\x12\x32\n\rhandled_kinds\x18\x05 \x01(\x0b\x32\x1b.switchyard.v1.HandledKinds\"\x1d\n\x0cHandledKinds\x12\r\n\x05kinds\x18\x01 \x03(\t\"9\n\tAgentLoad\x12\x16\n\x0erunning_leases\x18\x01 \x01(\r\x12\x14\n\x0cload_average\x18\x02 \x01(\x01\"\xa5\x01\n\x12\x43\x61pabilitySnapshot\x12-\n\x0c\x63\x61pabilities\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x32\n\nprovenance\x18\x02 \x03(\x0b\x32\x1e.switchyard.v1.ProvenanceEntry\x12,\n\nrejections\x18\x03 \x03(\x0b\x32\x18.switchyard.v1.Rejection\"\xf8\x02\n\x0bLeaseUpdate\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x15\n\rfencing_token\x18\x03 \x01(\x04\x12\x30\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x0b\x32\x1c.switchyard.v1.LeaseAcceptedH\x00\x12.\n\x07started\x18\x05 \x01(\x0b\x32\x1b.switchyard.v1.LeaseStartedH\x00\x12/\n\x08progress\x18\x06 \x01(\x0b\x32\x1b.switchyard.v1.TaskProgressH\x00\x12\x32\n\tsucceeded\x18\x07 \x01(\x0b\x32\x1d.switchyard.v1.LeaseSucceededH\x00\x12,\n\x06\x66\x61iled\x18\x08 \x01(\x0b\x32\x1a.switchyard.v1.LeaseFailedH\x00\x12\x30\n\x08released\x18\t \x01(\x0b\x32\x1c.switchyard.v1.LeaseReleasedH\x00\x42\x08\n\x06update\"\x0f\n\rLeaseAccepted\"\x0e\n\x0cLeaseStarted\"9\n\x0eLeaseSucceeded\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\"6\n\x0bLeaseFailed\x12\'\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x18.switchyard.v1.TaskError\"K\n\rLeaseReleased\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12*\n\x05\x63\x61use\x18\x02 \x01(\x0e\x32\x1b.switchyard.v1.ReleaseCause\"\xb7\x02\n\x0f\x43onnectResponse\x12)\n\x07welcome\x18\x01 \x01(\x0b\x32\x16.switchyard.v1.WelcomeH\x00\x12\x30\n\x0blease_grant\x18\x02 \x01(\x0b\x32\x19.switchyard.v1.LeaseGrantH\x00\x12:\n\x10lease_revocation\x18\x03 \x01(\x0b\x32\x1e.switchyard.v1.LeaseRevocationH\x00\x12!\n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x12.switchyard.v1.AckH\x00\x12\x36\n\x0eresync_request\x18\x05 \x01(\x0b\x32\x1c.switchyard.v1.ResyncRequestH\x00\x12%\n\x05\x64rain\x18\x06 \x01(\x0b\x32\x14.switchyard.v1.DrainH\x00\x42\t\n\x07message\"\xab\x01\n\x07Welcome\x12\x1d\n\x15\x63\x61pability_generation\x18\x01 \x01(\x04\x12\x19\n\x11resumed_lease_ids\x18\x02 \x03(\t\x12/\n\x07revoked\x18\x03 \x03(\x0b\x32\x1e.switchyard.v1.LeaseRevocation\x12\x35\n\x12heartbeat_interval\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xbd\x01\n\nLeaseGrant\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x15\n\rfencing_token\x18\x02 \x01(\x04\x12!\n\x04task\x18\x03 \x01(\x0b\x32\x13.switchyard.v1.Task\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x33\n\tresources\x18\x05 \x01(\x0b\x32 .switchyard.v1.AssignedResources\"v\n\x0fLeaseRevocation\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12/\n\x06reason\x18\x03 \x01(\x0e\x32\x1f.switchyard.v1.RevocationReason\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x8b\x01\n\x03\x41\x63k\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x1d\n\x15\x63\x61pability_generation\x18\x04 \x01(\x04\x12\x34\n\x10leases_expire_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\":\n\rResyncRequest\x12\x19\n\x11server_generation\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"K\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x32\n\x0freconnect_after\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration*\xe7\x01\n\x0cReleaseCause\x12\x1d\n\x19RELEASE_CAUSE_UNSPECIFIED\x10\x00\x12\x1a\n\x16RELEASE_CAUSE_DRAINING\x10\x01\x12)\n%RELEASE_CAUSE_REVOCATION_ACKNOWLEDGED\x10\x02\x12\x1f\n\x1bRELEASE_CAUSE_CANNOT_HANDLE\x10\x03\x12\x1f\n\x1bRELEASE_CAUSE_CANNOT_DECODE\x10\x04\x12\x16\n\x12RELEASE_CAUSE_BUSY\x10\x05\x12\x17\n\x13RELEASE_CAUSE_OTHER\x10\x06*\xe1\x01\n\x10RevocationReason\x12!\n\x1dREVOCATION_REASON_UNSPECIFIED\x10\x00\x12\x1e\n\x1aREVOCATION_REASON_CANCELED\x10\x01\x12\x1d\n\x19REVOCATION_REASON_EXPIRED\x10\x02\x12 \n\x1cREVOCATION_REASON_SUPERSEDED\x10\x03\x12$\n REVOCATION_REASON_UNACKNOWLEDGED\x10\x04\x12#\n\x1fREVOCATION_REASON_UNKNOWN_LEASE\x10\x05\x32\xb8\x01\n\x0c\x41gentService\x12Z\n\rRegisterAgent\x12#.switchyard.v1.RegisterAgentRequest\x1a$.switchyard.v1.RegisterAgentResponse\x12L\n\x07\x43onnect\x12\x1d.switchyard.v1.ConnectRequest\x1a\x1e.switchyard.v1.ConnectResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,56 +40,56 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_RELEASECAUSE']._serialized_start=3388
-  _globals['_RELEASECAUSE']._serialized_end=3619
-  _globals['_REVOCATIONREASON']._serialized_start=3622
-  _globals['_REVOCATIONREASON']._serialized_end=3847
-  _globals['_REGISTERAGENTREQUEST']._serialized_start=233
-  _globals['_REGISTERAGENTREQUEST']._serialized_end=602
-  _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_start=557
-  _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_end=602
-  _globals['_REGISTERAGENTRESPONSE']._serialized_start=605
-  _globals['_REGISTERAGENTRESPONSE']._serialized_end=847
-  _globals['_CONNECTREQUEST']._serialized_start=850
-  _globals['_CONNECTREQUEST']._serialized_end=1099
-  _globals['_HELLO']._serialized_start=1101
-  _globals['_HELLO']._serialized_end=1196
-  _globals['_HELDLEASE']._serialized_start=1198
-  _globals['_HELDLEASE']._serialized_end=1267
-  _globals['_HEARTBEAT']._serialized_start=1270
-  _globals['_HEARTBEAT']._serialized_end=1497
-  _globals['_HANDLEDKINDS']._serialized_start=1499
-  _globals['_HANDLEDKINDS']._serialized_end=1528
-  _globals['_AGENTLOAD']._serialized_start=1530
-  _globals['_AGENTLOAD']._serialized_end=1587
-  _globals['_CAPABILITYSNAPSHOT']._serialized_start=1590
-  _globals['_CAPABILITYSNAPSHOT']._serialized_end=1755
-  _globals['_LEASEUPDATE']._serialized_start=1758
-  _globals['_LEASEUPDATE']._serialized_end=2134
-  _globals['_LEASEACCEPTED']._serialized_start=2136
-  _globals['_LEASEACCEPTED']._serialized_end=2151
-  _globals['_LEASESTARTED']._serialized_start=2153
-  _globals['_LEASESTARTED']._serialized_end=2167
-  _globals['_LEASESUCCEEDED']._serialized_start=2169
-  _globals['_LEASESUCCEEDED']._serialized_end=2226
-  _globals['_LEASEFAILED']._serialized_start=2228
-  _globals['_LEASEFAILED']._serialized_end=2282
-  _globals['_LEASERELEASED']._serialized_start=2284
-  _globals['_LEASERELEASED']._serialized_end=2359
-  _globals['_CONNECTRESPONSE']._serialized_start=2362
-  _globals['_CONNECTRESPONSE']._serialized_end=2673
-  _globals['_WELCOME']._serialized_start=2676
-  _globals['_WELCOME']._serialized_end=2847
-  _globals['_LEASEGRANT']._serialized_start=2850
-  _globals['_LEASEGRANT']._serialized_end=2986
-  _globals['_LEASEREVOCATION']._serialized_start=2988
-  _globals['_LEASEREVOCATION']._serialized_end=3106
-  _globals['_ACK']._serialized_start=3109
-  _globals['_ACK']._serialized_end=3248
-  _globals['_RESYNCREQUEST']._serialized_start=3250
-  _globals['_RESYNCREQUEST']._serialized_end=3308
-  _globals['_DRAIN']._serialized_start=3310
-  _globals['_DRAIN']._serialized_end=3385
-  _globals['_AGENTSERVICE']._serialized_start=3850
-  _globals['_AGENTSERVICE']._serialized_end=4034
+  _globals['_RELEASECAUSE']._serialized_start=3472
+  _globals['_RELEASECAUSE']._serialized_end=3703
+  _globals['_REVOCATIONREASON']._serialized_start=3706
+  _globals['_REVOCATIONREASON']._serialized_end=3931
+  _globals['_REGISTERAGENTREQUEST']._serialized_start=264
+  _globals['_REGISTERAGENTREQUEST']._serialized_end=633
+  _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_start=588
+  _globals['_REGISTERAGENTREQUEST_LABELSENTRY']._serialized_end=633
+  _globals['_REGISTERAGENTRESPONSE']._serialized_start=636
+  _globals['_REGISTERAGENTRESPONSE']._serialized_end=878
+  _globals['_CONNECTREQUEST']._serialized_start=881
+  _globals['_CONNECTREQUEST']._serialized_end=1130
+  _globals['_HELLO']._serialized_start=1132
+  _globals['_HELLO']._serialized_end=1227
+  _globals['_HELDLEASE']._serialized_start=1229
+  _globals['_HELDLEASE']._serialized_end=1298
+  _globals['_HEARTBEAT']._serialized_start=1301
+  _globals['_HEARTBEAT']._serialized_end=1528
+  _globals['_HANDLEDKINDS']._serialized_start=1530
+  _globals['_HANDLEDKINDS']._serialized_end=1559
+  _globals['_AGENTLOAD']._serialized_start=1561
+  _globals['_AGENTLOAD']._serialized_end=1618
+  _globals['_CAPABILITYSNAPSHOT']._serialized_start=1621
+  _globals['_CAPABILITYSNAPSHOT']._serialized_end=1786
+  _globals['_LEASEUPDATE']._serialized_start=1789
+  _globals['_LEASEUPDATE']._serialized_end=2165
+  _globals['_LEASEACCEPTED']._serialized_start=2167
+  _globals['_LEASEACCEPTED']._serialized_end=2182
+  _globals['_LEASESTARTED']._serialized_start=2184
+  _globals['_LEASESTARTED']._serialized_end=2198
+  _globals['_LEASESUCCEEDED']._serialized_start=2200
+  _globals['_LEASESUCCEEDED']._serialized_end=2257
+  _globals['_LEASEFAILED']._serialized_start=2259
+  _globals['_LEASEFAILED']._serialized_end=2313
+  _globals['_LEASERELEASED']._serialized_start=2315
+  _globals['_LEASERELEASED']._serialized_end=2390
+  _globals['_CONNECTRESPONSE']._serialized_start=2393
+  _globals['_CONNECTRESPONSE']._serialized_end=2704
+  _globals['_WELCOME']._serialized_start=2707
+  _globals['_WELCOME']._serialized_end=2878
+  _globals['_LEASEGRANT']._serialized_start=2881
+  _globals['_LEASEGRANT']._serialized_end=3070
+  _globals['_LEASEREVOCATION']._serialized_start=3072
+  _globals['_LEASEREVOCATION']._serialized_end=3190
+  _globals['_ACK']._serialized_start=3193
+  _globals['_ACK']._serialized_end=3332
+  _globals['_RESYNCREQUEST']._serialized_start=3334
+  _globals['_RESYNCREQUEST']._serialized_end=3392
+  _globals['_DRAIN']._serialized_start=3394
+  _globals['_DRAIN']._serialized_end=3469
+  _globals['_AGENTSERVICE']._serialized_start=3934
+  _globals['_AGENTSERVICE']._serialized_end=4118
 # @@protoc_insertion_point(module_scope)

@@ -5,6 +5,7 @@ from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from switchyard.v1 import agent_pb2 as _agent_pb2
 from switchyard.v1 import capability_pb2 as _capability_pb2
+from switchyard.v1 import placement_pb2 as _placement_pb2
 from switchyard.v1 import task_pb2 as _task_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -243,16 +244,18 @@ class Welcome(_message.Message):
     def __init__(self, capability_generation: _Optional[int] = ..., resumed_lease_ids: _Optional[_Iterable[str]] = ..., revoked: _Optional[_Iterable[_Union[LeaseRevocation, _Mapping]]] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class LeaseGrant(_message.Message):
-    __slots__ = ("lease_id", "fencing_token", "task", "expires_at")
+    __slots__ = ("lease_id", "fencing_token", "task", "expires_at", "resources")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     fencing_token: int
     task: _task_pb2.Task
     expires_at: _timestamp_pb2.Timestamp
-    def __init__(self, lease_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    resources: _placement_pb2.AssignedResources
+    def __init__(self, lease_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., resources: _Optional[_Union[_placement_pb2.AssignedResources, _Mapping]] = ...) -> None: ...
 
 class LeaseRevocation(_message.Message):
     __slots__ = ("lease_id", "task_id", "reason", "message")

@@ -51,7 +51,7 @@ OPERATOR_CONTAINS: Operator
 OPERATOR_CONTAINS_ANY: Operator
 
 class Placement(_message.Message):
-    __slots__ = ("required_tags", "requirements", "capabilities", "preferences", "selector", "json_schema", "tolerations", "policy")
+    __slots__ = ("required_tags", "requirements", "capabilities", "preferences", "selector", "json_schema", "tolerations", "policy", "resources")
     REQUIRED_TAGS_FIELD_NUMBER: _ClassVar[int]
     REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class Placement(_message.Message):
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     TOLERATIONS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
     required_tags: _containers.RepeatedScalarFieldContainer[str]
     requirements: _containers.RepeatedCompositeFieldContainer[Requirement]
     capabilities: _containers.RepeatedCompositeFieldContainer[CapabilityRef]
@@ -68,7 +69,54 @@ class Placement(_message.Message):
     json_schema: _struct_pb2.Struct
     tolerations: _containers.RepeatedScalarFieldContainer[str]
     policy: PlacementPolicy
-    def __init__(self, required_tags: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[_Union[Requirement, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[CapabilityRef, _Mapping]]] = ..., preferences: _Optional[_Iterable[_Union[Preference, _Mapping]]] = ..., selector: _Optional[str] = ..., json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tolerations: _Optional[_Iterable[str]] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ...) -> None: ...
+    resources: ResourceRequest
+    def __init__(self, required_tags: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[_Union[Requirement, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[CapabilityRef, _Mapping]]] = ..., preferences: _Optional[_Iterable[_Union[Preference, _Mapping]]] = ..., selector: _Optional[str] = ..., json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tolerations: _Optional[_Iterable[str]] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., resources: _Optional[_Union[ResourceRequest, _Mapping]] = ...) -> None: ...
+
+class ResourceRequest(_message.Message):
+    __slots__ = ("slots", "cpu_millicores", "memory_mb", "gpus", "gpu_requirements", "gpu_selector", "named")
+    class NamedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
+    GPU_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    NAMED_FIELD_NUMBER: _ClassVar[int]
+    slots: int
+    cpu_millicores: int
+    memory_mb: int
+    gpus: int
+    gpu_requirements: _containers.RepeatedCompositeFieldContainer[Requirement]
+    gpu_selector: str
+    named: _containers.ScalarMap[str, int]
+    def __init__(self, slots: _Optional[int] = ..., cpu_millicores: _Optional[int] = ..., memory_mb: _Optional[int] = ..., gpus: _Optional[int] = ..., gpu_requirements: _Optional[_Iterable[_Union[Requirement, _Mapping]]] = ..., gpu_selector: _Optional[str] = ..., named: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class AssignedResources(_message.Message):
+    __slots__ = ("slots", "cpu_millicores", "memory_mb", "gpu_ids", "named")
+    class NamedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    CPU_MILLICORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MB_FIELD_NUMBER: _ClassVar[int]
+    GPU_IDS_FIELD_NUMBER: _ClassVar[int]
+    NAMED_FIELD_NUMBER: _ClassVar[int]
+    slots: int
+    cpu_millicores: int
+    memory_mb: int
+    gpu_ids: _containers.RepeatedScalarFieldContainer[str]
+    named: _containers.ScalarMap[str, int]
+    def __init__(self, slots: _Optional[int] = ..., cpu_millicores: _Optional[int] = ..., memory_mb: _Optional[int] = ..., gpu_ids: _Optional[_Iterable[str]] = ..., named: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class Requirement(_message.Message):
     __slots__ = ("key", "operator", "values")

@@ -6,6 +6,7 @@
 //! attempts, and their tasks go back to the queue.
 
 use serde_json::json;
+use switchyard_core::resources::Held;
 use switchyard_proto::v1 as pb;
 use tracing::warn;
 use uuid::Uuid;
@@ -26,6 +27,8 @@ pub(super) struct Opened {
     pub resumed: Vec<String>,
     /// The leases it said it holds that the server does not.
     pub revoked: Vec<pb::LeaseRevocation>,
+    /// What the resumed leases hold on the agent, by task.
+    pub held: Held,
 }
 
 /// What the agent hears of a held lease the server does not hold for it.
@@ -50,7 +53,7 @@ impl Api {
                 hello.session_epoch, record.session_epoch
             )));
         }
-        let (resumed, revoked) = self.resume(agent_id, &hello.held_leases).await?;
+        let (resumed, revoked, held) = self.resume(agent_id, &hello.held_leases).await?;
         let now = self.now_ms();
         let epoch = record.session_epoch;
         self.store
@@ -61,6 +64,7 @@ impl Api {
             record,
             resumed,
             revoked,
+            held,
         })
     }
 
@@ -68,12 +72,13 @@ impl Api {
     /// resumed (acknowledged and renewed) and those revoked. A resumed lease
     /// may end between the check and the acknowledgement (another replica's
     /// sweeper revoked the grant, or it expired): the agent then hears it is
-    /// gone. The live leases it did not name are counted lost.
+    /// gone. The live leases it did not name are counted lost. Also answers
+    /// what the resumed leases hold.
     async fn resume(
         &self,
         agent_id: Uuid,
         held: &[pb::HeldLease],
-    ) -> Result<(Vec<String>, Vec<pb::LeaseRevocation>)> {
+    ) -> Result<(Vec<String>, Vec<pb::LeaseRevocation>, Held)> {
         let now = self.now_ms();
         let mut resumed = Vec::new();
         let mut revoked = Vec::new();
@@ -119,7 +124,12 @@ impl Api {
             .filter(|l| !resumed.contains(&l.id.to_string()))
             .collect();
         self.count_lost(agent_id, &orphaned).await?;
-        Ok((resumed, revoked))
+        let held = Held::of(
+            live.iter()
+                .filter(|l| resumed.contains(&l.id.to_string()))
+                .map(|l| (l.task_id, l.claim.clone())),
+        );
+        Ok((resumed, revoked, held))
     }
 
     /// Leases of the agent its new session does not hold: left alone, every

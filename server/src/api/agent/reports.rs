@@ -25,15 +25,18 @@ impl Session {
         }
         let (sequences, reports): (Vec<u64>, Vec<LeaseReport>) = reports.into_iter().unzip();
         let refusals: Vec<Option<uuid::Uuid>> = reports.iter().map(refused_task).collect();
+        let tasks: Vec<uuid::Uuid> = reports.iter().map(|r| r.task_id).collect();
         match self.api.dispatcher.report(reports).await {
             Ok(results) => {
-                let mut ended = 0;
-                for ((sequence, result), refused) in
-                    sequences.into_iter().zip(results).zip(refusals)
+                let mut ended = Vec::new();
+                for (((sequence, result), refused), task_id) in
+                    sequences.into_iter().zip(results).zip(refusals).zip(tasks)
                 {
                     let reply = match result {
                         Ok(applied) => {
-                            ended += usize::from(applied.ended);
+                            if applied.ended {
+                                ended.push(task_id);
+                            }
                             if let (true, Some(task_id)) = (applied.ended, refused) {
                                 self.api.dispatcher.note_refusal(task_id, self.agent_id);
                             }
@@ -43,8 +46,10 @@ impl Session {
                     };
                     self.send(reply);
                 }
-                for _ in 0..ended {
-                    self.api.dispatcher.lease_ended(self.agent_id);
+                for task_id in ended {
+                    self.api
+                        .dispatcher
+                        .lease_ended(self.agent_id, Some(task_id));
                 }
             }
             Err(err) => {

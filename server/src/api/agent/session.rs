@@ -99,7 +99,9 @@ impl Session {
             detail: "the session queue is full".to_owned(),
         })?;
         let close = Arc::new(Notify::new());
-        let (session, view) = Session::new(api, &record, tx.clone(), !opened.resumed.is_empty());
+        let (session, mut view) =
+            Session::new(api, &record, tx.clone(), !opened.resumed.is_empty());
+        view.held = Arc::new(opened.held);
         let attach = Attach {
             agent_id: session.agent_id,
             epoch: session.epoch,

@@ -1,6 +1,7 @@
 //! PostgreSQL's grant: the tasks locked (`SKIP LOCKED`), the agents
-//! locked in id order, and one statement that keeps the grants their free
-//! slots allow and writes leases, tasks and history.
+//! locked in id order, the claims of more than slots checked against what
+//! the agents' live leases hold, and one statement that keeps the grants
+//! their free slots allow and writes leases, tasks and history.
 
 use std::collections::{HashMap, HashSet};
 
@@ -10,7 +11,7 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::model::{GrantOutcome, GrantRefusal, GrantRequest, StoreEvent, TaskState};
 use crate::store::plan::{GrantableTask, PlannedGrant, db, plan_grants};
-use crate::store::sql::{Write, leases};
+use crate::store::sql::{Write, leases, rows};
 
 /// Locks agent rows to grant to them, in id order (every grant and submit
 /// locks them so, and concurrent ones queue instead of deadlocking);
@@ -32,20 +33,22 @@ const LOCK_TASKS_TO_GRANT: &str = "SELECT id, state, not_before_ms, fencing_toke
 /// on.
 const GRANT_LEASES: &str = "\
 WITH g AS ( \
-  SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
-  WITH ORDINALITY AS g(lease_id, task_id, agent_id, token, expires_at_ms, ord) \
+  SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[], $7::int8[], \
+  $8::text[]) WITH ORDINALITY AS g(lease_id, task_id, agent_id, token, expires_at_ms, slots, \
+  claim, ord) \
 ), live AS ( \
-  SELECT l.agent_id, COUNT(*) AS n FROM leases l \
+  SELECT l.agent_id, SUM(l.slots) AS n FROM leases l \
   WHERE l.agent_id = ANY($3) AND l.state IN ('granted', 'active') GROUP BY l.agent_id \
 ), fit AS ( \
   SELECT r.* FROM ( \
-    SELECT g.*, ROW_NUMBER() OVER (PARTITION BY g.agent_id ORDER BY g.ord) AS rn FROM g \
+    SELECT g.*, SUM(g.slots) OVER (PARTITION BY g.agent_id ORDER BY g.ord) AS rn FROM g \
   ) r JOIN agents a ON a.id = r.agent_id LEFT JOIN live ON live.agent_id = r.agent_id \
   WHERE COALESCE(live.n, 0) + r.rn <= a.capacity \
 ), new_leases AS ( \
   INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, granted_at_ms, \
-  expires_at_ms) \
-  SELECT lease_id, task_id, agent_id, token, 'granted', FALSE, $6, expires_at_ms FROM fit \
+  expires_at_ms, slots, claim) \
+  SELECT lease_id, task_id, agent_id, token, 'granted', FALSE, $6, expires_at_ms, slots, claim \
+  FROM fit \
 ), leased AS ( \
   UPDATE tasks t SET state = 'leased', fencing_token = fit.token, lease_id = fit.lease_id, \
   agent_id = fit.agent_id, progress = NULL, updated_at_ms = $6 FROM fit \
@@ -102,9 +105,12 @@ pub(super) async fn grant(
             .map_err(db("locking agents to grant"))?
     };
     // Planned as if every agent had room; the statement keeps, agent by
-    // agent in request order, the grants its free slots allow.
+    // agent in request order, the grants its free slots allow. Claims of
+    // more than slots are checked here against what the agents' live
+    // leases hold, read now that the agents are locked.
     let unbounded: HashMap<Uuid, i64> = known.iter().map(|id| (*id, i64::MAX)).collect();
-    let mut plan = plan_grants(requests, &unbounded, &tasks, now_ms);
+    let mut resources = leases::claimed_resources::<Postgres>(w.conn(), requests).await?;
+    let mut plan = plan_grants(requests, &unbounded, &mut resources, &tasks, now_ms);
     let leased = write_grants(w, &plan, now_ms).await?;
     for planned in &mut plan {
         if planned.as_ref().is_ok_and(|g| !leased.contains(&g.task_id)) {
@@ -141,6 +147,8 @@ async fn write_grants(
     let agent_ids: Vec<Uuid> = planned.iter().map(|g| g.agent_id).collect();
     let tokens: Vec<i64> = planned.iter().map(|g| g.fencing_token).collect();
     let expiries: Vec<i64> = planned.iter().map(|g| g.expires_at_ms).collect();
+    let slots: Vec<i64> = planned.iter().map(|g| i64::from(g.claim.slots)).collect();
+    let claims: Vec<Option<String>> = planned.iter().map(|g| rows::claim_text(&g.claim)).collect();
     let (fitting, leased): (Vec<Uuid>, Vec<Uuid>) = sqlx::query_as(GRANT_LEASES)
         .bind(&lease_ids)
         .bind(&task_ids)
@@ -148,6 +156,8 @@ async fn write_grants(
         .bind(&tokens)
         .bind(&expiries)
         .bind(now_ms)
+        .bind(&slots)
+        .bind(&claims)
         .fetch_one(w.conn())
         .await
         .map_err(db("granting leases"))?;

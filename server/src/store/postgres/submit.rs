@@ -14,6 +14,7 @@ use crate::model::{
 };
 use crate::store::plan::db;
 use crate::store::sql::tasks;
+use switchyard_core::resources::Claim;
 
 /// One batch of submits in one round trip, autocommitted: the function of
 /// migration 0004 locks the reserved agents, then inserts the tasks, their
@@ -243,6 +244,7 @@ fn submitted(
                 acked: false,
                 expires_at_ms: now_ms.saturating_add(task.lease_ttl_ms),
                 ended_by: None,
+                claim: Claim::one_slot(),
             };
             record.state = TaskState::Leased;
             record.fencing_token = 1;

@@ -131,6 +131,7 @@ pub trait SqlTypes:
     + Binds<i32>
     + Binds<bool>
     + Binds<String>
+    + Binds<Option<String>>
     + BindsRef<str>
     + BindsJson<Value>
     + BindsJson<BTreeMap<String, String>>

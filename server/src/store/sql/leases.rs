@@ -17,8 +17,9 @@ use crate::model::{
     StoreEvent, TaskRecord, TaskState,
 };
 use crate::store::plan::{
-    GrantableTask, db, lease_lost_error, plan_grants, released_too_often, to_i64,
+    AgentResources, GrantableTask, db, lease_lost_error, plan_grants, released_too_often, to_i64,
 };
+use switchyard_core::resources::{Claim, Held, Offer};
 
 const BY_ID: &str = const_format::concatcp!("SELECT ", LEASE_COLUMNS, " FROM leases WHERE id = $1");
 
@@ -68,17 +69,66 @@ pub(crate) async fn live_of<DB: SqlDb>(
     rows::all::<DB, _>(&rows, rows::lease::<DB>)
 }
 
-/// How many live leases each agent holds (absent: none), 500 agents a
-/// statement.
-pub(crate) async fn live_counts<DB: SqlDb>(
+/// What each agent's live leases hold, by task (absent: nothing), 500
+/// agents a statement; `claimed_only` leaves out leases that hold slots
+/// alone.
+pub(crate) async fn live_claims<DB: SqlDb>(
     conn: &mut DB::Connection,
     agent_ids: &[Uuid],
-) -> Result<HashMap<Uuid, u32>> {
-    let mut counts = HashMap::new();
+    claimed_only: bool,
+) -> Result<HashMap<Uuid, Vec<(Uuid, Claim)>>> {
+    let mut claims: HashMap<Uuid, Vec<(Uuid, Claim)>> = HashMap::new();
     for chunk in agent_ids.chunks(500) {
         let sql = format!(
-            "SELECT agent_id, COUNT(*) AS n FROM leases WHERE state IN ('granted', 'active') \
-             AND agent_id IN ({}) GROUP BY agent_id",
+            "SELECT agent_id, task_id, slots, claim FROM leases \
+             WHERE state IN ('granted', 'active') AND agent_id IN ({}){}",
+            placeholders(1, chunk.len()),
+            if claimed_only {
+                " AND claim IS NOT NULL"
+            } else {
+                ""
+            }
+        );
+        let mut statement = built::<DB>(sql);
+        for id in chunk {
+            statement = statement.arg(*id);
+        }
+        let rows = statement
+            .all(conn)
+            .await
+            .map_err(db("reading live leases' claims"))?;
+        for row in &rows {
+            let cols = Cols::<DB>::new(row, "reading a live lease's claim");
+            let claim = rows::claim(cols.get("slots")?, cols.get("claim")?)?;
+            claims
+                .entry(cols.get("agent_id")?)
+                .or_default()
+                .push((cols.get("task_id")?, claim));
+        }
+    }
+    Ok(claims)
+}
+
+/// The offers and held resources of the agents `requests` claim more than
+/// slots of (see `plan_grants`), read in the grant's transaction after the
+/// agents were locked; empty when every request claims slots alone.
+pub(crate) async fn claimed_resources<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    requests: &[GrantRequest],
+) -> Result<HashMap<Uuid, AgentResources>> {
+    let agent_ids: BTreeSet<Uuid> = requests
+        .iter()
+        .filter(|r| !r.claim.is_one_slot())
+        .map(|r| r.agent_id)
+        .collect();
+    let mut out = HashMap::new();
+    if agent_ids.is_empty() {
+        return Ok(out);
+    }
+    let agent_ids: Vec<Uuid> = agent_ids.into_iter().collect();
+    for chunk in agent_ids.chunks(500) {
+        let sql = format!(
+            "SELECT id, document FROM agents WHERE id IN ({})",
             placeholders(1, chunk.len())
         );
         let mut statement = built::<DB>(sql);
@@ -88,23 +138,36 @@ pub(crate) async fn live_counts<DB: SqlDb>(
         let rows = statement
             .all(conn)
             .await
-            .map_err(db("counting live leases"))?;
+            .map_err(db("reading agents' resources"))?;
         for row in &rows {
-            let cols = Cols::<DB>::new(row, "reading a live lease count");
-            let n: i64 = cols.get("n")?;
-            counts.insert(cols.get("agent_id")?, u32::try_from(n).unwrap_or(u32::MAX));
+            let cols = Cols::<DB>::new(row, "reading an agent's resources");
+            let document: sqlx::types::Json<serde_json::Value> = cols.get("document")?;
+            out.insert(
+                cols.get::<Uuid>("id")?,
+                AgentResources {
+                    offer: Offer::of(&document.0),
+                    held: Held::default(),
+                },
+            );
         }
     }
-    Ok(counts)
+    for (agent_id, claims) in live_claims::<DB>(conn, &agent_ids, true).await? {
+        if let Some(agent) = out.get_mut(&agent_id) {
+            agent.held = Held::of(claims);
+        }
+    }
+    Ok(out)
 }
 
-const AGENT_FREE: &str = "SELECT capacity - (SELECT COUNT(*) FROM leases l \
+const AGENT_FREE: &str = "SELECT capacity - (SELECT CAST(COALESCE(SUM(l.slots), 0) AS BIGINT) \
+    FROM leases l \
     WHERE l.agent_id = agents.id AND l.state IN ('granted', 'active')) AS free \
     FROM agents WHERE id = $1";
 const GRANTABLE: &str =
     "SELECT state, not_before_ms, fencing_token, lease_ttl_ms FROM tasks WHERE id = $1";
 const INSERT: &str = "INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, \
-    granted_at_ms, expires_at_ms) VALUES ($1, $2, $3, $4, 'granted', FALSE, $5, $6)";
+    granted_at_ms, expires_at_ms, slots, claim) VALUES ($1, $2, $3, $4, 'granted', FALSE, $5, $6, \
+    $7, $8)";
 const LEASE_TASK: &str = "UPDATE tasks SET state = 'leased', fencing_token = $2, lease_id = $3, \
     agent_id = $4, progress = NULL, updated_at_ms = $5 WHERE id = $1 AND state = 'queued'";
 
@@ -142,8 +205,9 @@ pub(crate) async fn grant_rows<DB: SqlDb>(
             grantable.insert(task_id, grantable_task::<DB>(&row)?);
         }
     }
+    let mut resources = claimed_resources::<DB>(w.conn(), requests).await?;
     let mut outcomes = Vec::with_capacity(requests.len());
-    for planned in plan_grants(requests, &free, &grantable, now_ms) {
+    for planned in plan_grants(requests, &free, &mut resources, &grantable, now_ms) {
         let grant = match planned {
             Ok(grant) => grant,
             Err(refusal) => {
@@ -158,6 +222,8 @@ pub(crate) async fn grant_rows<DB: SqlDb>(
             .arg(grant.fencing_token)
             .arg(now_ms)
             .arg(grant.expires_at_ms)
+            .arg(i64::from(grant.claim.slots))
+            .arg(rows::claim_text(&grant.claim))
             .run(w.conn())
             .await
             .map_err(db("inserting a lease"))?;
@@ -466,6 +532,7 @@ pub(crate) async fn expire<DB: Dialect>(
         if let Some(pair) = reclaim(w, lease_id, EXPIRED, max_releases, now_ms).await? {
             w.announce(StoreEvent::LeaseEnded {
                 agent_id: pair.0.agent_id,
+                task_id: Some(pair.0.task_id),
                 expired: Some(EndedLease {
                     lease_id: pair.0.id,
                     task_id: pair.0.task_id,
@@ -498,6 +565,7 @@ pub(crate) async fn revoke_unacked<DB: Dialect>(
         if let Some(pair) = reclaim(w, lease_id, UNACKNOWLEDGED, max_releases, now_ms).await? {
             w.announce(StoreEvent::LeaseEnded {
                 agent_id: pair.0.agent_id,
+                task_id: Some(pair.0.task_id),
                 expired: None,
             });
             revoked.push(pair);

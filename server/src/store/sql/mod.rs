@@ -37,6 +37,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::{Database, Pool, Transaction};
+use switchyard_core::resources::Claim;
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
@@ -401,8 +402,8 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
             .await
     }
 
-    async fn live_lease_counts(&self, agent_ids: &[Uuid]) -> Result<HashMap<Uuid, u32>> {
-        self.read(|c, _| Box::pin(leases::live_counts::<B::Db>(c, agent_ids)))
+    async fn live_claims(&self, agent_ids: &[Uuid]) -> Result<HashMap<Uuid, Vec<(Uuid, Claim)>>> {
+        self.read(|c, _| Box::pin(leases::live_claims::<B::Db>(c, agent_ids, false)))
             .await
     }
 

@@ -15,6 +15,7 @@ use crate::model::{
     TaskRecord, TaskState, TokenRecord,
 };
 use crate::store::plan::{to_u32, to_u64};
+use switchyard_core::resources::Claim;
 
 /// The SELECT list and FROM clause that read a [`TaskRecord`] (the lease
 /// expiry comes from the live lease); a statement adds its WHERE.
@@ -26,14 +27,14 @@ pub(crate) const TASK_SELECT: &str = "SELECT t.id, t.namespace, t.kind, t.payloa
     FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id ";
 
 /// The columns that read a [`LeaseRecord`].
-pub(crate) const LEASE_COLUMNS: &str =
-    "id, task_id, agent_id, fencing_token, state, granted_at_ms, acked, expires_at_ms, outcome";
+pub(crate) const LEASE_COLUMNS: &str = "id, task_id, agent_id, fencing_token, state, granted_at_ms, acked, expires_at_ms, outcome, \
+    slots, claim";
 
-/// The columns that read an [`AgentRecord`] (its load is the count of its
-/// live leases).
+/// The columns that read an [`AgentRecord`] (its load is the slots its live
+/// leases hold).
 pub(crate) const AGENT_COLUMNS: &str = "id, namespace, name, document, provenance, rejections, \
     reported, operator_overrides, generation, status, status_reasons, capacity, \
-    (SELECT COUNT(*) FROM leases l WHERE l.agent_id = agents.id \
+    (SELECT CAST(COALESCE(SUM(l.slots), 0) AS BIGINT) FROM leases l WHERE l.agent_id = agents.id \
     AND l.state IN ('granted', 'active')) AS active_leases, drained, labels, runner, \
     handled_kinds, session_epoch, last_seen_at_ms, registered_at_ms";
 
@@ -117,6 +118,34 @@ pub(crate) fn lease<DB: SqlDb>(row: &DB::Row) -> Result<LeaseRecord> {
         ended_by: ended_by
             .map(|name| stored::<LeaseEnd>(&name, CONTEXT))
             .transpose()?,
+        claim: claim(cols.get("slots")?, cols.get("claim")?)?,
+    })
+}
+
+/// What a lease holds, from its `slots` and `claim` columns (`claim` is
+/// NULL for a lease that holds slots alone).
+pub(crate) fn claim(slots: i64, text: Option<String>) -> Result<Claim> {
+    let mut claim = match text {
+        None => Claim::default(),
+        Some(text) => serde_json::from_str(&text).map_err(|err| Error::Corrupt {
+            context: "reading a lease's claim",
+            detail: err.to_string(),
+        })?,
+    };
+    claim.slots = to_u32(slots);
+    Ok(claim)
+}
+
+/// The `claim` column of what a lease holds: NULL when it holds slots alone.
+pub(crate) fn claim_text(claim: &Claim) -> Option<String> {
+    let only_slots = Claim {
+        slots: claim.slots,
+        ..Claim::default()
+    };
+    (claim != &only_slots).then(|| {
+        let mut stored = claim.clone();
+        stored.slots = 0;
+        serde_json::to_string(&stored).unwrap_or_default()
     })
 }
 

@@ -160,10 +160,7 @@ pub(crate) async fn submit_rows<DB: Dialect>(
         }
         let (record, created) = submit(w, &submission.task, now_ms).await?;
         if let (Some(agent_id), true) = (submission.agent_id, created) {
-            requests.push(GrantRequest {
-                task_id: record.id,
-                agent_id,
-            });
+            requests.push(GrantRequest::one_slot(record.id, agent_id));
             requested_by.push(i);
         }
         out.push(Ok((record, created, None)));

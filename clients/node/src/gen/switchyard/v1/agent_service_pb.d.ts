@@ -8,6 +8,7 @@ import type { CapabilityDiff, ProvenanceEntry, Rejection } from "./capability_pb
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import type { AgentStatus } from "./agent_pb.js";
 import type { Task, TaskError, TaskProgress } from "./task_pb.js";
+import type { AssignedResources } from "./placement_pb.js";
 
 /**
  * Describes the file switchyard/v1/agent_service.proto.
@@ -741,6 +742,15 @@ export declare type LeaseGrant = Message<"switchyard.v1.LeaseGrant"> & {
    * @generated from field: google.protobuf.Timestamp expires_at = 4;
    */
   expiresAt?: Timestamp | undefined;
+
+  /**
+   * What the lease holds on this agent: its slots and, for a task with a
+   * resource request, the amounts and the GPUs assigned to it. Hand them to
+   * the handler; no other lease holds these GPUs while this one lives.
+   *
+   * @generated from field: switchyard.v1.AssignedResources resources = 5;
+   */
+  resources?: AssignedResources | undefined;
 };
 
 /**

@@ -92,6 +92,17 @@ export declare type Placement = Message<"switchyard.v1.Placement"> & {
    * @generated from field: switchyard.v1.PlacementPolicy policy = 8;
    */
   policy: PlacementPolicy;
+
+  /**
+   * The consumable resources the task holds while it runs. Unset: one slot.
+   * An agent is eligible only while its free resources cover the request; a
+   * request no agent could ever cover parks the task with that reason. The
+   * selector's `needs memory: 4096` and `needs gpus: 2 (memory_mb>=40000)`
+   * add to it.
+   *
+   * @generated from field: switchyard.v1.ResourceRequest resources = 9;
+   */
+  resources?: ResourceRequest | undefined;
 };
 
 /**
@@ -99,6 +110,126 @@ export declare type Placement = Message<"switchyard.v1.Placement"> & {
  * Use `create(PlacementSchema)` to create a new message.
  */
 export declare const PlacementSchema: GenMessage<Placement>;
+
+/**
+ * ResourceRequest asks for amounts of what agents offer in the `resources`
+ * section of their capability documents (`cpu_millicores`, `memory_mb`, each
+ * GPU as a device with `index`, `uuid`, `model`, `memory_mb`, and named
+ * counts such as `licenses.matlab`), and for slots. The lease holds them
+ * until it ends, however it ends.
+ *
+ * @generated from message switchyard.v1.ResourceRequest
+ */
+export declare type ResourceRequest = Message<"switchyard.v1.ResourceRequest"> & {
+  /**
+   * Slots; 0 means 1. At most 10,000.
+   *
+   * @generated from field: uint32 slots = 1;
+   */
+  slots: number;
+
+  /**
+   * CPU in millicores (1,000 a CPU). At most 2^53 - 1, as every amount.
+   *
+   * @generated from field: uint64 cpu_millicores = 2;
+   */
+  cpuMillicores: bigint;
+
+  /**
+   * Memory in MB.
+   *
+   * @generated from field: uint64 memory_mb = 3;
+   */
+  memoryMb: bigint;
+
+  /**
+   * How many GPUs (at most 1,024); the grant names the devices assigned.
+   *
+   * @generated from field: uint32 gpus = 4;
+   */
+  gpus: number;
+
+  /**
+   * What each GPU must satisfy, as requirements on the device's fields
+   * (`memory_mb`, `model`, `uuid`, `index`, ...). Needs `gpus` >= 1.
+   *
+   * @generated from field: repeated switchyard.v1.Requirement gpu_requirements = 5;
+   */
+  gpuRequirements: Requirement[];
+
+  /**
+   * The same in the selector's text, added to `gpu_requirements`, e.g.
+   * `memory_mb>=40000, model~H100`.
+   *
+   * @generated from field: string gpu_selector = 6;
+   */
+  gpuSelector: string;
+
+  /**
+   * Named countable resources by their dotted path below the agent's
+   * `resources` section, e.g. {"licenses.matlab": 1}. At most 64; each
+   * amount at least 1.
+   *
+   * @generated from field: map<string, uint64> named = 7;
+   */
+  named: { [key: string]: bigint };
+};
+
+/**
+ * Describes the message switchyard.v1.ResourceRequest.
+ * Use `create(ResourceRequestSchema)` to create a new message.
+ */
+export declare const ResourceRequestSchema: GenMessage<ResourceRequest>;
+
+/**
+ * AssignedResources is what a lease holds on its agent.
+ *
+ * @generated from message switchyard.v1.AssignedResources
+ */
+export declare type AssignedResources = Message<"switchyard.v1.AssignedResources"> & {
+  /**
+   * Slots.
+   *
+   * @generated from field: uint32 slots = 1;
+   */
+  slots: number;
+
+  /**
+   * CPU in millicores.
+   *
+   * @generated from field: uint64 cpu_millicores = 2;
+   */
+  cpuMillicores: bigint;
+
+  /**
+   * Memory in MB.
+   *
+   * @generated from field: uint64 memory_mb = 3;
+   */
+  memoryMb: bigint;
+
+  /**
+   * The GPUs assigned, by uuid (or index where the agent gives no uuid), in
+   * the order the agent lists them; the runners put them in
+   * CUDA_VISIBLE_DEVICES for `exec`.
+   *
+   * @generated from field: repeated string gpu_ids = 4;
+   */
+  gpuIds: string[];
+
+  /**
+   * Named countable resources.
+   *
+   * @generated from field: map<string, uint64> named = 5;
+   */
+  named: { [key: string]: bigint };
+};
+
+/**
+ * Describes the message switchyard.v1.AssignedResources.
+ * Use `create(AssignedResourcesSchema)` to create a new message.
+ */
+export declare const AssignedResourcesSchema: GenMessage<AssignedResources>;
 
 /**
  * Requirement constrains one value of the capability document.
