@@ -375,20 +375,21 @@ impl Shortfall {
         }
     }
 
-    /// A short phrase agents short the same way share in a summary line.
+    /// A short phrase agents short the same way share in a summary line (`too few GPUs with
+    /// memory_mb>=40000`, `short of free memory`).
     pub fn summary(&self) -> String {
-        let permanent = self.is_permanent();
-        let what = match self {
-            Shortfall::Slots { .. } => "slots".to_owned(),
-            Shortfall::Cpu { .. } => "cpu".to_owned(),
-            Shortfall::Memory { .. } => "memory".to_owned(),
-            Shortfall::Gpus { need, filter, .. } => gpus_phrase(*need, filter),
-            Shortfall::Named { name, .. } => name.clone(),
+        let (few, what) = match self {
+            Shortfall::Slots { .. } => (true, "slots".to_owned()),
+            Shortfall::Cpu { .. } => (false, "cpu".to_owned()),
+            Shortfall::Memory { .. } => (false, "memory".to_owned()),
+            Shortfall::Gpus { filter, .. } if filter.is_empty() => (true, "GPUs".to_owned()),
+            Shortfall::Gpus { filter, .. } => (true, format!("GPUs with {filter}")),
+            Shortfall::Named { name, .. } => (false, name.clone()),
         };
-        if permanent {
-            format!("too little {what}")
-        } else {
-            format!("short of free {what}")
+        match (self.is_permanent(), few) {
+            (true, true) => format!("too few {what}"),
+            (true, false) => format!("too little {what}"),
+            (false, _) => format!("short of free {what}"),
         }
     }
 }
@@ -638,7 +639,7 @@ mod tests {
             "needs 2 GPUs with model=H100: 0 of 2 free"
         );
         assert!(!short.is_permanent());
-        assert_eq!(short.summary(), "short of free 2 GPUs with model=H100");
+        assert_eq!(short.summary(), "short of free GPUs with model=H100");
         let three = Need { gpus: 3, ..need };
         let never = never_fits(&three, &o, 4, h100).unwrap();
         assert_eq!(

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use switchyard_core::kinds::check_kind;
 use switchyard_core::matcher::{self, AgentId};
 use switchyard_core::placement::{self as core_placement, Placement};
+use switchyard_core::resources::Held;
 use switchyard_proto::v1::{self as pb, task_service_server::TaskService};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
@@ -50,9 +51,25 @@ impl Api {
             }
             match next {
                 Some(token) => page.after = Some(token),
-                None => return Ok((views, names)),
+                None => break,
             }
         }
+        // What the busy agents' leases hold, so explanations count free
+        // devices and amounts as the grant does.
+        let busy: Vec<uuid::Uuid> = views
+            .iter()
+            .filter(|v| v.active_leases > 0)
+            .map(|v| v.agent_id.uuid())
+            .collect();
+        if !busy.is_empty() {
+            let mut claims = self.store.live_claims(&busy).await?;
+            for view in &mut views {
+                if let Some(held) = claims.remove(&view.agent_id.uuid()) {
+                    view.held = std::sync::Arc::new(Held::of(held));
+                }
+            }
+        }
+        Ok((views, names))
     }
 
     /// A task on the wire, with its queued reason (from the whole fleet)

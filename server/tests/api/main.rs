@@ -13,5 +13,6 @@ mod health;
 mod kinds;
 mod ops;
 mod policy;
+mod resources;
 mod security;
 mod session;

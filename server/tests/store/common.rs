@@ -346,6 +346,42 @@ pub async fn agent(store: &dyn Store, ns: &str, name: &str, capacity: u32) -> Ag
         .expect("register agent")
 }
 
+/// Registers an agent `name` in `ns` with `capacity` that offers two GPUs
+/// (`GPU-0`, `GPU-1`), 32,000 MB of memory and 4,000 millicores.
+pub async fn gpu_agent(store: &dyn Store, ns: &str, name: &str, capacity: u32) -> AgentRecord {
+    let document = json!({"tags": ["linux"], "resources": {
+        "cpu_millicores": 4000, "memory_mb": 32000,
+        "gpus": [{"index": 0, "uuid": "GPU-0"}, {"index": 1, "uuid": "GPU-1"}],
+    }});
+    store
+        .register_agent(
+            &AgentRegistration {
+                namespace: ns.to_owned(),
+                name: name.to_owned(),
+                reported: document.clone(),
+                document,
+                provenance: json!({}),
+                rejections: json!([]),
+                capacity,
+                labels: BTreeMap::new(),
+                runner: "switchyard-agent/0.1.0 (rust)".to_owned(),
+                handled_kinds: vec!["*".to_owned()],
+            },
+            T0,
+        )
+        .await
+        .expect("register agent")
+}
+
+/// Asks for a lease of `task_id` on `agent_id` holding `claim`.
+pub fn claiming(task_id: Uuid, agent_id: Uuid, claim: Value) -> GrantRequest {
+    GrantRequest {
+        task_id,
+        agent_id,
+        claim: serde_json::from_value(claim).expect("a claim"),
+    }
+}
+
 /// Registers `count` agents `w0`, `w1`, … in `ns` with `capacity`; their ids.
 pub async fn agents(store: &dyn Store, ns: &str, count: usize, capacity: u32) -> Vec<Uuid> {
     let mut ids = Vec::with_capacity(count);

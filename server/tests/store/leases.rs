@@ -14,7 +14,8 @@ use switchyard_server::store::Store;
 use uuid::Uuid;
 
 use crate::common::{
-    BACKOFF_BASE_MS, Fixture, Lcg, T0, TestStore, agent, agents, grant, submit, task,
+    BACKOFF_BASE_MS, Fixture, Lcg, T0, TestStore, agent, agents, claiming, gpu_agent, grant,
+    submit, task,
 };
 
 crate::both_backends!(
@@ -32,6 +33,7 @@ crate::both_backends!(
     unacknowledged_grants_are_revoked,
     cancel_queued_and_leased_tasks,
     live_lease_counts_count_granted_and_active_only,
+    claims_are_checked_against_what_live_leases_hold,
 );
 
 async fn live_lease_counts_count_granted_and_active_only(fx: &mut Fixture) {
@@ -953,4 +955,121 @@ async fn concurrent_sweepers_expire_each_lease_once(fx: &mut Fixture) {
         0
     );
     replicas[1].close().await;
+}
+
+/// A claim of more than slots is granted only while its devices are free
+/// and its amounts within the agent's offer beside what its live leases
+/// (and the batch's earlier grants) hold; it comes back when the lease
+/// ends, and the stored lease says what it holds.
+async fn claims_are_checked_against_what_live_leases_hold(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let gpu = gpu_agent(store, "ns", "gpu", 8).await;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        tasks.push(submit(store, task("ns", 0, 3), T0 + i).await.id);
+    }
+    let outcomes = store
+        .grant_leases(
+            &[
+                claiming(
+                    tasks[0],
+                    gpu.id,
+                    json!({"slots": 1, "gpus": ["GPU-0"], "memory_mb": 20000}),
+                ),
+                // The same device again in the same batch.
+                claiming(tasks[1], gpu.id, json!({"slots": 1, "gpus": ["GPU-0"]})),
+                // A device the agent does not offer.
+                claiming(tasks[2], gpu.id, json!({"slots": 1, "gpus": ["GPU-7"]})),
+                // More memory than is left (12,000 of 32,000).
+                claiming(tasks[3], gpu.id, json!({"slots": 1, "memory_mb": 16000})),
+                claiming(
+                    tasks[4],
+                    gpu.id,
+                    json!({"slots": 1, "gpus": ["GPU-1"], "cpu_millicores": 4000}),
+                ),
+                // No CPU left.
+                claiming(tasks[5], gpu.id, json!({"slots": 1, "cpu_millicores": 1})),
+            ],
+            T0 + 10,
+        )
+        .await
+        .unwrap();
+    let verdicts: Vec<Option<GrantRefusal>> = outcomes
+        .iter()
+        .map(|o| match o {
+            GrantOutcome::Granted(_) => None,
+            GrantOutcome::Refused(r) => Some(*r),
+        })
+        .collect();
+    use GrantRefusal::ResourcesTaken as Taken;
+    assert_eq!(
+        verdicts,
+        [
+            None,
+            Some(Taken),
+            Some(Taken),
+            Some(Taken),
+            None,
+            Some(Taken)
+        ]
+    );
+    let GrantOutcome::Granted(first) = &outcomes[0] else {
+        unreachable!()
+    };
+    assert_eq!(first.claim.gpus, ["GPU-0"]);
+    assert_eq!(store.get_lease(first.id).await.unwrap().claim, first.claim);
+    // In a later batch, what the live leases hold still counts.
+    let later = store
+        .grant_leases(
+            &[claiming(
+                tasks[1],
+                gpu.id,
+                json!({"slots": 1, "gpus": ["GPU-0"]}),
+            )],
+            T0 + 20,
+        )
+        .await
+        .unwrap();
+    assert_eq!(later, [GrantOutcome::Refused(Taken)]);
+    // Slots count as the claims say: 2 held of 8, so 7 more do not fit.
+    let slots = store
+        .grant_leases(&[claiming(tasks[6], gpu.id, json!({"slots": 7}))], T0 + 20)
+        .await
+        .unwrap();
+    assert_eq!(
+        slots,
+        [GrantOutcome::Refused(GrantRefusal::AgentAtCapacity)]
+    );
+    assert_eq!(store.get_agent(gpu.id).await.unwrap().active_leases, 2);
+    // The first lease ends: its device and memory come back.
+    store
+        .complete_leases(
+            &[completion(
+                first,
+                CompletionOutcome::Succeeded { result: json!({}) },
+            )],
+            T0 + 30,
+        )
+        .await
+        .unwrap();
+    let again = store
+        .grant_leases(
+            &[claiming(
+                tasks[1],
+                gpu.id,
+                json!({"slots": 6, "gpus": ["GPU-0"], "memory_mb": 32000}),
+            )],
+            T0 + 40,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(again[0], GrantOutcome::Granted(_)), "{again:?}");
+    assert_eq!(store.get_agent(gpu.id).await.unwrap().active_leases, 7);
+    let held = store.live_claims(&[gpu.id]).await.unwrap();
+    let mut gpus: Vec<String> = held[&gpu.id]
+        .iter()
+        .flat_map(|(_, c)| c.gpus.clone())
+        .collect();
+    gpus.sort();
+    assert_eq!(gpus, ["GPU-0", "GPU-1"]);
 }

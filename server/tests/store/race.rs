@@ -1,16 +1,20 @@
 //! PostgreSQL only: two store instances (two pools, as two replicas would
-//! have) on one database racing to grant 1,000 tasks to 50 agents,
+//! have) on one database racing to grant 1,000 tasks to 50 agents, and to
+//! hand out one agent's devices and memory,
 //! LISTEN/NOTIFY carrying an event from one instance to the other, and the
 //! pool's warm-up fitting the migrated schema.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use serde_json::json;
 use sqlx::Connection;
 use switchyard_server::model::{EndedLease, GrantOutcome, GrantRequest, StoreEvent, TaskState};
 use switchyard_server::store::{PgStore, Store, StoreOptions, TaskStore};
 
-use crate::common::{Fixture, Lcg, T0, TestStore, agent, agents, grant, submit, task};
+use crate::common::{
+    Fixture, Lcg, T0, TestStore, agent, agents, claiming, gpu_agent, grant, submit, task,
+};
 use crate::events::wait_for;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -169,6 +173,77 @@ async fn an_event_from_one_replica_reaches_the_other() {
     .await;
     assert_ne!(seen, ended, "the sweeping replica heard its own lease end");
     other.close().await;
+    fx.finish().await;
+}
+
+/// Two replicas contest one agent's two GPUs and its memory: eight loops
+/// on two store instances each try every task with a claim of one device
+/// (or of 10,000 MB of 32,000), in their own order, all at once. Each
+/// device ends up held by exactly one lease, and exactly three memory
+/// claims fit: never a device twice, never more memory than offered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_never_hand_out_one_device_twice() {
+    const TASKS: usize = 40;
+    let fx = Fixture::postgres().await;
+    let a: Arc<dyn Store> = fx.store.clone();
+    let b: Arc<dyn Store> = fx.another_instance().await;
+    let gpu = gpu_agent(a.as_ref(), "ns", "contested", 100).await;
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        tasks.push(submit(a.as_ref(), task("ns", 0, 3), T0 + i as i64).await.id);
+    }
+    let mut loops = Vec::new();
+    for (replica, store) in [a.clone(), b.clone()].into_iter().enumerate() {
+        for seed in 0..4u64 {
+            let store = store.clone();
+            let mut order = tasks.clone();
+            let mut rng = Lcg(seed * 17 + replica as u64 + 3);
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.next(i + 1));
+            }
+            loops.push(tokio::spawn(async move {
+                let mut granted = 0;
+                for (n, task_id) in order.into_iter().enumerate() {
+                    let claim = match n % 3 {
+                        0 => json!({"slots": 1, "gpus": ["GPU-0"]}),
+                        1 => json!({"slots": 1, "gpus": ["GPU-1"]}),
+                        _ => json!({"slots": 1, "memory_mb": 10000}),
+                    };
+                    let request = claiming(task_id, gpu.id, claim);
+                    let outcome = store.grant_leases(&[request], T0 + 10_000).await.unwrap();
+                    granted += usize::from(matches!(outcome[0], GrantOutcome::Granted(_)));
+                }
+                granted
+            }));
+        }
+    }
+    let mut granted = 0;
+    for handle in loops {
+        granted += handle.await.unwrap();
+    }
+    let held = b.live_claims(&[gpu.id]).await.unwrap();
+    let claims = &held[&gpu.id];
+    assert_eq!(claims.len(), granted);
+    let mut devices: Vec<String> = claims.iter().flat_map(|(_, c)| c.gpus.clone()).collect();
+    devices.sort();
+    assert_eq!(
+        devices,
+        ["GPU-0", "GPU-1"],
+        "each device held by exactly one lease"
+    );
+    let memory: Vec<u64> = claims
+        .iter()
+        .map(|(_, c)| c.memory_mb)
+        .filter(|m| *m > 0)
+        .collect();
+    assert_eq!(
+        memory,
+        [10000, 10000, 10000],
+        "three of 10,000 MB fit in 32,000"
+    );
+    let tasks_held: HashSet<_> = claims.iter().map(|(t, _)| *t).collect();
+    assert_eq!(tasks_held.len(), granted, "no task leased twice");
+    b.close().await;
     fx.finish().await;
 }
 
