@@ -96,6 +96,8 @@ impl Handler for Exec {
                 }
             }
         }
+        // What the lease holds wins over the payload: a task sees the GPUs assigned to it.
+        cmd.envs(task.resources.env());
         if let Some(cwd) = p.get("cwd").and_then(Value::as_str) {
             cmd.current_dir(cwd);
         }

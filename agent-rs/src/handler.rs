@@ -83,7 +83,54 @@ pub struct TaskContext {
     pub payload: Value,
     /// Cancelled when the server revokes the lease or the agent gives up.
     pub cancel: CancellationToken,
+    /// What the lease holds on this agent: slots, and for a task with a resource request the
+    /// amounts and the GPUs assigned to it alone.
+    pub resources: Assigned,
     progress: mpsc::UnboundedSender<Progress>,
+}
+
+/// What a lease holds on the agent (the grant's `AssignedResources`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Assigned {
+    /// Slots.
+    pub slots: u32,
+    /// CPU in millicores (0: none asked for).
+    pub cpu_millicores: u64,
+    /// Memory in MB (0: none asked for).
+    pub memory_mb: u64,
+    /// The GPUs assigned, by uuid (or index), in the order the agent lists them.
+    pub gpu_ids: Vec<String>,
+    /// Named countable resources.
+    pub named: BTreeMap<String, u64>,
+}
+
+impl Assigned {
+    /// The environment a process running the task gets, so it uses what was assigned:
+    /// `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES` (the GPUs, comma-separated) when GPUs
+    /// were assigned, and `SWITCHYARD_SLOTS`, `SWITCHYARD_CPU_MILLICORES`,
+    /// `SWITCHYARD_MEMORY_MB`, `SWITCHYARD_GPU_IDS` for what was asked.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env = vec![("SWITCHYARD_SLOTS".to_owned(), self.slots.max(1).to_string())];
+        if self.cpu_millicores > 0 {
+            env.push((
+                "SWITCHYARD_CPU_MILLICORES".to_owned(),
+                self.cpu_millicores.to_string(),
+            ));
+        }
+        if self.memory_mb > 0 {
+            env.push((
+                "SWITCHYARD_MEMORY_MB".to_owned(),
+                self.memory_mb.to_string(),
+            ));
+        }
+        if !self.gpu_ids.is_empty() {
+            let ids = self.gpu_ids.join(",");
+            env.push(("CUDA_VISIBLE_DEVICES".to_owned(), ids.clone()));
+            env.push(("NVIDIA_VISIBLE_DEVICES".to_owned(), ids.clone()));
+            env.push(("SWITCHYARD_GPU_IDS".to_owned(), ids));
+        }
+        env
+    }
 }
 
 impl TaskContext {
@@ -100,8 +147,18 @@ impl TaskContext {
             kind,
             payload,
             cancel,
+            resources: Assigned {
+                slots: 1,
+                ..Assigned::default()
+            },
             progress,
         }
+    }
+
+    /// The context with what the lease holds.
+    pub fn with_resources(mut self, resources: Assigned) -> Self {
+        self.resources = resources;
+        self
     }
 
     /// Reports progress to the server (best effort).

@@ -23,5 +23,7 @@ pub mod handler;
 pub mod session;
 pub mod tiers;
 
-pub use handler::{Handler, HandlerPack, Handlers, ReleaseCause, TaskContext, TaskFailure};
+pub use handler::{
+    Assigned, Handler, HandlerPack, Handlers, ReleaseCause, TaskContext, TaskFailure,
+};
 pub use session::{AgentConfig, run};

@@ -27,7 +27,7 @@ use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 use crate::capabilities::Capabilities;
-use crate::handler::{Handlers, Progress, TaskContext, TaskFailure};
+use crate::handler::{Assigned, Handlers, Progress, TaskContext, TaskFailure};
 use switchyard_proto::convert::{
     json_to_struct, patch_to_proto, struct_to_json_lossy as struct_to_json,
 };
@@ -798,6 +798,24 @@ fn duration_ms(d: &prost_types::Duration) -> u64 {
     u64::try_from(d.seconds * 1000 + i64::from(d.nanos) / 1_000_000).unwrap_or(0)
 }
 
+/// What a grant's lease holds, for the handler (one slot when the server
+/// says nothing).
+fn assigned(resources: Option<&pb::AssignedResources>) -> Assigned {
+    let Some(r) = resources else {
+        return Assigned {
+            slots: 1,
+            ..Assigned::default()
+        };
+    };
+    Assigned {
+        slots: r.slots.max(1),
+        cpu_millicores: r.cpu_millicores,
+        memory_mb: r.memory_mb,
+        gpu_ids: r.gpu_ids.clone(),
+        named: r.named.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+    }
+}
+
 /// Spawns the handler for a grant.
 fn start_work(state: &mut AgentState, grant: &pb::LeaseGrant, task: &pb::Task) {
     let Some(handler) = state.handlers.get(&task.kind) else {
@@ -825,7 +843,8 @@ fn start_work(state: &mut AgentState, grant: &pb::LeaseGrant, task: &pb::Task) {
         payload,
         cancel,
         progress_tx,
-    );
+    )
+    .with_resources(assigned(grant.resources.as_ref()));
     let work = state.work_tx.clone();
     let lease_id = grant.lease_id.clone();
     let forward = work.clone();

@@ -57,6 +57,47 @@ async fn exec_task_runs_and_returns_its_output() {
     server.stop().await;
 }
 
+/// A task that asks for GPUs runs with the GPUs assigned to it in
+/// `CUDA_VISIBLE_DEVICES` (whatever its payload's env says), as the static
+/// tier's `resources` offers them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_sees_the_gpus_its_lease_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(".capabilities.json"),
+        r#"{"tags": ["e2e"], "resources": {"gpus": [
+            {"index": 0, "uuid": "GPU-a", "model": "Tesla T4", "memory_mb": 15360},
+            {"index": 1, "uuid": "GPU-b", "model": "NVIDIA H100", "memory_mb": 81559}]}}"#,
+    )
+    .unwrap();
+    let mut server = Server::start(dir.path()).await;
+    let _agent = agent(&server, dir.path(), "gpu-1");
+    let payload = json!({
+        "argv": ["sh", "-c", "echo \"$CUDA_VISIBLE_DEVICES $SWITCHYARD_GPU_IDS $SWITCHYARD_MEMORY_MB\""],
+        "env": {"CUDA_VISIBLE_DEVICES": "GPU-stolen"},
+    });
+    let task = server
+        .tasks()
+        .await
+        .submit_task(pb::SubmitTaskRequest {
+            kind: "exec".into(),
+            payload: Some(switchyard_proto::convert::json_to_struct(&payload)),
+            placement: Some(pb::Placement {
+                selector: "e2e, needs gpus: 1 (memory_mb>=40000), needs memory: 1".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .task
+        .unwrap();
+    let done = wait_for(&server, &task.task_id, pb::TaskState::Succeeded).await;
+    assert_eq!(result(&done)["stdout"], json!("GPU-b GPU-b 1\n"));
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn override_file_edit_reaches_the_server_and_unparks() {
     let dir = tempfile::tempdir().unwrap();

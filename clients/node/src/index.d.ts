@@ -90,7 +90,21 @@ export interface TaskContext {
   signal: AbortSignal;
   /** Reports progress (best effort). */
   progress(percent: number, message?: string): void;
+  /** What the lease holds: pass `resources.env()` to a process the handler starts. */
+  resources: AssignedResources;
   log: Logger;
+}
+
+/** What a lease holds on the runner: its slots and, for a task with a resource request, the amounts and the GPUs assigned to it alone. */
+export interface AssignedResources {
+  readonly slots: number;
+  readonly cpuMillicores: number;
+  readonly memoryMb: number;
+  /** The GPUs assigned, by uuid (or index), in the order the runner lists them. */
+  readonly gpuIds: string[];
+  readonly named: Record<string, number>;
+  /** CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES (when GPUs were assigned) and SWITCHYARD_* for what was asked. */
+  env(): Record<string, string>;
 }
 
 /**

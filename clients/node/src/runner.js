@@ -133,6 +133,34 @@ function taskInput(task) {
   };
 }
 
+/**
+ * What a lease holds on the runner (the grant's AssignedResources): slots, and for a task with a
+ * resource request the amounts and the GPUs assigned to it alone. `env()` is the environment a
+ * process started for the task should get (CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES when
+ * GPUs were assigned, SWITCHYARD_SLOTS, SWITCHYARD_CPU_MILLICORES, SWITCHYARD_MEMORY_MB and
+ * SWITCHYARD_GPU_IDS for what was asked), as the Rust agent sets them for `exec`.
+ */
+export function assignedResources(assigned) {
+  const r = {
+    slots: Math.max(1, assigned?.slots ?? 1),
+    cpuMillicores: Number(assigned?.cpuMillicores ?? 0n),
+    memoryMb: Number(assigned?.memoryMb ?? 0n),
+    gpuIds: [...(assigned?.gpuIds ?? [])],
+    named: Object.fromEntries(Object.entries(assigned?.named ?? {}).map(([k, v]) => [k, Number(v)])),
+  };
+  r.env = () => {
+    const env = { SWITCHYARD_SLOTS: String(r.slots) };
+    if (r.cpuMillicores) env.SWITCHYARD_CPU_MILLICORES = String(r.cpuMillicores);
+    if (r.memoryMb) env.SWITCHYARD_MEMORY_MB = String(r.memoryMb);
+    if (r.gpuIds.length) {
+      const ids = r.gpuIds.join(",");
+      Object.assign(env, { CUDA_VISIBLE_DEVICES: ids, NVIDIA_VISIBLE_DEVICES: ids, SWITCHYARD_GPU_IDS: ids });
+    }
+    return env;
+  };
+  return Object.freeze(r);
+}
+
 function sleep(ms, signal) {
   return new Promise((resolveSleep) => {
     if (signal?.aborted) return resolveSleep();
@@ -763,6 +791,7 @@ export class Runner extends EventEmitter {
       taskId: task.taskId,
       fencingToken: grant.fencingToken,
       signal: abort.signal,
+      resources: assignedResources(grant.resources),
       log: this.log,
       progress: (percent, message = "") => {
         const s = this.#session;

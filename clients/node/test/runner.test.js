@@ -68,6 +68,23 @@ test("a lease is accepted, run and completed with the handler's result", async (
   assert.deepEqual(done.result, { echoed: { hello: "world" }, kind: "echo" });
 });
 
+test("a handler gets the GPUs its lease holds", async () => {
+  const gpus = [0, 1].map((i) => ({ index: i, uuid: `GPU-${i}`, model: "Tesla T4", memory_mb: 15360 }));
+  let env;
+  await runner((r) => r.handler("train", async (_task, ctx) => {
+    env = ctx.resources.env();
+    return { gpus: ctx.resources.gpuIds, memory: ctx.resources.memoryMb };
+  }), { ".capabilities.json": { tags: ["gpu-tag"], resources: { gpus } } });
+  const { task } = await api.tasks.submitTask({
+    kind: "train",
+    placement: { selector: "gpu-tag, needs gpus: 2, needs memory: 64" },
+  });
+  const done = await watch(api.tasks, task.taskId);
+  assert.equal(TaskState[done.state], "SUCCEEDED");
+  assert.deepEqual(done.result, { gpus: ["GPU-0", "GPU-1"], memory: 64 });
+  assert.equal(env.CUDA_VISIBLE_DEVICES, "GPU-0,GPU-1");
+});
+
 test("a handler's error is a failed attempt that is retried", async () => {
   let calls = 0;
   await runner(

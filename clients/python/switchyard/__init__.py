@@ -2,7 +2,8 @@
 
 Layout:
 - ``switchyard.runner``: :class:`Runner` and :class:`RunnerConfig`, the session with the server.
-- ``switchyard.handlers``: :class:`TaskContext`, :class:`TaskFailure`, :class:`Release` (hand a task
+- ``switchyard.handlers``: :class:`TaskContext` (with the :class:`Resources` its lease holds),
+  :class:`TaskFailure`, :class:`Release` (hand a task
   back, with a :class:`ReleaseCause`), :class:`HandlerPack`; the kinds a runner advertises.
 - ``switchyard.capabilities``: the runner's capability document (base facts and the tiers).
 - ``switchyard.tiers``: reading an agent directory's tiers (SheetBot's conventions).
@@ -16,7 +17,7 @@ Layout:
 """
 
 from switchyard.core.pack import Param, ProvidedCapability
-from switchyard.handlers import HandlerPack, Release, ReleaseCause, TaskContext, TaskFailure
+from switchyard.handlers import HandlerPack, Release, ReleaseCause, Resources, TaskContext, TaskFailure
 from switchyard.runner import Runner, RunnerConfig
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "ReleaseCause",
     "Runner",
     "RunnerConfig",
+    "Resources",
     "TaskContext",
     "TaskFailure",
 ]

@@ -105,6 +105,47 @@ class Release(Exception):
         """What the server does with the task next."""
 
 
+@dataclass(frozen=True)
+class Resources:
+    """What a lease holds on the runner (the grant's ``AssignedResources``): its slots and, for a
+    task with a resource request, the amounts and the GPUs assigned to it alone."""
+
+    slots: int = 1
+    cpu_millicores: int = 0
+    memory_mb: int = 0
+    gpu_ids: tuple[str, ...] = ()
+    """The GPUs assigned, by uuid (or index), in the order the runner lists them."""
+    named: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, assigned: Any) -> Resources:
+        """From a ``switchyard.v1.AssignedResources`` (one slot when the grant has none)."""
+        if assigned is None:
+            return cls()
+        return cls(
+            slots=max(1, assigned.slots),
+            cpu_millicores=assigned.cpu_millicores,
+            memory_mb=assigned.memory_mb,
+            gpu_ids=tuple(assigned.gpu_ids),
+            named=dict(assigned.named),
+        )
+
+    def env(self) -> dict[str, str]:
+        """The environment a process started for the task should get, so it uses what was
+        assigned: ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES`` when GPUs were assigned,
+        and ``SWITCHYARD_SLOTS``, ``SWITCHYARD_CPU_MILLICORES``, ``SWITCHYARD_MEMORY_MB``,
+        ``SWITCHYARD_GPU_IDS`` for what was asked (as the Rust agent sets them for ``exec``)."""
+        env = {"SWITCHYARD_SLOTS": str(max(1, self.slots))}
+        if self.cpu_millicores:
+            env["SWITCHYARD_CPU_MILLICORES"] = str(self.cpu_millicores)
+        if self.memory_mb:
+            env["SWITCHYARD_MEMORY_MB"] = str(self.memory_mb)
+        if self.gpu_ids:
+            ids = ",".join(self.gpu_ids)
+            env.update(CUDA_VISIBLE_DEVICES=ids, NVIDIA_VISIBLE_DEVICES=ids, SWITCHYARD_GPU_IDS=ids)
+        return env
+
+
 @dataclass
 class TaskContext:
     """What a handler gets for one attempt."""
@@ -121,6 +162,8 @@ class TaskContext:
     """The attempt number: 1 for the first, one more after each unsuccessful attempt."""
     task: Any
     """The full ``switchyard.v1.Task`` message."""
+    resources: Resources = field(default_factory=Resources)
+    """What the lease holds: pass ``resources.env()`` to a process the handler starts."""
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the server revokes the lease or the runner gives up on it (the handler's asyncio
     task is also cancelled; a threaded handler should poll this)."""

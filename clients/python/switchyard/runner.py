@@ -44,7 +44,7 @@ from switchyard.capabilities import Capabilities
 from switchyard.core.diff import diff
 from switchyard.core.json_util import json_equal
 from switchyard.core.pack import Advertised, PackRejection
-from switchyard.handlers import Handler, HandlerPack, Handlers, Release, ReleaseCause, TaskContext, TaskFailure
+from switchyard.handlers import Handler, HandlerPack, Handlers, Release, ReleaseCause, Resources, TaskContext, TaskFailure
 from switchyard.v1 import agent_pb2, agent_service_pb2 as pb, agent_service_pb2_grpc, capability_pb2, task_pb2
 
 log = logging.getLogger("switchyard.runner")
@@ -644,6 +644,7 @@ class Runner:
             lease_id=lease_id,
             attempt=task.attempts + 1,
             task=task,
+            resources=Resources.of(grant.resources if grant.HasField("resources") else None),
             _progress=lambda percent, text: self._post(("progress", None, lease_id, float(percent), text)),
         )
 

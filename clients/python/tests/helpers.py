@@ -66,8 +66,10 @@ class Client:
         self.tasks = task_service_pb2_grpc.TaskServiceStub(self.channel)
         self.admin = agent_admin_service_pb2_grpc.AgentAdminServiceStub(self.channel)
 
-    async def submit(self, kind: str, payload: dict | None = None, required_tags: list[str] | None = None, max_attempts: int = 0) -> task_pb2.Task:
-        placement = placement_pb2.Placement(required_tags=required_tags or [])
+    async def submit(
+        self, kind: str, payload: dict | None = None, required_tags: list[str] | None = None, max_attempts: int = 0, selector: str = ""
+    ) -> task_pb2.Task:
+        placement = placement_pb2.Placement(required_tags=required_tags or [], selector=selector)
         reply = await self.tasks.SubmitTask(
             task_service_pb2.SubmitTaskRequest(
                 kind=kind, payload=convert.to_struct(payload or {}), placement=placement, max_attempts=max_attempts

@@ -48,6 +48,25 @@ async def test_lease_and_complete(server_address: str, client: Client) -> None:
         assert progress == [1]
 
 
+async def test_a_handler_gets_the_gpus_its_lease_holds(server_address: str, client: Client, tmp_path: pathlib.Path) -> None:
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "model": "Tesla T4", "memory_mb": 15360} for i in range(2)]
+    (tmp_path / ".capabilities.json").write_text(json.dumps({"resources": {"gpus": gpus}}))
+    runner = make_runner(server_address, tmp_path)
+    seen: list[dict] = []
+
+    @runner.handler("train")
+    async def train(task: TaskContext) -> dict:
+        seen.append(task.resources.env())
+        return {"gpus": list(task.resources.gpu_ids)}
+
+    async with running(runner):
+        task = await client.submit("train", selector="needs gpus: 2, needs memory: 64")
+        done = await client.wait_for(task.task_id, SUCCEEDED)
+        assert list(done.result["gpus"]) == ["GPU-0", "GPU-1"]
+        assert seen[0]["CUDA_VISIBLE_DEVICES"] == "GPU-0,GPU-1"
+        assert seen[0]["SWITCHYARD_MEMORY_MB"] == "64"
+
+
 async def test_handler_exception_is_a_failed_attempt_then_retried(server_address: str, client: Client) -> None:
     runner = make_runner(server_address)
     calls: list[int] = []
