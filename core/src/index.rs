@@ -145,7 +145,16 @@ struct NamespacePostings {
     /// when a selection first needs it and kept until an agent's kinds are posted or unposted: a
     /// union over thousands of agents costs microseconds, and every selection needs one.
     kind_unions: std::sync::Mutex<HashMap<String, Arc<Posting>>>,
+    /// (spread key, value) → how many live leases of tasks spreading by the key hold the value
+    /// (the marks of the agents' held claims).
+    spread_counts: HashMap<(String, String), u32>,
+    /// Spread key → the namespace's agents grouped by their value there, built when a selection
+    /// first needs it and dropped when a document change could move an agent between groups.
+    spread_groups: std::sync::Mutex<HashMap<String, SpreadGroups>>,
 }
+
+/// A namespace's agents grouped by their value at a spread key.
+type SpreadGroups = Arc<Vec<(String, Posting)>>;
 
 /// A posting a selection holds: borrowed from the index, built for it, or a shared cached union.
 enum Held<'a> {
@@ -170,6 +179,46 @@ impl<'a> From<Cow<'a, Posting>> for Held<'a> {
 }
 
 impl NamespacePostings {
+    /// Counts (`add`) or uncounts the spread marks of an agent's held claims.
+    fn count_marks(&mut self, held: &resources::Held, add: bool) {
+        for mark in held.spread_marks() {
+            let key = (mark.key.clone(), mark.value.clone());
+            let count = self.spread_counts.entry(key.clone()).or_default();
+            if add {
+                *count += 1;
+            } else {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    self.spread_counts.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Drops the cached spread groups a change at `roots` (segments; `None`: anything) could
+    /// affect.
+    fn forget_spread_groups(&mut self, roots: Option<&[Vec<String>]>) {
+        let groups = self
+            .spread_groups
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if groups.is_empty() {
+            return;
+        }
+        match roots {
+            None => groups.clear(),
+            Some(roots) => groups.retain(|key, _| {
+                !roots.iter().any(|root| {
+                    let root = root.join(".");
+                    root.is_empty()
+                        || *key == root
+                        || key.starts_with(&format!("{root}."))
+                        || root.starts_with(&format!("{key}."))
+                })
+            }),
+        }
+    }
+
     /// Adds (`add`) or removes agent `id` from the postings of the kinds it handles.
     fn post_kinds(&mut self, id: u32, kinds: &HandledKinds, add: bool) {
         self.kind_unions
@@ -502,6 +551,8 @@ impl AgentIndex {
         ns.all.insert(ord);
         ns.repost(ord, &DocumentPostings::default(), &postings);
         ns.post_kinds(ord, &view.kinds, true);
+        ns.count_marks(&view.held, true);
+        ns.forget_spread_groups(None);
         let agent = IndexedAgent {
             view,
             ord,
@@ -558,6 +609,7 @@ impl AgentIndex {
         agent.view.document = document;
         if let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) {
             ns.repost(agent.ord, &old, &new);
+            ns.forget_spread_groups(Some(&roots));
         }
         true
     }
@@ -577,6 +629,8 @@ impl AgentIndex {
         }
         ns.repost(agent.ord, &postings, &DocumentPostings::default());
         ns.post_kinds(agent.ord, &agent.view.kinds, false);
+        ns.count_marks(&agent.view.held, false);
+        ns.forget_spread_groups(None);
         if ns.all.is_empty() {
             self.namespaces.remove(&agent.view.namespace);
         }
@@ -698,7 +752,9 @@ impl AgentIndex {
         if let Some(slot) = agent.slot() {
             ns.available.remove(&slot);
         }
+        ns.count_marks(&agent.view.held, false);
         change(&mut agent.view);
+        ns.count_marks(&agent.view.held, true);
         if let Some(slot) = agent.slot() {
             ns.available.insert(slot);
         }
@@ -908,13 +964,63 @@ impl AgentIndex {
     }
 
     /// [`AgentIndex::select_best`] leaving out the agents in `except` (those that refused the
-    /// task).
+    /// task). A placement that spreads by a key is matched against the agents of the value
+    /// the fewest of its group's leases hold first, then the next fewest, and so on.
     pub fn select_best_except(
         &self,
         placement: &CompiledPlacement,
         namespace: &str,
         except: &[AgentId],
     ) -> Option<Selection> {
+        let Some(key) = placement.spread_by() else {
+            return self.select_within(placement, namespace, except, None);
+        };
+        let ns = self.namespaces.get(namespace)?;
+        let mut levels: std::collections::BTreeMap<u32, Posting> = Default::default();
+        for (value, agents) in self.spread_groups(ns, key).iter() {
+            let count = ns
+                .spread_counts
+                .get(&(key.to_owned(), value.clone()))
+                .copied()
+                .unwrap_or(0);
+            *levels.entry(count).or_default() |= agents;
+        }
+        levels
+            .values()
+            .find_map(|within| self.select_within(placement, namespace, except, Some(within)))
+    }
+
+    /// The namespace's agents grouped by their value at `key` (cached until a change could
+    /// move one).
+    fn spread_groups(&self, ns: &NamespacePostings, key: &str) -> SpreadGroups {
+        let mut cache = ns
+            .spread_groups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(groups) = cache.get(key) {
+            return groups.clone();
+        }
+        let mut by_value: std::collections::BTreeMap<String, Posting> = Default::default();
+        for ord in &ns.all {
+            if let Some(agent) = self.agent_at(ord) {
+                let value = resources::spread_value(&agent.view.document, key);
+                by_value.entry(value).or_default().insert(ord);
+            }
+        }
+        let groups: SpreadGroups = Arc::new(by_value.into_iter().collect());
+        cache.insert(key.to_owned(), groups.clone());
+        groups
+    }
+
+    /// [`AgentIndex::select_best_except`] among the agents in `within` (all when `None`).
+    fn select_within(
+        &self,
+        placement: &CompiledPlacement,
+        namespace: &str,
+        except: &[AgentId],
+        within: Option<&Posting>,
+    ) -> Option<Selection> {
+        let outside = |ord: u32| within.is_some_and(|w| !w.contains(ord));
         let ns = self.namespaces.get(namespace)?;
         let required = Self::required_postings(ns, placement)?;
         let untolerated = Self::untolerated(ns, placement);
@@ -922,7 +1028,13 @@ impl AgentIndex {
         let policy = placement.policy();
         let max = placement.max_preference_score();
         let mut best: Option<(u64, &IndexedAgent)> = None;
-        match required.first() {
+        // The narrowest of the required postings and the spread group, if any.
+        let narrowest: Option<&Posting> = match (required.first().map(|p| &**p), within) {
+            (Some(p), Some(w)) if w.len() < p.len() => Some(w),
+            (None, w) => w,
+            (p, _) => p,
+        };
+        match narrowest {
             Some(candidates)
                 if candidates.len().saturating_mul(32) <= ns.available.len() as u64 =>
             {
@@ -931,6 +1043,7 @@ impl AgentIndex {
                         continue;
                     };
                     if agent.slot().is_none()
+                        || outside(ord)
                         || !tolerated(ord)
                         || except.contains(&agent.view.agent_id)
                         || !matcher::satisfies(placement, &agent.view)
@@ -958,7 +1071,10 @@ impl AgentIndex {
                     PlacementPolicy::Binpack => Box::new(ns.available.iter().rev()),
                 };
                 for slot in walk {
-                    if !required.iter().all(|p| p.contains(slot.ord)) || !tolerated(slot.ord) {
+                    if outside(slot.ord)
+                        || !required.iter().all(|p| p.contains(slot.ord))
+                        || !tolerated(slot.ord)
+                    {
                         continue;
                     }
                     // Skip agents that could not beat the best score so far even if they
@@ -1282,6 +1398,39 @@ mod tests {
             index.explain(&binpack, "default").ranked.first().copied(),
             index.select_best(&binpack, "default").map(|s| s.agent_id)
         );
+    }
+
+    #[test]
+    fn spread_balances_over_the_values_of_a_key() {
+        let mut index = AgentIndex::new();
+        // Three agents in eu, one in us, one without a region.
+        for (name, region) in [("e1", "eu"), ("e2", "eu"), ("e3", "eu"), ("u1", "us")] {
+            index.upsert(view(name, json!({"region": region})));
+        }
+        index.upsert(view("x1", json!({})));
+        let placement = sel("spread by region");
+        let mut regions = Vec::new();
+        for n in 0..6u128 {
+            let agent = index.select_best(&placement, "default").unwrap().agent_id;
+            let v = index.get(agent).unwrap();
+            let claim = placement
+                .assign(&v.document, v.capacity, v.active_leases, &v.held)
+                .unwrap();
+            regions.push(claim.spread.clone().unwrap().value);
+            assert!(index.hold(agent, uuid::Uuid::from_u128(n + 1), claim, Some(1)));
+        }
+        regions.sort();
+        assert_eq!(regions, ["", "", "eu", "eu", "us", "us"]);
+        // A lease in us ends: us is the least used again.
+        let us = index
+            .agents
+            .values()
+            .find(|a| a.view.agent_id == id("u1"))
+            .unwrap();
+        let task = *us.view.held.claims().next().unwrap().0;
+        assert!(index.release(id("u1"), task));
+        let next = index.select_best(&placement, "default").unwrap().agent_id;
+        assert_eq!(next, id("u1"));
     }
 
     #[test]

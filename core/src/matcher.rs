@@ -24,6 +24,10 @@
 //!   granted first), then agent id ascending; to *binpack*, exactly the reverse of that load
 //!   order: lower free capacity ratio, then most recently granted (never granted last), then
 //!   agent id descending — the agent left with the least spare room fills first.
+//! - A placement that spreads by a document key (`spread_by`) ranks first, before preferences,
+//!   the eligible agents whose value there the fewest live leases of tasks spreading by that key
+//!   hold ([`spread_counts`]; an agent lacking the key, or with an array or object there, counts
+//!   as the value `""`).
 //! - A task's retry avoids the agents that failed its earlier attempts ([`explain_task`]): while
 //!   another agent that takes work satisfies the placement (free slot or not), they are not
 //!   eligible ([`Ineligibility::FailedEarlier`]); when none does, they are as eligible as any.
@@ -34,7 +38,7 @@
 
 use crate::kinds::HandledKinds;
 use crate::placement::{CompiledPlacement, PlacementPolicy, Unmet};
-use crate::resources::{Held, Shortfall};
+use crate::resources::{self, Held, Shortfall};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::cmp::Ordering;
@@ -524,12 +528,27 @@ pub fn explain_task(
         .collect();
     let avail: Vec<Availability> = agents.iter().map(AgentView::availability).collect();
     let policy = placement.policy();
+    let spread: Vec<u32> = match placement.spread_by() {
+        Some(key) => {
+            let counts = spread_counts(key, namespace, agents);
+            agents
+                .iter()
+                .map(|a| {
+                    let value = resources::spread_value(&a.document, key);
+                    counts.get(value.as_str()).copied().unwrap_or(0)
+                })
+                .collect()
+        }
+        None => vec![0; agents.len()],
+    };
     order.sort_by(|&i, &j| {
-        rank_cmp(
-            policy,
-            (verdicts[i].preference_score, &avail[i], &agents[i].agent_id),
-            (verdicts[j].preference_score, &avail[j], &agents[j].agent_id),
-        )
+        spread[i].cmp(&spread[j]).then_with(|| {
+            rank_cmp(
+                policy,
+                (verdicts[i].preference_score, &avail[i], &agents[i].agent_id),
+                (verdicts[j].preference_score, &avail[j], &agents[j].agent_id),
+            )
+        })
     });
     for (rank, &i) in order.iter().enumerate() {
         verdicts[i].rank = u32::try_from(rank + 1).unwrap_or(u32::MAX);
@@ -543,6 +562,22 @@ pub fn explain_task(
         summary,
         outcome,
     }
+}
+
+/// How many live leases of tasks spreading by `key` hold each of its values, over the agents of
+/// `namespace` (by the value each lease was granted at).
+pub fn spread_counts<'a>(
+    key: &str,
+    namespace: &str,
+    agents: &'a [AgentView],
+) -> BTreeMap<&'a str, u32> {
+    let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
+    for agent in agents.iter().filter(|a| a.namespace == namespace) {
+        for mark in agent.held.spread_marks().filter(|m| m.key == key) {
+            *counts.entry(mark.value.as_str()).or_default() += 1;
+        }
+    }
+    counts
 }
 
 /// Why the first of `explanation.ranked` ranks first under `policy`, for people: the key that

@@ -21,7 +21,7 @@
 
 use crate::document::{self, display, kind, lookup};
 use crate::error::PlacementError;
-use crate::resources::{self, Claim, Held, Need, Offer, Shortfall};
+use crate::resources::{self, Claim, Held, Need, Offer, Shortfall, SpreadMark};
 use crate::version::{self, VersionRange};
 use regex::{Regex, RegexBuilder};
 use serde::{Deserialize, Serialize};
@@ -296,6 +296,11 @@ pub struct Placement {
     /// The consumable resources the task holds while it runs; unset means one slot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequest>,
+    /// A document key (`custom_properties.region`) to balance the tasks that spread by it over
+    /// its values: an eligible agent whose value the fewest live leases of such tasks hold ranks
+    /// first, before preferences and the policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spread_by: Option<String>,
 }
 
 /// The consumable resources a task asks of its agent (see [`crate::resources`]): an agent is
@@ -372,6 +377,7 @@ impl Placement {
         self.preferences.extend(other.preferences);
         self.tolerations.extend(other.tolerations);
         self.policy = self.policy.or(other.policy);
+        self.spread_by = self.spread_by.take().or(other.spread_by);
         self.resources = match (self.resources.take(), other.resources) {
             (Some(mut a), Some(b)) => {
                 a.merge(b);
@@ -394,6 +400,7 @@ impl Placement {
             && self.json_schema.is_none()
             && self.tolerations.is_empty()
             && self.resources.is_none()
+            && self.spread_by.is_none()
     }
 }
 
@@ -701,6 +708,10 @@ pub fn compile(placement: &Placement) -> Result<CompiledPlacement, PlacementErro
             PlacementError::new("json_schema", format!("invalid schema: {e}"))
         })?)),
     };
+    if let Some(key) = &placement.spread_by {
+        check_toleration(key)
+            .map_err(|m| PlacementError::new("spread_by", m.replacen("toleration", "key", 1)))?;
+    }
     let resources = match &placement.resources {
         None => None,
         Some(request) => compile_resources(request)?.map(Arc::new),
@@ -1168,9 +1179,36 @@ impl CompiledPlacement {
         resources::never_fits(need, &Offer::of(document), capacity, |d| self.gpu_ok(d))
     }
 
+    /// The document key the task spreads by, if any.
+    pub fn spread_by(&self) -> Option<&str> {
+        self.placement.spread_by.as_deref()
+    }
+
+    /// Whether a lease of the task holds more than one slot (a resource request, or a place
+    /// in a spread): such a grant is re-checked against the agent's live leases.
+    pub fn claims_beyond_slots(&self) -> bool {
+        self.resources.is_some() || self.placement.spread_by.is_some()
+    }
+
     /// What the agent would give the task now, its leases holding `active` slots and `held`:
-    /// the claim, or the first resource short.
+    /// the claim (with the task's place in its spread, if it spreads), or the first resource
+    /// short.
     pub fn assign(
+        &self,
+        document: &Value,
+        capacity: u32,
+        active: u32,
+        held: &Held,
+    ) -> Result<Claim, Shortfall> {
+        let mut claim = self.assign_resources(document, capacity, active, held)?;
+        claim.spread = self.spread_by().map(|key| SpreadMark {
+            key: key.to_owned(),
+            value: resources::spread_value(document, key),
+        });
+        Ok(claim)
+    }
+
+    fn assign_resources(
         &self,
         document: &Value,
         capacity: u32,

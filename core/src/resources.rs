@@ -184,6 +184,30 @@ pub struct Claim {
     /// Named countable resources by dotted path.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub named: BTreeMap<String, u64>,
+    /// For a task that spreads by a document key, the agent's value there when it was granted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spread: Option<SpreadMark>,
+}
+
+/// A lease's place in a spread: the document key its task spreads by, and the value the agent
+/// had there when the lease was granted. Tasks spreading by one key go first to the agents whose
+/// value the fewest live leases of such tasks hold.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpreadMark {
+    /// The dotted document key.
+    pub key: String,
+    /// The agent's value there, as [`spread_value`] reads it.
+    pub value: String,
+}
+
+/// An agent's value at `key` for spreading: a scalar as people read it, and `""` for a missing
+/// key or a value that is an array or object (those agents form one group).
+pub fn spread_value(document: &Value, key: &str) -> String {
+    match crate::document::lookup(document, key) {
+        Some(Value::Array(_) | Value::Object(_)) | None => String::new(),
+        Some(v) => crate::document::display(v),
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -210,6 +234,7 @@ impl Claim {
             && self.memory_mb == 0
             && self.gpus.is_empty()
             && self.named.is_empty()
+            && self.spread.is_none()
     }
 }
 
@@ -270,9 +295,19 @@ impl Held {
         Some(claim)
     }
 
+    /// Every recorded claim, by task.
+    pub fn claims(&self) -> impl Iterator<Item = (&uuid::Uuid, &Claim)> {
+        self.claims.iter()
+    }
+
     /// What `task` holds.
     pub fn claim(&self, task: uuid::Uuid) -> Option<&Claim> {
         self.claims.get(&task)
+    }
+
+    /// The spread marks of the recorded claims.
+    pub fn spread_marks(&self) -> impl Iterator<Item = &SpreadMark> {
+        self.claims.values().filter_map(|c| c.spread.as_ref())
     }
 
     /// The slots the recorded claims hold.
@@ -547,6 +582,7 @@ fn shortfall(
         memory_mb: need.memory_mb,
         gpus,
         named: need.named.clone(),
+        spread: None,
     })
 }
 

@@ -9,6 +9,7 @@
 //! clause     = "prefer" [ weight ] ":" condition      preference (weight defaults to 1)
 //!            | "tolerates" name                       toleration, e.g. tolerates gpu
 //!            | "needs" word ":" digits [ gpus ]       resource request, e.g. needs memory: 4096
+//!            | "spread" "by" key                      spread, e.g. spread by custom_properties.region
 //!            | condition                              hard constraint
 //! condition  = "provides" name "@" major              capability ref, e.g. provides ai.llm@1
 //!            | "!" key "?"                            NOT_EXISTS
@@ -35,10 +36,10 @@
 //! weight     = digits (at least 1)       major = digits
 //! ```
 //!
-//! Whitespace is allowed between any two tokens. `prefer`, `provides`, `tolerates` and `needs`
-//! are keywords only where the grammar expects them (`provides` or `tolerates` followed by a
-//! name, `needs` by a word and `:`); elsewhere they are ordinary words (a lone `tolerates` is a
-//! tag).
+//! Whitespace is allowed between any two tokens. `prefer`, `provides`, `tolerates`, `needs` and
+//! `spread` are keywords only where the grammar expects them (`provides` or `tolerates` followed
+//! by a name, `needs` by a word and `:`, `spread` by `by` and a key); elsewhere they are ordinary
+//! words (a lone `tolerates` is a tag).
 //!
 //! A `needs` clause asks for a consumable resource: `slots`, `cpu` (millicores), `memory` (MB),
 //! `gpus` — optionally with the conditions each GPU must meet, on the device's fields:
@@ -306,6 +307,22 @@ impl<'a> Parser<'a> {
                 };
                 placement.preferences.push(Preference { weight, condition });
                 return Ok(());
+            }
+            self.pos = save;
+        }
+        if self.peek_word() == "spread" {
+            let save = self.pos;
+            self.pos += "spread".len();
+            self.ws();
+            if self.peek_word() == "by" {
+                self.pos += "by".len();
+                let spaced = self.peek().is_some_and(|b| b.is_ascii_whitespace());
+                self.ws();
+                if spaced && (self.peek() == Some(b'"') || !self.peek_word().is_empty()) {
+                    let (key, _) = self.name("a document key")?;
+                    placement.spread_by = Some(key);
+                    return Ok(());
+                }
             }
             self.pos = save;
         }
@@ -639,6 +656,13 @@ mod tests {
         assert_eq!(r.gpu_requirements[1].values, [Value::from("H100")]);
         assert_eq!(r.named.get("licenses.matlab"), Some(&1));
         assert_eq!(got.required_tags, ["linux", "needs"]);
+        let spread = parse("spread by custom_properties.region, spread, spread=1").unwrap();
+        assert_eq!(
+            spread.spread_by.as_deref(),
+            Some("custom_properties.region")
+        );
+        assert_eq!(spread.required_tags, ["spread"]);
+        assert_eq!(spread.requirements[0].key, "spread");
         // Not followed by a word and ':', `needs` is an ordinary key or tag.
         assert!(parse("needs=1").unwrap().resources.is_none());
         let err = parse("needs gpus: x").unwrap_err();

@@ -312,7 +312,7 @@ proptest! {
     #[test]
     fn resources_are_never_handed_out_twice(
         fleet in prop::collection::vec((0usize..4, 1u32..4, 0u64..3, any::<bool>()), 1..8),
-        steps in prop::collection::vec((0usize..6, 0u32..3, 0usize..3, any::<bool>(), 0usize..16), 1..40),
+        steps in prop::collection::vec((0usize..8, 0u32..3, 0usize..3, any::<bool>(), 0usize..16), 1..40),
         policy in prop_oneof![Just(PlacementPolicy::Spread), Just(PlacementPolicy::Binpack)],
     ) {
         let mut index = AgentIndex::new();
@@ -323,10 +323,14 @@ proptest! {
                 "model": if *big && g % 2 == 0 { "H100" } else { "T4" },
                 "memory_mb": if *big && g % 2 == 0 { 81559 } else { 15360 },
             })).collect();
-            let doc = json!({"tags": ["linux"], "resources": {
+            let mut doc = json!({"tags": ["linux"], "resources": {
                 "cpu_millicores": cpus * 2000, "memory_mb": 8192, "gpus": devices,
                 "licenses": {"matlab": i % 2},
             }});
+            // Zones to spread over; some agents have none.
+            if i % 4 != 3 {
+                doc["zone"] = json!(["a", "b", "c"][i % 3]);
+            }
             offers.push(resources::Offer::of(&doc));
             index.upsert(AgentView {
                 held: Default::default(),
@@ -354,6 +358,8 @@ proptest! {
                 2 => format!("needs cpu: {}", (amount + 1) * 1000),
                 3 => format!("needs memory: {}", (amount + 1) * 3000),
                 4 => format!("needs licenses.matlab: 1, needs slots: {}", gpus + 1),
+                6 => "spread by zone".to_owned(),
+                7 => format!("spread by zone, needs gpus: {gpus}, prefer 2: zone=b"),
                 _ => "linux".to_owned(),
             };
             let mut parsed = selector::parse(&text).unwrap();

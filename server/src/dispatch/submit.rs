@@ -91,10 +91,10 @@ impl Dispatcher {
 
     /// Picks and reserves an agent for a task being submitted, if one
     /// connected here has room and nothing waits in the queue. A task with
-    /// a resource request is left to the dispatch round, whose grant checks
-    /// its claim against the agent's live leases.
+    /// a resource request or a spread is left to the dispatch round, whose
+    /// grant records (and checks) its claim against the agent's live leases.
     fn place_now(&self, placement: &CompiledPlacement, task: &NewTask) -> Option<Uuid> {
-        if self.stopping() || !self.queue_clear() || placement.resource_need().is_some() {
+        if self.stopping() || !self.queue_clear() || placement.claims_beyond_slots() {
             return None;
         }
         let namespace = &task.namespace;

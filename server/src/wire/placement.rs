@@ -162,6 +162,7 @@ pub fn from_proto(placement: Option<&pb::Placement>) -> Result<core::Placement> 
             }
         },
         resources: p.resources.as_ref().map(resources).transpose()?,
+        spread_by: (!p.spread_by.is_empty()).then(|| p.spread_by.clone()),
     };
     if !p.selector.trim().is_empty() {
         let parsed = switchyard_core::selector::parse(&p.selector)
@@ -223,6 +224,7 @@ pub fn to_proto(p: &core::Placement) -> pb::Placement {
             gpu_selector: String::new(),
             named: r.named.iter().map(|(k, v)| (k.clone(), *v)).collect(),
         }),
+        spread_by: p.spread_by.clone().unwrap_or_default(),
     }
 }
 

@@ -20,6 +20,7 @@ on_both_stores!(
     a_tainted_agent_takes_only_tasks_that_tolerate_it,
     a_retry_goes_to_another_agent_than_the_one_it_failed_on,
     simulate_names_the_policy_and_why_the_first_agent_ranks_first,
+    spread_by_balances_tasks_over_the_values_of_a_key,
     bad_tolerations_and_policies_are_refused_naming_the_field,
 );
 
@@ -219,6 +220,42 @@ async fn a_retry_goes_to_another_agent_than_the_one_it_failed_on(backend: Backen
     assert_eq!(other.update(&retry, failure).await.code, 0);
     let third = wait_for_state(&server, &submitted.task_id, pb::TaskState::Leased).await;
     assert_eq!(third.attempts, 2);
+    server.stop().await;
+}
+
+/// Two agents in eu and one in us: tasks that spread by region alternate
+/// between the regions, not the agents (with plain spread, eu would take
+/// two of every three).
+async fn spread_by_balances_tasks_over_the_values_of_a_key(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let region = |r: &str| json!({"custom_properties": {"region": r}});
+    let mut eu1 = TestAgent::start(&server, "eu1", region("eu"), 4).await;
+    let mut eu2 = TestAgent::start(&server, "eu2", region("eu"), 4).await;
+    let mut us1 = TestAgent::start(&server, "us1", region("us"), 4).await;
+    let mut agents = [&mut eu1, &mut eu2, &mut us1];
+    let spread = || {
+        request(
+            "spread by custom_properties.region",
+            pb::PlacementPolicy::Unspecified,
+        )
+    };
+    let mut regions = Vec::new();
+    for _ in 0..6 {
+        let i = placed(&server, &mut agents, spread()).await;
+        regions.push(if i == 2 { "us" } else { "eu" });
+    }
+    let us = regions.iter().filter(|r| **r == "us").count();
+    assert_eq!(us, 3, "{regions:?}");
+    for pair in regions.chunks(2) {
+        assert_ne!(pair[0], pair[1], "{regions:?}");
+    }
+    // The stored placement says what it spreads by.
+    let tasks = all_tasks(&server).await;
+    assert!(
+        tasks
+            .iter()
+            .all(|t| t.placement.as_ref().unwrap().spread_by == "custom_properties.region")
+    );
     server.stop().await;
 }
 

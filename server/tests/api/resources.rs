@@ -305,6 +305,13 @@ async fn bad_resource_requests_are_refused_naming_the_field(backend: Backend) {
         ),
         (
             pb::Placement {
+                spread_by: "two words".into(),
+                ..Default::default()
+            },
+            "placement.spread_by",
+        ),
+        (
+            pb::Placement {
                 selector: "needs gpus: 99999999999".into(),
                 ..Default::default()
             },

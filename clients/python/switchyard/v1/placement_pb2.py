@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dswitchyard/v1/placement.proto\x12\rswitchyard.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xf0\x02\n\tPlacement\x12\x15\n\rrequired_tags\x18\x01 \x03(\t\x12\x30\n\x0crequirements\x18\x02 \x03(\x0b\x32\x1a.switchyard.v1.Requirement\x12\x32\n\x0c\x63\x61pabilities\x18\x03 \x03(\x0b\x32\x1c.switchyard.v1.CapabilityRef\x12.\n\x0bpreferences\x18\x04 \x03(\x0b\x32\x19.switchyard.v1.Preference\x12\x10\n\x08selector\x18\x05 \x01(\t\x12,\n\x0bjson_schema\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0btolerations\x18\x07 \x03(\t\x12.\n\x06policy\x18\x08 \x01(\x0e\x32\x1e.switchyard.v1.PlacementPolicy\x12\x31\n\tresources\x18\t \x01(\x0b\x32\x1e.switchyard.v1.ResourceRequest\"\x8d\x02\n\x0fResourceRequest\x12\r\n\x05slots\x18\x01 \x01(\r\x12\x16\n\x0e\x63pu_millicores\x18\x02 \x01(\x04\x12\x11\n\tmemory_mb\x18\x03 \x01(\x04\x12\x0c\n\x04gpus\x18\x04 \x01(\r\x12\x34\n\x10gpu_requirements\x18\x05 \x03(\x0b\x32\x1a.switchyard.v1.Requirement\x12\x14\n\x0cgpu_selector\x18\x06 \x01(\t\x12\x38\n\x05named\x18\x07 \x03(\x0b\x32).switchyard.v1.ResourceRequest.NamedEntry\x1a,\n\nNamedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xc8\x01\n\x11\x41ssignedResources\x12\r\n\x05slots\x18\x01 \x01(\r\x12\x16\n\x0e\x63pu_millicores\x18\x02 \x01(\x04\x12\x11\n\tmemory_mb\x18\x03 \x01(\x04\x12\x0f\n\x07gpu_ids\x18\x04 \x03(\t\x12:\n\x05named\x18\x05 \x03(\x0b\x32+.switchyard.v1.AssignedResources.NamedEntry\x1a,\n\nNamedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"m\n\x0bRequirement\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x08operator\x18\x02 \x01(\x0e\x32\x17.switchyard.v1.Operator\x12&\n\x06values\x18\x03 \x03(\x0b\x32\x16.google.protobuf.Value\",\n\rCapabilityRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05major\x18\x02 \x01(\r\"\x9f\x01\n\nPreference\x12\x0e\n\x06weight\x18\x01 \x01(\r\x12\r\n\x03tag\x18\x02 \x01(\tH\x00\x12\x31\n\x0brequirement\x18\x03 \x01(\x0b\x32\x1a.switchyard.v1.RequirementH\x00\x12\x32\n\ncapability\x18\x04 \x01(\x0b\x32\x1c.switchyard.v1.CapabilityRefH\x00\x42\x0b\n\tcondition\"\x8f\x01\n\x0c\x41gentVerdict\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\nagent_name\x18\x02 \x01(\t\x12\x10\n\x08\x65ligible\x18\x03 \x01(\x08\x12\x0f\n\x07\x63\x61pable\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x18\n\x10preference_score\x18\x06 \x01(\r\x12\x0c\n\x04rank\x18\x07 \x01(\r*n\n\x0fPlacementPolicy\x12 \n\x1cPLACEMENT_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17PLACEMENT_POLICY_SPREAD\x10\x01\x12\x1c\n\x18PLACEMENT_POLICY_BINPACK\x10\x02*\xbc\x02\n\x08Operator\x12\x18\n\x14OPERATOR_UNSPECIFIED\x10\x00\x12\x13\n\x0fOPERATOR_EXISTS\x10\x01\x12\x17\n\x13OPERATOR_NOT_EXISTS\x10\x02\x12\x0f\n\x0bOPERATOR_EQ\x10\x03\x12\x0f\n\x0bOPERATOR_NE\x10\x04\x12\x0f\n\x0bOPERATOR_IN\x10\x05\x12\x13\n\x0fOPERATOR_NOT_IN\x10\x06\x12\x0f\n\x0bOPERATOR_GT\x10\x07\x12\x10\n\x0cOPERATOR_GTE\x10\x08\x12\x0f\n\x0bOPERATOR_LT\x10\t\x12\x10\n\x0cOPERATOR_LTE\x10\n\x12\x14\n\x10OPERATOR_VERSION\x10\x0b\x12\x12\n\x0eOPERATOR_REGEX\x10\x0c\x12\x15\n\x11OPERATOR_CONTAINS\x10\r\x12\x19\n\x15OPERATOR_CONTAINS_ANY\x10\x0e\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dswitchyard/v1/placement.proto\x12\rswitchyard.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x83\x03\n\tPlacement\x12\x15\n\rrequired_tags\x18\x01 \x03(\t\x12\x30\n\x0crequirements\x18\x02 \x03(\x0b\x32\x1a.switchyard.v1.Requirement\x12\x32\n\x0c\x63\x61pabilities\x18\x03 \x03(\x0b\x32\x1c.switchyard.v1.CapabilityRef\x12.\n\x0bpreferences\x18\x04 \x03(\x0b\x32\x19.switchyard.v1.Preference\x12\x10\n\x08selector\x18\x05 \x01(\t\x12,\n\x0bjson_schema\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x0btolerations\x18\x07 \x03(\t\x12.\n\x06policy\x18\x08 \x01(\x0e\x32\x1e.switchyard.v1.PlacementPolicy\x12\x31\n\tresources\x18\t \x01(\x0b\x32\x1e.switchyard.v1.ResourceRequest\x12\x11\n\tspread_by\x18\n \x01(\t\"\x8d\x02\n\x0fResourceRequest\x12\r\n\x05slots\x18\x01 \x01(\r\x12\x16\n\x0e\x63pu_millicores\x18\x02 \x01(\x04\x12\x11\n\tmemory_mb\x18\x03 \x01(\x04\x12\x0c\n\x04gpus\x18\x04 \x01(\r\x12\x34\n\x10gpu_requirements\x18\x05 \x03(\x0b\x32\x1a.switchyard.v1.Requirement\x12\x14\n\x0cgpu_selector\x18\x06 \x01(\t\x12\x38\n\x05named\x18\x07 \x03(\x0b\x32).switchyard.v1.ResourceRequest.NamedEntry\x1a,\n\nNamedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xc8\x01\n\x11\x41ssignedResources\x12\r\n\x05slots\x18\x01 \x01(\r\x12\x16\n\x0e\x63pu_millicores\x18\x02 \x01(\x04\x12\x11\n\tmemory_mb\x18\x03 \x01(\x04\x12\x0f\n\x07gpu_ids\x18\x04 \x03(\t\x12:\n\x05named\x18\x05 \x03(\x0b\x32+.switchyard.v1.AssignedResources.NamedEntry\x1a,\n\nNamedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"m\n\x0bRequirement\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x08operator\x18\x02 \x01(\x0e\x32\x17.switchyard.v1.Operator\x12&\n\x06values\x18\x03 \x03(\x0b\x32\x16.google.protobuf.Value\",\n\rCapabilityRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05major\x18\x02 \x01(\r\"\x9f\x01\n\nPreference\x12\x0e\n\x06weight\x18\x01 \x01(\r\x12\r\n\x03tag\x18\x02 \x01(\tH\x00\x12\x31\n\x0brequirement\x18\x03 \x01(\x0b\x32\x1a.switchyard.v1.RequirementH\x00\x12\x32\n\ncapability\x18\x04 \x01(\x0b\x32\x1c.switchyard.v1.CapabilityRefH\x00\x42\x0b\n\tcondition\"\x8f\x01\n\x0c\x41gentVerdict\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\nagent_name\x18\x02 \x01(\t\x12\x10\n\x08\x65ligible\x18\x03 \x01(\x08\x12\x0f\n\x07\x63\x61pable\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x18\n\x10preference_score\x18\x06 \x01(\r\x12\x0c\n\x04rank\x18\x07 \x01(\r*n\n\x0fPlacementPolicy\x12 \n\x1cPLACEMENT_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17PLACEMENT_POLICY_SPREAD\x10\x01\x12\x1c\n\x18PLACEMENT_POLICY_BINPACK\x10\x02*\xbc\x02\n\x08Operator\x12\x18\n\x14OPERATOR_UNSPECIFIED\x10\x00\x12\x13\n\x0fOPERATOR_EXISTS\x10\x01\x12\x17\n\x13OPERATOR_NOT_EXISTS\x10\x02\x12\x0f\n\x0bOPERATOR_EQ\x10\x03\x12\x0f\n\x0bOPERATOR_NE\x10\x04\x12\x0f\n\x0bOPERATOR_IN\x10\x05\x12\x13\n\x0fOPERATOR_NOT_IN\x10\x06\x12\x0f\n\x0bOPERATOR_GT\x10\x07\x12\x10\n\x0cOPERATOR_GTE\x10\x08\x12\x0f\n\x0bOPERATOR_LT\x10\t\x12\x10\n\x0cOPERATOR_LTE\x10\n\x12\x14\n\x10OPERATOR_VERSION\x10\x0b\x12\x12\n\x0eOPERATOR_REGEX\x10\x0c\x12\x15\n\x11OPERATOR_CONTAINS\x10\r\x12\x19\n\x15OPERATOR_CONTAINS_ANY\x10\x0e\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,26 +36,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESOURCEREQUEST_NAMEDENTRY']._serialized_options = b'8\001'
   _globals['_ASSIGNEDRESOURCES_NAMEDENTRY']._loaded_options = None
   _globals['_ASSIGNEDRESOURCES_NAMEDENTRY']._serialized_options = b'8\001'
-  _globals['_PLACEMENTPOLICY']._serialized_start=1389
-  _globals['_PLACEMENTPOLICY']._serialized_end=1499
-  _globals['_OPERATOR']._serialized_start=1502
-  _globals['_OPERATOR']._serialized_end=1818
+  _globals['_PLACEMENTPOLICY']._serialized_start=1408
+  _globals['_PLACEMENTPOLICY']._serialized_end=1518
+  _globals['_OPERATOR']._serialized_start=1521
+  _globals['_OPERATOR']._serialized_end=1837
   _globals['_PLACEMENT']._serialized_start=79
-  _globals['_PLACEMENT']._serialized_end=447
-  _globals['_RESOURCEREQUEST']._serialized_start=450
-  _globals['_RESOURCEREQUEST']._serialized_end=719
-  _globals['_RESOURCEREQUEST_NAMEDENTRY']._serialized_start=675
-  _globals['_RESOURCEREQUEST_NAMEDENTRY']._serialized_end=719
-  _globals['_ASSIGNEDRESOURCES']._serialized_start=722
-  _globals['_ASSIGNEDRESOURCES']._serialized_end=922
-  _globals['_ASSIGNEDRESOURCES_NAMEDENTRY']._serialized_start=675
-  _globals['_ASSIGNEDRESOURCES_NAMEDENTRY']._serialized_end=719
-  _globals['_REQUIREMENT']._serialized_start=924
-  _globals['_REQUIREMENT']._serialized_end=1033
-  _globals['_CAPABILITYREF']._serialized_start=1035
-  _globals['_CAPABILITYREF']._serialized_end=1079
-  _globals['_PREFERENCE']._serialized_start=1082
-  _globals['_PREFERENCE']._serialized_end=1241
-  _globals['_AGENTVERDICT']._serialized_start=1244
-  _globals['_AGENTVERDICT']._serialized_end=1387
+  _globals['_PLACEMENT']._serialized_end=466
+  _globals['_RESOURCEREQUEST']._serialized_start=469
+  _globals['_RESOURCEREQUEST']._serialized_end=738
+  _globals['_RESOURCEREQUEST_NAMEDENTRY']._serialized_start=694
+  _globals['_RESOURCEREQUEST_NAMEDENTRY']._serialized_end=738
+  _globals['_ASSIGNEDRESOURCES']._serialized_start=741
+  _globals['_ASSIGNEDRESOURCES']._serialized_end=941
+  _globals['_ASSIGNEDRESOURCES_NAMEDENTRY']._serialized_start=694
+  _globals['_ASSIGNEDRESOURCES_NAMEDENTRY']._serialized_end=738
+  _globals['_REQUIREMENT']._serialized_start=943
+  _globals['_REQUIREMENT']._serialized_end=1052
+  _globals['_CAPABILITYREF']._serialized_start=1054
+  _globals['_CAPABILITYREF']._serialized_end=1098
+  _globals['_PREFERENCE']._serialized_start=1101
+  _globals['_PREFERENCE']._serialized_end=1260
+  _globals['_AGENTVERDICT']._serialized_start=1263
+  _globals['_AGENTVERDICT']._serialized_end=1406
 # @@protoc_insertion_point(module_scope)

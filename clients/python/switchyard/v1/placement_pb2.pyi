@@ -51,7 +51,7 @@ OPERATOR_CONTAINS: Operator
 OPERATOR_CONTAINS_ANY: Operator
 
 class Placement(_message.Message):
-    __slots__ = ("required_tags", "requirements", "capabilities", "preferences", "selector", "json_schema", "tolerations", "policy", "resources")
+    __slots__ = ("required_tags", "requirements", "capabilities", "preferences", "selector", "json_schema", "tolerations", "policy", "resources", "spread_by")
     REQUIRED_TAGS_FIELD_NUMBER: _ClassVar[int]
     REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class Placement(_message.Message):
     TOLERATIONS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    SPREAD_BY_FIELD_NUMBER: _ClassVar[int]
     required_tags: _containers.RepeatedScalarFieldContainer[str]
     requirements: _containers.RepeatedCompositeFieldContainer[Requirement]
     capabilities: _containers.RepeatedCompositeFieldContainer[CapabilityRef]
@@ -70,7 +71,8 @@ class Placement(_message.Message):
     tolerations: _containers.RepeatedScalarFieldContainer[str]
     policy: PlacementPolicy
     resources: ResourceRequest
-    def __init__(self, required_tags: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[_Union[Requirement, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[CapabilityRef, _Mapping]]] = ..., preferences: _Optional[_Iterable[_Union[Preference, _Mapping]]] = ..., selector: _Optional[str] = ..., json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tolerations: _Optional[_Iterable[str]] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., resources: _Optional[_Union[ResourceRequest, _Mapping]] = ...) -> None: ...
+    spread_by: str
+    def __init__(self, required_tags: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[_Union[Requirement, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[CapabilityRef, _Mapping]]] = ..., preferences: _Optional[_Iterable[_Union[Preference, _Mapping]]] = ..., selector: _Optional[str] = ..., json_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., tolerations: _Optional[_Iterable[str]] = ..., policy: _Optional[_Union[PlacementPolicy, str]] = ..., resources: _Optional[_Union[ResourceRequest, _Mapping]] = ..., spread_by: _Optional[str] = ...) -> None: ...
 
 class ResourceRequest(_message.Message):
     __slots__ = ("slots", "cpu_millicores", "memory_mb", "gpus", "gpu_requirements", "gpu_selector", "named")

@@ -103,6 +103,18 @@ export declare type Placement = Message<"switchyard.v1.Placement"> & {
    * @generated from field: switchyard.v1.ResourceRequest resources = 9;
    */
   resources?: ResourceRequest | undefined;
+
+  /**
+   * A capability document key (e.g. `custom_properties.region`) to balance
+   * the tasks that spread by it over its values: among eligible agents, one
+   * whose value there the fewest live leases of tasks spreading by the same
+   * key hold ranks first, before preferences and the policy. Agents without
+   * the key (or with an array or object there) count as one value. The
+   * selector's `spread by custom_properties.region` sets it.
+   *
+   * @generated from field: string spread_by = 10;
+   */
+  spreadBy: string;
 };
 
 /**
