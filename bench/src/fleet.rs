@@ -121,6 +121,7 @@ pub fn document(i: usize, capacity: u32) -> Value {
         "tags": tags,
         "max_concurrent_tasks": capacity,
         "packages": packages,
+        "resources": {"cpu_millicores": cpus * 1000, "memory_mb": total},
         "custom_properties": {
             "team": team,
             "region": region,

@@ -111,6 +111,16 @@ struct Cli {
     /// `custom_properties.bench_slot=K`, K cycling through the fleet).
     #[arg(long, env = "SWITCHYARD_BENCH_PLACEMENTS", default_value = "mixed")]
     placements: String,
+    /// CPU (millicores) every task asks for in its placement's resource
+    /// request (0: none). The simulated agents offer 1,000 a CPU, 4 to 32.
+    /// Sent as the structured field, which a server that predates resource
+    /// requests ignores: the same run then measures it without them.
+    #[arg(long, env = "SWITCHYARD_BENCH_REQUEST_CPU", default_value_t = 0)]
+    request_cpu_millicores: u64,
+    /// Memory (MB) every task asks for (0: none); agents offer 8,192 to
+    /// 65,536.
+    #[arg(long, env = "SWITCHYARD_BENCH_REQUEST_MEMORY_MB", default_value_t = 0)]
+    request_memory_mb: u64,
     /// Submit every task (flat out) before any agent connects, then connect
     /// the fleet. The run clock (run seconds, grants/s, completions/s) then
     /// starts at the first agent's Welcome instead of the first submit, and
@@ -340,6 +350,13 @@ async fn submit_all(
         (prost_types::Timestamp::from(wall), at_us)
     });
     let (mix, made, heard) = (mix.clone(), counters.clone(), counters.clone());
+    let resources = (cli.request_cpu_millicores > 0 || cli.request_memory_mb > 0).then(|| {
+        pb::ResourceRequest {
+            cpu_millicores: cli.request_cpu_millicores,
+            memory_mb: cli.request_memory_mb,
+            ..Default::default()
+        }
+    });
     let errors = submit_pool(
         &submit_channels,
         cli.tasks,
@@ -353,6 +370,7 @@ async fn submit_all(
             }))),
             placement: Some(pb::Placement {
                 selector: mix.selector(n).into_owned(),
+                resources: resources.clone(),
                 ..Default::default()
             }),
             not_before: release.as_ref().map(|r| r.0),

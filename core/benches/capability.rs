@@ -256,6 +256,68 @@ fn bench_select(c: &mut Criterion) {
         c.bench_function(&format!("select_best_tainted_pool_{n}"), |b| {
             b.iter(|| tainted.select_best(black_box(&ordinary), "default"))
         });
+        // Every agent offers CPU and memory; the GPU tenth four GPUs, half
+        // of them big. Each holds a lease or two of what its load says.
+        let mut offering = AgentIndex::new();
+        let offered: Vec<AgentView> = agents
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let mut a = a.clone();
+                let mut doc = (*a.document).clone();
+                let gpus: Vec<Value> = if i % 10 == 0 {
+                    (0..4)
+                        .map(|g| json!({"index": g, "uuid": format!("GPU-{i}-{g}"),
+                                        "memory_mb": if g % 2 == 0 { 81559 } else { 15360 }}))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                doc["resources"] = json!({"cpu_millicores": 8000, "memory_mb": 32000, "gpus": gpus});
+                a.document = Arc::new(doc);
+                a
+            })
+            .collect();
+        for a in &offered {
+            offering.upsert(a.clone());
+        }
+        let with_resources = placement(
+            "linux, docker, software.node.version@^20, memory.total>=16384, needs cpu: 2000, needs memory: 4096",
+        );
+        let gpus = placement("gpu, needs gpus: 2 (memory_mb>=40000)");
+        for (name, placement) in [("resources", &with_resources), ("gpus", &gpus)] {
+            let expected = matcher::explain(placement, "default", &offered)
+                .ranked
+                .first()
+                .cloned();
+            assert_eq!(
+                offering
+                    .select_best(placement, "default")
+                    .map(|s| s.agent_id),
+                expected
+            );
+            c.bench_function(&format!("select_best_{name}_{n}"), |b| {
+                b.iter(|| offering.select_best(black_box(placement), "default"))
+            });
+        }
+        // The steady state with resource requests: each iteration selects,
+        // assigns and holds the claim, and releases it.
+        let mut task = 0u128;
+        c.bench_function(&format!("select_best_resources_rotating_{n}"), |b| {
+            b.iter(|| {
+                task += 1;
+                let placement = if task % 2 == 0 { &with_resources } else { &gpus };
+                if let Some(s) = offering.select_best(black_box(placement), "default") {
+                    let v = offering.get(s.agent_id).expect("indexed");
+                    let claim = placement
+                        .assign(&v.document, v.capacity, v.active_leases, &v.held)
+                        .expect("fits");
+                    let id = uuid::Uuid::from_u128(task);
+                    offering.hold(s.agent_id, id, claim, Some(task as u64));
+                    offering.release(s.agent_id, id);
+                }
+            })
+        });
         if n == 1_000 {
             c.bench_function("explain_all_1000", |b| {
                 b.iter(|| matcher::explain(black_box(&typical), "default", &agents))
