@@ -267,13 +267,16 @@ fn bench_select(c: &mut Criterion) {
                 let mut doc = (*a.document).clone();
                 let gpus: Vec<Value> = if i % 10 == 0 {
                     (0..4)
-                        .map(|g| json!({"index": g, "uuid": format!("GPU-{i}-{g}"),
-                                        "memory_mb": if g % 2 == 0 { 81559 } else { 15360 }}))
+                        .map(|g| {
+                            json!({"index": g, "uuid": format!("GPU-{i}-{g}"),
+                                        "memory_mb": if g % 2 == 0 { 81559 } else { 15360 }})
+                        })
                         .collect()
                 } else {
                     Vec::new()
                 };
-                doc["resources"] = json!({"cpu_millicores": 8000, "memory_mb": 32000, "gpus": gpus});
+                doc["resources"] =
+                    json!({"cpu_millicores": 8000, "memory_mb": 32000, "gpus": gpus});
                 a.document = Arc::new(doc);
                 a
             })
@@ -300,13 +303,25 @@ fn bench_select(c: &mut Criterion) {
                 b.iter(|| offering.select_best(black_box(placement), "default"))
             });
         }
-        // The steady state with resource requests: each iteration selects,
-        // assigns and holds the claim, and releases it.
+        // `select_best_rotating` with resource requests: the same five
+        // placements, each asking for CPU and memory (the GPU one for a GPU
+        // too); each iteration selects, assigns and holds the claim, and
+        // releases it.
+        let rotating_resources: Vec<_> = [
+            "linux, docker, software.node.version@^20, needs cpu: 1000, needs memory: 2048",
+            "linux, needs cpu: 1000, needs memory: 2048",
+            "memory.total>=32768, needs cpu: 1000, needs memory: 2048",
+            "gpu, software.node.version@>=20, needs cpu: 1000, needs memory: 2048, needs gpus: 1",
+            "software.node.version@^18, prefer 2: docker, needs cpu: 1000, needs memory: 2048",
+        ]
+        .into_iter()
+        .map(placement)
+        .collect();
         let mut task = 0u128;
         c.bench_function(&format!("select_best_resources_rotating_{n}"), |b| {
             b.iter(|| {
                 task += 1;
-                let placement = if task % 2 == 0 { &with_resources } else { &gpus };
+                let placement = &rotating_resources[task as usize % rotating_resources.len()];
                 if let Some(s) = offering.select_best(black_box(placement), "default") {
                     let v = offering.get(s.agent_id).expect("indexed");
                     let claim = placement

@@ -44,9 +44,18 @@
 //! paths and values, and [`AgentIndex::replace_document_at`] (a heartbeat's patch) only the `m`
 //! of the subtrees the patch touched.
 //!
+//! Resources: each agent's view holds the claims of its leases that hold more than a slot (by
+//! task: [`AgentIndex::hold`], [`AgentIndex::release`]); a placement with a resource request
+//! skips, during the walk or the candidate scan, the agents whose free resources do not cover it
+//! (its offer is read from the document then, so a request costs a little per agent visited). A
+//! placement with a spread key is matched against the agents of its key's least used value first
+//! (values grouped once and cached until a document change could move an agent between them;
+//! use counts kept from the claims' spread marks), then the next, each group with the same walk.
+//!
 //! What callers must still check: the index holds the agent state as of the last update, so the
-//! store must re-check capacity (and fencing) atomically when it grants the lease; the caller
-//! must call [`AgentIndex::update_load`] after every grant and release and
+//! store must re-check capacity and claims (and fencing) atomically when it grants the lease;
+//! the caller must call [`AgentIndex::hold`] or [`AgentIndex::update_load`] after every grant
+//! and [`AgentIndex::release`] after every lease end, and
 //! [`AgentIndex::upsert`] after every document or status change; and a `None` from
 //! `select_best` does not say why — call [`AgentIndex::explain`] (O(n · e)) to tell parked from
 //! waiting for capacity and to get reasons.
@@ -1046,8 +1055,7 @@ impl AgentIndex {
                         || outside(ord)
                         || !tolerated(ord)
                         || except.contains(&agent.view.agent_id)
-                        || !matcher::satisfies(placement, &agent.view)
-                        || !matcher::fits_now(placement, &agent.view)
+                        || !matcher::satisfies_now(placement, &agent.view)
                     {
                         continue;
                     }
@@ -1095,9 +1103,7 @@ impl AgentIndex {
                     let Some(agent) = self.agents.get(&slot.agent_id) else {
                         continue;
                     };
-                    if !matcher::satisfies(placement, &agent.view)
-                        || !matcher::fits_now(placement, &agent.view)
-                    {
+                    if !matcher::satisfies_now(placement, &agent.view) {
                         continue;
                     }
                     let score = placement.preference_score(&agent.view.document);

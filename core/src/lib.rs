@@ -17,7 +17,10 @@
 //!   whether a change touched only volatile facts (free memory, load).
 //! - [`version`]: lenient version parsing (`v18.2`, `1.95.0-nightly`) and version ranges.
 //! - [`placement`]: what a task needs (tags, requirements, capability refs, preferences, JSON
-//!   Schema), validated and compiled once into a [`placement::CompiledPlacement`].
+//!   Schema, tolerations, policy, spread key, resource request), validated and compiled once
+//!   into a [`placement::CompiledPlacement`].
+//! - [`resources`]: consumable resources — what an agent offers (its document's `resources`
+//!   section and its slots), what its leases hold, what a request needs, and what falls short.
 //! - [`selector`]: the text form of a placement (`linux, docker, !gpu, memory.total>=16384`),
 //!   with its grammar.
 //! - [`kinds`]: the task kinds an agent handles (exact, `prefix.*`, `*`) and the rules for a

@@ -444,6 +444,16 @@ pub fn satisfies(placement: &CompiledPlacement, agent: &AgentView) -> bool {
             .is_none()
 }
 
+/// [`satisfies`] and [`fits_now`] together, reading the agent's offer once (an agent whose free
+/// resources cover the request now could always cover it).
+pub fn satisfies_now(placement: &CompiledPlacement, agent: &AgentView) -> bool {
+    placement
+        .kind()
+        .is_none_or(|kind| agent.kinds.handles(kind))
+        && placement.satisfied_by(&agent.document)
+        && fits_now(placement, agent)
+}
+
 /// Whether the agent's free resources cover the placement's request now (for a placement that
 /// needs one slot: whether it has a free slot). Status and constraints are not looked at.
 pub fn fits_now(placement: &CompiledPlacement, agent: &AgentView) -> bool {
@@ -580,16 +590,18 @@ pub fn spread_counts<'a>(
     counts
 }
 
-/// Why the first of `explanation.ranked` ranks first under `policy`, for people: the key that
+/// Why the first of `explanation.ranked` ranks first under `placement`'s spread and policy, for
+/// people: the key that
 /// put it ahead of the second (`agent-7 ranks first of 3 under binpack: fewer slots free (1/4
 /// against 4/4)`); `None` when no agent is eligible. `agents` are the views explained, `name`
 /// names an agent.
 pub fn ranking_note(
     explanation: &Explanation,
     agents: &[AgentView],
-    policy: PlacementPolicy,
+    placement: &CompiledPlacement,
     name: impl Fn(AgentId) -> String,
 ) -> Option<String> {
+    let policy = placement.policy();
     let view = |id: &AgentId| agents.iter().find(|a| &a.agent_id == id);
     let score = |id: &AgentId| {
         explanation
@@ -612,7 +624,24 @@ pub fn ranking_note(
     let (a, b) = (first.availability(), second.availability());
     let slots = |v: &Availability| format!("{}/{}", v.free, v.capacity);
     let (s1, s2) = (score(first_id), score(&second.agent_id));
-    let why = if s1 != s2 {
+    let spread = placement.spread_by().and_then(|key| {
+        let namespace = first.namespace.as_str();
+        let counts = spread_counts(key, namespace, agents);
+        let value = |a: &AgentView| resources::spread_value(&a.document, key);
+        let (v1, v2) = (value(first), value(second));
+        let (c1, c2) = (
+            counts.get(v1.as_str()).copied().unwrap_or(0),
+            counts.get(v2.as_str()).copied().unwrap_or(0),
+        );
+        (c1 != c2).then(|| {
+            format!(
+                "fewer leases spreading by {key} hold its value ({c1} on {v1:?} against {c2} on {v2:?})"
+            )
+        })
+    });
+    let why = if let Some(spread) = spread {
+        spread
+    } else if s1 != s2 {
         format!("a higher preference score ({s1} against {s2})")
     } else if u64::from(a.free) * u64::from(b.capacity.max(1))
         != u64::from(b.free) * u64::from(a.capacity.max(1))
@@ -724,7 +753,7 @@ mod tests {
         let spread = compile(&p).unwrap();
         let e = explain(&spread, "default", &agents);
         assert_eq!(e.ranked, vec![id("b"), id("a")]);
-        let note = ranking_note(&e, &agents, spread.policy(), |i| {
+        let note = ranking_note(&e, &agents, &spread, |i| {
             if i == id("a") { "a".into() } else { "b".into() }
         })
         .unwrap();
@@ -737,7 +766,7 @@ mod tests {
         let e = explain(&binpack, "default", &agents);
         assert_eq!(e.ranked, vec![id("a"), id("b")]);
         assert!(
-            ranking_note(&e, &agents, binpack.policy(), name)
+            ranking_note(&e, &agents, &binpack, name)
                 .unwrap()
                 .ends_with(
                     "under binpack: the least spare room that still fits (3/4 free against 4/4)"
@@ -745,19 +774,35 @@ mod tests {
         );
         let alone = explain(&binpack, "default", &agents[..1]);
         assert!(
-            ranking_note(&alone, &agents[..1], binpack.policy(), name)
+            ranking_note(&alone, &agents[..1], &binpack, name)
                 .unwrap()
                 .ends_with("the only eligible agent")
         );
-        let none = explain(
-            &compile(&selector::parse("gpu").unwrap()).unwrap(),
-            "default",
-            &agents,
-        );
-        assert_eq!(
-            ranking_note(&none, &agents, PlacementPolicy::Spread, name),
-            None
-        );
+        let gpu = compile(&selector::parse("gpu").unwrap()).unwrap();
+        let none = explain(&gpu, "default", &agents);
+        assert_eq!(ranking_note(&none, &agents, &gpu, name), None);
+        // Spreading by a key: the least used value decided.
+        let mut eu = agent("a", json!({"zone": "eu"}));
+        eu.held = Arc::new(Held::of([(
+            uuid::Uuid::from_u128(1),
+            crate::resources::Claim {
+                slots: 1,
+                spread: Some(crate::resources::SpreadMark {
+                    key: "zone".into(),
+                    value: "eu".into(),
+                }),
+                ..Default::default()
+            },
+        )]));
+        eu.active_leases = 0;
+        let us = agent("b", json!({"zone": "us"}));
+        let zoned = vec![eu, us];
+        let by_zone = placement("spread by zone, prefer 1: zone=eu");
+        let e = explain(&by_zone, "default", &zoned);
+        assert_eq!(e.ranked, vec![id("b"), id("a")]);
+        assert!(ranking_note(&e, &zoned, &by_zone, name).unwrap().ends_with(
+            "fewer leases spreading by zone hold its value (0 on \"us\" against 1 on \"eu\")"
+        ));
     }
 
     #[test]

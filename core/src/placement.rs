@@ -2,7 +2,9 @@
 //! tags, typed [`Requirement`]s on document values, named capability refs (`name@major`),
 //! weighted [`Preference`]s, a JSON Schema (draft 2020-12) the whole document must satisfy, the
 //! agent taints the task tolerates (an agent whose document lists a taint the task does not
-//! tolerate never takes it), and the [`PlacementPolicy`] that ranks the agents that qualify.
+//! tolerate never takes it), the [`PlacementPolicy`] that ranks the agents that qualify, the
+//! document key the task spreads by, and the consumable resources it holds while it runs
+//! ([`ResourceRequest`]; see [`crate::resources`]).
 //! [`compile`] validates a placement once — operator arity, operand types, regular expressions,
 //! version ranges and the schema — naming the offending field on error, and the resulting
 //! [`CompiledPlacement`] evaluates documents without further parsing.

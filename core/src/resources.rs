@@ -25,30 +25,33 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 /// The document key of the resources section.
 pub const SECTION: &str = "resources";
 
-/// One device an agent offers.
+/// One device an agent offers, borrowed from its document.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Device {
+pub struct Device<'a> {
     /// How leases name it: its uuid, else its index, else its position.
-    pub id: String,
+    pub id: Cow<'a, str>,
     /// The device's object in the document (what a device selector reads).
-    pub fields: Value,
+    pub fields: &'a Value,
 }
 
-/// What an agent offers, read from its document.
+/// What an agent offers, read from (and borrowing) its document: reading it allocates nothing
+/// for a document with no named resources and no GPU without a uuid, since matching reads it
+/// for every agent it visits.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Offer {
+pub struct Offer<'a> {
     /// CPU in millicores; `None` when the agent does not say.
     pub cpu_millicores: Option<u64>,
     /// Memory in MB; `None` when the agent does not say.
     pub memory_mb: Option<u64>,
     /// GPUs, in the order the agent lists them.
-    pub gpus: Vec<Device>,
+    pub gpus: Vec<Device<'a>>,
     /// Named countable resources by dotted path below the section.
     pub named: BTreeMap<String, u64>,
 }
@@ -63,9 +66,9 @@ fn amount(value: &Value) -> Option<u64> {
     })
 }
 
-impl Offer {
+impl<'a> Offer<'a> {
     /// The offer in `document`'s `resources` section (empty when absent or not an object).
-    pub fn of(document: &Value) -> Offer {
+    pub fn of(document: &'a Value) -> Offer<'a> {
         let mut offer = Offer::default();
         let Some(section) = document.get(SECTION).and_then(Value::as_object) else {
             return offer;
@@ -83,7 +86,7 @@ impl Offer {
                                 .enumerate()
                                 .map(|(position, fields)| Device {
                                     id: device_id(fields, position),
-                                    fields: fields.clone(),
+                                    fields,
                                 })
                                 .collect()
                         })
@@ -96,16 +99,16 @@ impl Offer {
     }
 }
 
-fn device_id(fields: &Value, position: usize) -> String {
+fn device_id(fields: &Value, position: usize) -> Cow<'_, str> {
     if let Some(uuid) = fields.get("uuid").and_then(Value::as_str)
         && !uuid.is_empty()
     {
-        return uuid.to_owned();
+        return Cow::Borrowed(uuid);
     }
-    match fields.get("index").and_then(amount) {
+    Cow::Owned(match fields.get("index").and_then(amount) {
         Some(index) => index.to_string(),
         None => position.to_string(),
-    }
+    })
 }
 
 fn collect_named(value: &Value, path: &str, out: &mut BTreeMap<String, u64>) {
@@ -557,13 +560,13 @@ fn shortfall(
     }
     let mut gpus = Vec::new();
     if need.gpus > 0 {
-        let matching: Vec<&Device> = offer.gpus.iter().filter(|d| device_ok(&d.fields)).collect();
+        let matching: Vec<&Device> = offer.gpus.iter().filter(|d| device_ok(d.fields)).collect();
         let wanted = need.gpus as usize;
         gpus = matching
             .iter()
             .filter(|d| !held.holds_gpu(&d.id))
             .take(wanted)
-            .map(|d| d.id.clone())
+            .map(|d| d.id.clone().into_owned())
             .collect();
         if gpus.len() < wanted {
             let free = matching.iter().filter(|d| !held.holds_gpu(&d.id)).count();
@@ -591,7 +594,7 @@ fn shortfall(
 /// offer. Slots are counted by the store itself. The first problem, as people read it.
 pub fn recheck(claim: &Claim, offer: &Offer, held: &Held) -> Result<(), String> {
     for gpu in &claim.gpus {
-        if !offer.gpus.iter().any(|d| &d.id == gpu) {
+        if !offer.gpus.iter().any(|d| d.id == gpu.as_str()) {
             return Err(format!("GPU {gpu} is not offered"));
         }
         if held.holds_gpu(gpu) {
@@ -628,8 +631,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn offer() -> Offer {
-        Offer::of(&json!({"resources": {
+    fn offer() -> Offer<'static> {
+        let doc = Box::leak(Box::new(json!({"resources": {
             "cpu_millicores": 8000, "memory_mb": 32000,
             "gpus": [
                 {"index": 0, "uuid": "GPU-a", "model": "H100", "memory_mb": 81559},
@@ -638,7 +641,8 @@ mod tests {
                 {"model": "T4"},
             ],
             "licenses": {"matlab": 2}, "label": "not counted", "negative": -1,
-        }}))
+        }})));
+        Offer::of(doc)
     }
 
     fn task(n: u128) -> uuid::Uuid {
@@ -650,7 +654,7 @@ mod tests {
         let o = offer();
         assert_eq!(o.cpu_millicores, Some(8000));
         assert_eq!(o.memory_mb, Some(32000));
-        let ids: Vec<&str> = o.gpus.iter().map(|d| d.id.as_str()).collect();
+        let ids: Vec<&str> = o.gpus.iter().map(|d| d.id.as_ref()).collect();
         assert_eq!(ids, ["GPU-a", "GPU-b", "2", "3"]);
         assert_eq!(o.named, BTreeMap::from([("licenses.matlab".to_owned(), 2)]));
         assert_eq!(Offer::of(&json!({"resources": "x"})), Offer::default());

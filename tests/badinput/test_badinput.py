@@ -426,6 +426,24 @@ CASES: list[Case] = [
     ("tolerates without a usable taint", unary(selector('tolerates "a\tb"')), INVALID, ["placement.tolerations[0]"]),
     ("unknown placement policy", unary(submit(placement=placement_pb2.Placement(policy=9))),
      INVALID, ["placement.policy", "unknown policy 9"]),
+    ("GPU selector that does not parse", unary(submit(placement=placement_pb2.Placement(
+        resources=placement_pb2.ResourceRequest(gpus=1, gpu_selector="memory_mb>=")))),
+     INVALID, ["placement.resources.gpu_selector"]),
+    ("GPU requirements without GPUs", unary(submit(placement=placement_pb2.Placement(
+        resources=placement_pb2.ResourceRequest(gpu_selector="memory_mb>=40000")))),
+     INVALID, ["placement.resources.gpu_requirements", "gpus of at least 1"]),
+    ("more slots than any task may ask", unary(submit(placement=placement_pb2.Placement(
+        resources=placement_pb2.ResourceRequest(slots=20_000)))),
+     INVALID, ["placement.resources.slots", "10000"]),
+    ("memory past 2^53", unary(submit(placement=placement_pb2.Placement(
+        resources=placement_pb2.ResourceRequest(memory_mb=1 << 60)))),
+     INVALID, ["placement.resources.memory_mb"]),
+    ("named resource of zero", unary(submit(placement=placement_pb2.Placement(
+        resources=placement_pb2.ResourceRequest(named={"licenses.matlab": 0})))),
+     INVALID, ['placement.resources.named["licenses.matlab"]', "at least 1"]),
+    ("needs without an amount", unary(selector("needs gpus: many")), INVALID, ["placement.selector", "amount"]),
+    ("spread key with whitespace", unary(submit(placement=placement_pb2.Placement(spread_by="a b"))),
+     INVALID, ["placement.spread_by"]),
     # Wrong generations and invalid patches: a ResyncRequest, nothing applied.
     ("diff against a future generation", diff(10_000, op(REPLACE, "/memory/total", 2048)), "RESYNC", ["generation"]),
     ("diff against generation 0", diff(0, op(REPLACE, "/memory/total", 2048)), "RESYNC", ["generation"]),

@@ -12,6 +12,7 @@ use switchyard_core::matcher::{self, AgentId, AgentStatus, AgentView, Outcome};
 use switchyard_core::pack::{self, Pack};
 use switchyard_core::placement::{self, Placement};
 use switchyard_core::redact;
+use switchyard_core::resources::{Claim, Held};
 use switchyard_core::selector;
 use switchyard_core::tier::{Tier, merge_tiers};
 
@@ -211,7 +212,6 @@ fn selector_vectors() {
 
 fn agent(v: &Value) -> AgentView {
     AgentView {
-        held: Default::default(),
         // The vectors name agents; an id made of the name sorts as it does.
         agent_id: AgentId::from_name(v["agent_id"].as_str().expect("agent_id")),
         namespace: v["namespace"].as_str().unwrap_or("default").to_owned(),
@@ -224,6 +224,17 @@ fn agent(v: &Value) -> AgentView {
         active_leases: v["active_leases"].as_u64().unwrap_or(0) as u32,
         last_granted_at_ms: v["last_granted_at_ms"].as_u64(),
         document: Arc::new(v["document"].clone()),
+        held: Arc::new(Held::of(
+            v.get("held")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .map(|(i, claim)| {
+                    let claim: Claim = serde_json::from_value(claim.clone()).expect("a claim");
+                    (uuid::Uuid::from_u128(i as u128 + 1), claim)
+                }),
+        )),
         kinds: Arc::new(match v.get("kinds") {
             Some(kinds) => {
                 let patterns: Vec<String> = serde_json::from_value(kinds.clone()).expect("kinds");

@@ -331,7 +331,7 @@ proptest! {
             if i % 4 != 3 {
                 doc["zone"] = json!(["a", "b", "c"][i % 3]);
             }
-            offers.push(resources::Offer::of(&doc));
+            offers.push(doc.clone());
             index.upsert(AgentView {
                 held: Default::default(),
                 agent_id: AgentId::from_name(&format!("a{i}")),
@@ -384,6 +384,7 @@ proptest! {
             }
             for (i, id) in ids.iter().enumerate() {
                 let v = index.get(*id).unwrap();
+                let offer = resources::Offer::of(&offers[i]);
                 prop_assert!(v.active_leases <= v.capacity);
                 let mut gpus = BTreeSet::new();
                 let (mut cpu, mut memory, mut matlab) = (0, 0, 0);
@@ -394,16 +395,16 @@ proptest! {
                     if let Some(c) = v.held.claim(*task) {
                         for g in &c.gpus {
                             prop_assert!(gpus.insert(g.clone()), "{} held twice", g);
-                            prop_assert!(offers[i].gpus.iter().any(|d| &d.id == g));
+                            prop_assert!(offer.gpus.iter().any(|d| d.id == g.as_str()));
                         }
                         cpu += c.cpu_millicores;
                         memory += c.memory_mb;
                         matlab += c.named.get("licenses.matlab").copied().unwrap_or(0);
                     }
                 }
-                prop_assert!(cpu <= offers[i].cpu_millicores.unwrap_or(0));
-                prop_assert!(memory <= offers[i].memory_mb.unwrap_or(0));
-                prop_assert!(matlab <= offers[i].named.get("licenses.matlab").copied().unwrap_or(0));
+                prop_assert!(cpu <= offer.cpu_millicores.unwrap_or(0));
+                prop_assert!(memory <= offer.memory_mb.unwrap_or(0));
+                prop_assert!(matlab <= offer.named.get("licenses.matlab").copied().unwrap_or(0));
             }
         }
     }

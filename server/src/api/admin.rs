@@ -186,7 +186,7 @@ impl AgentAdminService for AdminApi {
             let (fleet, names) = api.fleet(&ns).await?;
             let explanation = matcher::explain(&compiled, &ns, &fleet);
             summary = explanation.summary.clone();
-            ranking = matcher::ranking_note(&explanation, &fleet, compiled.policy(), |id| {
+            ranking = matcher::ranking_note(&explanation, &fleet, &compiled, |id| {
                 names.get(&id).cloned().unwrap_or_else(|| id.to_string())
             });
             wire_verdicts = verdicts(&explanation, &names);

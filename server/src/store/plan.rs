@@ -76,8 +76,8 @@ pub(crate) struct GrantableTask {
 /// live leases hold, both read under the agent's lock.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct AgentResources {
-    /// What the agent offers.
-    pub offer: Offer,
+    /// The agent's stored document (its `resources` section is what it offers).
+    pub document: Value,
     /// What its live leases hold.
     pub held: Held,
 }
@@ -157,7 +157,7 @@ pub(crate) fn plan_grants(
                 let agent = resources
                     .get_mut(&request.agent_id)
                     .ok_or(GrantRefusal::ResourcesTaken)?;
-                resources::recheck(claim, &agent.offer, &agent.held)
+                resources::recheck(claim, &Offer::of(&agent.document), &agent.held)
                     .map_err(|_| GrantRefusal::ResourcesTaken)?;
                 agent.held.hold(request.task_id, claim.clone());
             }

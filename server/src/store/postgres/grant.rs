@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::model::{GrantOutcome, GrantRefusal, GrantRequest, StoreEvent, TaskState};
-use crate::store::plan::{GrantableTask, PlannedGrant, db, plan_grants};
+use crate::store::plan::{AgentResources, GrantableTask, PlannedGrant, db, plan_grants};
 use crate::store::sql::{Write, leases, rows};
 
 /// Locks agent rows to grant to them, in id order (every grant and submit
@@ -95,8 +95,19 @@ pub(super) async fn grant(
         .collect();
     agent_ids.sort_unstable();
     agent_ids.dedup();
+    let claiming = requests.iter().any(|r| !r.claim.is_one_slot());
+    let mut sections = Vec::new();
     let known: Vec<Uuid> = if agent_ids.is_empty() {
         Vec::new()
+    } else if claiming {
+        // The lock returns the locked (latest) rows, so their resources
+        // sections are read with it.
+        sections = sqlx::query_as(LOCK_AGENTS_WITH_RESOURCES)
+            .bind(&agent_ids)
+            .fetch_all(w.conn())
+            .await
+            .map_err(db("locking agents to grant"))?;
+        sections.iter().map(|(id, _)| *id).collect()
     } else {
         sqlx::query_scalar(LOCK_AGENTS)
             .bind(&agent_ids)
@@ -109,7 +120,7 @@ pub(super) async fn grant(
     // more than slots are checked here against what the agents' live
     // leases hold, read now that the agents are locked.
     let unbounded: HashMap<Uuid, i64> = known.iter().map(|id| (*id, i64::MAX)).collect();
-    let mut resources = leases::claimed_resources::<Postgres>(w.conn(), requests).await?;
+    let mut resources = claimed_resources(w, requests, sections).await?;
     let mut plan = plan_grants(requests, &unbounded, &mut resources, &tasks, now_ms);
     let leased = write_grants(w, &plan, now_ms).await?;
     for planned in &mut plan {
@@ -130,6 +141,71 @@ pub(super) async fn grant(
             Err(refusal) => GrantOutcome::Refused(refusal),
         })
         .collect())
+}
+
+/// [`LOCK_AGENTS`] for a batch with claims of more than slots: with each
+/// agent's resources section.
+const LOCK_AGENTS_WITH_RESOURCES: &str = "SELECT id, document->'resources' AS resources \
+  FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+
+/// What the live leases of the agents hold beyond slots.
+const CLAIMS_OF: &str = "SELECT agent_id, task_id, slots, claim FROM leases \
+  WHERE agent_id = ANY($1) AND state IN ('granted', 'active') AND claim IS NOT NULL";
+
+/// A locked agent and its resources section.
+type Section = (Uuid, Option<sqlx::types::Json<serde_json::Value>>);
+
+/// `leases::claimed_resources` for PostgreSQL: the offers from the agents'
+/// resources `sections` (read with their locks) and one statement for what
+/// their live leases hold, read after the locks.
+async fn claimed_resources(
+    w: &mut Write<Postgres>,
+    requests: &[GrantRequest],
+    sections: Vec<Section>,
+) -> Result<HashMap<Uuid, AgentResources>> {
+    let mut agent_ids: Vec<Uuid> = requests
+        .iter()
+        .filter(|r| !r.claim.is_one_slot())
+        .map(|r| r.agent_id)
+        .collect();
+    let mut out = HashMap::new();
+    if agent_ids.is_empty() {
+        return Ok(out);
+    }
+    agent_ids.sort_unstable();
+    agent_ids.dedup();
+    for (id, section) in sections {
+        let document = match section {
+            Some(section) => serde_json::json!({ "resources": section.0 }),
+            None => serde_json::Value::Null,
+        };
+        out.insert(
+            id,
+            AgentResources {
+                document,
+                held: Default::default(),
+            },
+        );
+    }
+    let claims: Vec<(Uuid, Uuid, i64, Option<String>)> = sqlx::query_as(CLAIMS_OF)
+        .bind(&agent_ids)
+        .fetch_all(w.conn())
+        .await
+        .map_err(db("reading live leases' claims"))?;
+    let mut by_agent: HashMap<Uuid, Vec<(Uuid, switchyard_core::resources::Claim)>> =
+        HashMap::new();
+    for (agent_id, task_id, slots, claim) in claims {
+        by_agent
+            .entry(agent_id)
+            .or_default()
+            .push((task_id, rows::claim(slots, claim)?));
+    }
+    for (agent_id, claims) in by_agent {
+        if let Some(agent) = out.get_mut(&agent_id) {
+            agent.held = switchyard_core::resources::Held::of(claims);
+        }
+    }
+    Ok(out)
 }
 
 /// Runs [`GRANT_LEASES`] for the planned grants; the tasks it leased.

@@ -19,7 +19,7 @@ use crate::model::{
 use crate::store::plan::{
     AgentResources, GrantableTask, db, lease_lost_error, plan_grants, released_too_often, to_i64,
 };
-use switchyard_core::resources::{Claim, Held, Offer};
+use switchyard_core::resources::{Claim, Held};
 
 const BY_ID: &str = const_format::concatcp!("SELECT ", LEASE_COLUMNS, " FROM leases WHERE id = $1");
 
@@ -145,7 +145,7 @@ pub(crate) async fn claimed_resources<DB: SqlDb>(
             out.insert(
                 cols.get::<Uuid>("id")?,
                 AgentResources {
-                    offer: Offer::of(&document.0),
+                    document: document.0,
                     held: Held::default(),
                 },
             );
