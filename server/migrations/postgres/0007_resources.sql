@@ -2,9 +2,13 @@
 -- more) and, for a task with a resource request, a claim (JSON: amounts and
 -- the GPU ids assigned). Capacity is counted as the slots live leases hold,
 -- so the submit function of 0005 counts slots instead of leases; everything
--- else in it is as it was.
+-- else in it is as it was. An agent's `resources` section is kept beside its
+-- document (generated, so every write of the document keeps it), because a
+-- grant that claims resources reads it under the agent's lock and the whole
+-- document is kilobytes of TOAST to fetch and decompress.
 ALTER TABLE leases ADD COLUMN slots bigint NOT NULL DEFAULT 1 CHECK (slots >= 1);
 ALTER TABLE leases ADD COLUMN claim text;
+ALTER TABLE agents ADD COLUMN resources jsonb GENERATED ALWAYS AS (document->'resources') STORED;
 
 CREATE OR REPLACE FUNCTION switchyard_submit_batch(
     ids uuid[], namespaces text[], kinds text[], payloads text[], placements text[],

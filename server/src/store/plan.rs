@@ -76,7 +76,8 @@ pub(crate) struct GrantableTask {
 /// live leases hold, both read under the agent's lock.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct AgentResources {
-    /// The agent's stored document (its `resources` section is what it offers).
+    /// The agent's stored `resources` section, as a document holding only it
+    /// (what it offers).
     pub document: Value,
     /// What its live leases hold.
     pub held: Held,

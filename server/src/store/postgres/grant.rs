@@ -145,8 +145,8 @@ pub(super) async fn grant(
 
 /// [`LOCK_AGENTS`] for a batch with claims of more than slots: with each
 /// agent's resources section.
-const LOCK_AGENTS_WITH_RESOURCES: &str = "SELECT id, document->'resources' AS resources \
-  FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+const LOCK_AGENTS_WITH_RESOURCES: &str =
+    "SELECT id, resources FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE";
 
 /// What the live leases of the agents hold beyond slots.
 const CLAIMS_OF: &str = "SELECT agent_id, task_id, slots, claim FROM leases \

@@ -128,7 +128,7 @@ pub(crate) async fn claimed_resources<DB: SqlDb>(
     let agent_ids: Vec<Uuid> = agent_ids.into_iter().collect();
     for chunk in agent_ids.chunks(500) {
         let sql = format!(
-            "SELECT id, document FROM agents WHERE id IN ({})",
+            "SELECT id, resources FROM agents WHERE id IN ({})",
             placeholders(1, chunk.len())
         );
         let mut statement = built::<DB>(sql);
@@ -141,11 +141,14 @@ pub(crate) async fn claimed_resources<DB: SqlDb>(
             .map_err(db("reading agents' resources"))?;
         for row in &rows {
             let cols = Cols::<DB>::new(row, "reading an agent's resources");
-            let document: sqlx::types::Json<serde_json::Value> = cols.get("document")?;
+            let section: Option<sqlx::types::Json<serde_json::Value>> = cols.get("resources")?;
             out.insert(
                 cols.get::<Uuid>("id")?,
                 AgentResources {
-                    document: document.0,
+                    document: section.map_or(
+                        serde_json::Value::Null,
+                        |s| serde_json::json!({ "resources": s.0 }),
+                    ),
                     held: Held::default(),
                 },
             );
