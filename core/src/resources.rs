@@ -69,8 +69,16 @@ fn amount(value: &Value) -> Option<u64> {
 impl<'a> Offer<'a> {
     /// The offer in `document`'s `resources` section (empty when absent or not an object).
     pub fn of(document: &'a Value) -> Offer<'a> {
+        document
+            .get(SECTION)
+            .map(Offer::of_section)
+            .unwrap_or_default()
+    }
+
+    /// The offer a `resources` section itself says (empty when it is not an object).
+    pub fn of_section(section: &'a Value) -> Offer<'a> {
         let mut offer = Offer::default();
-        let Some(section) = document.get(SECTION).and_then(Value::as_object) else {
+        let Some(section) = section.as_object() else {
             return offer;
         };
         for (key, value) in section {
@@ -313,21 +321,9 @@ impl Held {
         self.claims.values().filter_map(|c| c.spread.as_ref())
     }
 
-    /// The slots the recorded claims hold.
-    pub fn slots(&self) -> u32 {
-        self.claims
-            .values()
-            .fold(0u32, |n, c| n.saturating_add(c.slots))
-    }
-
     /// Whether the device is held by some lease.
     pub fn holds_gpu(&self, id: &str) -> bool {
         self.gpus.contains(id)
-    }
-
-    /// How many claims it holds.
-    pub fn len(&self) -> usize {
-        self.claims.len()
     }
 
     /// Whether it holds nothing.

@@ -1,7 +1,7 @@
 //! The server's domain records: tasks, leases, agents, tokens and the
 //! events every replica hears, as plain Rust (no protobuf, no SQL), with
 //! their lifecycles as enums from the store's rows to the wire. The store
-//! persists them, the dispatcher and the API act on them, and [`crate::wire`]
+//! persists them, the dispatcher and the API act on them, and `wire`
 //! shows them to clients. Times are Unix milliseconds; JSON documents are
 //! `serde_json::Value`.
 //!

@@ -72,15 +72,43 @@ pub(crate) struct GrantableTask {
 }
 
 /// What the store knows of an agent's resources when planning grants that
-/// claim more than slots: its offer (from its stored document) and what its
-/// live leases hold, both read under the agent's lock.
+/// claim more than slots: its offer (its stored `resources` section) and
+/// what its live leases hold, both read under the agent's lock.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct AgentResources {
-    /// The agent's stored `resources` section, as a document holding only it
-    /// (what it offers).
-    pub document: Value,
+    /// The agent's stored `resources` section (null when it has none).
+    pub section: Value,
     /// What its live leases hold.
     pub held: Held,
+}
+
+/// The agents `requests` claim more than slots of, sorted, once each: those
+/// whose resources a grant must read.
+pub(crate) fn claiming_agents(requests: &[GrantRequest]) -> Vec<Uuid> {
+    let mut ids: Vec<Uuid> = requests
+        .iter()
+        .filter(|r| !r.claim.is_one_slot())
+        .map(|r| r.agent_id)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The resources of the agents in `sections` (id, stored section) with what
+/// their live leases hold (`claims`, by agent), for `plan_grants`.
+pub(crate) fn agent_resources(
+    sections: impl IntoIterator<Item = (Uuid, Option<Value>)>,
+    mut claims: HashMap<Uuid, Vec<(Uuid, Claim)>>,
+) -> HashMap<Uuid, AgentResources> {
+    sections
+        .into_iter()
+        .map(|(id, section)| {
+            let held = Held::of(claims.remove(&id).unwrap_or_default());
+            let section = section.unwrap_or_default();
+            (id, AgentResources { section, held })
+        })
+        .collect()
 }
 
 /// One planned grant.
@@ -158,7 +186,7 @@ pub(crate) fn plan_grants(
                 let agent = resources
                     .get_mut(&request.agent_id)
                     .ok_or(GrantRefusal::ResourcesTaken)?;
-                resources::recheck(claim, &Offer::of(&agent.document), &agent.held)
+                resources::recheck(claim, &Offer::of_section(&agent.section), &agent.held)
                     .map_err(|_| GrantRefusal::ResourcesTaken)?;
                 agent.held.hold(request.task_id, claim.clone());
             }

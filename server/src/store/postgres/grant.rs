@@ -5,12 +5,17 @@
 
 use std::collections::{HashMap, HashSet};
 
+use serde_json::Value;
 use sqlx::Postgres;
+use sqlx::types::Json;
+use switchyard_core::resources::Claim;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::model::{GrantOutcome, GrantRefusal, GrantRequest, StoreEvent, TaskState};
-use crate::store::plan::{AgentResources, GrantableTask, PlannedGrant, db, plan_grants};
+use crate::store::plan::{
+    AgentResources, GrantableTask, PlannedGrant, agent_resources, claiming_agents, db, plan_grants,
+};
 use crate::store::sql::{Write, leases, rows};
 
 /// Locks agent rows to grant to them, in id order (every grant and submit
@@ -153,7 +158,7 @@ const CLAIMS_OF: &str = "SELECT agent_id, task_id, slots, claim FROM leases \
   WHERE agent_id = ANY($1) AND state IN ('granted', 'active') AND claim IS NOT NULL";
 
 /// A locked agent and its resources section.
-type Section = (Uuid, Option<sqlx::types::Json<serde_json::Value>>);
+type Section = (Uuid, Option<Json<Value>>);
 
 /// `leases::claimed_resources` for PostgreSQL: the offers from the agents'
 /// resources `sections` (read with their locks) and one statement for what
@@ -163,49 +168,25 @@ async fn claimed_resources(
     requests: &[GrantRequest],
     sections: Vec<Section>,
 ) -> Result<HashMap<Uuid, AgentResources>> {
-    let mut agent_ids: Vec<Uuid> = requests
-        .iter()
-        .filter(|r| !r.claim.is_one_slot())
-        .map(|r| r.agent_id)
-        .collect();
-    let mut out = HashMap::new();
+    let agent_ids = claiming_agents(requests);
     if agent_ids.is_empty() {
-        return Ok(out);
+        return Ok(HashMap::new());
     }
-    agent_ids.sort_unstable();
-    agent_ids.dedup();
-    for (id, section) in sections {
-        let document = match section {
-            Some(section) => serde_json::json!({ "resources": section.0 }),
-            None => serde_json::Value::Null,
-        };
-        out.insert(
-            id,
-            AgentResources {
-                document,
-                held: Default::default(),
-            },
-        );
-    }
-    let claims: Vec<(Uuid, Uuid, i64, Option<String>)> = sqlx::query_as(CLAIMS_OF)
+    let live: Vec<(Uuid, Uuid, i64, Option<String>)> = sqlx::query_as(CLAIMS_OF)
         .bind(&agent_ids)
         .fetch_all(w.conn())
         .await
         .map_err(db("reading live leases' claims"))?;
-    let mut by_agent: HashMap<Uuid, Vec<(Uuid, switchyard_core::resources::Claim)>> =
-        HashMap::new();
-    for (agent_id, task_id, slots, claim) in claims {
-        by_agent
-            .entry(agent_id)
-            .or_default()
-            .push((task_id, rows::claim(slots, claim)?));
+    let mut claims: HashMap<Uuid, Vec<(Uuid, Claim)>> = HashMap::new();
+    for (agent_id, task_id, slots, claim) in live {
+        let claim = rows::claim(slots, claim)?;
+        claims.entry(agent_id).or_default().push((task_id, claim));
     }
-    for (agent_id, claims) in by_agent {
-        if let Some(agent) = out.get_mut(&agent_id) {
-            agent.held = switchyard_core::resources::Held::of(claims);
-        }
-    }
-    Ok(out)
+    let sections = sections
+        .into_iter()
+        .filter(|(id, _)| agent_ids.binary_search(id).is_ok())
+        .map(|(id, section)| (id, section.map(|s| s.0)));
+    Ok(agent_resources(sections, claims))
 }
 
 /// Runs [`GRANT_LEASES`] for the planned grants; the tasks it leased.

@@ -17,9 +17,12 @@ use crate::model::{
     StoreEvent, TaskRecord, TaskState,
 };
 use crate::store::plan::{
-    AgentResources, GrantableTask, db, lease_lost_error, plan_grants, released_too_often, to_i64,
+    AgentResources, GrantableTask, agent_resources, claiming_agents, db, lease_lost_error,
+    plan_grants, released_too_often, to_i64,
 };
-use switchyard_core::resources::{Claim, Held};
+use serde_json::Value;
+use sqlx::types::Json;
+use switchyard_core::resources::Claim;
 
 const BY_ID: &str = const_format::concatcp!("SELECT ", LEASE_COLUMNS, " FROM leases WHERE id = $1");
 
@@ -69,42 +72,47 @@ pub(crate) async fn live_of<DB: SqlDb>(
     rows::all::<DB, _>(&rows, rows::lease::<DB>)
 }
 
-/// What each agent's live leases hold, by task (absent: nothing), 500
-/// agents a statement; `claimed_only` leaves out leases that hold slots
-/// alone.
+/// The rows of `select` (a statement ending in `IN (`, closed here) for
+/// `ids`, 500 ids a statement.
+async fn rows_in<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    select: &str,
+    ids: &[Uuid],
+    context: &'static str,
+) -> Result<Vec<DB::Row>> {
+    let mut out = Vec::new();
+    for chunk in ids.chunks(500) {
+        let mut statement = built::<DB>(format!("{select}{})", placeholders(1, chunk.len())));
+        for id in chunk {
+            statement = statement.arg(*id);
+        }
+        out.extend(statement.all(conn).await.map_err(db(context))?);
+    }
+    Ok(out)
+}
+
+/// What each agent's live leases hold, by task (absent: nothing);
+/// `claimed_only` leaves out leases that hold slots alone.
 pub(crate) async fn live_claims<DB: SqlDb>(
     conn: &mut DB::Connection,
     agent_ids: &[Uuid],
     claimed_only: bool,
 ) -> Result<HashMap<Uuid, Vec<(Uuid, Claim)>>> {
+    let select = if claimed_only {
+        "SELECT agent_id, task_id, slots, claim FROM leases WHERE state IN ('granted', 'active') \
+         AND claim IS NOT NULL AND agent_id IN ("
+    } else {
+        "SELECT agent_id, task_id, slots, claim FROM leases WHERE state IN ('granted', 'active') \
+         AND agent_id IN ("
+    };
     let mut claims: HashMap<Uuid, Vec<(Uuid, Claim)>> = HashMap::new();
-    for chunk in agent_ids.chunks(500) {
-        let sql = format!(
-            "SELECT agent_id, task_id, slots, claim FROM leases \
-             WHERE state IN ('granted', 'active') AND agent_id IN ({}){}",
-            placeholders(1, chunk.len()),
-            if claimed_only {
-                " AND claim IS NOT NULL"
-            } else {
-                ""
-            }
-        );
-        let mut statement = built::<DB>(sql);
-        for id in chunk {
-            statement = statement.arg(*id);
-        }
-        let rows = statement
-            .all(conn)
-            .await
-            .map_err(db("reading live leases' claims"))?;
-        for row in &rows {
-            let cols = Cols::<DB>::new(row, "reading a live lease's claim");
-            let claim = rows::claim(cols.get("slots")?, cols.get("claim")?)?;
-            claims
-                .entry(cols.get("agent_id")?)
-                .or_default()
-                .push((cols.get("task_id")?, claim));
-        }
+    for row in &rows_in::<DB>(conn, select, agent_ids, "reading live leases' claims").await? {
+        let cols = Cols::<DB>::new(row, "reading a live lease's claim");
+        let claim = rows::claim(cols.get("slots")?, cols.get("claim")?)?;
+        claims
+            .entry(cols.get("agent_id")?)
+            .or_default()
+            .push((cols.get("task_id")?, claim));
     }
     Ok(claims)
 }
@@ -116,50 +124,19 @@ pub(crate) async fn claimed_resources<DB: SqlDb>(
     conn: &mut DB::Connection,
     requests: &[GrantRequest],
 ) -> Result<HashMap<Uuid, AgentResources>> {
-    let agent_ids: BTreeSet<Uuid> = requests
-        .iter()
-        .filter(|r| !r.claim.is_one_slot())
-        .map(|r| r.agent_id)
-        .collect();
-    let mut out = HashMap::new();
+    let agent_ids = claiming_agents(requests);
     if agent_ids.is_empty() {
-        return Ok(out);
+        return Ok(HashMap::new());
     }
-    let agent_ids: Vec<Uuid> = agent_ids.into_iter().collect();
-    for chunk in agent_ids.chunks(500) {
-        let sql = format!(
-            "SELECT id, resources FROM agents WHERE id IN ({})",
-            placeholders(1, chunk.len())
-        );
-        let mut statement = built::<DB>(sql);
-        for id in chunk {
-            statement = statement.arg(*id);
-        }
-        let rows = statement
-            .all(conn)
-            .await
-            .map_err(db("reading agents' resources"))?;
-        for row in &rows {
-            let cols = Cols::<DB>::new(row, "reading an agent's resources");
-            let section: Option<sqlx::types::Json<serde_json::Value>> = cols.get("resources")?;
-            out.insert(
-                cols.get::<Uuid>("id")?,
-                AgentResources {
-                    document: section.map_or(
-                        serde_json::Value::Null,
-                        |s| serde_json::json!({ "resources": s.0 }),
-                    ),
-                    held: Held::default(),
-                },
-            );
-        }
+    let select = "SELECT id, resources FROM agents WHERE id IN (";
+    let mut sections = Vec::new();
+    for row in &rows_in::<DB>(conn, select, &agent_ids, "reading agents' resources").await? {
+        let cols = Cols::<DB>::new(row, "reading an agent's resources");
+        let section: Option<Json<Value>> = cols.get("resources")?;
+        sections.push((cols.get::<Uuid>("id")?, section.map(|s| s.0)));
     }
-    for (agent_id, claims) in live_claims::<DB>(conn, &agent_ids, true).await? {
-        if let Some(agent) = out.get_mut(&agent_id) {
-            agent.held = Held::of(claims);
-        }
-    }
-    Ok(out)
+    let claims = live_claims::<DB>(conn, &agent_ids, true).await?;
+    Ok(agent_resources(sections, claims))
 }
 
 const AGENT_FREE: &str = "SELECT capacity - (SELECT CAST(COALESCE(SUM(l.slots), 0) AS BIGINT) \
