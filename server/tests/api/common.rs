@@ -205,6 +205,23 @@ pub async fn submit_request(server: &TestServer, request: pb::SubmitTaskRequest)
         .expect("task")
 }
 
+/// Submits an `exec` task with `placement` and expects INVALID_ARGUMENT
+/// naming `field`.
+pub async fn placement_refused(server: &TestServer, placement: pb::Placement, field: &str) {
+    let err = server
+        .tasks()
+        .await
+        .submit_task(pb::SubmitTaskRequest {
+            kind: "exec".into(),
+            placement: Some(placement),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains(field), "{field}: {}", err.message());
+}
+
 /// Reads a task.
 pub async fn get_task(server: &TestServer, task_id: &str) -> pb::Task {
     server

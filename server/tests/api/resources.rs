@@ -7,10 +7,10 @@
 
 use serde_json::{Value, json};
 use switchyard_proto::v1::{self as pb, lease_update::Update};
-use tonic::Code;
 
 use crate::common::{
-    Backend, TestAgent, TestServer, all_tasks, explain, get_task, submit_request, wait_for_state,
+    Backend, TestAgent, TestServer, all_tasks, explain, get_task, placement_refused,
+    submit_request, wait_for_state,
 };
 use crate::on_both_stores;
 
@@ -319,18 +319,7 @@ async fn bad_resource_requests_are_refused_naming_the_field(backend: Backend) {
         ),
     ];
     for (placement, field) in cases {
-        let err = server
-            .tasks()
-            .await
-            .submit_task(pb::SubmitTaskRequest {
-                kind: "exec".into(),
-                placement: Some(placement),
-                ..Default::default()
-            })
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-        assert!(err.message().contains(field), "{field}: {}", err.message());
+        placement_refused(&server, placement, field).await;
     }
     assert!(all_tasks(&server).await.is_empty());
     server.stop().await;

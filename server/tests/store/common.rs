@@ -326,24 +326,16 @@ impl TestStore for dyn Store {
 
 /// Registers an agent `name` in `ns` with `capacity`.
 pub async fn agent(store: &dyn Store, ns: &str, name: &str, capacity: u32) -> AgentRecord {
-    store
-        .register_agent(
-            &AgentRegistration {
-                namespace: ns.to_owned(),
-                name: name.to_owned(),
-                reported: json!({"tags": ["linux"]}),
-                document: json!({"tags": ["linux"]}),
-                provenance: json!({"tags": "agent"}),
-                rejections: json!([]),
-                capacity,
-                labels: BTreeMap::new(),
-                runner: "switchyard-agent/0.1.0 (rust)".to_owned(),
-                handled_kinds: vec!["*".to_owned()],
-            },
-            T0,
-        )
-        .await
-        .expect("register agent")
+    let provenance = json!({"tags": "agent"});
+    register(
+        store,
+        ns,
+        name,
+        capacity,
+        json!({"tags": ["linux"]}),
+        provenance,
+    )
+    .await
 }
 
 /// Registers an agent `name` in `ns` with `capacity` that offers two GPUs
@@ -353,6 +345,17 @@ pub async fn gpu_agent(store: &dyn Store, ns: &str, name: &str, capacity: u32) -
         "cpu_millicores": 4000, "memory_mb": 32000,
         "gpus": [{"index": 0, "uuid": "GPU-0"}, {"index": 1, "uuid": "GPU-1"}],
     }});
+    register(store, ns, name, capacity, document, json!({})).await
+}
+
+async fn register(
+    store: &dyn Store,
+    ns: &str,
+    name: &str,
+    capacity: u32,
+    document: Value,
+    provenance: Value,
+) -> AgentRecord {
     store
         .register_agent(
             &AgentRegistration {
@@ -360,7 +363,7 @@ pub async fn gpu_agent(store: &dyn Store, ns: &str, name: &str, capacity: u32) -
                 name: name.to_owned(),
                 reported: document.clone(),
                 document,
-                provenance: json!({}),
+                provenance,
                 rejections: json!([]),
                 capacity,
                 labels: BTreeMap::new(),
