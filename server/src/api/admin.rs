@@ -183,7 +183,7 @@ impl AgentAdminService for AdminApi {
                 check_kind(&req.kind).map_err(|err| invalid("kind", &err.to_string()))?;
                 compiled = compiled.with_kind(&req.kind);
             }
-            let (fleet, names) = api.fleet(&ns).await?;
+            let (fleet, names) = api.fleet_for(&ns, &compiled).await?;
             let explanation = matcher::explain(&compiled, &ns, &fleet);
             summary = explanation.summary.clone();
             ranking = matcher::ranking_note(&explanation, &fleet, &compiled, |id| {

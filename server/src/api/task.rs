@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use switchyard_core::kinds::check_kind;
 use switchyard_core::matcher::{self, AgentId};
-use switchyard_core::placement::{self as core_placement, Placement};
+use switchyard_core::placement::{self as core_placement, CompiledPlacement, Placement};
 use switchyard_core::resources::Held;
 use switchyard_proto::v1::{self as pb, task_service_server::TaskService};
 use tonic::{Request, Response, Status};
@@ -51,17 +51,30 @@ impl Api {
             }
             match next {
                 Some(token) => page.after = Some(token),
-                None => break,
+                None => return Ok((views, names)),
             }
         }
-        // What the busy agents' leases hold, so explanations count free
-        // devices and amounts as the grant does.
+    }
+
+    /// [`Api::fleet`] as matching `placement` sees it: for a placement that
+    /// claims more than a slot (resources, a spread key), with what the busy
+    /// agents' leases hold, so that explanations count free devices,
+    /// amounts and spread as the grant does.
+    pub(crate) async fn fleet_for(
+        &self,
+        namespace: &str,
+        placement: &CompiledPlacement,
+    ) -> Result<(
+        Vec<switchyard_core::matcher::AgentView>,
+        BTreeMap<AgentId, String>,
+    )> {
+        let (mut views, names) = self.fleet(namespace).await?;
         let busy: Vec<uuid::Uuid> = views
             .iter()
             .filter(|v| v.active_leases > 0)
             .map(|v| v.agent_id.uuid())
             .collect();
-        if !busy.is_empty() {
+        if placement.claims_beyond_slots() && !busy.is_empty() {
             let mut claims = self.store.live_claims(&busy).await?;
             for view in &mut views {
                 if let Some(held) = claims.remove(&view.agent_id.uuid()) {
@@ -185,7 +198,7 @@ impl Api {
         record: &TaskRecord,
     ) -> Result<(matcher::Explanation, BTreeMap<AgentId, String>)> {
         let compiled = stored_placement(record)?;
-        let (fleet, names) = self.fleet(&record.namespace).await?;
+        let (fleet, names) = self.fleet_for(&record.namespace, &compiled).await?;
         let refused: BTreeMap<AgentId, String> = self
             .store
             .task_refusals(record.id)
