@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_core::matcher::AgentId;
-use switchyard_core::resources::Claim;
 use uuid::Uuid;
 
 use switchyard_core::placement::{self, CompiledPlacement, Placement};
@@ -257,13 +256,9 @@ impl Dispatcher {
             };
             let avoid = failed.get(&task.id).map_or(&[][..], |a| a);
             match self.pick(task, compiled, avoid, now) {
-                Pick::Agent(agent_id, claim) => {
+                Pick::Agent(request) => {
                     outcome.first_live.get_or_insert(i);
-                    requests.push(GrantRequest {
-                        task_id: task.id,
-                        agent_id,
-                        claim,
-                    });
+                    requests.push(request);
                     picked.push(task);
                 }
                 Pick::Busy => {
@@ -314,17 +309,21 @@ impl Dispatcher {
             .select_retry(&compiled, &task.namespace, refused, failed);
         metrics::histogram!(crate::metrics::MATCH_SECONDS).record(started.elapsed().as_secs_f64());
         if let Some(selection) = selected {
-            let claim = state
-                .index
-                .get(selection.agent_id)
-                .and_then(|v| {
-                    compiled
-                        .assign(&v.document, v.capacity, v.active_leases, &v.held)
-                        .ok()
-                })
-                .unwrap_or_else(Claim::one_slot);
-            self.reserve(&mut state, selection.agent_id, task.id, claim.clone(), now);
-            return Pick::Agent(selection.agent_id.uuid(), claim);
+            let mut request = GrantRequest::one_slot(task.id, selection.agent_id.uuid());
+            if let Some(v) = state.index.get(selection.agent_id)
+                && let Ok(claim) =
+                    compiled.assign(&v.document, v.capacity, v.active_leases, &v.held)
+            {
+                // What the claim was assigned beside, for the store to confirm
+                // rather than read (a one-slot claim needs neither).
+                if !claim.is_one_slot() {
+                    request.seen = v.held.clone();
+                }
+                request.claim = claim;
+            }
+            let claim = request.claim.clone();
+            self.reserve(&mut state, selection.agent_id, task.id, claim, now);
+            return Pick::Agent(request);
         }
         if state
             .index
@@ -411,8 +410,8 @@ impl Dispatcher {
 
 /// What matching a task against the agents here found.
 enum Pick {
-    /// This agent, what the lease would hold there reserved.
-    Agent(uuid::Uuid, Claim),
+    /// The request for this agent, what the lease would hold there reserved.
+    Agent(GrantRequest),
     /// A capable agent, but none with room.
     Busy,
     /// No agent here can run it (or every one that could refused it).

@@ -4,10 +4,11 @@
 //! did; and the retry backoff after a failed attempt.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use switchyard_core::resources::Claim;
+use switchyard_core::resources::{Claim, Held};
 use uuid::Uuid;
 
 use super::names::{StoredName, display};
@@ -204,16 +205,27 @@ pub struct GrantRequest {
     /// What the lease would hold there (re-checked against the agent's live leases when
     /// granted).
     pub claim: Claim,
+    /// What the requester saw the agent's other live leases hold when it assigned `claim`. A
+    /// store may check the claim against this instead of reading the leases, if it confirms,
+    /// under the agent's lock, that no live lease holds anything this leaves out; a claim it
+    /// cannot confirm so is checked against the leases themselves. Never trusted alone.
+    pub seen: Arc<Held>,
 }
 
 impl GrantRequest {
-    /// A request for a lease that holds one slot.
-    pub fn one_slot(task_id: Uuid, agent_id: Uuid) -> Self {
+    /// A request for a lease that would hold `claim`, with nothing seen held.
+    pub fn new(task_id: Uuid, agent_id: Uuid, claim: Claim) -> Self {
         Self {
             task_id,
             agent_id,
-            claim: Claim::one_slot(),
+            claim,
+            seen: Arc::default(),
         }
+    }
+
+    /// A request for a lease that holds one slot.
+    pub fn one_slot(task_id: Uuid, agent_id: Uuid) -> Self {
+        Self::new(task_id, agent_id, Claim::one_slot())
     }
 }
 

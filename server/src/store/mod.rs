@@ -121,7 +121,9 @@ pub trait TaskStore: Send + Sync {
 pub trait LeaseStore: Send + Sync {
     /// Leases tasks to agents, all in one transaction; each request is
     /// granted only if its task is still QUEUED and its agent under
-    /// capacity, checked in that transaction.
+    /// capacity, and its claim within what the agent offers beside what its
+    /// live leases hold, checked in that transaction (the request's `seen`
+    /// may spare reading the leases, never changes the answer).
     async fn grant_leases(
         &self,
         requests: &[GrantRequest],

@@ -195,6 +195,15 @@ pub async fn submit(store: &dyn Store, task: NewTask, now_ms: i64) -> TaskRecord
     store.submit_task(task, now_ms).await.expect("submit").0
 }
 
+/// Submits `count` plain tasks to `ns`, one a millisecond from `T0`; their ids.
+pub async fn submit_tasks(store: &dyn Store, ns: &str, count: i64) -> Vec<Uuid> {
+    let mut ids = Vec::new();
+    for i in 0..count {
+        ids.push(submit(store, task(ns, 0, 3), T0 + i).await.id);
+    }
+    ids
+}
+
 /// What the tests ask of a store beyond the server's own calls, each made
 /// of them: one submit, one `started` or progress report, a touch, a
 /// namespace's agents.
@@ -378,11 +387,22 @@ async fn register(
 
 /// Asks for a lease of `task_id` on `agent_id` holding `claim`.
 pub fn claiming(task_id: Uuid, agent_id: Uuid, claim: Value) -> GrantRequest {
-    GrantRequest {
+    GrantRequest::new(
         task_id,
         agent_id,
-        claim: serde_json::from_value(claim).expect("a claim"),
-    }
+        serde_json::from_value(claim).expect("a claim"),
+    )
+}
+
+/// `request`, as sent by a requester that saw the agent's other leases hold
+/// `held` (task, claim).
+pub fn seeing(mut request: GrantRequest, held: &[(Uuid, Value)]) -> GrantRequest {
+    let held = held.iter().map(|(task, claim)| {
+        let claim = serde_json::from_value(claim.clone()).expect("a claim");
+        (*task, claim)
+    });
+    request.seen = std::sync::Arc::new(switchyard_core::resources::Held::of(held));
+    request
 }
 
 /// Registers `count` agents `w0`, `w1`, … in `ns` with `capacity`; their ids.
@@ -397,14 +417,7 @@ pub async fn agents(store: &dyn Store, ns: &str, count: usize, capacity: u32) ->
 /// Grants one task to one agent and returns the lease, panicking if refused.
 pub async fn grant(store: &dyn Store, task_id: Uuid, agent_id: Uuid, now_ms: i64) -> LeaseRecord {
     let outcomes = store
-        .grant_leases(
-            &[GrantRequest {
-                claim: switchyard_core::resources::Claim::one_slot(),
-                task_id,
-                agent_id,
-            }],
-            now_ms,
-        )
+        .grant_leases(&[GrantRequest::one_slot(task_id, agent_id)], now_ms)
         .await
         .expect("grant");
     match outcomes.as_slice() {

@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use crate::common::{
     BACKOFF_BASE_MS, Fixture, Lcg, T0, TestStore, agent, agents, claiming, gpu_agent, grant,
-    submit, task,
+    seeing, submit, submit_tasks, task,
 };
 
 crate::both_backends!(
@@ -34,6 +34,7 @@ crate::both_backends!(
     cancel_queued_and_leased_tasks,
     live_lease_counts_count_granted_and_active_only,
     claims_are_checked_against_what_live_leases_hold,
+    a_claim_is_checked_against_the_leases_whatever_its_requester_saw,
 );
 
 async fn live_lease_counts_count_granted_and_active_only(fx: &mut Fixture) {
@@ -114,36 +115,12 @@ async fn grant_refusals_and_monotonic_tokens(fx: &mut Fixture) {
     let outcomes = store
         .grant_leases(
             &[
-                GrantRequest {
-                    claim: switchyard_core::resources::Claim::one_slot(),
-                    task_id: a.id,
-                    agent_id: worker.id,
-                },
-                GrantRequest {
-                    claim: switchyard_core::resources::Claim::one_slot(),
-                    task_id: a.id,
-                    agent_id: worker.id,
-                },
-                GrantRequest {
-                    claim: switchyard_core::resources::Claim::one_slot(),
-                    task_id: b.id,
-                    agent_id: worker.id,
-                },
-                GrantRequest {
-                    claim: switchyard_core::resources::Claim::one_slot(),
-                    task_id: c.id,
-                    agent_id: worker.id,
-                },
-                GrantRequest {
-                    claim: switchyard_core::resources::Claim::one_slot(),
-                    task_id: b.id,
-                    agent_id: Uuid::now_v7(),
-                },
-                GrantRequest {
-                    claim: switchyard_core::resources::Claim::one_slot(),
-                    task_id: Uuid::now_v7(),
-                    agent_id: worker.id,
-                },
+                GrantRequest::one_slot(a.id, worker.id),
+                GrantRequest::one_slot(a.id, worker.id),
+                GrantRequest::one_slot(b.id, worker.id),
+                GrantRequest::one_slot(c.id, worker.id),
+                GrantRequest::one_slot(b.id, Uuid::now_v7()),
+                GrantRequest::one_slot(Uuid::now_v7(), worker.id),
             ],
             T0 + 1,
         )
@@ -221,10 +198,8 @@ async fn concurrent_grants_never_double_lease_or_overfill(fx: &mut Fixture) {
             for chunk in task_ids.chunks(5) {
                 let requests: Vec<GrantRequest> = chunk
                     .iter()
-                    .map(|&task_id| GrantRequest {
-                        claim: switchyard_core::resources::Claim::one_slot(),
-                        task_id,
-                        agent_id: agent_ids[rng.next(agent_ids.len())],
+                    .map(|&task_id| {
+                        GrantRequest::one_slot(task_id, agent_ids[rng.next(agent_ids.len())])
                     })
                     .collect();
                 for outcome in store.grant_leases(&requests, T0 + 1_000).await.unwrap() {
@@ -304,10 +279,8 @@ async fn submits_leased_on_the_way_in_and_grants_never_overfill_an_agent(fx: &mu
                 } else {
                     let requests: Vec<GrantRequest> = queued[(round * 5) % queued.len()..][..5]
                         .iter()
-                        .map(|&task_id| GrantRequest {
-                            claim: switchyard_core::resources::Claim::one_slot(),
-                            task_id,
-                            agent_id: agent_ids[rng.next(AGENTS)],
+                        .map(|&task_id| {
+                            GrantRequest::one_slot(task_id, agent_ids[rng.next(AGENTS)])
                         })
                         .collect();
                     store.grant_leases(&requests, T0 + 1_000).await.unwrap()
@@ -553,14 +526,7 @@ async fn failed_attempt_retries_after_backoff(fx: &mut Fixture) {
             .is_empty()
     );
     let early = store
-        .grant_leases(
-            &[GrantRequest {
-                claim: switchyard_core::resources::Claim::one_slot(),
-                task_id: t.id,
-                agent_id: worker.id,
-            }],
-            T0 + 11,
-        )
+        .grant_leases(&[GrantRequest::one_slot(t.id, worker.id)], T0 + 11)
         .await
         .unwrap();
     assert_eq!(early, [GrantOutcome::Refused(GrantRefusal::NotYet)]);
@@ -850,11 +816,7 @@ async fn one_batch_completes_many_leases_and_a_repeat(fx: &mut Fixture) {
     for i in 0..50 {
         let t = submit(store, task("ns", 0, 3), T0 + i).await;
         let agent_id = if i % 2 == 0 { first.id } else { second.id };
-        requests.push(GrantRequest {
-            claim: switchyard_core::resources::Claim::one_slot(),
-            task_id: t.id,
-            agent_id,
-        });
+        requests.push(GrantRequest::one_slot(t.id, agent_id));
     }
     let leases: Vec<_> = store
         .grant_leases(&requests, T0 + 100)
@@ -916,11 +878,7 @@ async fn concurrent_sweepers_expire_each_lease_once(fx: &mut Fixture) {
     let mut requests = Vec::new();
     for i in 0..40 {
         let t = submit(fx.store.as_ref(), task("ns", 0, 3), T0 + i).await;
-        requests.push(GrantRequest {
-            claim: switchyard_core::resources::Claim::one_slot(),
-            task_id: t.id,
-            agent_id: worker.id,
-        });
+        requests.push(GrantRequest::one_slot(t.id, worker.id));
     }
     fx.store.grant_leases(&requests, T0 + 100).await.unwrap();
     // Two instances (two replicas on PostgreSQL), two sweepers each.
@@ -964,10 +922,7 @@ async fn concurrent_sweepers_expire_each_lease_once(fx: &mut Fixture) {
 async fn claims_are_checked_against_what_live_leases_hold(fx: &mut Fixture) {
     let store = fx.store.as_ref();
     let gpu = gpu_agent(store, "ns", "gpu", 8).await;
-    let mut tasks = Vec::new();
-    for i in 0..8 {
-        tasks.push(submit(store, task("ns", 0, 3), T0 + i).await.id);
-    }
+    let tasks = submit_tasks(store, "ns", 8).await;
     let outcomes = store
         .grant_leases(
             &[
@@ -1072,4 +1027,94 @@ async fn claims_are_checked_against_what_live_leases_hold(fx: &mut Fixture) {
         .collect();
     gpus.sort();
     assert_eq!(gpus, ["GPU-0", "GPU-1"]);
+}
+
+/// A requester's view of what an agent holds (`GrantRequest::seen`) only
+/// spares a read: a view that misses a live lease, remembers one that
+/// ended, or remembers the wrong devices for one, changes nothing about
+/// which claims are granted.
+async fn a_claim_is_checked_against_the_leases_whatever_its_requester_saw(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let gpu = gpu_agent(store, "ns", "gpu", 8).await;
+    let tasks = submit_tasks(store, "ns", 6).await;
+    let gpu0 = json!({"slots": 1, "gpus": ["GPU-0"]});
+    let gpu1 = json!({"slots": 1, "gpus": ["GPU-1"]});
+    let first = store
+        .grant_leases(&[claiming(tasks[0], gpu.id, gpu0.clone())], T0 + 10)
+        .await
+        .unwrap();
+    assert!(matches!(first[0], GrantOutcome::Granted(_)), "{first:?}");
+    let verdict = |outcomes: Vec<GrantOutcome>| match outcomes.as_slice() {
+        [GrantOutcome::Granted(lease)] => Ok(lease.claim.gpus.clone()),
+        [GrantOutcome::Refused(refusal)] => Err(*refusal),
+        other => panic!("one outcome expected: {other:?}"),
+    };
+    // Seen nothing held: GPU-0 is still refused, GPU-1 still granted.
+    let blind = store
+        .grant_leases(&[claiming(tasks[1], gpu.id, gpu0.clone())], T0 + 20)
+        .await
+        .unwrap();
+    assert_eq!(verdict(blind), Err(GrantRefusal::ResourcesTaken));
+    // Seen the wrong device held by the live lease: GPU-0 looks free, is not.
+    let wrong = seeing(
+        claiming(tasks[1], gpu.id, gpu0.clone()),
+        &[(tasks[0], gpu1.clone())],
+    );
+    let wrong = store.grant_leases(&[wrong], T0 + 20).await.unwrap();
+    assert_eq!(verdict(wrong), Err(GrantRefusal::ResourcesTaken));
+    // Seen right: GPU-0 refused, GPU-1 granted.
+    let right = seeing(
+        claiming(tasks[1], gpu.id, gpu0.clone()),
+        &[(tasks[0], gpu0.clone())],
+    );
+    let right = store.grant_leases(&[right], T0 + 20).await.unwrap();
+    assert_eq!(verdict(right), Err(GrantRefusal::ResourcesTaken));
+    let fits = seeing(
+        claiming(tasks[2], gpu.id, gpu1.clone()),
+        &[(tasks[0], gpu0.clone())],
+    );
+    let fits = store.grant_leases(&[fits], T0 + 20).await.unwrap();
+    assert_eq!(verdict(fits), Ok(vec!["GPU-1".to_owned()]));
+    // Both leases end; a view that still remembers them refuses nothing.
+    for lease in store.live_claims(&[gpu.id]).await.unwrap()[&gpu.id].clone() {
+        let lease = store.get_task(lease.0).await.unwrap().lease_id.unwrap();
+        let lease = store.get_lease(lease).await.unwrap();
+        store
+            .complete_leases(
+                &[completion(
+                    &lease,
+                    CompletionOutcome::Succeeded { result: json!({}) },
+                )],
+                T0 + 30,
+            )
+            .await
+            .unwrap();
+    }
+    let stale = seeing(
+        claiming(tasks[3], gpu.id, gpu0.clone()),
+        &[(tasks[0], gpu0.clone()), (tasks[2], gpu1.clone())],
+    );
+    let stale = store.grant_leases(&[stale], T0 + 40).await.unwrap();
+    assert_eq!(verdict(stale), Ok(vec!["GPU-0".to_owned()]));
+    // Blind again, in one batch with a request that saw right: the batch's
+    // own first grant counts for the second.
+    let batch = store
+        .grant_leases(
+            &[
+                claiming(tasks[4], gpu.id, gpu1.clone()),
+                seeing(
+                    claiming(tasks[5], gpu.id, gpu1.clone()),
+                    &[(tasks[3], gpu0.clone())],
+                ),
+            ],
+            T0 + 50,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(batch[0], GrantOutcome::Granted(_)), "{batch:?}");
+    assert_eq!(
+        batch[1],
+        GrantOutcome::Refused(GrantRefusal::ResourcesTaken)
+    );
+    assert_eq!(store.get_agent(gpu.id).await.unwrap().active_leases, 2);
 }

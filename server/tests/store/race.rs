@@ -61,11 +61,7 @@ async fn two_replicas_grant_1000_tasks_to_50_agents_exactly_once() {
                     let pool = if free.is_empty() { &agent_ids } else { &free };
                     let requests: Vec<GrantRequest> = candidates
                         .iter()
-                        .map(|t| GrantRequest {
-                            claim: switchyard_core::resources::Claim::one_slot(),
-                            task_id: t.id,
-                            agent_id: pool[rng.next(pool.len())],
-                        })
+                        .map(|t| GrantRequest::one_slot(t.id, pool[rng.next(pool.len())]))
                         .collect();
                     for outcome in store.grant_leases(&requests, T0 + 10_000).await.unwrap() {
                         match outcome {

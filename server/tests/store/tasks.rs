@@ -9,7 +9,7 @@ use switchyard_server::model::{
 };
 use uuid::Uuid;
 
-use crate::common::{Fixture, T0, TestStore, agent, grant, submit, task};
+use crate::common::{Fixture, T0, TestStore, agent, grant, submit, submit_tasks, task};
 
 crate::both_backends!(
     submit_get_and_history,
@@ -57,10 +57,7 @@ async fn a_schema_migrated_by_a_newer_release_still_opens(fx: &mut Fixture) {
 async fn count_tasks_counts_live_tasks_by_namespace_and_state(fx: &mut Fixture) {
     let store = fx.store.as_ref();
     let worker = agent(store, "a", "w", 4).await;
-    let mut ids = Vec::new();
-    for i in 0..4 {
-        ids.push(submit(store, task("a", 0, 3), T0 + i).await.id);
-    }
+    let ids = submit_tasks(store, "a", 4).await;
     submit(store, task("b", 0, 3), T0).await;
     grant(store, ids[0], worker.id, T0 + 10).await;
     let running = grant(store, ids[1], worker.id, T0 + 10).await;

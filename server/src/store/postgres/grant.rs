@@ -1,7 +1,9 @@
 //! PostgreSQL's grant: the tasks locked (`SKIP LOCKED`), the agents
 //! locked in id order, the claims of more than slots checked against what
-//! the agents' live leases hold, and one statement that keeps the grants
-//! their free slots allow and writes leases, tasks and history.
+//! their requesters saw held, and one statement that keeps the grants
+//! their free slots allow, confirms that no live lease holds what the
+//! requesters did not see, and writes leases, tasks and history. Claims it
+//! cannot confirm are checked again against the live leases themselves.
 
 use std::collections::{HashMap, HashSet};
 
@@ -32,23 +34,33 @@ const LOCK_TASKS_TO_GRANT: &str = "SELECT id, state, not_before_ms, fencing_toke
   lease_ttl_ms FROM tasks WHERE id = ANY($1) FOR UPDATE SKIP LOCKED";
 
 /// The grants of a batch that fit their agents' free slots, written: the
-/// leases, the tasks LEASED, one history entry each. Answers the task ids
-/// that fit and those leased (the same, with the tasks locked). A task is
-/// updated only if its fencing token is still the one the grant was planned
-/// on.
+/// leases, the tasks LEASED, one history entry each. A grant with a claim
+/// beyond slots fits only if the agent's live leases hold nothing its
+/// requester did not see (`$9..$11`: agent, task and claim text of each
+/// lease seen): those it cannot confirm so are answered apart, to be
+/// checked against the leases themselves. Answers the task ids that fit,
+/// those leased (the same, with the tasks locked) and those unconfirmed. A
+/// task is updated only if its fencing token is still the one the grant was
+/// planned on.
 const GRANT_LEASES: &str = "\
 WITH g AS ( \
   SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[], $7::int8[], \
   $8::text[]) WITH ORDINALITY AS g(lease_id, task_id, agent_id, token, expires_at_ms, slots, \
   claim, ord) \
+), seen AS ( \
+  SELECT * FROM UNNEST($9::uuid[], $10::uuid[], $11::text[]) AS s(agent_id, task_id, claim) \
 ), live AS ( \
-  SELECT l.agent_id, SUM(l.slots) AS n FROM leases l \
+  SELECT l.agent_id, SUM(l.slots) AS n, \
+  COUNT(*) FILTER (WHERE l.claim IS NOT NULL AND s.task_id IS NULL) AS unseen FROM leases l \
+  LEFT JOIN seen s ON s.agent_id = l.agent_id AND s.task_id = l.task_id AND s.claim = l.claim \
   WHERE l.agent_id = ANY($3) AND l.state IN ('granted', 'active') GROUP BY l.agent_id \
-), fit AS ( \
-  SELECT r.* FROM ( \
+), checked AS ( \
+  SELECT r.*, COALESCE(live.n, 0) + r.rn <= a.capacity AS room, \
+  r.claim IS NULL OR COALESCE(live.unseen, 0) = 0 AS confirmed FROM ( \
     SELECT g.*, SUM(g.slots) OVER (PARTITION BY g.agent_id ORDER BY g.ord) AS rn FROM g \
   ) r JOIN agents a ON a.id = r.agent_id LEFT JOIN live ON live.agent_id = r.agent_id \
-  WHERE COALESCE(live.n, 0) + r.rn <= a.capacity \
+), fit AS ( \
+  SELECT * FROM checked WHERE room AND confirmed \
 ), new_leases AS ( \
   INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, granted_at_ms, \
   expires_at_ms, slots, claim) \
@@ -66,9 +78,10 @@ WITH g AS ( \
   'leased to agent ' || fit.agent_id::text || ' with fencing token ' || fit.token::text, \
   fit.agent_id, fit.lease_id, $6 FROM fit \
 ) \
-SELECT ARRAY(SELECT task_id FROM fit), ARRAY(SELECT id FROM leased)";
+SELECT ARRAY(SELECT task_id FROM fit), ARRAY(SELECT id FROM leased), \
+ARRAY(SELECT task_id FROM checked WHERE NOT confirmed)";
 
-/// Grants in `w` (see `LeaseStore::grant_leases`), in four statements: the
+/// Grants in `w` (see `LeaseStore::grant_leases`), in three statements: the
 /// requested tasks are locked (`SKIP LOCKED`: one another transaction is
 /// changing is refused), then the agents (in id order, as every grant and
 /// submit locks them, so concurrent grants queue instead of deadlocking),
@@ -77,6 +90,13 @@ SELECT ARRAY(SELECT task_id FROM fit), ARRAY(SELECT id FROM leased)";
 /// is a statement after the agent locks, so it sees every grant committed
 /// before this one; the agents stay locked only for that statement and the
 /// commit.
+///
+/// A claim of more than slots is checked against what its requester saw
+/// the agent's other leases hold (`GrantRequest::seen`), and the writing
+/// statement confirms that no live lease holds anything that leaves out.
+/// Only claims refused or unconfirmed so are checked again, against the
+/// leases read after the locks (and after this batch's first grants), and
+/// written in two more statements.
 pub(super) async fn grant(
     w: &mut Write<Postgres>,
     requests: &[GrantRequest],
@@ -101,7 +121,7 @@ pub(super) async fn grant(
     agent_ids.sort_unstable();
     agent_ids.dedup();
     let claiming = requests.iter().any(|r| !r.claim.is_one_slot());
-    let mut sections = Vec::new();
+    let mut sections: Vec<Section> = Vec::new();
     let known: Vec<Uuid> = if agent_ids.is_empty() {
         Vec::new()
     } else if claiming {
@@ -121,16 +141,46 @@ pub(super) async fn grant(
             .map_err(db("locking agents to grant"))?
     };
     // Planned as if every agent had room; the statement keeps, agent by
-    // agent in request order, the grants its free slots allow. Claims of
-    // more than slots are checked here against what the agents' live
-    // leases hold, read now that the agents are locked.
+    // agent in request order, the grants its free slots allow.
     let unbounded: HashMap<Uuid, i64> = known.iter().map(|id| (*id, i64::MAX)).collect();
-    let mut resources = claimed_resources(w, requests, sections).await?;
+    let sections = sections.into_iter().map(|(id, s)| (id, s.map(|s| s.0)));
+    let mut resources = agent_resources(sections, seen_claims(requests));
+    let seen = Seen::of(&resources);
     let mut plan = plan_grants(requests, &unbounded, &mut resources, &tasks, now_ms);
-    let leased = write_grants(w, &plan, now_ms).await?;
+    let written = write_grants(w, &plan, &seen, now_ms).await?;
+    let mut leased = written.leased;
+    let mut unconfirmed = HashSet::new();
+    let again: Vec<usize> = (0..requests.len())
+        .filter(|&i| match &plan[i] {
+            Err(refusal) => *refusal == GrantRefusal::ResourcesTaken,
+            Ok(grant) => written.unconfirmed.contains(&grant.task_id),
+        })
+        .collect();
+    if !again.is_empty() {
+        let retried: Vec<GrantRequest> = again.iter().map(|&i| requests[i].clone()).collect();
+        let sections = claiming_agents(&retried)
+            .into_iter()
+            .filter_map(|id| Some((id, Some(resources.get(&id)?.section.clone()))));
+        let mut resources = claimed_resources(w, &retried, sections).await?;
+        let seen = Seen::of(&resources);
+        let replanned = plan_grants(&retried, &unbounded, &mut resources, &tasks, now_ms);
+        let rewritten = write_grants(w, &replanned, &seen, now_ms).await?;
+        leased.extend(rewritten.leased);
+        // None: the leases were read under the locks.
+        unconfirmed = rewritten.unconfirmed;
+        for (i, planned) in again.into_iter().zip(replanned) {
+            plan[i] = planned;
+        }
+    }
     for planned in &mut plan {
-        if planned.as_ref().is_ok_and(|g| !leased.contains(&g.task_id)) {
-            *planned = Err(GrantRefusal::AgentAtCapacity);
+        if let Ok(grant) = planned
+            && !leased.contains(&grant.task_id)
+        {
+            *planned = Err(if unconfirmed.contains(&grant.task_id) {
+                GrantRefusal::ResourcesTaken
+            } else {
+                GrantRefusal::AgentAtCapacity
+            });
         }
     }
     Ok(plan
@@ -166,7 +216,7 @@ type Section = (Uuid, Option<Json<Value>>);
 async fn claimed_resources(
     w: &mut Write<Postgres>,
     requests: &[GrantRequest],
-    sections: Vec<Section>,
+    sections: impl Iterator<Item = (Uuid, Option<Value>)>,
 ) -> Result<HashMap<Uuid, AgentResources>> {
     let agent_ids = claiming_agents(requests);
     if agent_ids.is_empty() {
@@ -182,22 +232,72 @@ async fn claimed_resources(
         let claim = rows::claim(slots, claim)?;
         claims.entry(agent_id).or_default().push((task_id, claim));
     }
-    let sections = sections
-        .into_iter()
-        .filter(|(id, _)| agent_ids.binary_search(id).is_ok())
-        .map(|(id, section)| (id, section.map(|s| s.0)));
+    let sections = sections.filter(|(id, _)| agent_ids.binary_search(id).is_ok());
     Ok(agent_resources(sections, claims))
 }
 
-/// Runs [`GRANT_LEASES`] for the planned grants; the tasks it leased.
+/// What the requesters saw held on each agent they claim more than slots
+/// of: the first such request's view (later ones of the batch also saw the
+/// batch's earlier claims, which `plan_grants` holds as it goes).
+fn seen_claims(requests: &[GrantRequest]) -> HashMap<Uuid, Vec<(Uuid, Claim)>> {
+    let mut seen: HashMap<Uuid, Vec<(Uuid, Claim)>> = HashMap::new();
+    for request in requests.iter().filter(|r| !r.claim.is_one_slot()) {
+        seen.entry(request.agent_id).or_insert_with(|| {
+            let claims = request.seen.claims();
+            claims.map(|(task, claim)| (*task, claim.clone())).collect()
+        });
+    }
+    seen
+}
+
+/// The claims a plan counted as held before its batch, by agent and task,
+/// as [`GRANT_LEASES`] confirms them.
+#[derive(Default)]
+struct Seen {
+    agents: Vec<Uuid>,
+    tasks: Vec<Uuid>,
+    claims: Vec<String>,
+}
+
+impl Seen {
+    fn of(resources: &HashMap<Uuid, AgentResources>) -> Seen {
+        let mut seen = Seen::default();
+        for (agent_id, agent) in resources {
+            for (task_id, claim) in agent.held.claims() {
+                if let Some(text) = rows::claim_text(claim) {
+                    seen.agents.push(*agent_id);
+                    seen.tasks.push(*task_id);
+                    seen.claims.push(text);
+                }
+            }
+        }
+        seen
+    }
+}
+
+/// What [`write_grants`] wrote.
+struct Written {
+    /// The tasks leased.
+    leased: HashSet<Uuid>,
+    /// The tasks whose claims were not written because a live lease of the
+    /// agent holds something the plan did not count.
+    unconfirmed: HashSet<Uuid>,
+}
+
+/// Runs [`GRANT_LEASES`] for the planned grants, confirming their claims
+/// against what the plan counted as held (`seen`).
 async fn write_grants(
     w: &mut Write<Postgres>,
     plan: &[Result<PlannedGrant, GrantRefusal>],
+    seen: &Seen,
     now_ms: i64,
-) -> Result<HashSet<Uuid>> {
+) -> Result<Written> {
     let planned: Vec<_> = plan.iter().filter_map(|p| p.as_ref().ok()).collect();
     if planned.is_empty() {
-        return Ok(HashSet::new());
+        return Ok(Written {
+            leased: HashSet::new(),
+            unconfirmed: HashSet::new(),
+        });
     }
     let lease_ids: Vec<Uuid> = planned.iter().map(|g| g.lease_id).collect();
     let task_ids: Vec<Uuid> = planned.iter().map(|g| g.task_id).collect();
@@ -206,18 +306,22 @@ async fn write_grants(
     let expiries: Vec<i64> = planned.iter().map(|g| g.expires_at_ms).collect();
     let slots: Vec<i64> = planned.iter().map(|g| i64::from(g.claim.slots)).collect();
     let claims: Vec<Option<String>> = planned.iter().map(|g| rows::claim_text(&g.claim)).collect();
-    let (fitting, leased): (Vec<Uuid>, Vec<Uuid>) = sqlx::query_as(GRANT_LEASES)
-        .bind(&lease_ids)
-        .bind(&task_ids)
-        .bind(&agent_ids)
-        .bind(&tokens)
-        .bind(&expiries)
-        .bind(now_ms)
-        .bind(&slots)
-        .bind(&claims)
-        .fetch_one(w.conn())
-        .await
-        .map_err(db("granting leases"))?;
+    let (fitting, leased, unconfirmed): (Vec<Uuid>, Vec<Uuid>, Vec<Uuid>) =
+        sqlx::query_as(GRANT_LEASES)
+            .bind(&lease_ids)
+            .bind(&task_ids)
+            .bind(&agent_ids)
+            .bind(&tokens)
+            .bind(&expiries)
+            .bind(now_ms)
+            .bind(&slots)
+            .bind(&claims)
+            .bind(&seen.agents)
+            .bind(&seen.tasks)
+            .bind(&seen.claims)
+            .fetch_one(w.conn())
+            .await
+            .map_err(db("granting leases"))?;
     if leased.len() != fitting.len() {
         // Cannot happen with the rows locked above; refuse to commit rather
         // than count capacity wrongly.
@@ -230,5 +334,8 @@ async fn write_grants(
             ),
         });
     }
-    Ok(leased.into_iter().collect())
+    Ok(Written {
+        leased: leased.into_iter().collect(),
+        unconfirmed: unconfirmed.into_iter().collect(),
+    })
 }
