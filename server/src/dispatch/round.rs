@@ -317,7 +317,7 @@ impl Dispatcher {
                 // What the claim was assigned beside, for the store to confirm
                 // rather than read (a one-slot claim needs neither).
                 if !claim.is_one_slot() {
-                    request.seen = v.held.clone();
+                    request.seen = Some(v.held.clone());
                 }
                 request.claim = claim;
             }

@@ -208,8 +208,9 @@ pub struct GrantRequest {
     /// What the requester saw the agent's other live leases hold when it assigned `claim`. A
     /// store may check the claim against this instead of reading the leases, if it confirms,
     /// under the agent's lock, that no live lease holds anything this leaves out; a claim it
-    /// cannot confirm so is checked against the leases themselves. Never trusted alone.
-    pub seen: Arc<Held>,
+    /// cannot confirm so is checked against the leases themselves. Never trusted alone; `None`:
+    /// nothing seen held.
+    pub seen: Option<Arc<Held>>,
 }
 
 impl GrantRequest {
@@ -219,7 +220,7 @@ impl GrantRequest {
             task_id,
             agent_id,
             claim,
-            seen: Arc::default(),
+            seen: None,
         }
     }
 

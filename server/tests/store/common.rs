@@ -401,7 +401,9 @@ pub fn seeing(mut request: GrantRequest, held: &[(Uuid, Value)]) -> GrantRequest
         let claim = serde_json::from_value(claim.clone()).expect("a claim");
         (*task, claim)
     });
-    request.seen = std::sync::Arc::new(switchyard_core::resources::Held::of(held));
+    request.seen = Some(std::sync::Arc::new(switchyard_core::resources::Held::of(
+        held,
+    )));
     request
 }
 

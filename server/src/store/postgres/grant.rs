@@ -243,7 +243,7 @@ fn seen_claims(requests: &[GrantRequest]) -> HashMap<Uuid, Vec<(Uuid, Claim)>> {
     let mut seen: HashMap<Uuid, Vec<(Uuid, Claim)>> = HashMap::new();
     for request in requests.iter().filter(|r| !r.claim.is_one_slot()) {
         seen.entry(request.agent_id).or_insert_with(|| {
-            let claims = request.seen.claims();
+            let claims = request.seen.iter().flat_map(|held| held.claims());
             claims.map(|(task, claim)| (*task, claim.clone())).collect()
         });
     }
