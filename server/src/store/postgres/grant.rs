@@ -16,7 +16,7 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::model::{GrantOutcome, GrantRefusal, GrantRequest, StoreEvent, TaskState};
 use crate::store::plan::{
-    AgentResources, GrantableTask, PlannedGrant, agent_resources, claiming_agents, db, plan_grants,
+    AgentResources, GrantableTask, PlannedGrant, agent_resources, db, plan_grants,
 };
 use crate::store::sql::{Write, leases, rows};
 
@@ -95,8 +95,9 @@ ARRAY(SELECT task_id FROM checked WHERE NOT confirmed)";
 /// the agent's other leases hold (`GrantRequest::seen`), and the writing
 /// statement confirms that no live lease holds anything that leaves out.
 /// Only claims refused or unconfirmed so are checked again, against the
-/// leases read after the locks (and after this batch's first grants), and
-/// written in two more statements.
+/// agents' sections and leases read after the locks (and after this
+/// batch's first grants, as `leases::claimed_resources` reads them for
+/// SQLite, in two statements), and written in one more.
 pub(super) async fn grant(
     w: &mut Write<Postgres>,
     requests: &[GrantRequest],
@@ -149,7 +150,6 @@ pub(super) async fn grant(
     let mut plan = plan_grants(requests, &unbounded, &mut resources, &tasks, now_ms);
     let written = write_grants(w, &plan, &seen, now_ms).await?;
     let mut leased = written.leased;
-    let mut unconfirmed = HashSet::new();
     let again: Vec<usize> = (0..requests.len())
         .filter(|&i| match &plan[i] {
             Err(refusal) => *refusal == GrantRefusal::ResourcesTaken,
@@ -158,29 +158,18 @@ pub(super) async fn grant(
         .collect();
     if !again.is_empty() {
         let retried: Vec<GrantRequest> = again.iter().map(|&i| requests[i].clone()).collect();
-        let sections = claiming_agents(&retried)
-            .into_iter()
-            .filter_map(|id| Some((id, Some(resources.get(&id)?.section.clone()))));
-        let mut resources = claimed_resources(w, &retried, sections).await?;
+        // Read with the agents locked: every claim is confirmed.
+        let mut resources = leases::claimed_resources::<Postgres>(w.conn(), &retried).await?;
         let seen = Seen::of(&resources);
         let replanned = plan_grants(&retried, &unbounded, &mut resources, &tasks, now_ms);
-        let rewritten = write_grants(w, &replanned, &seen, now_ms).await?;
-        leased.extend(rewritten.leased);
-        // None: the leases were read under the locks.
-        unconfirmed = rewritten.unconfirmed;
+        leased.extend(write_grants(w, &replanned, &seen, now_ms).await?.leased);
         for (i, planned) in again.into_iter().zip(replanned) {
             plan[i] = planned;
         }
     }
     for planned in &mut plan {
-        if let Ok(grant) = planned
-            && !leased.contains(&grant.task_id)
-        {
-            *planned = Err(if unconfirmed.contains(&grant.task_id) {
-                GrantRefusal::ResourcesTaken
-            } else {
-                GrantRefusal::AgentAtCapacity
-            });
+        if planned.as_ref().is_ok_and(|g| !leased.contains(&g.task_id)) {
+            *planned = Err(GrantRefusal::AgentAtCapacity);
         }
     }
     Ok(plan
@@ -203,38 +192,8 @@ pub(super) async fn grant(
 const LOCK_AGENTS_WITH_RESOURCES: &str =
     "SELECT id, resources FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE";
 
-/// What the live leases of the agents hold beyond slots.
-const CLAIMS_OF: &str = "SELECT agent_id, task_id, slots, claim FROM leases \
-  WHERE agent_id = ANY($1) AND state IN ('granted', 'active') AND claim IS NOT NULL";
-
 /// A locked agent and its resources section.
 type Section = (Uuid, Option<Json<Value>>);
-
-/// `leases::claimed_resources` for PostgreSQL: the offers from the agents'
-/// resources `sections` (read with their locks) and one statement for what
-/// their live leases hold, read after the locks.
-async fn claimed_resources(
-    w: &mut Write<Postgres>,
-    requests: &[GrantRequest],
-    sections: impl Iterator<Item = (Uuid, Option<Value>)>,
-) -> Result<HashMap<Uuid, AgentResources>> {
-    let agent_ids = claiming_agents(requests);
-    if agent_ids.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let live: Vec<(Uuid, Uuid, i64, Option<String>)> = sqlx::query_as(CLAIMS_OF)
-        .bind(&agent_ids)
-        .fetch_all(w.conn())
-        .await
-        .map_err(db("reading live leases' claims"))?;
-    let mut claims: HashMap<Uuid, Vec<(Uuid, Claim)>> = HashMap::new();
-    for (agent_id, task_id, slots, claim) in live {
-        let claim = rows::claim(slots, claim)?;
-        claims.entry(agent_id).or_default().push((task_id, claim));
-    }
-    let sections = sections.filter(|(id, _)| agent_ids.binary_search(id).is_ok());
-    Ok(agent_resources(sections, claims))
-}
 
 /// What the requesters saw held on each agent they claim more than slots
 /// of: the first such request's view (later ones of the batch also saw the
