@@ -315,8 +315,10 @@ impl Dispatcher {
                     compiled.assign(&v.document, v.capacity, v.active_leases, &v.held)
             {
                 // What the claim was assigned beside, for the store to confirm
-                // rather than read (a one-slot claim needs neither).
-                if !claim.is_one_slot() {
+                // rather than read (a one-slot claim needs neither). An agent
+                // holding nothing is left `None`: sharing its empty view would
+                // make the reservation below copy it.
+                if !claim.is_one_slot() && !v.held.is_empty() {
                     request.seen = Some(v.held.clone());
                 }
                 request.claim = claim;
