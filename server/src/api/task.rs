@@ -20,7 +20,9 @@ use super::{Api, TaskApi, invalid, namespace, page_size, parse_id};
 use crate::auth::{Caller, Need};
 use crate::error::{Error, Result};
 use crate::model::{
-    NewTask, Page, QueuedReason, RevocationCause, TaskFilter, TaskRecord, TaskState,
+    DEFAULT_BACKOFF_BASE_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MULTIPLIER, MAX_BACKOFF_MS,
+    MAX_RETRY_MULTIPLIER, NewTask, Page, QueuedReason, RetryPolicy, RevocationCause, TaskFilter,
+    TaskRecord, TaskState,
 };
 use crate::wire;
 
@@ -136,6 +138,7 @@ impl Api {
         if let Some(v) = self.settings.document_limits.violations(&payload).first() {
             return Err(invalid(&super::field_path("payload", &v.path), &v.reason));
         }
+        let retry = req.retry.as_ref().map(retry_policy).transpose()?;
         let mut placement = wire::placement::from_proto(req.placement.as_ref())?;
         // The namespace's default policy is the task's from now on: what
         // explain, the dispatcher and every replica read.
@@ -178,6 +181,7 @@ impl Api {
             })?,
             priority: req.priority,
             max_attempts,
+            retry,
             lease_ttl_ms,
             idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
             not_before_ms: req.not_before.as_ref().map(timestamp_ms),
@@ -445,4 +449,65 @@ impl TaskService for TaskApi {
             next_page_token: next,
         }))
     }
+}
+
+/// The longest retry wait a task may ask for.
+const MAX_RETRY_BACKOFF_MS: i64 = 86_400_000;
+
+/// The shortest first retry wait a task may ask for.
+const MIN_RETRY_BACKOFF_MS: i64 = 100;
+
+/// A submitted retry policy, its unset fields filled with the defaults; an
+/// `INVALID_ARGUMENT` naming the field that is out of range.
+fn retry_policy(policy: &pb::RetryPolicy) -> Result<RetryPolicy> {
+    let wait = |field: &str, d: Option<&prost_types::Duration>, default: i64, min: i64| {
+        let Some(d) = d else {
+            return Ok(default);
+        };
+        match duration_ms(d) {
+            Some(ms) if (min..=MAX_RETRY_BACKOFF_MS).contains(&ms) => Ok(ms),
+            _ => Err(invalid(
+                &format!("retry.{field}"),
+                &format!("must be between {min}ms and 24h"),
+            )),
+        }
+    };
+    let initial = wait(
+        "initial_backoff",
+        policy.initial_backoff.as_ref(),
+        DEFAULT_BACKOFF_BASE_MS,
+        MIN_RETRY_BACKOFF_MS,
+    )?;
+    let max = wait(
+        "max_backoff",
+        policy.max_backoff.as_ref(),
+        MAX_BACKOFF_MS.max(initial),
+        initial,
+    )?;
+    let multiplier = match policy.multiplier {
+        0.0 => DEFAULT_RETRY_MULTIPLIER,
+        m if (1.0..=MAX_RETRY_MULTIPLIER).contains(&m) => m,
+        _ => {
+            return Err(invalid(
+                "retry.multiplier",
+                "must be between 1 and 10 (0 for the default, 2)",
+            ));
+        }
+    };
+    let jitter = match policy.jitter {
+        None => DEFAULT_RETRY_JITTER,
+        Some(j) if (0.0..=1.0).contains(&j) => j,
+        Some(_) => {
+            return Err(invalid(
+                "retry.jitter",
+                "must be between 0 and 1 (unset for the default, 0.2)",
+            ));
+        }
+    };
+    Ok(RetryPolicy {
+        initial_backoff_ms: initial,
+        max_backoff_ms: max,
+        multiplier,
+        jitter,
+    })
 }

@@ -173,6 +173,18 @@ struct SubmitArgs {
     /// Lease lifetime in seconds without renewal (0: the server's default).
     #[arg(long, default_value_t = 0)]
     lease_ttl_secs: u64,
+    /// The wait before the first retry of a failed attempt, in ms (default 1000).
+    #[arg(long)]
+    retry_initial_backoff_ms: Option<u64>,
+    /// The longest wait before a retry, in ms (default 300000).
+    #[arg(long)]
+    retry_max_backoff_ms: Option<u64>,
+    /// The growth of the wait per failed attempt, 1 to 10 (default 2).
+    #[arg(long)]
+    retry_multiplier: Option<f64>,
+    /// The largest fraction of each wait taken off at random, 0 to 1 (default 0.2).
+    #[arg(long)]
+    retry_jitter: Option<f64>,
     /// Makes the submit idempotent within the namespace.
     #[arg(long)]
     idempotency_key: Option<String>,
@@ -492,6 +504,20 @@ async fn submit(
     global: &Global,
     args: SubmitArgs,
 ) -> Result<ExitCode, Failure> {
+    let ms = |ms: u64| prost_types::Duration {
+        seconds: i64::try_from(ms / 1_000).unwrap_or(i64::MAX),
+        nanos: i32::try_from(ms % 1_000 * 1_000_000).unwrap_or_default(),
+    };
+    let retry = (args.retry_initial_backoff_ms.is_some()
+        || args.retry_max_backoff_ms.is_some()
+        || args.retry_multiplier.is_some()
+        || args.retry_jitter.is_some())
+    .then(|| pb::RetryPolicy {
+        initial_backoff: args.retry_initial_backoff_ms.map(ms),
+        max_backoff: args.retry_max_backoff_ms.map(ms),
+        multiplier: args.retry_multiplier.unwrap_or_default(),
+        jitter: args.retry_jitter,
+    });
     let request = pb::SubmitTaskRequest {
         namespace: global.namespace.clone(),
         kind: args.kind,
@@ -511,6 +537,7 @@ async fn submit(
             .collect::<BTreeMap<_, _>>()
             .into_iter()
             .collect(),
+        retry,
     };
     let reply = clients.tasks.submit_task(request).await?.into_inner();
     let task = reply.task.unwrap_or_default();

@@ -47,6 +47,12 @@ pub(super) fn task_json(task: &pb::Task) -> Value {
         "priority": task.priority,
         "attempts": task.attempts,
         "max_attempts": task.max_attempts,
+        "retry": task.retry.as_ref().map(|r| json!({
+            "initial_backoff_ms": r.initial_backoff.as_ref().and_then(convert::duration_ms),
+            "max_backoff_ms": r.max_backoff.as_ref().and_then(convert::duration_ms),
+            "multiplier": r.multiplier,
+            "jitter": r.jitter,
+        })),
         "payload": opt_struct(task.payload.as_ref()),
         "result": opt_struct(task.result.as_ref()),
         "error": task.error.as_ref().map(|e| json!({"message": e.message, "code": e.code, "retryable": e.retryable})),

@@ -181,6 +181,7 @@ fn task(selector: &str, priority: i32, not_before_ms: Option<i64>) -> NewTask {
         placement: serde_json::to_value(placement).expect("placement"),
         priority,
         max_attempts: 3,
+        retry: None,
         lease_ttl_ms: 10_000,
         idempotency_key: None,
         not_before_ms,

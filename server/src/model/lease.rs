@@ -419,13 +419,58 @@ pub const DEFAULT_BACKOFF_BASE_MS: i64 = 1_000;
 /// The longest retry delay.
 pub const MAX_BACKOFF_MS: i64 = 5 * 60 * 1_000;
 
-/// The delay before retrying after `attempts` failed attempts: `base`,
-/// doubling each attempt, capped at five minutes.
-pub fn backoff_ms(base_ms: i64, attempts: u32) -> i64 {
-    let doublings = attempts.saturating_sub(1).min(30);
-    base_ms
-        .saturating_mul(1_i64 << doublings)
-        .min(MAX_BACKOFF_MS)
+/// The default growth of the retry delay per failed attempt.
+pub const DEFAULT_RETRY_MULTIPLIER: f64 = 2.0;
+
+/// The default jitter of the retry delay: each delay is shortened by up to this fraction of
+/// itself.
+pub const DEFAULT_RETRY_JITTER: f64 = 0.2;
+
+/// The largest growth of the retry delay per attempt a task may ask for.
+pub const MAX_RETRY_MULTIPLIER: f64 = 10.0;
+
+/// How a task's failed attempts back off: `initial_backoff_ms` after the first failure, times
+/// `multiplier` for each further one, at most `max_backoff_ms`; each delay is then shortened by
+/// up to `jitter` of itself (a fraction from 0 to 1), by an amount the task and the attempt
+/// decide, so that tasks failing together do not come back together. A task without one backs
+/// off by [`RetryPolicy::default_from`] the store's base.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// The delay after the first failed attempt.
+    pub initial_backoff_ms: i64,
+    /// The longest delay.
+    pub max_backoff_ms: i64,
+    /// The growth per failed attempt, from 1 to [`MAX_RETRY_MULTIPLIER`].
+    pub multiplier: f64,
+    /// How much of each delay may be taken off, from 0 to 1.
+    pub jitter: f64,
+}
+
+impl RetryPolicy {
+    /// The policy of a task that names none: `base_ms` doubling per attempt up to
+    /// [`MAX_BACKOFF_MS`] (or `base_ms`, if longer), with [`DEFAULT_RETRY_JITTER`].
+    pub fn default_from(base_ms: i64) -> RetryPolicy {
+        RetryPolicy {
+            initial_backoff_ms: base_ms,
+            max_backoff_ms: MAX_BACKOFF_MS.max(base_ms),
+            multiplier: DEFAULT_RETRY_MULTIPLIER,
+            jitter: DEFAULT_RETRY_JITTER,
+        }
+    }
+
+    /// The delay before retrying `task` after `attempts` failed attempts.
+    pub fn delay_ms(&self, attempts: u32, task: Uuid) -> i64 {
+        let growths = i32::try_from(attempts.saturating_sub(1)).unwrap_or(i32::MAX);
+        let max = self.max_backoff_ms.max(0) as f64;
+        let full = (self.initial_backoff_ms.max(0) as f64 * self.multiplier.max(1.0).powi(growths))
+            .min(max);
+        let mix = task.as_u128() ^ u128::from(attempts).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let fraction = (mix % 1_000) as f64 / 1_000.0;
+        let delay = full * (1.0 - self.jitter.clamp(0.0, 1.0) * fraction);
+        // Within 0..=max, so the cast cannot overflow.
+        delay.round() as i64
+    }
 }
 
 #[cfg(test)]
@@ -447,10 +492,35 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_and_caps() {
-        assert_eq!(backoff_ms(1_000, 1), 1_000);
-        assert_eq!(backoff_ms(1_000, 2), 2_000);
-        assert_eq!(backoff_ms(1_000, 4), 8_000);
-        assert_eq!(backoff_ms(1_000, 40), MAX_BACKOFF_MS);
+    fn retry_backoff_grows_caps_and_jitters_within_the_policy() {
+        let task = Uuid::from_u128(7);
+        let exact = RetryPolicy {
+            jitter: 0.0,
+            ..RetryPolicy::default_from(1_000)
+        };
+        assert_eq!(exact.delay_ms(1, task), 1_000);
+        assert_eq!(exact.delay_ms(2, task), 2_000);
+        assert_eq!(exact.delay_ms(4, task), 8_000);
+        assert_eq!(exact.delay_ms(40, task), MAX_BACKOFF_MS);
+        assert_eq!(exact.delay_ms(u32::MAX, task), MAX_BACKOFF_MS);
+        let tripling = RetryPolicy {
+            initial_backoff_ms: 500,
+            max_backoff_ms: 10_000,
+            multiplier: 3.0,
+            jitter: 0.0,
+        };
+        let delays: Vec<i64> = (1..=5).map(|n| tripling.delay_ms(n, task)).collect();
+        assert_eq!(delays, [500, 1_500, 4_500, 10_000, 10_000]);
+        let jittered = RetryPolicy::default_from(1_000);
+        let mut differ = false;
+        for n in 1..30 {
+            let full = exact.delay_ms(n, task);
+            for seed in [task, Uuid::from_u128(8)] {
+                let d = jittered.delay_ms(n, seed);
+                assert!(d <= full && d >= full * 4 / 5, "{n}: {d} of {full}");
+            }
+            differ |= jittered.delay_ms(n, task) != jittered.delay_ms(n, Uuid::from_u128(8));
+        }
+        assert!(differ, "the jitter depends on the task");
     }
 }

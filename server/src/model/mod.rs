@@ -10,7 +10,7 @@
 //!   its history, and how the queue is read.
 //! - [`lease`]: a lease's life ([`LeaseState`], [`LeaseEnd`]), grants,
 //!   lease reports and their outcomes, why the server revokes
-//!   ([`RevocationCause`]), and the retry backoff.
+//!   ([`RevocationCause`]), and the retry backoff ([`RetryPolicy`]).
 //! - [`agent`]: an agent's record and status, registration, heartbeats.
 //! - [`token`]: bearer token records and [`Role`]s.
 //! - [`event`]: [`StoreEvent`], the wake-ups every replica hears.
@@ -28,9 +28,10 @@ pub use agent::{AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, 
 pub use event::{EndedLease, StoreEvent};
 pub use lease::{
     Completion, CompletionOutcome, CompletionResult, DEFAULT_BACKOFF_BASE_MS, DEFAULT_MAX_RELEASES,
-    GrantOutcome, GrantRefusal, GrantRequest, LeaseEnd, LeaseRecord, LeaseReport, LeaseState,
-    MAX_BACKOFF_MS, ReleaseCause, ReportApplied, ReportKind, RevocationCause, Submission,
-    Submitted, backoff_ms, release_backoff_ms,
+    DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MULTIPLIER, GrantOutcome, GrantRefusal, GrantRequest,
+    LeaseEnd, LeaseRecord, LeaseReport, LeaseState, MAX_BACKOFF_MS, MAX_RETRY_MULTIPLIER,
+    ReleaseCause, ReportApplied, ReportKind, RetryPolicy, RevocationCause, Submission, Submitted,
+    release_backoff_ms,
 };
 pub use names::{StoredName, UnknownState};
 pub use task::{

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::lease::RetryPolicy;
 use super::names::{StoredName, display};
 
 /// Where a task is in its life (`TaskState` in task.proto).
@@ -98,6 +99,8 @@ pub struct NewTask {
     pub priority: i32,
     /// After this many unsuccessful attempts the task is FAILED.
     pub max_attempts: u32,
+    /// How its failed attempts back off; `None`: the store's default.
+    pub retry: Option<RetryPolicy>,
     /// How long a lease lives without renewal.
     pub lease_ttl_ms: i64,
     /// Makes submit idempotent within the namespace.
@@ -132,6 +135,8 @@ pub struct TaskRecord {
     pub releases: u32,
     /// The attempt budget.
     pub max_attempts: u32,
+    /// How its failed attempts back off; `None`: the store's default.
+    pub retry: Option<RetryPolicy>,
     /// Lease lifetime without renewal.
     pub lease_ttl_ms: i64,
     /// The submitter's idempotency key, if any.

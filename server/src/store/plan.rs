@@ -14,7 +14,7 @@ use super::StoreOptions;
 use crate::error::{Error, Result};
 use crate::model::{
     Completion, CompletionOutcome, GrantRefusal, GrantRequest, LeaseEnd, LeaseRecord, LeaseState,
-    ReleaseCause, StoredName, TaskRecord, TaskState, backoff_ms, release_backoff_ms,
+    ReleaseCause, RetryPolicy, StoredName, TaskRecord, TaskState, release_backoff_ms,
 };
 
 /// Wraps a driver error with what the store was doing.
@@ -355,8 +355,9 @@ pub(crate) fn released_too_often(releases: u32, last: &str) -> Value {
     })
 }
 
-/// A failed attempt: retried after the backoff while attempts remain and
-/// the failure is retryable, CANCELED if a cancel was requested, FAILED
+/// A failed attempt: retried after the backoff of the task's retry policy
+/// (or the default from `backoff_base_ms`) while attempts remain and the
+/// failure is retryable, CANCELED if a cancel was requested, FAILED
 /// otherwise.
 fn failed_attempt(
     task: &TaskRecord,
@@ -374,7 +375,10 @@ fn failed_attempt(
             "the attempt failed after a cancel was requested".to_owned(),
         )
     } else if retryable && attempts < task.max_attempts {
-        let delay = backoff_ms(backoff_base_ms, attempts);
+        let policy = task
+            .retry
+            .unwrap_or_else(|| RetryPolicy::default_from(backoff_base_ms));
+        let delay = policy.delay_ms(attempts, task.id);
         (
             TaskState::Queued,
             now_ms.saturating_add(delay),

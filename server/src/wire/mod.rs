@@ -22,7 +22,8 @@ use switchyard_proto::v1 as pb;
 
 use self::convert::{duration, json_to_struct, timestamp};
 use crate::model::{
-    AgentRecord, LeaseRecord, LeaseState, QueuedReason, TaskEventRecord, TaskRecord, TaskState,
+    AgentRecord, LeaseRecord, LeaseState, QueuedReason, RetryPolicy, TaskEventRecord, TaskRecord,
+    TaskState,
 };
 
 /// The wire state of a task.
@@ -166,6 +167,17 @@ pub fn task(task: &TaskRecord) -> pb::Task {
         created_at: Some(timestamp(task.created_at_ms)),
         updated_at: Some(timestamp(task.updated_at_ms)),
         labels: task.labels.clone().into_iter().collect(),
+        retry: task.retry.as_ref().map(retry_policy),
+    }
+}
+
+/// A task's retry policy on the wire, every field filled in.
+pub fn retry_policy(policy: &RetryPolicy) -> pb::RetryPolicy {
+    pb::RetryPolicy {
+        initial_backoff: Some(duration(policy.initial_backoff_ms)),
+        max_backoff: Some(duration(policy.max_backoff_ms)),
+        multiplier: policy.multiplier,
+        jitter: Some(policy.jitter),
     }
 }
 

@@ -1,6 +1,6 @@
 //! The `switchyard` CLI binary against a real server: submit with `--wait`
-//! while an agent runs the task, JSON output, explain, agents, and the exit
-//! codes scripts branch on.
+//! while an agent runs the task, JSON output, a retry policy from flags,
+//! explain, agents, and the exit codes scripts branch on.
 
 use std::process::Stdio;
 
@@ -112,6 +112,34 @@ async fn submit_wait_get_explain_and_exit_codes() {
     let (code, _, stderr) = run(bad).await;
     assert_eq!(code, 5, "{stderr}");
     assert!(stderr.contains("placement.selector"), "{stderr}");
+
+    // A retry policy from flags, shown with its defaults filled in; one out
+    // of range is refused (exit 5), naming the field.
+    let mut retried = cli(&server);
+    retried.args([
+        "--output",
+        "json",
+        "submit",
+        "train",
+        "--require",
+        "gpu",
+        "--retry-initial-backoff-ms",
+        "1500",
+        "--retry-jitter",
+        "0",
+    ]);
+    let (code, stdout, stderr) = run(retried).await;
+    assert_eq!(code, 0, "{stderr}");
+    let retried: Value = serde_json::from_str(stdout.trim()).expect("json");
+    assert_eq!(
+        retried["retry"],
+        json!({"initial_backoff_ms": 1500, "max_backoff_ms": 300_000, "multiplier": 2.0, "jitter": 0.0})
+    );
+    let mut bad_retry = cli(&server);
+    bad_retry.args(["submit", "echo", "--retry-multiplier", "0.5"]);
+    let (code, _, stderr) = run(bad_retry).await;
+    assert_eq!(code, 5, "{stderr}");
+    assert!(stderr.contains("retry.multiplier"), "{stderr}");
 
     // A parked task, explained.
     let mut parked = cli(&server);

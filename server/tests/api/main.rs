@@ -14,5 +14,6 @@ mod kinds;
 mod ops;
 mod policy;
 mod resources;
+mod retry;
 mod security;
 mod session;

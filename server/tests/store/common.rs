@@ -183,6 +183,7 @@ pub fn task(ns: &str, priority: i32, max_attempts: u32) -> NewTask {
         placement: json!({"required_tags": []}),
         priority,
         max_attempts,
+        retry: None,
         lease_ttl_ms: 30_000,
         idempotency_key: None,
         not_before_ms: None,

@@ -8,7 +8,7 @@ use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::model::{
     Completion, CompletionOutcome, GrantOutcome, GrantRefusal, GrantRequest, LeaseState,
-    ReleaseCause, Submission, TaskState,
+    ReleaseCause, RetryPolicy, Submission, TaskState,
 };
 use switchyard_server::store::Store;
 use uuid::Uuid;
@@ -27,6 +27,7 @@ crate::both_backends!(
     batch_completion_refuses_only_the_stale_item,
     one_batch_completes_many_leases_and_a_repeat,
     failed_attempt_retries_after_backoff,
+    a_task_backs_off_by_its_own_retry_policy,
     expiry_counts_attempts_then_fails,
     concurrent_sweepers_expire_each_lease_once,
     renewal_extends_every_lease_of_the_agent,
@@ -94,6 +95,11 @@ fn succeeded() -> CompletionOutcome {
     CompletionOutcome::Succeeded {
         result: json!({"exit": 0}),
     }
+}
+
+/// The default backoff of the fixture's store after `attempts` failures of `task`.
+fn backoff(attempts: u32, task: Uuid) -> i64 {
+    RetryPolicy::default_from(BACKOFF_BASE_MS).delay_ms(attempts, task)
 }
 
 fn failed(retryable: bool) -> CompletionOutcome {
@@ -516,11 +522,14 @@ async fn failed_attempt_retries_after_backoff(fx: &mut Fixture) {
     let retried = done.into_iter().next().unwrap().unwrap().task;
     assert_eq!(retried.state, TaskState::Queued);
     assert_eq!(retried.attempts, 1);
-    assert_eq!(retried.not_before_ms, T0 + 10 + BACKOFF_BASE_MS);
+    // The default: the store's base, shortened by up to a fifth.
+    let first_wait = backoff(1, t.id);
+    assert!((BACKOFF_BASE_MS * 4 / 5..=BACKOFF_BASE_MS).contains(&first_wait));
+    assert_eq!(retried.not_before_ms, T0 + 10 + first_wait);
     assert_eq!(retried.error.as_ref().unwrap()["code"], "handler_error");
     assert!(
         store
-            .queued_tasks(Some("ns"), T0 + 10 + BACKOFF_BASE_MS - 1, None, &[], 10)
+            .queued_tasks(Some("ns"), T0 + 10 + first_wait - 1, None, &[], 10)
             .await
             .unwrap()
             .is_empty()
@@ -531,8 +540,8 @@ async fn failed_attempt_retries_after_backoff(fx: &mut Fixture) {
         .unwrap();
     assert_eq!(early, [GrantOutcome::Refused(GrantRefusal::NotYet)]);
 
-    // The second failure waits twice as long.
-    let now = T0 + 10 + BACKOFF_BASE_MS;
+    // The second failure waits up to twice as long.
+    let now = T0 + 10 + first_wait;
     assert_eq!(
         store
             .queued_tasks(Some("ns"), now, None, &[], 10)
@@ -548,10 +557,12 @@ async fn failed_attempt_retries_after_backoff(fx: &mut Fixture) {
         .unwrap();
     let retried = done.into_iter().next().unwrap().unwrap().task;
     assert_eq!(retried.attempts, 2);
-    assert_eq!(retried.not_before_ms, now + 5 + 2 * BACKOFF_BASE_MS);
+    let second_wait = backoff(2, t.id);
+    assert!((2 * BACKOFF_BASE_MS * 4 / 5..=2 * BACKOFF_BASE_MS).contains(&second_wait));
+    assert_eq!(retried.not_before_ms, now + 5 + second_wait);
 
     // The third uses the last attempt: FAILED.
-    let now = now + 5 + 2 * BACKOFF_BASE_MS;
+    let now = now + 5 + second_wait;
     let third = grant(store, t.id, worker.id, now).await;
     let done = store
         .complete_leases(&[completion(&third, failed(true))], now + 1)
@@ -571,6 +582,64 @@ async fn failed_attempt_retries_after_backoff(fx: &mut Fixture) {
     let failed_now = done.into_iter().next().unwrap().unwrap().task;
     assert_eq!(failed_now.state, TaskState::Failed);
     assert_eq!(failed_now.attempts, 1);
+}
+
+async fn a_task_backs_off_by_its_own_retry_policy(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w1", 1).await;
+    let policy = RetryPolicy {
+        initial_backoff_ms: 500,
+        max_backoff_ms: 2_000,
+        multiplier: 3.0,
+        jitter: 0.0,
+    };
+    let mut spec = task("ns", 0, 5);
+    spec.retry = Some(policy);
+    let t = submit(store, spec, T0).await;
+    assert_eq!(t.retry, Some(policy));
+    assert_eq!(store.get_task(t.id).await.unwrap().retry, Some(policy));
+
+    // 500 ms, then three times that, then the cap: not the store's default.
+    let mut now = T0;
+    for (attempt, wait) in [(1, 500), (2, 1_500), (3, 2_000), (4, 2_000)] {
+        let lease = grant(store, t.id, worker.id, now).await;
+        let done = store
+            .complete_leases(&[completion(&lease, failed(true))], now + 1)
+            .await
+            .unwrap();
+        let retried = done.into_iter().next().unwrap().unwrap().task;
+        assert_eq!(retried.attempts, attempt);
+        assert_eq!(retried.state, TaskState::Queued);
+        assert_eq!(retried.not_before_ms, now + 1 + wait, "attempt {attempt}");
+        assert_eq!(retried.retry, Some(policy));
+        now = retried.not_before_ms;
+    }
+
+    // A jittered policy waits the policy's delay less up to the jitter,
+    // by an amount the task decides.
+    let jittered = RetryPolicy {
+        jitter: 1.0,
+        ..policy
+    };
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        let mut spec = task("ns", 0, 5);
+        spec.retry = Some(jittered);
+        let u = submit(store, spec, now).await;
+        let lease = grant(store, u.id, worker.id, now).await;
+        let done = store
+            .complete_leases(&[completion(&lease, failed(true))], now + 1)
+            .await
+            .unwrap();
+        let retried = done.into_iter().next().unwrap().unwrap().task;
+        let wait = retried.not_before_ms - (now + 1);
+        assert_eq!(wait, jittered.delay_ms(1, u.id));
+        assert!((0..=500).contains(&wait), "{wait}");
+        waits.push(wait);
+        store.cancel_task(u.id, "done", now + 2).await.unwrap();
+    }
+    waits.dedup();
+    assert!(waits.len() > 1, "the jitter depends on the task: {waits:?}");
 }
 
 async fn expiry_counts_attempts_then_fails(fx: &mut Fixture) {
@@ -867,7 +936,7 @@ async fn one_batch_completes_many_leases_and_a_repeat(fx: &mut Fixture) {
     let retried = store.get_task(leases[1].task_id).await.unwrap();
     assert_eq!(
         (retried.attempts, retried.not_before_ms),
-        (1, T0 + 200 + BACKOFF_BASE_MS)
+        (1, T0 + 200 + backoff(1, leases[1].task_id))
     );
     let released = store.get_task(leases[2].task_id).await.unwrap();
     assert_eq!((released.attempts, released.not_before_ms), (0, T0 + 200));

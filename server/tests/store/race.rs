@@ -258,10 +258,15 @@ async fn the_pool_warm_up_fits_the_migrated_schema() {
     assert_eq!(store.count_tasks().await.unwrap(), Vec::new());
 
     let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
-    sqlx::query("DROP FUNCTION switchyard_submit_batch")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    // The latest overload (0008's); the one before stays for replicas of
+    // the release before, and the warm-up must not fall back on it.
+    sqlx::query(
+        "DROP FUNCTION switchyard_submit_batch(uuid[], text[], text[], text[], text[], int4[], \
+         int8[], int8[], text[], int8[], text[], uuid[], uuid[], text[], int8)",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
     conn.close().await.unwrap();
     let err = store.warm().await.unwrap_err().to_string();
     assert!(err.contains("warming a connection"), "{err}");

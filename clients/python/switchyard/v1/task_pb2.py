@@ -28,7 +28,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from switchyard.v1 import placement_pb2 as switchyard_dot_v1_dot_placement__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18switchyard/v1/task.proto\x12\rswitchyard.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dswitchyard/v1/placement.proto\"\x9d\x06\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12+\n\tplacement\x18\x05 \x01(\x0b\x32\x18.switchyard.v1.Placement\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\'\n\x05state\x18\x07 \x01(\x0e\x32\x18.switchyard.v1.TaskState\x12\x32\n\rqueued_reason\x18\x08 \x01(\x0e\x32\x1b.switchyard.v1.QueuedReason\x12\x10\n\x08\x61ttempts\x18\t \x01(\r\x12\x14\n\x0cmax_attempts\x18\n \x01(\r\x12,\n\tlease_ttl\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x17\n\x0fidempotency_key\x18\x0c \x01(\t\x12.\n\nnot_before\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x06result\x18\x0e \x01(\x0b\x32\x17.google.protobuf.Struct\x12\'\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x18.switchyard.v1.TaskError\x12#\n\x05lease\x18\x10 \x01(\x0b\x32\x14.switchyard.v1.Lease\x12-\n\x08progress\x18\x11 \x01(\x0b\x32\x1b.switchyard.v1.TaskProgress\x12\x18\n\x10\x63\x61ncel_requested\x18\x12 \x01(\x08\x12.\n\ncreated_at\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x06labels\x18\x15 \x03(\x0b\x32\x1f.switchyard.v1.Task.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"g\n\tTaskError\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12(\n\x07\x64\x65tails\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"a\n\x0cTaskProgress\x12\x0f\n\x07percent\x18\x01 \x01(\x01\x12\x0f\n\x07message\x18\x02 \x01(\t\x12/\n\x0breported_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xdd\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x15\n\rfencing_token\x18\x04 \x01(\x04\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.switchyard.v1.LeaseState\x12.\n\ngranted_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xcb\x01\n\tTaskEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.switchyard.v1.TaskState\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x06 \x01(\t\x12\x10\n\x08lease_id\x18\x07 \x01(\t\x12/\n\x0boccurred_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\xb7\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11TASK_STATE_QUEUED\x10\x01\x12\x15\n\x11TASK_STATE_LEASED\x10\x02\x12\x16\n\x12TASK_STATE_RUNNING\x10\x03\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x04\x12\x15\n\x11TASK_STATE_FAILED\x10\x05\x12\x17\n\x13TASK_STATE_CANCELED\x10\x06*\x8a\x01\n\x0cQueuedReason\x12\x1d\n\x19QUEUED_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14QUEUED_REASON_PARKED\x10\x01\x12&\n\"QUEUED_REASON_WAITING_FOR_CAPACITY\x10\x02\x12\x19\n\x15QUEUED_REASON_BACKOFF\x10\x03*\xa8\x01\n\nLeaseState\x12\x1b\n\x17LEASE_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13LEASE_STATE_GRANTED\x10\x01\x12\x16\n\x12LEASE_STATE_ACTIVE\x10\x02\x12\x19\n\x15LEASE_STATE_COMPLETED\x10\x03\x12\x18\n\x14LEASE_STATE_RELEASED\x10\x04\x12\x17\n\x13LEASE_STATE_EXPIRED\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18switchyard/v1/task.proto\x12\rswitchyard.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dswitchyard/v1/placement.proto\"\xc8\x06\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12+\n\tplacement\x18\x05 \x01(\x0b\x32\x18.switchyard.v1.Placement\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\'\n\x05state\x18\x07 \x01(\x0e\x32\x18.switchyard.v1.TaskState\x12\x32\n\rqueued_reason\x18\x08 \x01(\x0e\x32\x1b.switchyard.v1.QueuedReason\x12\x10\n\x08\x61ttempts\x18\t \x01(\r\x12\x14\n\x0cmax_attempts\x18\n \x01(\r\x12,\n\tlease_ttl\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x17\n\x0fidempotency_key\x18\x0c \x01(\t\x12.\n\nnot_before\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x06result\x18\x0e \x01(\x0b\x32\x17.google.protobuf.Struct\x12\'\n\x05\x65rror\x18\x0f \x01(\x0b\x32\x18.switchyard.v1.TaskError\x12#\n\x05lease\x18\x10 \x01(\x0b\x32\x14.switchyard.v1.Lease\x12-\n\x08progress\x18\x11 \x01(\x0b\x32\x1b.switchyard.v1.TaskProgress\x12\x18\n\x10\x63\x61ncel_requested\x18\x12 \x01(\x08\x12.\n\ncreated_at\x18\x13 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x14 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x06labels\x18\x15 \x03(\x0b\x32\x1f.switchyard.v1.Task.LabelsEntry\x12)\n\x05retry\x18\x16 \x01(\x0b\x32\x1a.switchyard.v1.RetryPolicy\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa5\x01\n\x0bRetryPolicy\x12\x32\n\x0finitial_backoff\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0bmax_backoff\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nmultiplier\x18\x03 \x01(\x01\x12\x13\n\x06jitter\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\t\n\x07_jitter\"g\n\tTaskError\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12(\n\x07\x64\x65tails\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\"a\n\x0cTaskProgress\x12\x0f\n\x07percent\x18\x01 \x01(\x01\x12\x0f\n\x07message\x18\x02 \x01(\t\x12/\n\x0breported_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xdd\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x15\n\rfencing_token\x18\x04 \x01(\x04\x12(\n\x05state\x18\x05 \x01(\x0e\x32\x19.switchyard.v1.LeaseState\x12.\n\ngranted_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xcb\x01\n\tTaskEvent\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.switchyard.v1.TaskState\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0f\n\x07message\x18\x05 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x06 \x01(\t\x12\x10\n\x08lease_id\x18\x07 \x01(\t\x12/\n\x0boccurred_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\xb7\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11TASK_STATE_QUEUED\x10\x01\x12\x15\n\x11TASK_STATE_LEASED\x10\x02\x12\x16\n\x12TASK_STATE_RUNNING\x10\x03\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x04\x12\x15\n\x11TASK_STATE_FAILED\x10\x05\x12\x17\n\x13TASK_STATE_CANCELED\x10\x06*\x8a\x01\n\x0cQueuedReason\x12\x1d\n\x19QUEUED_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14QUEUED_REASON_PARKED\x10\x01\x12&\n\"QUEUED_REASON_WAITING_FOR_CAPACITY\x10\x02\x12\x19\n\x15QUEUED_REASON_BACKOFF\x10\x03*\xa8\x01\n\nLeaseState\x12\x1b\n\x17LEASE_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13LEASE_STATE_GRANTED\x10\x01\x12\x16\n\x12LEASE_STATE_ACTIVE\x10\x02\x12\x19\n\x15LEASE_STATE_COMPLETED\x10\x03\x12\x18\n\x14LEASE_STATE_RELEASED\x10\x04\x12\x17\n\x13LEASE_STATE_EXPIRED\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,22 +37,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TASK_LABELSENTRY']._loaded_options = None
   _globals['_TASK_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_TASKSTATE']._serialized_start=1604
-  _globals['_TASKSTATE']._serialized_end=1787
-  _globals['_QUEUEDREASON']._serialized_start=1790
-  _globals['_QUEUEDREASON']._serialized_end=1928
-  _globals['_LEASESTATE']._serialized_start=1931
-  _globals['_LEASESTATE']._serialized_end=2099
+  _globals['_TASKSTATE']._serialized_start=1815
+  _globals['_TASKSTATE']._serialized_end=1998
+  _globals['_QUEUEDREASON']._serialized_start=2001
+  _globals['_QUEUEDREASON']._serialized_end=2139
+  _globals['_LEASESTATE']._serialized_start=2142
+  _globals['_LEASESTATE']._serialized_end=2310
   _globals['_TASK']._serialized_start=170
-  _globals['_TASK']._serialized_end=967
-  _globals['_TASK_LABELSENTRY']._serialized_start=922
-  _globals['_TASK_LABELSENTRY']._serialized_end=967
-  _globals['_TASKERROR']._serialized_start=969
-  _globals['_TASKERROR']._serialized_end=1072
-  _globals['_TASKPROGRESS']._serialized_start=1074
-  _globals['_TASKPROGRESS']._serialized_end=1171
-  _globals['_LEASE']._serialized_start=1174
-  _globals['_LEASE']._serialized_end=1395
-  _globals['_TASKEVENT']._serialized_start=1398
-  _globals['_TASKEVENT']._serialized_end=1601
+  _globals['_TASK']._serialized_end=1010
+  _globals['_TASK_LABELSENTRY']._serialized_start=965
+  _globals['_TASK_LABELSENTRY']._serialized_end=1010
+  _globals['_RETRYPOLICY']._serialized_start=1013
+  _globals['_RETRYPOLICY']._serialized_end=1178
+  _globals['_TASKERROR']._serialized_start=1180
+  _globals['_TASKERROR']._serialized_end=1283
+  _globals['_TASKPROGRESS']._serialized_start=1285
+  _globals['_TASKPROGRESS']._serialized_end=1382
+  _globals['_LEASE']._serialized_start=1385
+  _globals['_LEASE']._serialized_end=1606
+  _globals['_TASKEVENT']._serialized_start=1609
+  _globals['_TASKEVENT']._serialized_end=1812
 # @@protoc_insertion_point(module_scope)

@@ -57,7 +57,7 @@ LEASE_STATE_RELEASED: LeaseState
 LEASE_STATE_EXPIRED: LeaseState
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "namespace", "kind", "payload", "placement", "priority", "state", "queued_reason", "attempts", "max_attempts", "lease_ttl", "idempotency_key", "not_before", "result", "error", "lease", "progress", "cancel_requested", "created_at", "updated_at", "labels")
+    __slots__ = ("task_id", "namespace", "kind", "payload", "placement", "priority", "state", "queued_reason", "attempts", "max_attempts", "lease_ttl", "idempotency_key", "not_before", "result", "error", "lease", "progress", "cancel_requested", "created_at", "updated_at", "labels", "retry")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,7 @@ class Task(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     namespace: str
     kind: str
@@ -107,7 +108,20 @@ class Task(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     updated_at: _timestamp_pb2.Timestamp
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, task_id: _Optional[str] = ..., namespace: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., priority: _Optional[int] = ..., state: _Optional[_Union[TaskState, str]] = ..., queued_reason: _Optional[_Union[QueuedReason, str]] = ..., attempts: _Optional[int] = ..., max_attempts: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[TaskError, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., progress: _Optional[_Union[TaskProgress, _Mapping]] = ..., cancel_requested: bool = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    retry: RetryPolicy
+    def __init__(self, task_id: _Optional[str] = ..., namespace: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., priority: _Optional[int] = ..., state: _Optional[_Union[TaskState, str]] = ..., queued_reason: _Optional[_Union[QueuedReason, str]] = ..., attempts: _Optional[int] = ..., max_attempts: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[TaskError, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., progress: _Optional[_Union[TaskProgress, _Mapping]] = ..., cancel_requested: bool = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ...) -> None: ...
+
+class RetryPolicy(_message.Message):
+    __slots__ = ("initial_backoff", "max_backoff", "multiplier", "jitter")
+    INITIAL_BACKOFF_FIELD_NUMBER: _ClassVar[int]
+    MAX_BACKOFF_FIELD_NUMBER: _ClassVar[int]
+    MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    JITTER_FIELD_NUMBER: _ClassVar[int]
+    initial_backoff: _duration_pb2.Duration
+    max_backoff: _duration_pb2.Duration
+    multiplier: float
+    jitter: float
+    def __init__(self, initial_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., multiplier: _Optional[float] = ..., jitter: _Optional[float] = ...) -> None: ...
 
 class TaskError(_message.Message):
     __slots__ = ("message", "code", "retryable", "details")

@@ -1,5 +1,5 @@
 //! PostgreSQL's submit: a batch of submits in one round trip, the function
-//! of migration 0004 called once with one array per column, autocommitted.
+//! of migration 0008 called once with one array per column, autocommitted.
 
 use std::collections::HashMap;
 
@@ -17,7 +17,7 @@ use crate::store::sql::tasks;
 use switchyard_core::resources::Claim;
 
 /// One batch of submits in one round trip, autocommitted: the function of
-/// migration 0004 locks the reserved agents, then inserts the tasks, their
+/// migration 0008 locks the reserved agents, then inserts the tasks, their
 /// history and the leases of those leased on the way in. A task is leased
 /// if its reserved agent's live leases plus the batch's earlier grants to
 /// it leave room; it is then inserted LEASED with its lease, its history
@@ -25,7 +25,7 @@ use switchyard_core::resources::Claim;
 /// queued. A task whose idempotency key is taken is not inserted.
 const SUBMIT_BATCH: &str = "SELECT id, leased, known FROM switchyard_submit_batch($1::uuid[], \
   $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::int8[], \
-  $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::int8)";
+  $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::text[], $15::int8)";
 
 /// JSON as text, for a `text[]` parameter cast to `jsonb`.
 fn json_text<T: serde::Serialize + ?Sized>(value: &T) -> Result<String> {
@@ -55,6 +55,8 @@ pub(super) struct SubmitRows<'a> {
     /// The agent reserved for the task, if any, and the id of its lease.
     agents: Vec<Option<Uuid>>,
     leases: Vec<Option<Uuid>>,
+    /// The retry policy's JSON, if the task names one.
+    retries: Vec<Option<String>>,
 }
 
 impl SubmitRows<'static> {
@@ -75,6 +77,7 @@ impl SubmitRows<'static> {
             labels: vec!["{}".to_owned()],
             agents: vec![None],
             leases: vec![None],
+            retries: vec![None],
         }
     }
 }
@@ -98,6 +101,8 @@ impl<'a> SubmitRows<'a> {
         self.agents.push(submission.agent_id);
         self.leases
             .push(submission.agent_id.map(|_| Uuid::now_v7()));
+        self.retries
+            .push(task.retry.as_ref().map(crate::store::sql::rows::retry_text));
         Ok(())
     }
 }
@@ -121,6 +126,7 @@ pub(super) fn submit_query<'q>(
         .bind(&rows.labels)
         .bind(&rows.agents)
         .bind(&rows.leases)
+        .bind(&rows.retries)
         .bind(now_ms)
 }
 
@@ -217,6 +223,7 @@ fn submitted(
         attempts: 0,
         releases: 0,
         max_attempts: task.max_attempts,
+        retry: task.retry,
         lease_ttl_ms: task.lease_ttl_ms,
         idempotency_key: task.idempotency_key.clone(),
         not_before_ms: rows.not_before[row],

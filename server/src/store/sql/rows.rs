@@ -11,8 +11,8 @@ use sqlx::types::Json;
 use super::db::{Cols, SqlDb};
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentRecord, AgentStatus, LeaseEnd, LeaseRecord, LeaseState, Role, StoredName, TaskEventRecord,
-    TaskRecord, TaskState, TokenRecord,
+    AgentRecord, AgentStatus, LeaseEnd, LeaseRecord, LeaseState, RetryPolicy, Role, StoredName,
+    TaskEventRecord, TaskRecord, TaskState, TokenRecord,
 };
 use crate::store::plan::{to_u32, to_u64};
 use switchyard_core::resources::Claim;
@@ -23,7 +23,7 @@ pub(crate) const TASK_SELECT: &str = "SELECT t.id, t.namespace, t.kind, t.payloa
     t.priority, t.state, t.attempts, t.releases, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, \
     t.not_before_ms, t.result, t.error, t.fencing_token, t.lease_id, t.agent_id, \
     l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, t.progress, t.labels, \
-    t.created_at_ms, t.updated_at_ms \
+    t.retry, t.created_at_ms, t.updated_at_ms \
     FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id ";
 
 /// The columns that read a [`LeaseRecord`].
@@ -84,6 +84,7 @@ pub(crate) fn task<DB: SqlDb>(row: &DB::Row) -> Result<TaskRecord> {
         attempts: to_u32(cols.get("attempts")?),
         releases: to_u32(cols.get("releases")?),
         max_attempts: to_u32(cols.get("max_attempts")?),
+        retry: retry(cols.get("retry")?)?,
         lease_ttl_ms: cols.get("lease_ttl_ms")?,
         idempotency_key: cols.get("idempotency_key")?,
         not_before_ms: cols.get("not_before_ms")?,
@@ -120,6 +121,23 @@ pub(crate) fn lease<DB: SqlDb>(row: &DB::Row) -> Result<LeaseRecord> {
             .transpose()?,
         claim: claim(cols.get("slots")?, cols.get("claim")?)?,
     })
+}
+
+/// A task's retry policy, from its `retry` column (NULL: the default).
+fn retry(text: Option<String>) -> Result<Option<RetryPolicy>> {
+    text.map(|text| {
+        serde_json::from_str(&text).map_err(|err| Error::Corrupt {
+            context: "reading a task's retry policy",
+            detail: err.to_string(),
+        })
+    })
+    .transpose()
+}
+
+/// The `retry` column of a task's retry policy.
+pub(crate) fn retry_text(policy: &RetryPolicy) -> String {
+    // A struct of numbers always serializes.
+    serde_json::to_string(policy).unwrap_or_default()
 }
 
 /// What a lease holds, from its `slots` and `claim` columns (`claim` is

@@ -94,8 +94,8 @@ pub(crate) async fn by_key<DB: SqlDb>(
 
 const INSERT: &str = "INSERT INTO tasks (id, namespace, kind, payload, placement, priority, \
     state, attempts, max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, \
-    fencing_token, cancel_requested, labels, created_at_ms, updated_at_ms) \
-    VALUES ($1, $2, $3, $4, $5, $6, 'queued', 0, $7, $8, $9, $10, 0, FALSE, $11, $12, $12) \
+    fencing_token, cancel_requested, labels, retry, created_at_ms, updated_at_ms) \
+    VALUES ($1, $2, $3, $4, $5, $6, 'queued', 0, $7, $8, $9, $10, 0, FALSE, $11, $12, $13, $13) \
     ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING";
 
 /// Submits one task in `w`: the stored task, and whether it was created
@@ -111,6 +111,7 @@ pub(crate) async fn submit<DB: SqlDb>(
         return Ok((existing, false));
     }
     let id = Uuid::now_v7();
+    let retry = task.retry.as_ref().map(rows::retry_text);
     let inserted = query::<DB>(INSERT)
         .arg(id)
         .text(&task.namespace)
@@ -123,6 +124,7 @@ pub(crate) async fn submit<DB: SqlDb>(
         .opt_text(task.idempotency_key.as_deref())
         .arg(task.not_before_ms.unwrap_or(now_ms))
         .json(&task.labels)
+        .opt_text(retry.as_deref())
         .arg(now_ms)
         .run(w.conn())
         .await

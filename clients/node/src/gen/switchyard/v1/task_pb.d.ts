@@ -168,6 +168,15 @@ export declare type Task = Message<"switchyard.v1.Task"> & {
    * @generated from field: map<string, string> labels = 21;
    */
   labels: { [key: string]: string };
+
+  /**
+   * How the task's failed attempts back off, every field filled in; unset
+   * when the task named no policy and backs off by the server's default
+   * (1s after the first failure, doubling, at most 5m, jitter 0.2).
+   *
+   * @generated from field: switchyard.v1.RetryPolicy retry = 22;
+   */
+  retry?: RetryPolicy | undefined;
 };
 
 /**
@@ -175,6 +184,56 @@ export declare type Task = Message<"switchyard.v1.Task"> & {
  * Use `create(TaskSchema)` to create a new message.
  */
 export declare const TaskSchema: GenMessage<Task>;
+
+/**
+ * RetryPolicy says how long a task waits after each retryable failed
+ * attempt before it may be leased again: `initial_backoff` after the first,
+ * times `multiplier` for each further one, never more than `max_backoff`;
+ * each wait is then shortened by up to `jitter` of itself, by an amount the
+ * task and the attempt decide, so that tasks failing together do not retry
+ * together. A failure the agent reports as not retryable fails the task at
+ * once whatever the policy. Unset fields take the defaults.
+ *
+ * @generated from message switchyard.v1.RetryPolicy
+ */
+export declare type RetryPolicy = Message<"switchyard.v1.RetryPolicy"> & {
+  /**
+   * The wait after the first failed attempt, from 100ms to 24h; default 1s.
+   *
+   * @generated from field: google.protobuf.Duration initial_backoff = 1;
+   */
+  initialBackoff?: Duration | undefined;
+
+  /**
+   * The longest wait, from `initial_backoff` to 24h; default 5m (or
+   * `initial_backoff`, if longer).
+   *
+   * @generated from field: google.protobuf.Duration max_backoff = 2;
+   */
+  maxBackoff?: Duration | undefined;
+
+  /**
+   * The growth of the wait per failed attempt, from 1 (a constant wait) to
+   * 10; 0 means the default, 2.
+   *
+   * @generated from field: double multiplier = 3;
+   */
+  multiplier: number;
+
+  /**
+   * The largest fraction of each wait taken off, from 0 (none) to 1; unset
+   * means the default, 0.2.
+   *
+   * @generated from field: optional double jitter = 4;
+   */
+  jitter?: number | undefined;
+};
+
+/**
+ * Describes the message switchyard.v1.RetryPolicy.
+ * Use `create(RetryPolicySchema)` to create a new message.
+ */
+export declare const RetryPolicySchema: GenMessage<RetryPolicy>;
 
 /**
  * TaskError describes a failed attempt.

@@ -6,7 +6,7 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 import type { AgentVerdict, Placement } from "./placement_pb.js";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
-import type { Task, TaskEvent, TaskState } from "./task_pb.js";
+import type { RetryPolicy, Task, TaskEvent, TaskState } from "./task_pb.js";
 
 /**
  * Describes the file switchyard/v1/task_service.proto.
@@ -89,6 +89,14 @@ export declare type SubmitTaskRequest = Message<"switchyard.v1.SubmitTaskRequest
    * @generated from field: map<string, string> labels = 10;
    */
   labels: { [key: string]: string };
+
+  /**
+   * How failed attempts back off; unset means the server's default (see
+   * RetryPolicy).
+   *
+   * @generated from field: switchyard.v1.RetryPolicy retry = 11;
+   */
+  retry?: RetryPolicy | undefined;
 };
 
 /**
