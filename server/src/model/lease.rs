@@ -408,9 +408,14 @@ pub fn release_backoff_ms(releases: u32, seed: Uuid) -> i64 {
     let full = RELEASE_BACKOFF_BASE_MS
         .saturating_mul(1_i64 << doublings)
         .min(MAX_RELEASE_BACKOFF_MS);
-    let mix = seed.as_u128() ^ u128::from(releases).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let fraction = i64::try_from((mix % 1_000) as u64).unwrap_or(0);
-    full / 2 + full * fraction / 2_000
+    full / 2 + full * jitter_permille(seed, releases) / 2_000
+}
+
+/// A spread of 0..1000 that `seed` (a task) and the `n`-th try decide, for
+/// jittering its delay: tasks delayed together do not come back together.
+fn jitter_permille(seed: Uuid, n: u32) -> i64 {
+    let mix = seed.as_u128() ^ u128::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    i64::try_from((mix % 1_000) as u64).unwrap_or(0)
 }
 
 /// The first retry delay unless a store is configured otherwise.
@@ -465,8 +470,7 @@ impl RetryPolicy {
         let max = self.max_backoff_ms.max(0) as f64;
         let full = (self.initial_backoff_ms.max(0) as f64 * self.multiplier.max(1.0).powi(growths))
             .min(max);
-        let mix = task.as_u128() ^ u128::from(attempts).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let fraction = (mix % 1_000) as f64 / 1_000.0;
+        let fraction = jitter_permille(task, attempts) as f64 / 1_000.0;
         let delay = full * (1.0 - self.jitter.clamp(0.0, 1.0) * fraction);
         // Within 0..=max, so the cast cannot overflow.
         delay.round() as i64
