@@ -504,10 +504,7 @@ async fn submit(
     global: &Global,
     args: SubmitArgs,
 ) -> Result<ExitCode, Failure> {
-    let ms = |ms: u64| prost_types::Duration {
-        seconds: i64::try_from(ms / 1_000).unwrap_or(i64::MAX),
-        nanos: i32::try_from(ms % 1_000 * 1_000_000).unwrap_or_default(),
-    };
+    let ms = |ms: u64| convert::duration(i64::try_from(ms).unwrap_or(i64::MAX));
     let retry = (args.retry_initial_backoff_ms.is_some()
         || args.retry_max_backoff_ms.is_some()
         || args.retry_multiplier.is_some()
