@@ -222,6 +222,21 @@ pub async fn placement_refused(server: &TestServer, placement: pb::Placement, fi
     assert!(err.message().contains(field), "{field}: {}", err.message());
 }
 
+/// A task's history, oldest first (one page).
+pub async fn task_events(server: &TestServer, task_id: &str) -> Vec<pb::TaskEvent> {
+    server
+        .tasks()
+        .await
+        .list_task_events(pb::ListTaskEventsRequest {
+            task_id: task_id.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .events
+}
+
 /// Reads a task.
 pub async fn get_task(server: &TestServer, task_id: &str) -> pb::Task {
     server

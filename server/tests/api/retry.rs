@@ -9,7 +9,8 @@ use switchyard_proto::convert::duration_ms;
 use switchyard_proto::v1::{self as pb, lease_update::Update};
 
 use crate::common::{
-    Backend, TestAgent, TestServer, all_tasks, get_task, submit_request, wait_for_state,
+    Backend, TestAgent, TestServer, all_tasks, get_task, submit_request, task_events,
+    wait_for_state,
 };
 use crate::on_both_stores;
 
@@ -59,13 +60,11 @@ async fn a_retry_policy_is_kept_shown_and_followed(backend: Backend) {
     // The agent takes the plain task first (FIFO), and finishes it.
     let first = agent.grant().await;
     assert_eq!(first.task.as_ref().unwrap().task_id, plain.task_id);
-    let accepted = Update::Accepted(pb::LeaseAccepted {});
-    assert_eq!(agent.update(&first, accepted.clone()).await.code, 0);
-    let done = Update::Succeeded(pb::LeaseSucceeded { result: None });
-    assert_eq!(agent.update(&first, done).await.code, 0);
+    agent.run_to_success(&first, json!({})).await;
 
     let grant = agent.grant().await;
     assert_eq!(grant.task.as_ref().unwrap().task_id, task.task_id);
+    let accepted = Update::Accepted(pb::LeaseAccepted {});
     assert_eq!(agent.update(&grant, accepted).await.code, 0);
     let failure = Update::Failed(pb::LeaseFailed {
         error: Some(pb::TaskError {
@@ -77,17 +76,7 @@ async fn a_retry_policy_is_kept_shown_and_followed(backend: Backend) {
     });
     assert_eq!(agent.update(&grant, failure).await.code, 0);
     // The wait is the policy's, as the history tells it.
-    let events = server
-        .tasks()
-        .await
-        .list_task_events(pb::ListTaskEventsRequest {
-            task_id: task.task_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .events;
+    let events = task_events(&server, &task.task_id).await;
     let failed = events.iter().find(|e| e.kind == "attempt_failed").unwrap();
     assert_eq!(failed.message, "attempt 1 failed; retrying in 250 ms");
     // And the retry comes back to the agent once it has passed.

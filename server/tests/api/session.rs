@@ -10,7 +10,8 @@ use switchyard_proto::v1::{self as pb, connect_response::Message as Down, lease_
 use std::time::Duration;
 
 use crate::common::{
-    Backend, PROMPT, TestAgent, TestServer, get_task, submit, submit_request, wait_for_state,
+    Backend, PROMPT, TestAgent, TestServer, get_task, submit, submit_request, task_events,
+    wait_for_state,
 };
 use crate::on_both_stores;
 
@@ -795,17 +796,8 @@ async fn submit_leases_on_the_way_in_but_never_overtakes(backend: Backend) {
         }
     }
     let task = leased_on_submit.expect("a submit leased on the way in");
-    let kinds: Vec<String> = server
-        .tasks()
+    let kinds: Vec<String> = task_events(&server, &task.task_id)
         .await
-        .list_task_events(pb::ListTaskEventsRequest {
-            task_id: task.task_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .events
         .into_iter()
         .map(|e| e.kind)
         .collect();
