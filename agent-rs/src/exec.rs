@@ -1,4 +1,5 @@
-//! The `exec` task kind: runs a command (argv, env, cwd, timeout) in its
+//! The `exec` task kind: runs a command (argv, env, cwd, timeout: the
+//! payload's `timeout_secs`, bounded by the task's execution timeout) in its
 //! own process group, captures standard output and error up to a limit,
 //! reports the exit code, and kills the whole group on cancellation or
 //! timeout. Enabled only with `--allow-exec`.
@@ -82,6 +83,9 @@ impl Handler for Exec {
             .and_then(Value::as_f64)
             .filter(|t| *t > 0.0)
             .map_or(self.default_timeout, Duration::from_secs_f64);
+        // The task's execution timeout bounds it too: the server revokes the
+        // lease then, and the process group should not outlive it.
+        let timeout = task.execution_timeout.map_or(timeout, |t| t.min(timeout));
         let mut cmd = Command::new(program);
         cmd.args(args)
             .stdin(Stdio::null())

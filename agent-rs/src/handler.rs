@@ -86,6 +86,9 @@ pub struct TaskContext {
     /// What the lease holds on this agent: slots, and for a task with a resource request the
     /// amounts and the GPUs assigned to it alone.
     pub resources: Assigned,
+    /// The task's execution timeout, if it has one: the server revokes the
+    /// lease then, so a handler may as well stop by itself.
+    pub execution_timeout: Option<std::time::Duration>,
     progress: mpsc::UnboundedSender<Progress>,
 }
 
@@ -151,8 +154,15 @@ impl TaskContext {
                 slots: 1,
                 ..Assigned::default()
             },
+            execution_timeout: None,
             progress,
         }
+    }
+
+    /// The context with the task's execution timeout.
+    pub fn with_execution_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+        self.execution_timeout = timeout;
+        self
     }
 
     /// The context with what the lease holds.

@@ -844,7 +844,14 @@ fn start_work(state: &mut AgentState, grant: &pb::LeaseGrant, task: &pb::Task) {
         cancel,
         progress_tx,
     )
-    .with_resources(assigned(grant.resources.as_ref()));
+    .with_resources(assigned(grant.resources.as_ref()))
+    .with_execution_timeout(
+        task.execution_timeout
+            .as_ref()
+            .and_then(switchyard_proto::convert::duration_ms)
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(std::time::Duration::from_millis),
+    );
     let work = state.work_tx.clone();
     let lease_id = grant.lease_id.clone();
     let forward = work.clone();

@@ -5,7 +5,10 @@
 //! Names: `switchyard_tasks{namespace,state}` (gauge of live tasks: queued,
 //! leased, running; refreshed from the store every 5 s),
 //! `switchyard_grants_total`, `switchyard_lease_expiries_total`,
-//! `switchyard_requeues_total`, `switchyard_match_seconds` (histogram, per
+//! `switchyard_requeues_total`, `switchyard_deadline_revocations_total{cause}`
+//! (leases ended at an execution timeout, a cancel's grace or a drain's
+//! deadline), `switchyard_start_deadlines_total` (queued tasks failed at
+//! their start deadline), `switchyard_match_seconds` (histogram, per
 //! task matched), `switchyard_connected_agents` (gauge),
 //! `switchyard_stream_queue_depth` (histogram of an agent stream's queued
 //! messages, sampled at each push), `switchyard_store_seconds{op}`
@@ -28,6 +31,11 @@ pub const GRANTS: &str = "switchyard_grants_total";
 pub const EXPIRIES: &str = "switchyard_lease_expiries_total";
 /// Tasks returned to the queue (expiry, unacknowledged grant, retry).
 pub const REQUEUES: &str = "switchyard_requeues_total";
+/// Leases ended at a deadline, by cause (`timeout`, `canceled` for a
+/// cancel's grace, `drain_deadline`).
+pub const DEADLINE_REVOCATIONS: &str = "switchyard_deadline_revocations_total";
+/// Queued tasks failed at their start deadline.
+pub const START_DEADLINES: &str = "switchyard_start_deadlines_total";
 /// Time to match one task against the index.
 pub const MATCH_SECONDS: &str = "switchyard_match_seconds";
 /// Agents with a live session on this replica.

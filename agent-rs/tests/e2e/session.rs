@@ -199,3 +199,69 @@ async fn sigterm_drains_running_work_then_exits_zero() {
     assert_eq!(t.state(), pb::TaskState::Queued);
     server.stop().await;
 }
+
+/// Whether a process is gone (exited, or a zombie nobody reaped yet).
+fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the command name in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+/// A command that runs past its task's execution timeout: the server
+/// revokes the attempt (the task has one attempt, so it FAILS with code
+/// `timeout`) and the agent kills the command's whole process group, the
+/// background grandchild too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_timeout_kills_the_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(".capabilities.json"),
+        r#"{"tags": ["e2e"]}"#,
+    )
+    .unwrap();
+    let mut server = Server::start(dir.path()).await;
+    let _agent = agent(&server, dir.path(), "timeout-1");
+    let pidfile = dir.path().join("grandchild.pid");
+    let script = format!("sleep 120 & echo $! > {}; wait", pidfile.display());
+    let payload = json!({"argv": ["sh", "-c", script]});
+    let task = server
+        .tasks()
+        .await
+        .submit_task(pb::SubmitTaskRequest {
+            kind: "exec".into(),
+            payload: Some(switchyard_proto::convert::json_to_struct(&payload)),
+            placement: Some(pb::Placement {
+                selector: "e2e".into(),
+                ..Default::default()
+            }),
+            max_attempts: 1,
+            execution_timeout: Some(switchyard_proto::convert::duration(1_000)),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .task
+        .unwrap();
+    let failed = wait_for(&server, &task.task_id, pb::TaskState::Failed).await;
+    assert_eq!(failed.error.unwrap().code, "timeout");
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The kill is the agent's, a moment after the server's revocation: wait
+    // for it, however long the host takes, up to the suite's patience.
+    tokio::time::timeout(PROMPT, async {
+        while !gone(pid) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the grandchild was killed with its process group");
+    server.stop().await;
+}

@@ -12,11 +12,14 @@ use tracing::{info, instrument};
 
 use super::convert::struct_to_json;
 use super::task::verdicts;
-use super::{AdminApi, invalid, namespace, page_size, parse_id};
+use super::{AdminApi, duration_within, invalid, namespace, page_size, parse_id};
 use crate::auth::Need;
 use crate::error::Result;
 use crate::model::{Page, TaskState};
 use crate::wire;
+
+/// The longest drain deadline an operator may set.
+const MAX_DRAIN_DEADLINE_MS: i64 = 7 * 86_400_000;
 
 #[tonic::async_trait]
 impl AgentAdminService for AdminApi {
@@ -78,6 +81,13 @@ impl AgentAdminService for AdminApi {
         let caller = self.0.caller(&request).await?;
         let req = request.into_inner();
         let id = parse_id("agent_id", &req.agent_id)?;
+        let now_ms = self.0.now_ms();
+        let deadline_ms = req
+            .deadline
+            .as_ref()
+            .map(|d| duration_within("deadline", d, 0..=MAX_DRAIN_DEADLINE_MS, "0s and 7d"))
+            .transpose()?
+            .map(|ms| now_ms.saturating_add(ms));
         self.0.agent_for(&caller, id).await?;
         let reason = if req.reason.is_empty() {
             "drained by operator".to_owned()
@@ -87,7 +97,7 @@ impl AgentAdminService for AdminApi {
         let record = self
             .0
             .store
-            .set_agent_drained(id, true, Some(reason), self.0.now_ms())
+            .set_agent_drained(id, true, Some(reason), deadline_ms, now_ms)
             .await?;
         info!(agent = %id, "agent drained");
         self.0.dispatcher.refresh_agent(id).await;
@@ -107,7 +117,7 @@ impl AgentAdminService for AdminApi {
         let record = self
             .0
             .store
-            .set_agent_drained(id, false, None, self.0.now_ms())
+            .set_agent_drained(id, false, None, None, self.0.now_ms())
             .await?;
         info!(agent = %id, "agent undrained");
         self.0.dispatcher.refresh_agent(id).await;
@@ -183,7 +193,7 @@ impl AgentAdminService for AdminApi {
                 check_kind(&req.kind).map_err(|err| invalid("kind", &err.to_string()))?;
                 compiled = compiled.with_kind(&req.kind);
             }
-            let (fleet, names) = api.fleet_for(&ns, &compiled).await?;
+            let (fleet, names) = api.dispatcher.fleet_for(&ns, &compiled).await?;
             let explanation = matcher::explain(&compiled, &ns, &fleet);
             summary = explanation.summary.clone();
             ranking = matcher::ranking_note(&explanation, &fleet, &compiled, |id| {

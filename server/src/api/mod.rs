@@ -215,6 +215,21 @@ pub fn invalid(field: &str, description: &str) -> Error {
     Error::invalid(field, description)
 }
 
+/// A duration field in milliseconds, within `range`; outside it (or
+/// negative) INVALID_ARGUMENT naming the field, saying it must be between
+/// `range_text`.
+pub fn duration_within(
+    field: &str,
+    d: &prost_types::Duration,
+    range: std::ops::RangeInclusive<i64>,
+    range_text: &str,
+) -> Result<i64> {
+    match convert::duration_ms(d) {
+        Some(ms) if range.contains(&ms) => Ok(ms),
+        _ => Err(invalid(field, &format!("must be between {range_text}"))),
+    }
+}
+
 /// `field.path`, or just `field` for a violation at its root.
 pub fn field_path(field: &str, path: &str) -> String {
     if path.is_empty() {

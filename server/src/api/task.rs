@@ -8,21 +8,20 @@ use std::collections::BTreeMap;
 
 use switchyard_core::kinds::check_kind;
 use switchyard_core::matcher::{self, AgentId};
-use switchyard_core::placement::{self as core_placement, CompiledPlacement, Placement};
-use switchyard_core::resources::Held;
+use switchyard_core::placement as core_placement;
 use switchyard_proto::v1::{self as pb, task_service_server::TaskService};
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use super::convert::{duration_ms, struct_to_json, timestamp_ms};
+use super::convert::{struct_to_json, timestamp_ms};
 use super::watch::{Watch, WatchStream};
-use super::{Api, TaskApi, invalid, namespace, page_size, parse_id};
+use super::{Api, TaskApi, duration_within, invalid, namespace, page_size, parse_id};
 use crate::auth::{Caller, Need};
 use crate::error::{Error, Result};
 use crate::model::{
-    DEFAULT_BACKOFF_BASE_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MULTIPLIER, MAX_BACKOFF_MS,
-    MAX_RETRY_MULTIPLIER, NewTask, Page, QueuedReason, RetryPolicy, RevocationCause, TaskFilter,
-    TaskRecord, TaskState,
+    DEFAULT_BACKOFF_BASE_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MULTIPLIER, Deadlines,
+    MAX_BACKOFF_MS, MAX_RETRY_MULTIPLIER, NewTask, Page, QueuedReason, RetryPolicy,
+    RevocationCause, TaskFilter, TaskRecord, TaskState,
 };
 use crate::wire;
 
@@ -30,63 +29,6 @@ use crate::wire;
 const MAX_NAME: usize = 256;
 
 impl Api {
-    /// Every agent of `namespace` as the matcher sees it (from the store, so
-    /// agents connected to other replicas count too), with agent names by id.
-    pub(crate) async fn fleet(
-        &self,
-        namespace: &str,
-    ) -> Result<(
-        Vec<switchyard_core::matcher::AgentView>,
-        BTreeMap<AgentId, String>,
-    )> {
-        let mut views = Vec::new();
-        let mut names = BTreeMap::new();
-        let mut page = Page {
-            size: 1000,
-            after: None,
-        };
-        loop {
-            let (agents, next) = self.store.list_agents(namespace, &[], &page).await?;
-            for agent in &agents {
-                names.insert(agent.id.into(), agent.name.clone());
-                views.push(agent.view());
-            }
-            match next {
-                Some(token) => page.after = Some(token),
-                None => return Ok((views, names)),
-            }
-        }
-    }
-
-    /// [`Api::fleet`] as matching `placement` sees it: for a placement that
-    /// claims more than a slot (resources, a spread key), with what the busy
-    /// agents' leases hold, so that explanations count free devices,
-    /// amounts and spread as the grant does.
-    pub(crate) async fn fleet_for(
-        &self,
-        namespace: &str,
-        placement: &CompiledPlacement,
-    ) -> Result<(
-        Vec<switchyard_core::matcher::AgentView>,
-        BTreeMap<AgentId, String>,
-    )> {
-        let (mut views, names) = self.fleet(namespace).await?;
-        let busy: Vec<uuid::Uuid> = views
-            .iter()
-            .filter(|v| v.active_leases > 0)
-            .map(|v| v.agent_id.uuid())
-            .collect();
-        if placement.claims_beyond_slots() && !busy.is_empty() {
-            let mut claims = self.store.live_claims(&busy).await?;
-            for view in &mut views {
-                if let Some(held) = claims.remove(&view.agent_id.uuid()) {
-                    view.held = std::sync::Arc::new(Held::of(held));
-                }
-            }
-        }
-        Ok((views, names))
-    }
-
     /// A task on the wire, with its queued reason (from the whole fleet)
     /// when it is queued.
     pub(crate) async fn task_with_reason(&self, record: &TaskRecord) -> Result<pb::Task> {
@@ -163,11 +105,9 @@ impl Api {
         };
         let lease_ttl_ms = match &req.lease_ttl {
             None => self.settings.default_lease_ttl_ms,
-            Some(d) => match duration_ms(d) {
-                Some(ms @ 1_000..=86_400_000) => ms,
-                _ => return Err(invalid("lease_ttl", "must be between 1s and 24h")),
-            },
+            Some(d) => duration_within("lease_ttl", d, 1_000..=DAY_MS, "1s and 24h")?,
         };
+        let deadlines = deadlines(&req)?;
         let compiled = core_placement::compile(&placement)
             .map_err(|err| invalid(&format!("placement.{}", err.field), &err.message))?
             .with_kind(&req.kind);
@@ -182,6 +122,7 @@ impl Api {
             priority: req.priority,
             max_attempts,
             retry,
+            deadlines,
             lease_ttl_ms,
             idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
             not_before_ms: req.not_before.as_ref().map(timestamp_ms),
@@ -191,49 +132,8 @@ impl Api {
     }
 
     async fn explain(&self, record: &TaskRecord) -> Result<matcher::Explanation> {
-        Ok(self.explanation(record).await?.0)
+        Ok(self.dispatcher.explanation(record).await?.0)
     }
-
-    /// What matching says about a stored task against the whole fleet: its
-    /// placement and kind, the agents that refused it, and (for a retry)
-    /// those its attempts failed on; with agent names.
-    async fn explanation(
-        &self,
-        record: &TaskRecord,
-    ) -> Result<(matcher::Explanation, BTreeMap<AgentId, String>)> {
-        let compiled = stored_placement(record)?;
-        let (fleet, names) = self.fleet_for(&record.namespace, &compiled).await?;
-        let refused: BTreeMap<AgentId, String> = self
-            .store
-            .task_refusals(record.id)
-            .await?
-            .into_iter()
-            .map(|(agent, reason)| (agent.into(), reason))
-            .collect();
-        let failed: std::collections::BTreeSet<AgentId> = if record.attempts > 0 {
-            let agents = self.store.failed_agents(record.id).await?;
-            agents.into_iter().map(AgentId::from).collect()
-        } else {
-            Default::default()
-        };
-        let explanation =
-            matcher::explain_task(&compiled, &record.namespace, &fleet, &refused, &failed);
-        Ok((explanation, names))
-    }
-}
-
-/// A stored task's placement, compiled for its kind (it compiled when it
-/// was submitted; a failure now is corrupt data).
-fn stored_placement(record: &TaskRecord) -> Result<core_placement::CompiledPlacement> {
-    let corrupt = |detail: String| Error::Corrupt {
-        context: "reading a task's placement",
-        detail,
-    };
-    let placement: Placement =
-        serde_json::from_value(record.placement.clone()).map_err(|e| corrupt(e.to_string()))?;
-    core_placement::compile(&placement)
-        .map(|c| c.with_kind(&record.kind))
-        .map_err(|e| corrupt(e.to_string()))
 }
 
 /// The wire verdicts of an explanation, eligible first in rank order, with
@@ -355,6 +255,11 @@ impl TaskService for TaskApi {
         let caller = self.0.caller(&request).await?;
         let req = request.into_inner();
         let id = parse_id("task_id", &req.task_id)?;
+        let grace_ms = req
+            .grace
+            .as_ref()
+            .map(|d| duration_within("grace", d, 0..=DAY_MS, "0s and 24h"))
+            .transpose()?;
         self.0.task_for(&caller, id).await?;
         let reason = if req.reason.is_empty() {
             "canceled"
@@ -364,7 +269,7 @@ impl TaskService for TaskApi {
         let (record, lease) = self
             .0
             .store
-            .cancel_task(id, reason, self.0.now_ms())
+            .cancel_task(id, reason, grace_ms, self.0.now_ms())
             .await?;
         if let Some(lease) = &lease {
             // Local agents hear it now; agents on other replicas through the
@@ -401,7 +306,7 @@ impl TaskService for TaskApi {
         let caller = api.caller(&request).await?;
         let id = parse_id("task_id", &request.get_ref().task_id)?;
         let record = api.task_for(&caller, id).await?;
-        let (explanation, names) = api.explanation(&record).await?;
+        let (explanation, names) = api.dispatcher.explanation(&record).await?;
         let mut summary = explanation.summary.clone();
         match record.state {
             TaskState::Queued if record.not_before_ms > api.now_ms() => {
@@ -451,26 +356,53 @@ impl TaskService for TaskApi {
     }
 }
 
-/// The longest retry wait a task may ask for.
-const MAX_RETRY_BACKOFF_MS: i64 = 86_400_000;
-
 /// The shortest first retry wait a task may ask for.
 const MIN_RETRY_BACKOFF_MS: i64 = 100;
+
+/// A day, the longest lease TTL, retry wait and cancel grace.
+const DAY_MS: i64 = 86_400_000;
+
+/// A submit's deadlines, each within its range (INVALID_ARGUMENT naming
+/// the field otherwise).
+fn deadlines(req: &pb::SubmitTaskRequest) -> Result<Deadlines> {
+    let within = |field, d: Option<&prost_types::Duration>, range, text| {
+        d.map(|d| duration_within(field, d, range, text))
+            .transpose()
+    };
+    Ok(Deadlines {
+        start_timeout_ms: within(
+            "start_timeout",
+            req.start_timeout.as_ref(),
+            1_000..=30 * DAY_MS,
+            "1s and 30d",
+        )?,
+        execution_timeout_ms: within(
+            "execution_timeout",
+            req.execution_timeout.as_ref(),
+            1_000..=7 * DAY_MS,
+            "1s and 7d",
+        )?,
+        cancel_grace_ms: within(
+            "cancel_grace",
+            req.cancel_grace.as_ref(),
+            0..=DAY_MS,
+            "0s and 24h",
+        )?,
+    })
+}
 
 /// A submitted retry policy, its unset fields filled with the defaults; an
 /// `INVALID_ARGUMENT` naming the field that is out of range.
 fn retry_policy(policy: &pb::RetryPolicy) -> Result<RetryPolicy> {
     let wait = |field: &str, d: Option<&prost_types::Duration>, default: i64, min: i64| {
-        let Some(d) = d else {
-            return Ok(default);
-        };
-        match duration_ms(d) {
-            Some(ms) if (min..=MAX_RETRY_BACKOFF_MS).contains(&ms) => Ok(ms),
-            _ => Err(invalid(
+        d.map_or(Ok(default), |d| {
+            duration_within(
                 &format!("retry.{field}"),
-                &format!("must be between {min}ms and 24h"),
-            )),
-        }
+                d,
+                min..=DAY_MS,
+                &format!("{min}ms and 24h"),
+            )
+        })
     };
     let initial = wait(
         "initial_backoff",

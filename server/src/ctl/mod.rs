@@ -119,6 +119,10 @@ enum Command {
         /// Why (recorded in the task's history).
         #[arg(long, default_value = "canceled from the CLI")]
         reason: String,
+        /// End the lease this many seconds after the cancel even if the agent
+        /// keeps running it (default: the task's cancel grace, if any).
+        #[arg(long)]
+        grace_secs: Option<u64>,
     },
     /// Follow a task's state changes until it is terminal.
     Watch {
@@ -185,6 +189,18 @@ struct SubmitArgs {
     /// The largest fraction of each wait taken off at random, 0 to 1 (default 0.2).
     #[arg(long)]
     retry_jitter: Option<f64>,
+    /// Fail the task if it is not leased within this many seconds of coming
+    /// due (unschedulable, or agents busy); default: it waits for ever.
+    #[arg(long)]
+    start_timeout_secs: Option<u64>,
+    /// Revoke an attempt still running this many seconds after its grant
+    /// (counted as a failed attempt, code `timeout`).
+    #[arg(long)]
+    execution_timeout_secs: Option<u64>,
+    /// After a cancel, end the lease this many seconds later even if the
+    /// agent keeps running it.
+    #[arg(long)]
+    cancel_grace_secs: Option<u64>,
     /// Makes the submit idempotent within the namespace.
     #[arg(long)]
     idempotency_key: Option<String>,
@@ -212,6 +228,10 @@ enum AgentsCommand {
         /// Why.
         #[arg(long, default_value = "drained from the CLI")]
         reason: String,
+        /// Revoke and requeue the leases it still holds this many seconds
+        /// from now (default: wait for them however long they run).
+        #[arg(long)]
+        deadline_secs: Option<u64>,
     },
     /// Let a drained agent take leases again.
     Undrain {
@@ -454,10 +474,19 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
             out.task_list(&reply.tasks);
             Ok(ExitCode::Ok)
         }
-        Command::Cancel { task_id, reason } => {
+        Command::Cancel {
+            task_id,
+            reason,
+            grace_secs,
+        } => {
+            let grace = grace_secs.map(secs);
             let task = clients
                 .tasks
-                .cancel_task(pb::CancelTaskRequest { task_id, reason })
+                .cancel_task(pb::CancelTaskRequest {
+                    task_id,
+                    reason,
+                    grace,
+                })
                 .await?
                 .into_inner()
                 .task;
@@ -497,6 +526,14 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
     }
 }
 
+/// A number of seconds from the command line, as a duration.
+fn secs(secs: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(secs).unwrap_or(i64::MAX),
+        nanos: 0,
+    }
+}
+
 /// `switchyard submit`: the task, and with `--wait` its watch.
 async fn submit(
     clients: &mut Clients,
@@ -522,10 +559,7 @@ async fn submit(
         placement: placement(&args.selector, args.policy),
         priority: args.priority,
         max_attempts: args.max_attempts,
-        lease_ttl: (args.lease_ttl_secs > 0).then(|| prost_types::Duration {
-            seconds: i64::try_from(args.lease_ttl_secs).unwrap_or(i64::MAX),
-            nanos: 0,
-        }),
+        lease_ttl: (args.lease_ttl_secs > 0).then(|| secs(args.lease_ttl_secs)),
         idempotency_key: args.idempotency_key.unwrap_or_default(),
         not_before: None,
         labels: args
@@ -535,6 +569,9 @@ async fn submit(
             .into_iter()
             .collect(),
         retry,
+        start_timeout: args.start_timeout_secs.map(secs),
+        execution_timeout: args.execution_timeout_secs.map(secs),
+        cancel_grace: args.cancel_grace_secs.map(secs),
     };
     let reply = clients.tasks.submit_task(request).await?.into_inner();
     let task = reply.task.unwrap_or_default();
@@ -578,10 +615,18 @@ async fn agents(
                 .into_inner();
             out.agent(&reply.agent.unwrap_or_default(), &reply.leases);
         }
-        AgentsCommand::Drain { agent_id, reason } => {
+        AgentsCommand::Drain {
+            agent_id,
+            reason,
+            deadline_secs,
+        } => {
             let reply = clients
                 .agents
-                .drain_agent(pb::DrainAgentRequest { agent_id, reason })
+                .drain_agent(pb::DrainAgentRequest {
+                    agent_id,
+                    reason,
+                    deadline: deadline_secs.map(secs),
+                })
                 .await?
                 .into_inner();
             out.agent(&reply.agent.unwrap_or_default(), &[]);

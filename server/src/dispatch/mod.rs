@@ -33,6 +33,7 @@
 //! - `events`: the store's events from every replica.
 
 mod events;
+mod explain;
 mod queue;
 mod refusals;
 mod round;

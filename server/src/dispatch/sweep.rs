@@ -1,19 +1,22 @@
 //! The sweep, every `sweep_interval_ms` on every replica at once: leases
 //! that ran out their TTL expire, grants nobody acknowledged are revoked,
-//! sessions silent for three heartbeat intervals are closed (the agent is
-//! OFFLINE), and every tenth sweep recounts from the store the leases of
-//! agents not picked lately.
+//! leases past a deadline (an execution timeout, a cancel's grace, a
+//! drain's deadline) are ended, queued tasks past their start deadline fail
+//! with the explanation as it stood, sessions silent for three heartbeat
+//! intervals are closed (the agent is OFFLINE), and every tenth sweep
+//! recounts from the store the leases of agents not picked lately.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use switchyard_core::matcher::{AgentId, AgentView};
+use switchyard_core::matcher::{AgentId, AgentView, Explanation, Outcome};
 use switchyard_core::resources::Held;
 use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::Dispatcher;
 use crate::error::Result;
-use crate::model::{AgentStatus, LeaseRecord, RevocationCause, TaskRecord, TaskState};
+use crate::model::{AgentStatus, LeaseRecord, RevocationCause, StoredName, TaskRecord, TaskState};
 
 /// Every this many sweeps, the lease counts of quiet agents are checked
 /// against the store (see [`Dispatcher::recount_loads`]).
@@ -63,9 +66,54 @@ impl Dispatcher {
         let cutoff = now - self.shared.settings.ack_window_ms;
         let unacked = self.shared.store.revoke_unacked(None, cutoff, now).await?;
         self.unacked_revoked(&unacked, "grant not acknowledged in time");
+        let overdue = self.shared.store.reclaim_overdue(now, 500).await?;
+        for (lease, task, cause) in &overdue {
+            info!(lease = %lease.id, task = %task.id, agent = %lease.agent_id, cause = cause.stored(), state = task.state.as_str(), "lease ended at a deadline");
+            metrics::counter!(crate::metrics::DEADLINE_REVOCATIONS, "cause" => cause.stored())
+                .increment(1);
+            self.revoke(lease, *cause, deadline_passed(*cause));
+            self.lease_ended(lease.agent_id, Some(lease.task_id));
+            self.task_changed(task.id);
+        }
+        metrics::counter!(crate::metrics::REQUEUES).increment(
+            overdue
+                .iter()
+                .filter(|(_, t, _)| t.state == TaskState::Queued)
+                .count() as u64,
+        );
+        self.fail_unstarted(now).await?;
         self.close_silent_sessions(now).await?;
-        if !expired.is_empty() || !unacked.is_empty() {
+        if !expired.is_empty() || !unacked.is_empty() || !overdue.is_empty() {
             self.wake();
+        }
+        Ok(())
+    }
+
+    /// Fails the queued tasks past their start deadline, each with the
+    /// explanation as it stood: `unschedulable` if no agent of the fleet
+    /// could run it (parked), `start_timeout` if capable agents were busy.
+    /// The fleet is read once per namespace.
+    async fn fail_unstarted(&self, now: i64) -> Result<()> {
+        let overdue = self.shared.store.unstarted_overdue(now, 100).await?;
+        let mut fleets = HashMap::new();
+        for task in overdue {
+            if !fleets.contains_key(&task.namespace) {
+                let (fleet, _) = self.fleet(&task.namespace).await?;
+                fleets.insert(task.namespace.clone(), fleet);
+            }
+            let fleet = fleets[&task.namespace].clone();
+            let explanation = self.explain_against(&task, fleet).await?;
+            let (error, message) = unstarted(&task, &explanation);
+            if let Some(failed) = self
+                .shared
+                .store
+                .fail_unstarted(task.id, &error, &message, now)
+                .await?
+            {
+                info!(task = %failed.id, "{message}");
+                metrics::counter!(crate::metrics::START_DEADLINES).increment(1);
+                self.task_changed(failed.id);
+            }
         }
         Ok(())
     }
@@ -179,6 +227,37 @@ impl Dispatcher {
             self.task_changed(task.id);
         }
     }
+}
+
+/// What an agent is told of a lease ended at a deadline.
+fn deadline_passed(cause: RevocationCause) -> &'static str {
+    match cause {
+        RevocationCause::Timeout => "the attempt ran past its execution timeout",
+        RevocationCause::DrainDeadline => "the agent's drain deadline passed",
+        _ => "the cancel's grace ran out",
+    }
+}
+
+/// The error and history message of a task past its start deadline.
+fn unstarted(task: &TaskRecord, explanation: &Explanation) -> (serde_json::Value, String) {
+    let parked = matches!(explanation.outcome, Outcome::Parked(_));
+    let (code, what) = if parked {
+        ("unschedulable", "unschedulable")
+    } else {
+        ("start_timeout", "start deadline passed")
+    };
+    let timeout_ms = task.deadlines.start_timeout_ms.unwrap_or_default();
+    let message = format!(
+        "{what}: not leased within {timeout_ms} ms of coming due; {}",
+        explanation.summary
+    );
+    let error = serde_json::json!({
+        "message": message,
+        "code": code,
+        "retryable": false,
+        "details": {"start_timeout_ms": timeout_ms, "explanation": explanation.summary},
+    });
+    (error, message)
 }
 
 /// Counts the tasks the store put back in the queue.

@@ -182,6 +182,7 @@ fn task(selector: &str, priority: i32, not_before_ms: Option<i64>) -> NewTask {
         priority,
         max_attempts: 3,
         retry: None,
+        deadlines: Default::default(),
         lease_ttl_ms: 10_000,
         idempotency_key: None,
         not_before_ms,

@@ -54,6 +54,9 @@ pub struct AgentRecord {
     pub active_leases: u32,
     /// An operator drain is in force.
     pub drained: bool,
+    /// The drain's deadline: the leases still held then are revoked and
+    /// their tasks requeued. `None`: the drain waits for them.
+    pub drain_deadline_ms: Option<i64>,
     /// Labels set at registration.
     pub labels: BTreeMap<String, String>,
     /// What the agent runs as.

@@ -74,6 +74,10 @@ pub enum LeaseEnd {
     Expired,
     /// The server revoked a grant the agent never acknowledged.
     Unacknowledged,
+    /// The attempt ran past its execution timeout.
+    TimedOut,
+    /// The server ended it at a deadline: a cancel's grace, or a drain's.
+    Revoked,
 }
 
 impl StoredName for LeaseEnd {
@@ -84,6 +88,8 @@ impl StoredName for LeaseEnd {
         (Self::Released, "released"),
         (Self::Expired, "expired"),
         (Self::Unacknowledged, "unacknowledged"),
+        (Self::TimedOut, "timed_out"),
+        (Self::Revoked, "revoked"),
     ];
 }
 
@@ -110,6 +116,10 @@ pub enum RevocationCause {
     Unacknowledged,
     /// The server does not hold the lease for the agent.
     UnknownLease,
+    /// The attempt ran past the task's execution timeout.
+    Timeout,
+    /// The agent's drain deadline passed while it still held the lease.
+    DrainDeadline,
 }
 
 impl StoredName for RevocationCause {
@@ -120,6 +130,8 @@ impl StoredName for RevocationCause {
         (Self::Superseded, "superseded"),
         (Self::Unacknowledged, "unacknowledged"),
         (Self::UnknownLease, "unknown_lease"),
+        (Self::Timeout, "timeout"),
+        (Self::DrainDeadline, "drain_deadline"),
     ];
 }
 

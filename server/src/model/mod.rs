@@ -35,7 +35,7 @@ pub use lease::{
 };
 pub use names::{StoredName, UnknownState};
 pub use task::{
-    NewTask, Page, ParkedPlacement, QueueCursor, QueuedReason, TaskEventRecord, TaskFilter,
-    TaskRecord, TaskState,
+    Deadlines, NewTask, Page, ParkedPlacement, QueueCursor, QueuedReason, TaskEventRecord,
+    TaskFilter, TaskRecord, TaskState,
 };
 pub use token::{Role, TokenRecord};

@@ -83,6 +83,29 @@ impl QueuedReason {
     }
 }
 
+/// A task's deadlines, each opt-in (`None`: no such deadline).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Schedule-to-start: the task must be granted within this long of
+    /// becoming due (its submit or `not_before`, or the end of a retry's
+    /// backoff), or it FAILS, unschedulable or not started in time.
+    pub start_timeout_ms: Option<i64>,
+    /// Start-to-close: the longest one attempt may hold its lease, from the
+    /// grant; the server then revokes it and counts the attempt, whatever
+    /// the heartbeats say.
+    pub execution_timeout_ms: Option<i64>,
+    /// How long a cancel-requested lease may go on before the server ends
+    /// it and the task is CANCELED, even while the agent renews it.
+    pub cancel_grace_ms: Option<i64>,
+}
+
+impl Deadlines {
+    /// When a task that became due at `due_ms` must have been granted by.
+    pub fn start_by(&self, due_ms: i64) -> Option<i64> {
+        self.start_timeout_ms.map(|t| due_ms.saturating_add(t))
+    }
+}
+
 /// A task as submitted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewTask {
@@ -101,6 +124,8 @@ pub struct NewTask {
     pub max_attempts: u32,
     /// How its failed attempts back off; `None`: the store's default.
     pub retry: Option<RetryPolicy>,
+    /// Its deadlines; none by default.
+    pub deadlines: Deadlines,
     /// How long a lease lives without renewal.
     pub lease_ttl_ms: i64,
     /// Makes submit idempotent within the namespace.
@@ -137,6 +162,11 @@ pub struct TaskRecord {
     pub max_attempts: u32,
     /// How its failed attempts back off; `None`: the store's default.
     pub retry: Option<RetryPolicy>,
+    /// Its deadlines; none by default.
+    pub deadlines: Deadlines,
+    /// Once a cancel with a grace was requested of its lease: when the
+    /// lease is ended whatever the agent does.
+    pub cancel_deadline_ms: Option<i64>,
     /// Lease lifetime without renewal.
     pub lease_ttl_ms: i64,
     /// The submitter's idempotency key, if any.

@@ -46,8 +46,8 @@ use crate::error::{Error, Result};
 use crate::model::{
     AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
     DEFAULT_BACKOFF_BASE_MS, DEFAULT_MAX_RELEASES, GrantOutcome, GrantRequest, LeaseRecord,
-    LeaseReport, Page, ParkedPlacement, QueueCursor, ReportApplied, StoreEvent, Submission,
-    Submitted, TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
+    LeaseReport, Page, ParkedPlacement, QueueCursor, ReportApplied, RevocationCause, StoreEvent,
+    Submission, Submitted, TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
 };
 
 /// Whether `token` is a ListTasks page token this server issued (a task
@@ -101,13 +101,32 @@ pub trait TaskStore: Send + Sync {
     ) -> Result<Vec<TaskRecord>>;
     /// Cancels a task: QUEUED becomes CANCELED at once; LEASED or RUNNING
     /// get `cancel_requested` and the lease to revoke is returned; terminal
-    /// tasks are returned unchanged.
+    /// tasks are returned unchanged. With a grace (`grace_ms`, else the
+    /// task's `cancel_grace_ms`) the lease is ended at now plus the grace
+    /// if the agent has not ended it (see [`LeaseStore::reclaim_overdue`]);
+    /// a second cancel may bring that deadline forward, never back.
     async fn cancel_task(
         &self,
         task_id: Uuid,
         reason: &str,
+        grace_ms: Option<i64>,
         now_ms: i64,
     ) -> Result<(TaskRecord, Option<LeaseRecord>)>;
+    /// Queued tasks past their start deadline (due, and not granted within
+    /// their start timeout), in id order: the sweeper explains each and
+    /// fails it with [`TaskStore::fail_unstarted`]. Costs nothing while no
+    /// task has a start timeout.
+    async fn unstarted_overdue(&self, now_ms: i64, limit: u32) -> Result<Vec<TaskRecord>>;
+    /// Fails a task past its start deadline with `error`, its history
+    /// saying `message`; `None` (nothing changed) if it is no longer queued
+    /// or no longer overdue (it was granted, or a retry made it due later).
+    async fn fail_unstarted(
+        &self,
+        task_id: Uuid,
+        error: &serde_json::Value,
+        message: &str,
+        now_ms: i64,
+    ) -> Result<Option<TaskRecord>>;
     /// Counts of live (QUEUED, LEASED, RUNNING) tasks by namespace and state,
     /// for metrics; a namespace and state with none is absent. Costs the
     /// queue's length and the live leases, not the tasks ever run.
@@ -171,6 +190,19 @@ pub trait LeaseStore: Send + Sync {
         now_ms: i64,
         limit: u32,
     ) -> Result<Vec<(LeaseRecord, TaskRecord)>>;
+    /// The sweeper: live leases past a deadline end, whatever their
+    /// renewals, each by the deadline that passed (its cause): a
+    /// cancel-requested lease past its grace (the task CANCELED), an
+    /// attempt past its execution timeout (counted as failed, code
+    /// `timeout`: retried after the task's backoff, or FAILED at the
+    /// budget), a lease of an agent past its drain deadline (the task
+    /// requeued at once, counted as a hand-back). Costs nothing while no
+    /// task or agent has a deadline; safe with every replica sweeping.
+    async fn reclaim_overdue(
+        &self,
+        now_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<(LeaseRecord, TaskRecord, RevocationCause)>>;
     /// The agent's live (GRANTED or ACTIVE) leases.
     async fn agent_leases(&self, agent_id: Uuid) -> Result<Vec<LeaseRecord>>;
     /// One lease; `NotFound` if missing.
@@ -252,12 +284,16 @@ pub trait AgentStore: Send + Sync {
         session_epoch: Option<u64>,
         now_ms: i64,
     ) -> Result<bool>;
-    /// Starts or ends an operator drain.
+    /// Starts or ends an operator drain. A drain with a deadline: the
+    /// leases the agent still holds at `deadline_ms` are revoked and their
+    /// tasks requeued (see [`LeaseStore::reclaim_overdue`]); ending a drain
+    /// clears it.
     async fn set_agent_drained(
         &self,
         agent_id: Uuid,
         drained: bool,
         reason: Option<String>,
+        deadline_ms: Option<i64>,
         now_ms: i64,
     ) -> Result<AgentRecord>;
     /// Heartbeats of many sessions in one transaction: every agent's live

@@ -168,6 +168,10 @@ pub fn task(task: &TaskRecord) -> pb::Task {
         updated_at: Some(timestamp(task.updated_at_ms)),
         labels: task.labels.clone().into_iter().collect(),
         retry: task.retry.as_ref().map(retry_policy),
+        start_timeout: task.deadlines.start_timeout_ms.map(duration),
+        execution_timeout: task.deadlines.execution_timeout_ms.map(duration),
+        cancel_grace: task.deadlines.cancel_grace_ms.map(duration),
+        cancel_deadline: task.cancel_deadline_ms.map(timestamp),
     }
 }
 
@@ -337,6 +341,7 @@ pub fn agent(record: &AgentRecord, full: bool) -> pb::Agent {
         last_seen_at: Some(timestamp(record.last_seen_at_ms)),
         registered_at: Some(timestamp(record.registered_at_ms)),
         drained: record.drained,
+        drain_deadline: record.drain_deadline_ms.map(timestamp),
         runner: record.runner.clone(),
         handled_kinds: record.handled_kinds.clone(),
     }

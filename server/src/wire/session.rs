@@ -34,6 +34,8 @@ pub fn revocation_reason(cause: RevocationCause) -> pb::RevocationReason {
         RevocationCause::Superseded => pb::RevocationReason::Superseded,
         RevocationCause::Unacknowledged => pb::RevocationReason::Unacknowledged,
         RevocationCause::UnknownLease => pb::RevocationReason::UnknownLease,
+        RevocationCause::Timeout => pb::RevocationReason::Timeout,
+        RevocationCause::DrainDeadline => pb::RevocationReason::DrainDeadline,
     }
 }
 

@@ -8,6 +8,7 @@
 
 mod cli;
 mod common;
+mod deadlines;
 mod explain;
 mod health;
 mod kinds;

@@ -193,6 +193,7 @@ async fn cancel(server: &TestServer, task_id: &str) {
         .cancel_task(pb::CancelTaskRequest {
             task_id: task_id.to_owned(),
             reason: "not needed".into(),
+            ..Default::default()
         })
         .await
         .unwrap();

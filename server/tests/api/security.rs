@@ -270,6 +270,7 @@ async fn call_all(
                     pb::DrainAgentRequest {
                         agent_id: agent_id.clone(),
                         reason: String::new(),
+                        ..Default::default()
                     },
                     token,
                 ))
@@ -313,6 +314,7 @@ async fn call_all(
                     pb::CancelTaskRequest {
                         task_id,
                         reason: String::new(),
+                        ..Default::default()
                     },
                     token,
                 ))

@@ -111,6 +111,7 @@ async fn drained_agent_gets_nothing_until_undrained(backend: Backend) {
         .drain_agent(pb::DrainAgentRequest {
             agent_id: agent.agent_id.clone(),
             reason: "maintenance".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -379,6 +380,7 @@ async fn cancel_reaches_the_running_agent(backend: Backend) {
         .cancel_task(pb::CancelTaskRequest {
             task_id: task.task_id.clone(),
             reason: "not needed".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

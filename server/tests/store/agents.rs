@@ -133,7 +133,10 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
     assert_eq!(stored.status, AgentStatus::Degraded);
     assert_eq!(stored.status_reasons, reasons);
 
-    let drained = store.set_agent_drained(b.id, true, None, T0).await.unwrap();
+    let drained = store
+        .set_agent_drained(b.id, true, None, None, T0)
+        .await
+        .unwrap();
     assert!(drained.drained);
     assert_eq!(drained.status, AgentStatus::Draining);
     assert_eq!(drained.status_reasons, ["drained by operator"]);
@@ -151,7 +154,7 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
         AgentStatus::Draining
     );
     let undrained = store
-        .set_agent_drained(b.id, false, None, T0)
+        .set_agent_drained(b.id, false, None, None, T0)
         .await
         .unwrap();
     assert_eq!(undrained.status, AgentStatus::Ready);

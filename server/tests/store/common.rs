@@ -184,6 +184,7 @@ pub fn task(ns: &str, priority: i32, max_attempts: u32) -> NewTask {
         priority,
         max_attempts,
         retry: None,
+        deadlines: Default::default(),
         lease_ttl_ms: 30_000,
         idempotency_key: None,
         not_before_ms: None,

@@ -636,7 +636,10 @@ async fn a_task_backs_off_by_its_own_retry_policy(fx: &mut Fixture) {
         assert_eq!(wait, jittered.delay_ms(1, u.id));
         assert!((0..=500).contains(&wait), "{wait}");
         waits.push(wait);
-        store.cancel_task(u.id, "done", now + 2).await.unwrap();
+        store
+            .cancel_task(u.id, "done", None, now + 2)
+            .await
+            .unwrap();
     }
     waits.dedup();
     assert!(waits.len() > 1, "the jitter depends on the task: {waits:?}");
@@ -800,13 +803,16 @@ async fn cancel_queued_and_leased_tasks(fx: &mut Fixture) {
     let worker = agent(store, "ns", "w1", 3).await;
     let queued = submit(store, task("ns", 0, 3), T0).await;
     let (canceled, revoke) = store
-        .cancel_task(queued.id, "user asked", T0 + 1)
+        .cancel_task(queued.id, "user asked", None, T0 + 1)
         .await
         .unwrap();
     assert_eq!(canceled.state, TaskState::Canceled);
     assert!(revoke.is_none());
     // Terminal: unchanged.
-    let (same, revoke) = store.cancel_task(queued.id, "again", T0 + 2).await.unwrap();
+    let (same, revoke) = store
+        .cancel_task(queued.id, "again", None, T0 + 2)
+        .await
+        .unwrap();
     assert_eq!(same, canceled);
     assert!(revoke.is_none());
 
@@ -814,7 +820,7 @@ async fn cancel_queued_and_leased_tasks(fx: &mut Fixture) {
     let leased = submit(store, task("ns", 0, 3), T0).await;
     let lease = grant(store, leased.id, worker.id, T0).await;
     let (pending, revoke) = store
-        .cancel_task(leased.id, "user asked", T0 + 3)
+        .cancel_task(leased.id, "user asked", None, T0 + 3)
         .await
         .unwrap();
     assert_eq!(pending.state, TaskState::Leased);
@@ -845,7 +851,7 @@ async fn cancel_queued_and_leased_tasks(fx: &mut Fixture) {
         .await
         .unwrap();
     store
-        .cancel_task(running.id, "user asked", T0 + 2)
+        .cancel_task(running.id, "user asked", None, T0 + 2)
         .await
         .unwrap();
     let expired = store.expire_leases(lease.expires_at_ms, 10).await.unwrap();
@@ -856,7 +862,7 @@ async fn cancel_queued_and_leased_tasks(fx: &mut Fixture) {
     let finishing = submit(store, task("ns", 0, 3), T0).await;
     let lease = grant(store, finishing.id, worker.id, T0).await;
     store
-        .cancel_task(finishing.id, "too late", T0 + 1)
+        .cancel_task(finishing.id, "too late", None, T0 + 1)
         .await
         .unwrap();
     let done = store

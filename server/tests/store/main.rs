@@ -10,6 +10,7 @@
 
 mod agents;
 mod common;
+mod deadlines;
 mod events;
 mod leases;
 mod race;

@@ -136,7 +136,7 @@ async fn an_event_from_one_replica_reaches_the_other() {
     let mut heard = fx.store.subscribe();
     // Subscribed after the change: nothing replayed, but the next change is heard.
     other
-        .set_agent_drained(worker.id, true, None, T0)
+        .set_agent_drained(worker.id, true, None, None, T0)
         .await
         .unwrap();
     assert_eq!(wait_for(&mut heard, |e| *e == expected).await, expected);
@@ -144,7 +144,7 @@ async fn an_event_from_one_replica_reaches_the_other() {
     // A lease ended by one replica's sweeper frees the slot on the replica
     // the agent is connected to; the sweeping replica is not told again.
     other
-        .set_agent_drained(worker.id, false, None, T0)
+        .set_agent_drained(worker.id, false, None, None, T0)
         .await
         .unwrap();
     let leased = submit(fx.store.as_ref(), task("ns", 0, 3), T0).await;
@@ -258,11 +258,11 @@ async fn the_pool_warm_up_fits_the_migrated_schema() {
     assert_eq!(store.count_tasks().await.unwrap(), Vec::new());
 
     let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
-    // The latest overload (0008's); the one before stays for replicas of
+    // The latest overload (0009's); the one before stays for replicas of
     // the release before, and the warm-up must not fall back on it.
     sqlx::query(
         "DROP FUNCTION switchyard_submit_batch(uuid[], text[], text[], text[], text[], int4[], \
-         int8[], int8[], text[], int8[], text[], uuid[], uuid[], text[], int8)",
+         int8[], int8[], text[], int8[], text[], uuid[], uuid[], text[], int8[], int8[], int8[], int8)",
     )
     .execute(&mut conn)
     .await

@@ -448,7 +448,7 @@ async fn list_tasks_filters_and_pages(fx: &mut Fixture) {
         submitted.push(submit(store, t, T0 + i).await);
     }
     store
-        .cancel_task(submitted[0].id, "no longer needed", T0 + 10)
+        .cancel_task(submitted[0].id, "no longer needed", None, T0 + 10)
         .await
         .unwrap();
 

@@ -1,3 +1,6 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from switchyard.v1 import agent_pb2 as _agent_pb2
 from switchyard.v1 import placement_pb2 as _placement_pb2
@@ -45,12 +48,14 @@ class GetAgentResponse(_message.Message):
     def __init__(self, agent: _Optional[_Union[_agent_pb2.Agent, _Mapping]] = ..., leases: _Optional[_Iterable[_Union[_task_pb2.Lease, _Mapping]]] = ...) -> None: ...
 
 class DrainAgentRequest(_message.Message):
-    __slots__ = ("agent_id", "reason")
+    __slots__ = ("agent_id", "reason", "deadline")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     reason: str
-    def __init__(self, agent_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    deadline: _duration_pb2.Duration
+    def __init__(self, agent_id: _Optional[str] = ..., reason: _Optional[str] = ..., deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class DrainAgentResponse(_message.Message):
     __slots__ = ("agent",)

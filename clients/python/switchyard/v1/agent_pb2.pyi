@@ -25,7 +25,7 @@ AGENT_STATUS_DRAINING: AgentStatus
 AGENT_STATUS_OFFLINE: AgentStatus
 
 class Agent(_message.Message):
-    __slots__ = ("agent_id", "name", "namespace", "status", "status_reasons", "capacity", "active_leases", "labels", "capabilities", "session_epoch", "last_seen_at", "registered_at", "drained", "runner", "handled_kinds")
+    __slots__ = ("agent_id", "name", "namespace", "status", "status_reasons", "capacity", "active_leases", "labels", "capabilities", "session_epoch", "last_seen_at", "registered_at", "drained", "runner", "handled_kinds", "drain_deadline")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class Agent(_message.Message):
     DRAINED_FIELD_NUMBER: _ClassVar[int]
     RUNNER_FIELD_NUMBER: _ClassVar[int]
     HANDLED_KINDS_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     name: str
     namespace: str
@@ -63,4 +64,5 @@ class Agent(_message.Message):
     drained: bool
     runner: str
     handled_kinds: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, agent_id: _Optional[str] = ..., name: _Optional[str] = ..., namespace: _Optional[str] = ..., status: _Optional[_Union[AgentStatus, str]] = ..., status_reasons: _Optional[_Iterable[str]] = ..., capacity: _Optional[int] = ..., active_leases: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Union[_capability_pb2.CapabilityView, _Mapping]] = ..., session_epoch: _Optional[int] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drained: bool = ..., runner: _Optional[str] = ..., handled_kinds: _Optional[_Iterable[str]] = ...) -> None: ...
+    drain_deadline: _timestamp_pb2.Timestamp
+    def __init__(self, agent_id: _Optional[str] = ..., name: _Optional[str] = ..., namespace: _Optional[str] = ..., status: _Optional[_Union[AgentStatus, str]] = ..., status_reasons: _Optional[_Iterable[str]] = ..., capacity: _Optional[int] = ..., active_leases: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Union[_capability_pb2.CapabilityView, _Mapping]] = ..., session_epoch: _Optional[int] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., drained: bool = ..., runner: _Optional[str] = ..., handled_kinds: _Optional[_Iterable[str]] = ..., drain_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

@@ -34,6 +34,8 @@ class RevocationReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REVOCATION_REASON_SUPERSEDED: _ClassVar[RevocationReason]
     REVOCATION_REASON_UNACKNOWLEDGED: _ClassVar[RevocationReason]
     REVOCATION_REASON_UNKNOWN_LEASE: _ClassVar[RevocationReason]
+    REVOCATION_REASON_TIMEOUT: _ClassVar[RevocationReason]
+    REVOCATION_REASON_DRAIN_DEADLINE: _ClassVar[RevocationReason]
 RELEASE_CAUSE_UNSPECIFIED: ReleaseCause
 RELEASE_CAUSE_DRAINING: ReleaseCause
 RELEASE_CAUSE_REVOCATION_ACKNOWLEDGED: ReleaseCause
@@ -47,6 +49,8 @@ REVOCATION_REASON_EXPIRED: RevocationReason
 REVOCATION_REASON_SUPERSEDED: RevocationReason
 REVOCATION_REASON_UNACKNOWLEDGED: RevocationReason
 REVOCATION_REASON_UNKNOWN_LEASE: RevocationReason
+REVOCATION_REASON_TIMEOUT: RevocationReason
+REVOCATION_REASON_DRAIN_DEADLINE: RevocationReason
 
 class RegisterAgentRequest(_message.Message):
     __slots__ = ("name", "namespace", "capabilities", "capacity", "labels", "provenance", "rejections", "runner", "handled_kinds")

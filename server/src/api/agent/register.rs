@@ -97,7 +97,7 @@ impl Api {
 
     /// Whether an agent of this name is registered in the namespace.
     async fn agent_named(&self, namespace: &str, name: &str) -> Result<bool> {
-        let (_, names) = self.fleet(namespace).await?;
+        let (_, names) = self.dispatcher.fleet(namespace).await?;
         Ok(names.values().any(|n| n == name))
     }
 }

@@ -31,7 +31,8 @@ pub(super) const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, 
   t.releases, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, NULL::jsonb AS result, \
   NULL::jsonb AS error, t.fencing_token, t.lease_id, t.agent_id, \
   l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, \
-  NULL::jsonb AS progress, '{}'::jsonb AS labels, t.retry, t.created_at_ms, t.updated_at_ms \
+  NULL::jsonb AS progress, '{}'::jsonb AS labels, t.retry, t.start_timeout_ms, \
+  t.execution_timeout_ms, t.cancel_grace_ms, t.cancel_deadline_ms, t.created_at_ms, t.updated_at_ms \
   FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id \
   WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t";
 
@@ -111,7 +112,8 @@ const COMPLETE: &str = "WITH c AS ( \
   t.state, t.attempts, t.releases, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, \
   t.not_before_ms, t.result, t.error, t.fencing_token, t.lease_id, \
   t.agent_id, NULL::int8 AS lease_expires_at_ms, t.cancel_requested, \
-  t.progress, t.labels, t.retry, t.created_at_ms, t.updated_at_ms \
+  t.progress, t.labels, t.retry, t.start_timeout_ms, t.execution_timeout_ms, t.cancel_grace_ms, \
+  t.cancel_deadline_ms, t.created_at_ms, t.updated_at_ms \
   ) \
   SELECT s.*, (SELECT COUNT(*) FROM ended) AS ended FROM settled s";
 

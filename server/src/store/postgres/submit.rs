@@ -1,5 +1,5 @@
 //! PostgreSQL's submit: a batch of submits in one round trip, the function
-//! of migration 0008 called once with one array per column, autocommitted.
+//! of migration 0009 called once with one array per column, autocommitted.
 
 use std::collections::HashMap;
 
@@ -17,7 +17,7 @@ use crate::store::sql::tasks;
 use switchyard_core::resources::Claim;
 
 /// One batch of submits in one round trip, autocommitted: the function of
-/// migration 0008 locks the reserved agents, then inserts the tasks, their
+/// migration 0009 locks the reserved agents, then inserts the tasks, their
 /// history and the leases of those leased on the way in. A task is leased
 /// if its reserved agent's live leases plus the batch's earlier grants to
 /// it leave room; it is then inserted LEASED with its lease, its history
@@ -25,7 +25,7 @@ use switchyard_core::resources::Claim;
 /// queued. A task whose idempotency key is taken is not inserted.
 const SUBMIT_BATCH: &str = "SELECT id, leased, known FROM switchyard_submit_batch($1::uuid[], \
   $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::int8[], \
-  $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::text[], $15::int8)";
+  $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::text[], $15::int8[], $16::int8[], $17::int8[], $18::int8)";
 
 /// JSON as text, for a `text[]` parameter cast to `jsonb`.
 fn json_text<T: serde::Serialize + ?Sized>(value: &T) -> Result<String> {
@@ -57,6 +57,10 @@ pub(super) struct SubmitRows<'a> {
     leases: Vec<Option<Uuid>>,
     /// The retry policy's JSON, if the task names one.
     retries: Vec<Option<String>>,
+    /// The deadlines' timeouts, where the task has them.
+    start_timeouts: Vec<Option<i64>>,
+    execution_timeouts: Vec<Option<i64>>,
+    cancel_graces: Vec<Option<i64>>,
 }
 
 impl SubmitRows<'static> {
@@ -78,6 +82,9 @@ impl SubmitRows<'static> {
             agents: vec![None],
             leases: vec![None],
             retries: vec![None],
+            start_timeouts: vec![None],
+            execution_timeouts: vec![None],
+            cancel_graces: vec![None],
         }
     }
 }
@@ -103,6 +110,10 @@ impl<'a> SubmitRows<'a> {
             .push(submission.agent_id.map(|_| Uuid::now_v7()));
         self.retries
             .push(task.retry.as_ref().map(crate::store::sql::rows::retry_text));
+        self.start_timeouts.push(task.deadlines.start_timeout_ms);
+        self.execution_timeouts
+            .push(task.deadlines.execution_timeout_ms);
+        self.cancel_graces.push(task.deadlines.cancel_grace_ms);
         Ok(())
     }
 }
@@ -127,6 +138,9 @@ pub(super) fn submit_query<'q>(
         .bind(&rows.agents)
         .bind(&rows.leases)
         .bind(&rows.retries)
+        .bind(&rows.start_timeouts)
+        .bind(&rows.execution_timeouts)
+        .bind(&rows.cancel_graces)
         .bind(now_ms)
 }
 
@@ -224,6 +238,8 @@ fn submitted(
         releases: 0,
         max_attempts: task.max_attempts,
         retry: task.retry,
+        deadlines: task.deadlines,
+        cancel_deadline_ms: None,
         lease_ttl_ms: task.lease_ttl_ms,
         idempotency_key: task.idempotency_key.clone(),
         not_before_ms: rows.not_before[row],

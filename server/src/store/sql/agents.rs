@@ -365,18 +365,20 @@ pub(crate) async fn set_status<DB: SqlDb>(
 }
 
 const SET_DRAINED: &str = const_format::concatcp!(
-    "UPDATE agents SET drained = $2, \
+    "UPDATE agents SET drained = $2, drain_deadline_ms = $5, \
      status = CASE WHEN $2 THEN 'draining' WHEN status = 'draining' THEN 'ready' \
      ELSE status END, status_reasons = $3, updated_at_ms = $4 WHERE id = $1 RETURNING ",
     AGENT_COLUMNS
 );
 
-/// Starts or ends an operator drain.
+/// Starts or ends an operator drain; a drain with a deadline revokes the
+/// leases still held at `deadline_ms` (ending a drain clears it).
 pub(crate) async fn set_drained<DB: SqlDb>(
     w: &mut Write<DB>,
     agent_id: Uuid,
     drained: bool,
     reason: Option<String>,
+    deadline_ms: Option<i64>,
     now_ms: i64,
 ) -> Result<AgentRecord> {
     let reasons: Vec<String> = if drained {
@@ -389,6 +391,7 @@ pub(crate) async fn set_drained<DB: SqlDb>(
         .arg(drained)
         .json(&reasons[..])
         .arg(now_ms)
+        .arg(deadline_ms.filter(|_| drained))
         .optional(w.conn())
         .await
         .map_err(db("draining an agent"))?

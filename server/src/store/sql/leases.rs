@@ -1,6 +1,7 @@
 //! Leases: granted (row by row, for a backend without a set-based grant),
 //! acknowledged, renewed, ended, and reclaimed by the server when they
-//! expire or are never acknowledged.
+//! expire, are never acknowledged, or pass a deadline (an execution
+//! timeout, a cancel's grace, a drain's deadline).
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -13,9 +14,10 @@ use super::tasks::{self, Settlement};
 use super::{Dialect, Write};
 use crate::error::{Error, Result};
 use crate::model::{
-    EndedLease, GrantOutcome, GrantRequest, LeaseEnd, LeaseRecord, LeaseState, RevocationCause,
-    StoreEvent, TaskRecord, TaskState,
+    EndedLease, GrantOutcome, GrantRequest, LeaseEnd, LeaseRecord, LeaseState, RetryPolicy,
+    RevocationCause, StoreEvent, TaskRecord, TaskState,
 };
+use crate::store::StoreOptions;
 use crate::store::plan::{
     AgentResources, GrantableTask, agent_resources, claiming_agents, db, lease_lost_error,
     plan_grants, released_too_often, to_i64,
@@ -337,6 +339,12 @@ struct Reclaim {
     ended_by: LeaseEnd,
     /// Whether the attempt counts against the budget.
     count_attempt: bool,
+    /// The history kind of a task that goes back to the queue.
+    requeued_as: &'static str,
+    /// The error code of an attempt that failed by the reclaim (it then
+    /// backs off by the task's retry policy); `None` for a lease lost
+    /// (an expiry, retried at once) or a hand-back.
+    fails_as: Option<&'static str>,
     /// Why, for the history.
     reason: &'static str,
 }
@@ -345,6 +353,8 @@ const EXPIRED: Reclaim = Reclaim {
     state: LeaseState::Expired,
     ended_by: LeaseEnd::Expired,
     count_attempt: true,
+    requeued_as: "lease_expired",
+    fails_as: None,
     reason: "the lease expired",
 };
 
@@ -352,7 +362,36 @@ const UNACKNOWLEDGED: Reclaim = Reclaim {
     state: LeaseState::Released,
     ended_by: LeaseEnd::Unacknowledged,
     count_attempt: false,
+    requeued_as: "released",
+    fails_as: None,
     reason: "the agent never acknowledged the lease",
+};
+
+const TIMED_OUT: Reclaim = Reclaim {
+    state: LeaseState::Released,
+    ended_by: LeaseEnd::TimedOut,
+    count_attempt: true,
+    requeued_as: "timed_out",
+    fails_as: Some("timeout"),
+    reason: "the attempt ran past its execution timeout",
+};
+
+const CANCEL_GRACE: Reclaim = Reclaim {
+    state: LeaseState::Released,
+    ended_by: LeaseEnd::Revoked,
+    count_attempt: false,
+    requeued_as: "released",
+    fails_as: None,
+    reason: "the cancel's grace ran out",
+};
+
+const DRAIN_DEADLINE: Reclaim = Reclaim {
+    state: LeaseState::Released,
+    ended_by: LeaseEnd::Revoked,
+    count_attempt: false,
+    requeued_as: "revoked",
+    fails_as: None,
+    reason: "the agent's drain deadline passed",
 };
 
 const COUNT_LOST: &str =
@@ -366,7 +405,7 @@ async fn reclaim<DB: Dialect>(
     w: &mut Write<DB>,
     lease_id: Uuid,
     how: Reclaim,
-    max_releases: u32,
+    options: &StoreOptions,
     now_ms: i64,
 ) -> Result<Option<(LeaseRecord, TaskRecord)>> {
     let Some(lease) = fetch::<DB>(w.conn(), lease_id).await? else {
@@ -378,44 +417,68 @@ async fn reclaim<DB: Dialect>(
     }
     if task.lease_id == Some(lease_id) {
         let error;
-        let (next, kind, message) = settle_reclaimed(&task, how, max_releases);
-        let (next, message) = match next.state {
-            TaskState::Failed if how.count_attempt => {
+        let (next, kind, mut message) = settle_reclaimed(&task, how, options.max_releases);
+        let mut next = match (next.state, how.fails_as) {
+            (TaskState::Failed | TaskState::Queued, Some(code)) => {
+                error = failed_by_reclaim(&task, how, code);
+                Settlement {
+                    error: Some(&error),
+                    ..next
+                }
+            }
+            (TaskState::Failed, None) if how.count_attempt => {
                 let lost = count_lost::<DB>(w, task.id).await?;
                 error = lease_lost_error(lost);
-                let message = format!("{}; lease lost {lost} times, no attempts left", how.reason);
-                (
-                    Settlement {
-                        error: Some(&error),
-                        ..next
-                    },
-                    message,
-                )
-            }
-            TaskState::Failed => {
-                error = released_too_often(next.releases, how.reason);
-                (
-                    Settlement {
-                        error: Some(&error),
-                        ..next
-                    },
-                    message,
-                )
-            }
-            TaskState::Queued => (
+                message = format!("{}; lease lost {lost} times, no attempts left", how.reason);
                 Settlement {
-                    not_before_ms: now_ms,
+                    error: Some(&error),
                     ..next
-                },
-                message,
-            ),
-            _ => (next, message),
+                }
+            }
+            (TaskState::Failed, None) => {
+                error = released_too_often(next.releases, how.reason);
+                Settlement {
+                    error: Some(&error),
+                    ..next
+                }
+            }
+            _ => next,
         };
+        match (next.state, how.fails_as) {
+            (TaskState::Queued, Some(_)) => {
+                let delay = task
+                    .retry
+                    .unwrap_or_else(|| RetryPolicy::default_from(options.backoff_base_ms))
+                    .delay_ms(next.attempts, task.id);
+                next.not_before_ms = now_ms.saturating_add(delay);
+                message = format!("{message}; retrying in {delay} ms");
+            }
+            (TaskState::Queued, None) => next.not_before_ms = now_ms,
+            (TaskState::Failed, Some(_)) => {
+                message = format!("{}; no attempts left", how.reason);
+            }
+            _ => {}
+        }
         tasks::settle(w, &task, next, now_ms).await?;
         let entry = Entry::of(task.id, kind, next.state, &message).by(lease.agent_id, lease_id);
         history::append(w, entry, now_ms).await?;
     }
     reclaimed(w, lease_id, task.id, how, lease.agent_id).await
+}
+
+/// The error document of an attempt a reclaim failed (an execution
+/// timeout).
+fn failed_by_reclaim(task: &TaskRecord, how: Reclaim, code: &str) -> Value {
+    let mut details = serde_json::Map::new();
+    if let Some(ms) = task.deadlines.execution_timeout_ms {
+        details.insert("execution_timeout_ms".to_owned(), ms.into());
+    }
+    serde_json::json!({
+        "message": how.reason,
+        "code": code,
+        "retryable": true,
+        "details": details,
+    })
 }
 
 /// Where a reclaimed task goes (before the error of a FAILED one), its
@@ -443,14 +506,12 @@ fn settle_reclaimed(
     } else if !how.count_attempt && releases >= max_releases {
         let message = format!("{}; handed back {releases} times, no more", how.reason);
         (keep(TaskState::Failed), "failed", message)
-    } else if how.count_attempt {
+    } else {
         (
             keep(TaskState::Queued),
-            "lease_expired",
+            how.requeued_as,
             how.reason.to_owned(),
         )
-    } else {
-        (keep(TaskState::Queued), "released", how.reason.to_owned())
     }
 }
 
@@ -476,12 +537,21 @@ async fn reclaimed<DB: SqlDb>(
     how: Reclaim,
     agent_id: Uuid,
 ) -> Result<Option<(LeaseRecord, TaskRecord)>> {
-    if how.ended_by == LeaseEnd::Unacknowledged {
+    let cause = match how.ended_by {
+        LeaseEnd::Unacknowledged => Some(RevocationCause::Unacknowledged),
+        LeaseEnd::TimedOut => Some(RevocationCause::Timeout),
+        LeaseEnd::Revoked if how.requeued_as == DRAIN_DEADLINE.requeued_as => {
+            Some(RevocationCause::DrainDeadline)
+        }
+        LeaseEnd::Revoked => Some(RevocationCause::Canceled),
+        _ => None,
+    };
+    if let Some(cause) = cause {
         w.announce(StoreEvent::LeaseRevoked {
             lease_id,
             task_id,
             agent_id,
-            cause: Some(RevocationCause::Unacknowledged),
+            cause: Some(cause),
             reason: how.reason.to_owned(),
         });
     }
@@ -497,7 +567,7 @@ pub(crate) async fn expire<DB: Dialect>(
     w: &mut Write<DB>,
     now_ms: i64,
     limit: u32,
-    max_releases: u32,
+    options: &StoreOptions,
 ) -> Result<Vec<(LeaseRecord, TaskRecord)>> {
     let due = lease_ids::<DB>(
         query::<DB>(DB::DUE_LEASES)
@@ -509,7 +579,7 @@ pub(crate) async fn expire<DB: Dialect>(
     )?;
     let mut reclaimed = Vec::new();
     for lease_id in due {
-        if let Some(pair) = reclaim(w, lease_id, EXPIRED, max_releases, now_ms).await? {
+        if let Some(pair) = reclaim(w, lease_id, EXPIRED, options, now_ms).await? {
             w.announce(StoreEvent::LeaseEnded {
                 agent_id: pair.0.agent_id,
                 task_id: Some(pair.0.task_id),
@@ -530,7 +600,7 @@ pub(crate) async fn revoke_unacked<DB: Dialect>(
     agent_id: Option<Uuid>,
     older_than_ms: i64,
     now_ms: i64,
-    max_releases: u32,
+    options: &StoreOptions,
 ) -> Result<Vec<(LeaseRecord, TaskRecord)>> {
     let due = lease_ids::<DB>(
         query::<DB>(DB::UNACKED_LEASES)
@@ -542,7 +612,7 @@ pub(crate) async fn revoke_unacked<DB: Dialect>(
     )?;
     let mut revoked = Vec::new();
     for lease_id in due {
-        if let Some(pair) = reclaim(w, lease_id, UNACKNOWLEDGED, max_releases, now_ms).await? {
+        if let Some(pair) = reclaim(w, lease_id, UNACKNOWLEDGED, options, now_ms).await? {
             w.announce(StoreEvent::LeaseEnded {
                 agent_id: pair.0.agent_id,
                 task_id: Some(pair.0.task_id),
@@ -554,6 +624,85 @@ pub(crate) async fn revoke_unacked<DB: Dialect>(
     Ok(revoked)
 }
 
+/// Live leases past a deadline, in task order: an attempt past its
+/// execution timeout, a cancel-requested lease past its grace, a lease of an
+/// agent past its drain deadline. Each arm reads through a partial index
+/// holding only the rows with such a deadline.
+const OVERDUE: &str = "SELECT id, task_id FROM (\
+    SELECT l.id, l.task_id FROM tasks t JOIN leases l ON l.id = t.lease_id \
+    WHERE t.execution_timeout_ms IS NOT NULL AND t.state IN ('leased', 'running') \
+    AND l.state IN ('granted', 'active') AND l.granted_at_ms + t.execution_timeout_ms <= $1 \
+    UNION SELECT l.id, l.task_id FROM tasks t JOIN leases l ON l.id = t.lease_id \
+    WHERE t.cancel_deadline_ms IS NOT NULL AND t.state IN ('leased', 'running') \
+    AND l.state IN ('granted', 'active') AND t.cancel_deadline_ms <= $1 \
+    UNION SELECT l.id, l.task_id FROM agents a JOIN leases l ON l.agent_id = a.id \
+    WHERE a.drain_deadline_ms IS NOT NULL AND a.drain_deadline_ms <= $1 \
+    AND l.state IN ('granted', 'active')) overdue ORDER BY task_id LIMIT $2";
+
+const DRAIN_DEADLINE_OF: &str = "SELECT drain_deadline_ms FROM agents WHERE id = $1";
+
+/// Ends the live leases past a deadline (see `LeaseStore::reclaim_overdue`),
+/// each by the deadline that passed, checked again with its task locked: a
+/// cancel's grace first, then the execution timeout, then the drain.
+pub(crate) async fn reclaim_overdue<DB: Dialect>(
+    w: &mut Write<DB>,
+    now_ms: i64,
+    limit: u32,
+    options: &StoreOptions,
+) -> Result<Vec<(LeaseRecord, TaskRecord, RevocationCause)>> {
+    let due = lease_ids::<DB>(
+        query::<DB>(OVERDUE)
+            .arg(now_ms)
+            .arg(i64::from(limit))
+            .all(w.conn())
+            .await
+            .map_err(db("finding leases past a deadline"))?,
+    )?;
+    let mut reclaimed = Vec::new();
+    for lease_id in due {
+        let Some(lease) = fetch::<DB>(w.conn(), lease_id).await? else {
+            continue;
+        };
+        let task = tasks::lock(w, lease.task_id).await?;
+        let passed = |deadline: Option<i64>| deadline.is_some_and(|at| at <= now_ms);
+        let (how, cause) = if task.cancel_requested && passed(task.cancel_deadline_ms) {
+            (CANCEL_GRACE, RevocationCause::Canceled)
+        } else if passed(
+            task.deadlines
+                .execution_timeout_ms
+                .map(|t| lease.granted_at_ms.saturating_add(t)),
+        ) {
+            (TIMED_OUT, RevocationCause::Timeout)
+        } else if passed(drain_deadline_of::<DB>(w, lease.agent_id).await?) {
+            (DRAIN_DEADLINE, RevocationCause::DrainDeadline)
+        } else {
+            continue;
+        };
+        if let Some((lease, task)) = reclaim(w, lease_id, how, options, now_ms).await? {
+            w.announce(StoreEvent::LeaseEnded {
+                agent_id: lease.agent_id,
+                task_id: Some(lease.task_id),
+                expired: None,
+            });
+            reclaimed.push((lease, task, cause));
+        }
+    }
+    Ok(reclaimed)
+}
+
+/// An agent's drain deadline, if it has one.
+async fn drain_deadline_of<DB: SqlDb>(w: &mut Write<DB>, agent_id: Uuid) -> Result<Option<i64>> {
+    let row = query::<DB>(DRAIN_DEADLINE_OF)
+        .arg(agent_id)
+        .optional(w.conn())
+        .await
+        .map_err(db("reading a drain deadline"))?;
+    match row {
+        Some(row) => Cols::<DB>::new(&row, "reading a drain deadline").get("drain_deadline_ms"),
+        None => Ok(None),
+    }
+}
+
 /// The `id` column of every row.
 fn lease_ids<DB: SqlDb>(rows: Vec<DB::Row>) -> Result<Vec<Uuid>> {
     rows.iter()
@@ -562,7 +711,7 @@ fn lease_ids<DB: SqlDb>(rows: Vec<DB::Row>) -> Result<Vec<Uuid>> {
 }
 
 const FAILED_AGENTS: &str = "SELECT DISTINCT agent_id FROM leases \
-    WHERE task_id = $1 AND outcome IN ('failed', 'expired') ORDER BY agent_id";
+    WHERE task_id = $1 AND outcome IN ('failed', 'expired', 'timed_out') ORDER BY agent_id";
 
 /// The agents on which attempts of a task failed or expired.
 pub(crate) async fn failed_agents<DB: SqlDb>(

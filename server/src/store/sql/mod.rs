@@ -47,8 +47,8 @@ use crate::error::Result;
 use crate::model::{
     AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
     GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, Page, ParkedPlacement, QueueCursor,
-    ReportApplied, StoreEvent, Submission, Submitted, TaskEventRecord, TaskFilter, TaskRecord,
-    TaskState, TokenRecord,
+    ReportApplied, RevocationCause, StoreEvent, Submission, Submitted, TaskEventRecord, TaskFilter,
+    TaskRecord, TaskState, TokenRecord,
 };
 
 /// The statements that differ between the two databases, each written out
@@ -295,9 +295,26 @@ impl<B: Backend> TaskStore for SqlStore<B> {
         &self,
         task_id: Uuid,
         reason: &str,
+        grace_ms: Option<i64>,
         now_ms: i64,
     ) -> Result<(TaskRecord, Option<LeaseRecord>)> {
-        self.write(|w, _| Box::pin(tasks::cancel(w, task_id, reason, now_ms)))
+        self.write(|w, _| Box::pin(tasks::cancel(w, task_id, reason, grace_ms, now_ms)))
+            .await
+    }
+
+    async fn unstarted_overdue(&self, now_ms: i64, limit: u32) -> Result<Vec<TaskRecord>> {
+        self.read(|c, _| Box::pin(tasks::unstarted_overdue::<B::Db>(c, now_ms, limit)))
+            .await
+    }
+
+    async fn fail_unstarted(
+        &self,
+        task_id: Uuid,
+        error: &serde_json::Value,
+        message: &str,
+        now_ms: i64,
+    ) -> Result<Option<TaskRecord>> {
+        self.write(|w, _| Box::pin(tasks::fail_unstarted(w, task_id, error, message, now_ms)))
             .await
     }
 
@@ -369,14 +386,14 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
         older_than_ms: i64,
         now_ms: i64,
     ) -> Result<Vec<(LeaseRecord, TaskRecord)>> {
-        let max_releases = self.options.max_releases;
+        let options = &self.options;
         self.write(|w, _| {
             Box::pin(leases::revoke_unacked(
                 w,
                 agent_id,
                 older_than_ms,
                 now_ms,
-                max_releases,
+                options,
             ))
         })
         .await
@@ -387,8 +404,18 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
         now_ms: i64,
         limit: u32,
     ) -> Result<Vec<(LeaseRecord, TaskRecord)>> {
-        let max_releases = self.options.max_releases;
-        self.write(|w, _| Box::pin(leases::expire(w, now_ms, limit, max_releases)))
+        let options = &self.options;
+        self.write(|w, _| Box::pin(leases::expire(w, now_ms, limit, options)))
+            .await
+    }
+
+    async fn reclaim_overdue(
+        &self,
+        now_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<(LeaseRecord, TaskRecord, RevocationCause)>> {
+        let options = &self.options;
+        self.write(|w, _| Box::pin(leases::reclaim_overdue(w, now_ms, limit, options)))
             .await
     }
 
@@ -515,10 +542,20 @@ impl<B: Backend> AgentStore for SqlStore<B> {
         agent_id: Uuid,
         drained: bool,
         reason: Option<String>,
+        deadline_ms: Option<i64>,
         now_ms: i64,
     ) -> Result<AgentRecord> {
-        self.write(|w, _| Box::pin(agents::set_drained(w, agent_id, drained, reason, now_ms)))
-            .await
+        self.write(|w, _| {
+            Box::pin(agents::set_drained(
+                w,
+                agent_id,
+                drained,
+                reason,
+                deadline_ms,
+                now_ms,
+            ))
+        })
+        .await
     }
 
     async fn heartbeats(&self, beats: &[Beat], now_ms: i64) -> Result<Vec<Result<BeatApplied>>> {

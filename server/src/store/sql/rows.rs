@@ -11,8 +11,8 @@ use sqlx::types::Json;
 use super::db::{Cols, SqlDb};
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentRecord, AgentStatus, LeaseEnd, LeaseRecord, LeaseState, RetryPolicy, Role, StoredName,
-    TaskEventRecord, TaskRecord, TaskState, TokenRecord,
+    AgentRecord, AgentStatus, Deadlines, LeaseEnd, LeaseRecord, LeaseState, RetryPolicy, Role,
+    StoredName, TaskEventRecord, TaskRecord, TaskState, TokenRecord,
 };
 use crate::store::plan::{to_u32, to_u64};
 use switchyard_core::resources::Claim;
@@ -23,7 +23,8 @@ pub(crate) const TASK_SELECT: &str = "SELECT t.id, t.namespace, t.kind, t.payloa
     t.priority, t.state, t.attempts, t.releases, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, \
     t.not_before_ms, t.result, t.error, t.fencing_token, t.lease_id, t.agent_id, \
     l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, t.progress, t.labels, \
-    t.retry, t.created_at_ms, t.updated_at_ms \
+    t.retry, t.start_timeout_ms, t.execution_timeout_ms, t.cancel_grace_ms, t.cancel_deadline_ms, \
+    t.created_at_ms, t.updated_at_ms \
     FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id ";
 
 /// The columns that read a [`LeaseRecord`].
@@ -35,7 +36,7 @@ pub(crate) const LEASE_COLUMNS: &str = "id, task_id, agent_id, fencing_token, st
 pub(crate) const AGENT_COLUMNS: &str = "id, namespace, name, document, provenance, rejections, \
     reported, operator_overrides, generation, status, status_reasons, capacity, \
     (SELECT CAST(COALESCE(SUM(l.slots), 0) AS BIGINT) FROM leases l WHERE l.agent_id = agents.id \
-    AND l.state IN ('granted', 'active')) AS active_leases, drained, labels, runner, \
+    AND l.state IN ('granted', 'active')) AS active_leases, drained, drain_deadline_ms, labels, runner, \
     handled_kinds, session_epoch, last_seen_at_ms, registered_at_ms";
 
 /// The columns that read a [`TaskEventRecord`].
@@ -85,6 +86,12 @@ pub(crate) fn task<DB: SqlDb>(row: &DB::Row) -> Result<TaskRecord> {
         releases: to_u32(cols.get("releases")?),
         max_attempts: to_u32(cols.get("max_attempts")?),
         retry: retry(cols.get("retry")?)?,
+        deadlines: Deadlines {
+            start_timeout_ms: cols.get("start_timeout_ms")?,
+            execution_timeout_ms: cols.get("execution_timeout_ms")?,
+            cancel_grace_ms: cols.get("cancel_grace_ms")?,
+        },
+        cancel_deadline_ms: cols.get("cancel_deadline_ms")?,
         lease_ttl_ms: cols.get("lease_ttl_ms")?,
         idempotency_key: cols.get("idempotency_key")?,
         not_before_ms: cols.get("not_before_ms")?,
@@ -186,6 +193,7 @@ pub(crate) fn agent<DB: SqlDb>(row: &DB::Row) -> Result<AgentRecord> {
         capacity: to_u32(cols.get("capacity")?),
         active_leases: to_u32(cols.get("active_leases")?),
         drained: cols.get("drained")?,
+        drain_deadline_ms: cols.get("drain_deadline_ms")?,
         labels: labels(&cols)?,
         runner: cols.get("runner")?,
         handled_kinds: cols.get::<Json<Vec<String>>>("handled_kinds")?.0,

@@ -94,8 +94,10 @@ pub(crate) async fn by_key<DB: SqlDb>(
 
 const INSERT: &str = "INSERT INTO tasks (id, namespace, kind, payload, placement, priority, \
     state, attempts, max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, \
-    fencing_token, cancel_requested, labels, retry, created_at_ms, updated_at_ms) \
-    VALUES ($1, $2, $3, $4, $5, $6, 'queued', 0, $7, $8, $9, $10, 0, FALSE, $11, $12, $13, $13) \
+    fencing_token, cancel_requested, labels, retry, start_timeout_ms, execution_timeout_ms, \
+    cancel_grace_ms, created_at_ms, updated_at_ms) \
+    VALUES ($1, $2, $3, $4, $5, $6, 'queued', 0, $7, $8, $9, $10, 0, FALSE, $11, $12, $13, $14, \
+    $15, $16, $16) \
     ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING";
 
 /// Submits one task in `w`: the stored task, and whether it was created
@@ -125,6 +127,9 @@ pub(crate) async fn submit<DB: SqlDb>(
         .arg(task.not_before_ms.unwrap_or(now_ms))
         .json(&task.labels)
         .opt_text(retry.as_deref())
+        .arg(task.deadlines.start_timeout_ms)
+        .arg(task.deadlines.execution_timeout_ms)
+        .arg(task.deadlines.cancel_grace_ms)
         .arg(now_ms)
         .run(w.conn())
         .await
@@ -316,16 +321,26 @@ pub(crate) async fn queue_page<DB: Dialect>(
 const CANCEL_QUEUED: &str = "UPDATE tasks SET state = 'canceled', cancel_requested = TRUE, \
     cancel_reason = $2, updated_at_ms = $3 WHERE id = $1";
 const REQUEST_CANCEL: &str = "UPDATE tasks SET cancel_requested = TRUE, cancel_reason = $2, \
-    updated_at_ms = $3 WHERE id = $1";
+    updated_at_ms = $3, cancel_deadline_ms = $4 WHERE id = $1";
 
 /// Cancels a task (see `TaskStore::cancel_task`).
 pub(crate) async fn cancel<DB: Dialect>(
     w: &mut Write<DB>,
     task_id: Uuid,
     reason: &str,
+    grace_ms: Option<i64>,
     now_ms: i64,
 ) -> Result<(TaskRecord, Option<LeaseRecord>)> {
     let task = lock(w, task_id).await?;
+    // The cancel's own grace, or the task's; a second cancel may shorten
+    // the deadline, never lengthen it.
+    let deadline = grace_ms
+        .or(task.deadlines.cancel_grace_ms)
+        .map(|grace| now_ms.saturating_add(grace));
+    let deadline = match (task.cancel_deadline_ms, deadline) {
+        (Some(old), Some(new)) => Some(old.min(new)),
+        (old, new) => old.or(new),
+    };
     match task.state {
         TaskState::Succeeded | TaskState::Failed | TaskState::Canceled => Ok((task, None)),
         TaskState::Queued => {
@@ -345,14 +360,17 @@ pub(crate) async fn cancel<DB: Dialect>(
             Ok((must_fetch::<DB>(w.conn(), task_id).await?, None))
         }
         TaskState::Leased | TaskState::Running => {
-            if !task.cancel_requested {
+            if !task.cancel_requested || deadline != task.cancel_deadline_ms {
                 query::<DB>(REQUEST_CANCEL)
                     .arg(task_id)
                     .text(reason)
                     .arg(now_ms)
+                    .arg(deadline)
                     .run(w.conn())
                     .await
                     .map_err(db("requesting a cancel"))?;
+            }
+            if !task.cancel_requested {
                 let entry = Entry {
                     agent_id: task.agent_id,
                     lease_id: task.lease_id,
@@ -376,6 +394,65 @@ pub(crate) async fn cancel<DB: Dialect>(
             Ok((must_fetch::<DB>(w.conn(), task_id).await?, lease))
         }
     }
+}
+
+/// Queued tasks past their start deadline, through the partial index of
+/// tasks with a start timeout (its expression written as the index's).
+const UNSTARTED_OVERDUE: &str = const_format::concatcp!(
+    TASK_SELECT,
+    "WHERE t.id IN (SELECT id FROM tasks WHERE state = 'queued' AND start_timeout_ms IS NOT NULL \
+     AND (not_before_ms + start_timeout_ms) <= $1 ORDER BY id LIMIT $2) ORDER BY t.id"
+);
+
+/// Queued tasks past their start deadline (see
+/// `TaskStore::unstarted_overdue`).
+pub(crate) async fn unstarted_overdue<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    now_ms: i64,
+    limit: u32,
+) -> Result<Vec<TaskRecord>> {
+    let rows = query::<DB>(UNSTARTED_OVERDUE)
+        .arg(now_ms)
+        .arg(i64::from(limit))
+        .all(conn)
+        .await
+        .map_err(db("finding tasks past their start deadline"))?;
+    rows.iter().map(rows::task::<DB>).collect()
+}
+
+/// Fails a task past its start deadline (see `TaskStore::fail_unstarted`).
+pub(crate) async fn fail_unstarted<DB: Dialect>(
+    w: &mut Write<DB>,
+    task_id: Uuid,
+    error: &serde_json::Value,
+    message: &str,
+    now_ms: i64,
+) -> Result<Option<TaskRecord>> {
+    let task = lock(w, task_id).await?;
+    let overdue = task.state == TaskState::Queued
+        && task
+            .deadlines
+            .start_by(task.not_before_ms)
+            .is_some_and(|at| at <= now_ms);
+    if !overdue {
+        return Ok(None);
+    }
+    let next = Settlement {
+        state: TaskState::Failed,
+        attempts: task.attempts,
+        releases: task.releases,
+        not_before_ms: task.not_before_ms,
+        result: None,
+        error: Some(error),
+    };
+    settle(w, &task, next, now_ms).await?;
+    history::append(
+        w,
+        Entry::of(task_id, "failed", TaskState::Failed, message),
+        now_ms,
+    )
+    .await?;
+    Ok(Some(must_fetch::<DB>(w.conn(), task_id).await?))
 }
 
 /// Live tasks only: queued ones through the queue's index, leased and

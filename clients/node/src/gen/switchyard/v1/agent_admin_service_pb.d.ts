@@ -6,6 +6,7 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 import type { Agent, AgentStatus } from "./agent_pb.js";
 import type { Lease, Task } from "./task_pb.js";
+import type { Duration } from "@bufbuild/protobuf/wkt";
 import type { AgentVerdict, Placement, PlacementPolicy } from "./placement_pb.js";
 
 /**
@@ -147,6 +148,16 @@ export declare type DrainAgentRequest = Message<"switchyard.v1.DrainAgentRequest
    * @generated from field: string reason = 2;
    */
   reason: string;
+
+  /**
+   * If set, the leases the agent still holds this long after the drain
+   * (from 0 to 7d) are revoked (REVOCATION_REASON_DRAIN_DEADLINE) and their
+   * tasks requeued without counting an attempt. Unset: the drain waits for
+   * them however long they run. Draining again sets the deadline anew.
+   *
+   * @generated from field: google.protobuf.Duration deadline = 3;
+   */
+  deadline?: Duration | undefined;
 };
 
 /**

@@ -127,6 +127,14 @@ export declare type Agent = Message<"switchyard.v1.Agent"> & {
    * @generated from field: repeated string handled_kinds = 15;
    */
   handledKinds: string[];
+
+  /**
+   * While drained with a deadline: when the leases it still holds are
+   * revoked and their tasks requeued; unset when the drain waits for them.
+   *
+   * @generated from field: google.protobuf.Timestamp drain_deadline = 16;
+   */
+  drainDeadline?: Timestamp | undefined;
 };
 
 /**

@@ -1018,6 +1018,22 @@ export enum RevocationReason {
    * @generated from enum value: REVOCATION_REASON_UNKNOWN_LEASE = 5;
    */
   UNKNOWN_LEASE = 5,
+
+  /**
+   * The attempt ran past the task's execution timeout; it counts as a
+   * failed attempt (code `timeout`) and the handler must stop.
+   *
+   * @generated from enum value: REVOCATION_REASON_TIMEOUT = 6;
+   */
+  TIMEOUT = 6,
+
+  /**
+   * The agent's drain deadline passed while it held the lease; the task
+   * was requeued for another agent.
+   *
+   * @generated from enum value: REVOCATION_REASON_DRAIN_DEADLINE = 7;
+   */
+  DRAIN_DEADLINE = 7,
 }
 
 /**

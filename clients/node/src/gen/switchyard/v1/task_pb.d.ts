@@ -177,6 +177,35 @@ export declare type Task = Message<"switchyard.v1.Task"> & {
    * @generated from field: switchyard.v1.RetryPolicy retry = 22;
    */
   retry?: RetryPolicy | undefined;
+
+  /**
+   * The task's start deadline (see SubmitTaskRequest); unset when none.
+   *
+   * @generated from field: google.protobuf.Duration start_timeout = 23;
+   */
+  startTimeout?: Duration | undefined;
+
+  /**
+   * The longest an attempt may hold its lease; unset when none.
+   *
+   * @generated from field: google.protobuf.Duration execution_timeout = 24;
+   */
+  executionTimeout?: Duration | undefined;
+
+  /**
+   * How long a cancel-requested lease may go on; unset when none.
+   *
+   * @generated from field: google.protobuf.Duration cancel_grace = 25;
+   */
+  cancelGrace?: Duration | undefined;
+
+  /**
+   * Once a cancel with a grace was requested: when the lease is ended
+   * whatever the agent does.
+   *
+   * @generated from field: google.protobuf.Timestamp cancel_deadline = 26;
+   */
+  cancelDeadline?: Timestamp | undefined;
 };
 
 /**

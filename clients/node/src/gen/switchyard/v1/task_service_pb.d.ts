@@ -97,6 +97,39 @@ export declare type SubmitTaskRequest = Message<"switchyard.v1.SubmitTaskRequest
    * @generated from field: switchyard.v1.RetryPolicy retry = 11;
    */
   retry?: RetryPolicy | undefined;
+
+  /**
+   * Schedule-to-start, from 1s to 30d: the task must be granted within
+   * this long of becoming due (its submit or `not_before`, or the end of a
+   * retry's backoff). When it passes the task ends FAILED, with error code
+   * `unschedulable` if no agent could run it (parked) or
+   * `start_timeout` if capable agents were busy, and the explanation as it
+   * stood then in its error and history. Unset: it waits for ever (parked
+   * tasks wait for a capable agent).
+   *
+   * @generated from field: google.protobuf.Duration start_timeout = 12;
+   */
+  startTimeout?: Duration | undefined;
+
+  /**
+   * Start-to-close, from 1s to 7d: the longest one attempt may hold its
+   * lease, counted from the grant. The server then revokes the lease
+   * (REVOCATION_REASON_TIMEOUT) whatever the heartbeats say; the attempt
+   * counts as failed with code `timeout` and retries by the task's policy.
+   * Unset: an attempt runs as long as its agent renews the lease.
+   *
+   * @generated from field: google.protobuf.Duration execution_timeout = 13;
+   */
+  executionTimeout?: Duration | undefined;
+
+  /**
+   * From 0 to 24h: how long a cancel-requested lease may go on before the
+   * server ends it and the task is CANCELED, even while the agent renews
+   * it. Unset: the lease ends by the agent's report or its expiry.
+   *
+   * @generated from field: google.protobuf.Duration cancel_grace = 14;
+   */
+  cancelGrace?: Duration | undefined;
 };
 
 /**
@@ -266,6 +299,14 @@ export declare type CancelTaskRequest = Message<"switchyard.v1.CancelTaskRequest
    * @generated from field: string reason = 2;
    */
   reason: string;
+
+  /**
+   * The cancel's grace (from 0 to 24h), instead of the task's
+   * `cancel_grace`; unset: the task's.
+   *
+   * @generated from field: google.protobuf.Duration grace = 3;
+   */
+  grace?: Duration | undefined;
 };
 
 /**
