@@ -121,6 +121,11 @@ struct Cli {
     /// 65,536.
     #[arg(long, env = "SWITCHYARD_BENCH_REQUEST_MEMORY_MB", default_value_t = 0)]
     request_memory_mb: u64,
+    /// Give task `n` the fairness key `tenant-(n mod K)` (0: no keys), so
+    /// dispatch shares the queue among K keys. A server that predates fair
+    /// share ignores the field: the same run then measures it without.
+    #[arg(long, env = "SWITCHYARD_BENCH_FAIRNESS_KEYS", default_value_t = 0)]
+    fairness_keys: u64,
     /// Submit every task (flat out) before any agent connects, then connect
     /// the fleet. The run clock (run seconds, grants/s, completions/s) then
     /// starts at the first agent's Welcome instead of the first submit, and
@@ -350,6 +355,7 @@ async fn submit_all(
         (prost_types::Timestamp::from(wall), at_us)
     });
     let (mix, made, heard) = (mix.clone(), counters.clone(), counters.clone());
+    let fairness_keys = cli.fairness_keys;
     let resources = (cli.request_cpu_millicores > 0 || cli.request_memory_mb > 0).then(|| {
         pb::ResourceRequest {
             cpu_millicores: cli.request_cpu_millicores,
@@ -374,6 +380,11 @@ async fn submit_all(
                 ..Default::default()
             }),
             not_before: release.as_ref().map(|r| r.0),
+            fairness_key: if fairness_keys > 0 {
+                format!("tenant-{}", n % fairness_keys)
+            } else {
+                String::new()
+            },
             ..Default::default()
         },
         move |task| {

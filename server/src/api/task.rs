@@ -19,9 +19,9 @@ use super::{Api, TaskApi, duration_within, invalid, namespace, page_size, parse_
 use crate::auth::{Caller, Need};
 use crate::error::{Error, Result};
 use crate::model::{
-    DEFAULT_BACKOFF_BASE_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MULTIPLIER, Deadlines,
-    MAX_BACKOFF_MS, MAX_RETRY_MULTIPLIER, NewTask, Page, QueuedReason, RetryPolicy,
-    RevocationCause, TaskFilter, TaskRecord, TaskState,
+    DEFAULT_BACKOFF_BASE_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MULTIPLIER, Deadlines, Fairness,
+    MAX_BACKOFF_MS, MAX_FAIRNESS_WEIGHT, MAX_RETRY_MULTIPLIER, NewTask, Page, QueuedReason,
+    RetryPolicy, RevocationCause, TaskFilter, TaskRecord, TaskState,
 };
 use crate::wire;
 
@@ -108,6 +108,7 @@ impl Api {
             Some(d) => duration_within("lease_ttl", d, 1_000..=DAY_MS, "1s and 24h")?,
         };
         let deadlines = deadlines(&req)?;
+        let fairness = fairness(&req)?;
         let compiled = core_placement::compile(&placement)
             .map_err(|err| invalid(&format!("placement.{}", err.field), &err.message))?
             .with_kind(&req.kind);
@@ -123,6 +124,7 @@ impl Api {
             max_attempts,
             retry,
             deadlines,
+            fairness,
             lease_ttl_ms,
             idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
             not_before_ms: req.not_before.as_ref().map(timestamp_ms),
@@ -389,6 +391,32 @@ fn deadlines(req: &pb::SubmitTaskRequest) -> Result<Deadlines> {
             "0s and 24h",
         )?,
     })
+}
+
+/// A submit's fairness key and weight; a weight without a key, or out of
+/// range, is INVALID_ARGUMENT naming it.
+fn fairness(req: &pb::SubmitTaskRequest) -> Result<Option<Fairness>> {
+    if req.fairness_key.is_empty() {
+        if req.fairness_weight != 0 {
+            return Err(invalid("fairness_weight", "needs a fairness_key"));
+        }
+        return Ok(None);
+    }
+    check_name("fairness_key", &req.fairness_key)?;
+    let weight = match req.fairness_weight {
+        0 => 1,
+        w @ 1..=MAX_FAIRNESS_WEIGHT => w,
+        _ => {
+            return Err(invalid(
+                "fairness_weight",
+                "must be between 1 and 100 (0 for 1)",
+            ));
+        }
+    };
+    Ok(Some(Fairness {
+        key: req.fairness_key.clone(),
+        weight,
+    }))
 }
 
 /// A submitted retry policy, its unset fields filled with the defaults; an

@@ -201,6 +201,13 @@ struct SubmitArgs {
     /// agent keeps running it.
     #[arg(long)]
     cancel_grace_secs: Option<u64>,
+    /// Share the queue fairly by this key (a tenant, user, repository):
+    /// within a priority, keys take turns.
+    #[arg(long)]
+    fairness_key: Option<String>,
+    /// The key's share, 1 to 100 (default 1).
+    #[arg(long)]
+    fairness_weight: Option<u32>,
     /// Makes the submit idempotent within the namespace.
     #[arg(long)]
     idempotency_key: Option<String>,
@@ -572,6 +579,8 @@ async fn submit(
         start_timeout: args.start_timeout_secs.map(secs),
         execution_timeout: args.execution_timeout_secs.map(secs),
         cancel_grace: args.cancel_grace_secs.map(secs),
+        fairness_key: args.fairness_key.unwrap_or_default(),
+        fairness_weight: args.fairness_weight.unwrap_or_default(),
     };
     let reply = clients.tasks.submit_task(request).await?.into_inner();
     let task = reply.task.unwrap_or_default();

@@ -57,6 +57,8 @@ pub(super) fn task_json(task: &pb::Task) -> Value {
         "execution_timeout_ms": task.execution_timeout.as_ref().and_then(convert::duration_ms),
         "cancel_grace_ms": task.cancel_grace.as_ref().and_then(convert::duration_ms),
         "cancel_deadline_ms": ts(task.cancel_deadline.as_ref()),
+        "fairness_key": (!task.fairness_key.is_empty()).then_some(&task.fairness_key),
+        "fairness_weight": (task.fairness_weight > 0).then_some(task.fairness_weight),
         "payload": opt_struct(task.payload.as_ref()),
         "result": opt_struct(task.result.as_ref()),
         "error": task.error.as_ref().map(|e| json!({"message": e.message, "code": e.code, "retryable": e.retryable})),

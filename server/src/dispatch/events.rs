@@ -32,11 +32,11 @@ impl Dispatcher {
             StoreEvent::TaskQueued {
                 task_id,
                 priority,
-                created_at_ms,
+                rank,
                 not_before_ms,
                 ..
             } => {
-                match (priority, created_at_ms) {
+                match (priority, rank) {
                     (Some(p), Some(c)) => self.note_queued_at(p, c, task_id),
                     _ => self.note_queued(),
                 }

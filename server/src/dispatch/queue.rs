@@ -128,14 +128,14 @@ impl Dispatcher {
     /// [`Dispatcher::note_queued`] for a task whose place in the queue is
     /// known: a walk may still skip the parked head of the queue if the
     /// task is behind it.
-    pub fn note_queued_at(&self, priority: i32, created_at_ms: i64, task_id: Uuid) {
+    pub fn note_queued_at(&self, priority: i32, rank: i64, task_id: Uuid) {
         let mut state = self.state();
         let before = self.shared.queued_signals.fetch_add(1, Ordering::SeqCst);
         if let Some(skip) = state.queue.skip.as_mut()
             && skip.signals == before
             && skip
                 .to
-                .is_some_and(|to| to.reaches(priority, created_at_ms, task_id))
+                .is_some_and(|to| to.reaches(priority, rank, task_id))
         {
             skip.signals = before + 1;
         }

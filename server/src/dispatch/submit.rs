@@ -72,7 +72,7 @@ impl Dispatcher {
         };
         info!(task = %record.id, created, leased, "task submitted");
         if created && !leased {
-            self.note_queued_at(record.priority, record.created_at_ms, record.id);
+            self.note_queued_at(record.priority, record.queue_rank, record.id);
             self.wake();
         }
         let queued_reason = (record.state == TaskState::Queued).then(|| {

@@ -183,6 +183,7 @@ fn task(selector: &str, priority: i32, not_before_ms: Option<i64>) -> NewTask {
         max_attempts: 3,
         retry: None,
         deadlines: Default::default(),
+        fairness: None,
         lease_ttl_ms: 10_000,
         idempotency_key: None,
         not_before_ms,

@@ -20,13 +20,19 @@ pub enum StoreEvent {
         namespace: String,
         /// The task.
         task_id: Uuid,
-        /// Its place in the queue (priority, then submit time), so a
-        /// dispatcher knows whether it waits ahead of what it has walked
-        /// past; absent from older replicas.
+        /// Its place in the queue (priority, then rank: its submit time,
+        /// or its fair rank), so a dispatcher knows whether it waits ahead
+        /// of what it has walked past; absent from older replicas (which
+        /// send the submit time, the rank of a task without a fairness
+        /// key, as `created_at_ms`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         priority: Option<i32>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        created_at_ms: Option<i64>,
+        #[serde(
+            default,
+            alias = "created_at_ms",
+            skip_serializing_if = "Option::is_none"
+        )]
+        rank: Option<i64>,
         /// When it comes due (a delayed submit, a retry backing off), so a
         /// dispatcher can look again at that moment; absent from older
         /// replicas.
@@ -96,7 +102,7 @@ impl StoreEvent {
             namespace: task.namespace.clone(),
             task_id: task.id,
             priority: Some(task.priority),
-            created_at_ms: Some(task.created_at_ms),
+            rank: Some(task.queue_rank),
             not_before_ms: Some(not_before_ms),
         }
     }

@@ -1,4 +1,5 @@
-//! A task's life: [`TaskState`], what a submitter hands in ([`NewTask`]),
+//! A task's life: [`TaskState`], what a submitter hands in ([`NewTask`],
+//! with its [`Deadlines`] and [`Fairness`]),
 //! what the store keeps ([`TaskRecord`]) and the append-only history
 //! ([`TaskEventRecord`]), and how the queue and listings are read
 //! ([`QueueCursor`], [`ParkedPlacement`], [`TaskFilter`], [`Page`]).
@@ -83,6 +84,44 @@ impl QueuedReason {
     }
 }
 
+/// What a task is shared out by: within one priority of a namespace,
+/// dispatch takes the keys of waiting tasks in weighted round robin
+/// (start-time fair queuing on the queue's rank), so a key with thousands
+/// waiting delays another key's first task by about one grant per key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fairness {
+    /// The tenant, user or repository.
+    pub key: String,
+    /// Its share against other keys, from 1 to [`MAX_FAIRNESS_WEIGHT`]: a
+    /// key of weight 2 gets two grants for every one of a key of weight 1
+    /// while both wait.
+    pub weight: u32,
+}
+
+/// The largest weight a fairness key may have.
+pub const MAX_FAIRNESS_WEIGHT: u32 = 100;
+
+/// How far apart in the queue's rank a key of weight 1 places its waiting
+/// tasks (a key of weight `w`, `1/w` of it). Against tasks without a key
+/// (ranked by their submit time) a key's n-th waiting task counts as
+/// submitted n/w seconds after the first.
+pub const FAIR_STEP_MS: i64 = 1_000;
+
+impl Fairness {
+    /// The rank of the key's next task: after the key's last waiting task
+    /// by its step, or, if it has none waiting, at the head of the keyed
+    /// tasks of its namespace and priority (so it waits behind about one
+    /// task of each key), or now if no keyed task waits.
+    pub fn next_rank(&self, last: Option<i64>, head: Option<i64>, now_ms: i64) -> i64 {
+        let step = FAIR_STEP_MS / i64::from(self.weight.clamp(1, MAX_FAIRNESS_WEIGHT));
+        match (last, head) {
+            (Some(last), head) => last.saturating_add(step).max(head.unwrap_or(i64::MIN)),
+            (None, Some(head)) => head,
+            (None, None) => now_ms,
+        }
+    }
+}
+
 /// A task's deadlines, each opt-in (`None`: no such deadline).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Deadlines {
@@ -126,6 +165,8 @@ pub struct NewTask {
     pub retry: Option<RetryPolicy>,
     /// Its deadlines; none by default.
     pub deadlines: Deadlines,
+    /// What it is shared out by; `None`: FIFO by priority.
+    pub fairness: Option<Fairness>,
     /// How long a lease lives without renewal.
     pub lease_ttl_ms: i64,
     /// Makes submit idempotent within the namespace.
@@ -167,6 +208,11 @@ pub struct TaskRecord {
     /// Once a cancel with a grace was requested of its lease: when the
     /// lease is ended whatever the agent does.
     pub cancel_deadline_ms: Option<i64>,
+    /// What it is shared out by; `None`: FIFO by priority.
+    pub fairness: Option<Fairness>,
+    /// Its place in the queue within its priority: its submit time, or for
+    /// a task with a fairness key its fair rank (see [`Fairness`]).
+    pub queue_rank: i64,
     /// Lease lifetime without renewal.
     pub lease_ttl_ms: i64,
     /// The submitter's idempotency key, if any.
@@ -239,13 +285,13 @@ pub struct Page {
 }
 
 /// Where a walk down the queue stopped: the last task seen, in queue order
-/// (priority descending, then submission order).
+/// (priority descending, then rank: submission order, or fair rank).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueCursor {
     /// The last task's priority.
     pub priority: i32,
-    /// Its submission time.
-    pub created_at_ms: i64,
+    /// Its rank ([`TaskRecord::queue_rank`]).
+    pub rank: i64,
     /// Its id (the final tiebreak).
     pub task_id: Uuid,
 }
@@ -255,7 +301,7 @@ impl QueueCursor {
     pub fn after(task: &TaskRecord) -> Self {
         Self {
             priority: task.priority,
-            created_at_ms: task.created_at_ms,
+            rank: task.queue_rank,
             task_id: task.id,
         }
     }
@@ -264,17 +310,16 @@ impl QueueCursor {
     pub fn before(task: &TaskRecord) -> Self {
         Self {
             priority: task.priority,
-            created_at_ms: task.created_at_ms,
+            rank: task.queue_rank,
             task_id: Uuid::from_u128(task.id.as_u128().saturating_sub(1)),
         }
     }
 
     /// Whether a walk from this cursor reads a task at this place in the
     /// queue (it comes after the cursor).
-    pub fn reaches(&self, priority: i32, created_at_ms: i64, task_id: Uuid) -> bool {
+    pub fn reaches(&self, priority: i32, rank: i64, task_id: Uuid) -> bool {
         priority < self.priority
-            || (priority == self.priority
-                && (created_at_ms, task_id) > (self.created_at_ms, self.task_id))
+            || (priority == self.priority && (rank, task_id) > (self.rank, self.task_id))
     }
 }
 
@@ -291,4 +336,34 @@ pub struct ParkedPlacement {
     /// The tasks' placement as JSON text (`TaskRecord::placement`
     /// serialized); compared as JSON, not as text, where the store can.
     pub placement: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_steps_by_its_weight_and_a_new_key_starts_at_the_head() {
+        let light = Fairness {
+            key: "a".into(),
+            weight: 1,
+        };
+        let heavy = Fairness {
+            key: "b".into(),
+            weight: 4,
+        };
+        // Nothing keyed waits: now.
+        assert_eq!(light.next_rank(None, None, 5_000), 5_000);
+        // Others wait: at their head, however far back.
+        assert_eq!(light.next_rank(None, Some(10), 5_000), 10);
+        // The key waits too: one step after its last, by its weight.
+        assert_eq!(light.next_rank(Some(100), Some(10), 5_000), 100 + FAIR_STEP_MS);
+        assert_eq!(heavy.next_rank(Some(100), Some(10), 5_000), 100 + FAIR_STEP_MS / 4);
+        // A weight out of range is held to it.
+        let zero = Fairness {
+            key: "z".into(),
+            weight: 0,
+        };
+        assert_eq!(zero.next_rank(Some(0), None, 0), FAIR_STEP_MS);
+    }
 }

@@ -89,8 +89,9 @@ pub trait TaskStore: Send + Sync {
         limit: u32,
     ) -> Result<Vec<TaskEventRecord>>;
     /// The dispatcher's candidates: QUEUED tasks whose `not_before` has
-    /// passed, by priority (higher first) then first-in first-out, after
-    /// `after`, leaving out those of the `parked` placements.
+    /// passed, by priority (higher first) then rank (first-in first-out,
+    /// keyed tasks at their fair rank), after `after`, leaving out those of
+    /// the `parked` placements.
     async fn queued_tasks(
         &self,
         namespace: Option<&str>,

@@ -172,6 +172,12 @@ pub fn task(task: &TaskRecord) -> pb::Task {
         execution_timeout: task.deadlines.execution_timeout_ms.map(duration),
         cancel_grace: task.deadlines.cancel_grace_ms.map(duration),
         cancel_deadline: task.cancel_deadline_ms.map(timestamp),
+        fairness_key: task
+            .fairness
+            .as_ref()
+            .map(|f| f.key.clone())
+            .unwrap_or_default(),
+        fairness_weight: task.fairness.as_ref().map_or(0, |f| f.weight),
     }
 }
 

@@ -1,6 +1,6 @@
 //! The `switchyard` CLI binary against a real server: submit with `--wait`
-//! while an agent runs the task, JSON output, a retry policy from flags,
-//! explain, agents, and the exit codes scripts branch on.
+//! while an agent runs the task, JSON output, a retry policy and deadlines
+//! from flags, explain, agents, and the exit codes scripts branch on.
 
 use std::process::Stdio;
 
@@ -140,6 +140,35 @@ async fn submit_wait_get_explain_and_exit_codes() {
     let (code, _, stderr) = run(bad_retry).await;
     assert_eq!(code, 5, "{stderr}");
     assert!(stderr.contains("retry.multiplier"), "{stderr}");
+
+    // Deadlines from flags, shown in milliseconds; one out of range is
+    // refused naming the field.
+    let mut timed = cli(&server);
+    timed.args([
+        "--output",
+        "json",
+        "submit",
+        "train",
+        "--require",
+        "gpu",
+        "--start-timeout-secs",
+        "600",
+        "--execution-timeout-secs",
+        "3600",
+        "--cancel-grace-secs",
+        "30",
+    ]);
+    let (code, stdout, stderr) = run(timed).await;
+    assert_eq!(code, 0, "{stderr}");
+    let timed: Value = serde_json::from_str(stdout.trim()).expect("json");
+    assert_eq!(timed["start_timeout_ms"], json!(600_000));
+    assert_eq!(timed["execution_timeout_ms"], json!(3_600_000));
+    assert_eq!(timed["cancel_grace_ms"], json!(30_000));
+    let mut bad_timeout = cli(&server);
+    bad_timeout.args(["submit", "echo", "--execution-timeout-secs", "0"]);
+    let (code, _, stderr) = run(bad_timeout).await;
+    assert_eq!(code, 5, "{stderr}");
+    assert!(stderr.contains("execution_timeout"), "{stderr}");
 
     // A parked task, explained.
     let mut parked = cli(&server);

@@ -10,6 +10,7 @@ mod cli;
 mod common;
 mod deadlines;
 mod explain;
+mod fairness;
 mod health;
 mod kinds;
 mod ops;

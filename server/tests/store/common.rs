@@ -185,6 +185,7 @@ pub fn task(ns: &str, priority: i32, max_attempts: u32) -> NewTask {
         max_attempts,
         retry: None,
         deadlines: Default::default(),
+        fairness: None,
         lease_ttl_ms: 30_000,
         idempotency_key: None,
         not_before_ms: None,

@@ -38,10 +38,18 @@ async fn subscribers_hear_queued_and_changed_tasks(fx: &mut Fixture) {
             namespace: "ns".to_owned(),
             task_id: t.id,
             priority: Some(0),
-            created_at_ms: Some(T0),
+            rank: Some(T0),
             not_before_ms: Some(T0),
         }
     );
+    // As the release before announces it, the submit time under its old
+    // name: read as the rank (the rank of a task without a fairness key).
+    let before: StoreEvent = serde_json::from_value(serde_json::json!({
+        "t": "task_queued", "namespace": "ns", "task_id": t.id, "priority": 0,
+        "created_at_ms": T0, "not_before_ms": T0,
+    }))
+    .unwrap();
+    assert_eq!(before, queued);
     // As a replica of an older version announces it (no place in the
     // queue): still understood.
     let older: StoreEvent = serde_json::from_value(serde_json::json!({
@@ -54,7 +62,7 @@ async fn subscribers_hear_queued_and_changed_tasks(fx: &mut Fixture) {
             namespace: "ns".to_owned(),
             task_id: t.id,
             priority: None,
-            created_at_ms: None,
+            rank: None,
             not_before_ms: None,
         }
     );

@@ -12,6 +12,7 @@ mod agents;
 mod common;
 mod deadlines;
 mod events;
+mod fairness;
 mod leases;
 mod race;
 mod releases;

@@ -118,7 +118,7 @@ async fn an_event_from_one_replica_reaches_the_other() {
         namespace: "ns".to_owned(),
         task_id: t.id,
         priority: Some(0),
-        created_at_ms: Some(T0),
+        rank: Some(T0),
         not_before_ms: Some(T0),
     };
     assert_eq!(
@@ -262,7 +262,8 @@ async fn the_pool_warm_up_fits_the_migrated_schema() {
     // the release before, and the warm-up must not fall back on it.
     sqlx::query(
         "DROP FUNCTION switchyard_submit_batch(uuid[], text[], text[], text[], text[], int4[], \
-         int8[], int8[], text[], int8[], text[], uuid[], uuid[], text[], int8[], int8[], int8[], int8)",
+         int8[], int8[], text[], int8[], text[], uuid[], uuid[], text[], int8[], int8[], int8[], text[], \
+         int8[], int8[], int8)",
     )
     .execute(&mut conn)
     .await

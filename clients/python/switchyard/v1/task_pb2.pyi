@@ -57,7 +57,7 @@ LEASE_STATE_RELEASED: LeaseState
 LEASE_STATE_EXPIRED: LeaseState
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "namespace", "kind", "payload", "placement", "priority", "state", "queued_reason", "attempts", "max_attempts", "lease_ttl", "idempotency_key", "not_before", "result", "error", "lease", "progress", "cancel_requested", "created_at", "updated_at", "labels", "retry", "start_timeout", "execution_timeout", "cancel_grace", "cancel_deadline")
+    __slots__ = ("task_id", "namespace", "kind", "payload", "placement", "priority", "state", "queued_reason", "attempts", "max_attempts", "lease_ttl", "idempotency_key", "not_before", "result", "error", "lease", "progress", "cancel_requested", "created_at", "updated_at", "labels", "retry", "start_timeout", "execution_timeout", "cancel_grace", "cancel_deadline", "fairness_key", "fairness_weight")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,8 @@ class Task(_message.Message):
     EXECUTION_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_GRACE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    FAIRNESS_KEY_FIELD_NUMBER: _ClassVar[int]
+    FAIRNESS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     namespace: str
     kind: str
@@ -117,7 +119,9 @@ class Task(_message.Message):
     execution_timeout: _duration_pb2.Duration
     cancel_grace: _duration_pb2.Duration
     cancel_deadline: _timestamp_pb2.Timestamp
-    def __init__(self, task_id: _Optional[str] = ..., namespace: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., priority: _Optional[int] = ..., state: _Optional[_Union[TaskState, str]] = ..., queued_reason: _Optional[_Union[QueuedReason, str]] = ..., attempts: _Optional[int] = ..., max_attempts: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[TaskError, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., progress: _Optional[_Union[TaskProgress, _Mapping]] = ..., cancel_requested: bool = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., start_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., execution_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    fairness_key: str
+    fairness_weight: int
+    def __init__(self, task_id: _Optional[str] = ..., namespace: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., priority: _Optional[int] = ..., state: _Optional[_Union[TaskState, str]] = ..., queued_reason: _Optional[_Union[QueuedReason, str]] = ..., attempts: _Optional[int] = ..., max_attempts: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[TaskError, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., progress: _Optional[_Union[TaskProgress, _Mapping]] = ..., cancel_requested: bool = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., start_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., execution_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fairness_key: _Optional[str] = ..., fairness_weight: _Optional[int] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
     __slots__ = ("initial_backoff", "max_backoff", "multiplier", "jitter")

@@ -14,7 +14,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitTaskRequest(_message.Message):
-    __slots__ = ("namespace", "kind", "payload", "placement", "priority", "max_attempts", "lease_ttl", "idempotency_key", "not_before", "labels", "retry", "start_timeout", "execution_timeout", "cancel_grace")
+    __slots__ = ("namespace", "kind", "payload", "placement", "priority", "max_attempts", "lease_ttl", "idempotency_key", "not_before", "labels", "retry", "start_timeout", "execution_timeout", "cancel_grace", "fairness_key", "fairness_weight")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,8 @@ class SubmitTaskRequest(_message.Message):
     START_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     EXECUTION_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_GRACE_FIELD_NUMBER: _ClassVar[int]
+    FAIRNESS_KEY_FIELD_NUMBER: _ClassVar[int]
+    FAIRNESS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     kind: str
     payload: _struct_pb2.Struct
@@ -50,7 +52,9 @@ class SubmitTaskRequest(_message.Message):
     start_timeout: _duration_pb2.Duration
     execution_timeout: _duration_pb2.Duration
     cancel_grace: _duration_pb2.Duration
-    def __init__(self, namespace: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., retry: _Optional[_Union[_task_pb2.RetryPolicy, _Mapping]] = ..., start_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., execution_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    fairness_key: str
+    fairness_weight: int
+    def __init__(self, namespace: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., retry: _Optional[_Union[_task_pb2.RetryPolicy, _Mapping]] = ..., start_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., execution_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., fairness_key: _Optional[str] = ..., fairness_weight: _Optional[int] = ...) -> None: ...
 
 class SubmitTaskResponse(_message.Message):
     __slots__ = ("task", "created")

@@ -1,5 +1,6 @@
 //! PostgreSQL's submit: a batch of submits in one round trip, the function
-//! of migration 0009 called once with one array per column, autocommitted.
+//! of migration 0009 called once (after one read per fairness key, if
+//! any task has one) with one array per column, autocommitted.
 
 use std::collections::HashMap;
 
@@ -25,7 +26,8 @@ use switchyard_core::resources::Claim;
 /// queued. A task whose idempotency key is taken is not inserted.
 const SUBMIT_BATCH: &str = "SELECT id, leased, known FROM switchyard_submit_batch($1::uuid[], \
   $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::int8[], \
-  $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::text[], $15::int8[], $16::int8[], $17::int8[], $18::int8)";
+  $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::text[], $15::int8[], $16::int8[], $17::int8[], $18::text[], $19::int8[], \
+  $20::int8[], $21::int8)";
 
 /// JSON as text, for a `text[]` parameter cast to `jsonb`.
 fn json_text<T: serde::Serialize + ?Sized>(value: &T) -> Result<String> {
@@ -61,6 +63,11 @@ pub(super) struct SubmitRows<'a> {
     start_timeouts: Vec<Option<i64>>,
     execution_timeouts: Vec<Option<i64>>,
     cancel_graces: Vec<Option<i64>>,
+    /// The fairness key and weight, where the task has them, and its
+    /// offset in the queue's rank from its submit time.
+    fairness_keys: Vec<Option<&'a str>>,
+    fairness_weights: Vec<Option<i64>>,
+    fair_offsets: Vec<i64>,
 }
 
 impl SubmitRows<'static> {
@@ -85,13 +92,23 @@ impl SubmitRows<'static> {
             start_timeouts: vec![None],
             execution_timeouts: vec![None],
             cancel_graces: vec![None],
+            fairness_keys: vec![None],
+            fairness_weights: vec![None],
+            fair_offsets: vec![0],
         }
     }
 }
 
 impl<'a> SubmitRows<'a> {
-    /// Adds `submission`, answered at `slot` of the batch.
-    fn push(&mut self, slot: usize, submission: &'a Submission, now_ms: i64) -> Result<()> {
+    /// Adds `submission`, answered at `slot` of the batch, at `fair_offset`
+    /// from its submit time in the queue's rank.
+    fn push(
+        &mut self,
+        slot: usize,
+        submission: &'a Submission,
+        fair_offset: i64,
+        now_ms: i64,
+    ) -> Result<()> {
         let task = &submission.task;
         self.slot.push(slot);
         self.ids.push(Uuid::now_v7());
@@ -114,6 +131,11 @@ impl<'a> SubmitRows<'a> {
         self.execution_timeouts
             .push(task.deadlines.execution_timeout_ms);
         self.cancel_graces.push(task.deadlines.cancel_grace_ms);
+        let fairness = task.fairness.as_ref();
+        self.fairness_keys.push(fairness.map(|f| f.key.as_str()));
+        self.fairness_weights
+            .push(fairness.map(|f| i64::from(f.weight)));
+        self.fair_offsets.push(fair_offset);
         Ok(())
     }
 }
@@ -141,6 +163,9 @@ pub(super) fn submit_query<'q>(
         .bind(&rows.start_timeouts)
         .bind(&rows.execution_timeouts)
         .bind(&rows.cancel_graces)
+        .bind(&rows.fairness_keys)
+        .bind(&rows.fairness_weights)
+        .bind(&rows.fair_offsets)
         .bind(now_ms)
 }
 
@@ -154,12 +179,14 @@ pub(super) async fn submit_batch(
 ) -> Result<(Vec<Result<Submitted>>, Vec<StoreEvent>)> {
     let mut out: Vec<Option<Result<Submitted>>> = Vec::with_capacity(submissions.len());
     let mut rows = SubmitRows::default();
-    for submission in submissions {
+    let mut conn = pool.acquire().await.map_err(db("acquiring a connection"))?;
+    let offsets = fair_offsets(&mut conn, submissions, now_ms).await?;
+    for (submission, offset) in submissions.iter().zip(offsets) {
         match tasks::check_new(&submission.task) {
             Err(err) => out.push(Some(Err(err))),
             Ok(()) => {
                 out.push(None);
-                rows.push(out.len() - 1, submission, now_ms)?;
+                rows.push(out.len() - 1, submission, offset, now_ms)?;
             }
         }
     }
@@ -167,7 +194,6 @@ pub(super) async fn submit_batch(
     if rows.ids.is_empty() {
         return Ok((out.into_iter().flatten().collect(), events));
     }
-    let mut conn = pool.acquire().await.map_err(db("acquiring a connection"))?;
     let inserted: Vec<(Uuid, bool, bool)> = submit_query(&rows, now_ms)
         .fetch_all(&mut *conn)
         .await
@@ -214,6 +240,52 @@ async fn existing(
         })
 }
 
+/// Each submission's offset in the queue's rank from its submit time: 0
+/// without a fairness key; with one, its key's next place in the weighted
+/// round robin (see [`crate::model::Fairness::next_rank`]), read once per
+/// key and carried on through the batch. Two replicas submitting for one
+/// key at once may give two tasks one rank: the key's share is a little
+/// more for a moment, never a task out of the queue. Reads nothing for a
+/// batch without keys.
+async fn fair_offsets(
+    conn: &mut sqlx::PgConnection,
+    submissions: &[Submission],
+    now_ms: i64,
+) -> Result<Vec<i64>> {
+    let mut offsets = vec![0; submissions.len()];
+    if submissions.iter().all(|s| s.task.fairness.is_none()) {
+        return Ok(offsets);
+    }
+    let mut last: HashMap<(&str, i32, &str), Option<i64>> = HashMap::new();
+    let mut head: HashMap<(&str, i32), Option<i64>> = HashMap::new();
+    for (submission, offset) in submissions.iter().zip(offsets.iter_mut()) {
+        let task = &submission.task;
+        let Some(fairness) = &task.fairness else {
+            continue;
+        };
+        let at = (task.namespace.as_str(), task.priority);
+        let key = (at.0, at.1, fairness.key.as_str());
+        let key_last = match last.get(&key) {
+            Some(known) => *known,
+            None => {
+                let (key_last, key_head) =
+                    tasks::fair_marks::<Postgres>(conn, task, &fairness.key).await?;
+                let known = head.entry(at).or_insert(key_head);
+                if known.is_none() {
+                    *known = key_head;
+                }
+                key_last
+            }
+        };
+        let first = head.get(&at).copied().flatten();
+        let rank = fairness.next_rank(key_last, first, now_ms);
+        last.insert(key, Some(rank));
+        head.insert(at, Some(first.map_or(rank, |f| f.min(rank))));
+        *offset = rank - now_ms;
+    }
+    Ok(offsets)
+}
+
 /// An inserted submit's answer, built from what was sent (not read back),
 /// and its event.
 fn submitted(
@@ -240,6 +312,8 @@ fn submitted(
         retry: task.retry,
         deadlines: task.deadlines,
         cancel_deadline_ms: None,
+        fairness: task.fairness.clone(),
+        queue_rank: now_ms + rows.fair_offsets[row],
         lease_ttl_ms: task.lease_ttl_ms,
         idempotency_key: task.idempotency_key.clone(),
         not_before_ms: rows.not_before[row],

@@ -11,8 +11,8 @@ use sqlx::types::Json;
 use super::db::{Cols, SqlDb};
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentRecord, AgentStatus, Deadlines, LeaseEnd, LeaseRecord, LeaseState, RetryPolicy, Role,
-    StoredName, TaskEventRecord, TaskRecord, TaskState, TokenRecord,
+    AgentRecord, AgentStatus, Deadlines, Fairness, LeaseEnd, LeaseRecord, LeaseState, RetryPolicy,
+    Role, StoredName, TaskEventRecord, TaskRecord, TaskState, TokenRecord,
 };
 use crate::store::plan::{to_u32, to_u64};
 use switchyard_core::resources::Claim;
@@ -24,6 +24,7 @@ pub(crate) const TASK_SELECT: &str = "SELECT t.id, t.namespace, t.kind, t.payloa
     t.not_before_ms, t.result, t.error, t.fencing_token, t.lease_id, t.agent_id, \
     l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, t.progress, t.labels, \
     t.retry, t.start_timeout_ms, t.execution_timeout_ms, t.cancel_grace_ms, t.cancel_deadline_ms, \
+    t.fairness_key, t.fairness_weight, t.created_at_ms + t.fair_offset AS queue_rank, \
     t.created_at_ms, t.updated_at_ms \
     FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id ";
 
@@ -92,6 +93,11 @@ pub(crate) fn task<DB: SqlDb>(row: &DB::Row) -> Result<TaskRecord> {
             cancel_grace_ms: cols.get("cancel_grace_ms")?,
         },
         cancel_deadline_ms: cols.get("cancel_deadline_ms")?,
+        fairness: fairness(
+            cols.get("fairness_key")?,
+            cols.get::<Option<i64>>("fairness_weight")?,
+        ),
+        queue_rank: cols.get("queue_rank")?,
         lease_ttl_ms: cols.get("lease_ttl_ms")?,
         idempotency_key: cols.get("idempotency_key")?,
         not_before_ms: cols.get("not_before_ms")?,
@@ -127,6 +133,14 @@ pub(crate) fn lease<DB: SqlDb>(row: &DB::Row) -> Result<LeaseRecord> {
             .map(|name| stored::<LeaseEnd>(&name, CONTEXT))
             .transpose()?,
         claim: claim(cols.get("slots")?, cols.get("claim")?)?,
+    })
+}
+
+/// A task's fairness key and weight, from their columns (NULL: none).
+fn fairness(key: Option<String>, weight: Option<i64>) -> Option<Fairness> {
+    key.map(|key| Fairness {
+        key,
+        weight: weight.and_then(|w| u32::try_from(w).ok()).unwrap_or(1),
     })
 }
 

@@ -3,7 +3,7 @@
 
 use uuid::Uuid;
 
-use super::db::{SqlDb, StatementExt, built, placeholders, query};
+use super::db::{Cols, SqlDb, StatementExt, built, placeholders, query};
 use super::history::{self, Entry};
 use super::rows::{self, TASK_SELECT};
 use super::{Dialect, Write, leases};
@@ -95,9 +95,9 @@ pub(crate) async fn by_key<DB: SqlDb>(
 const INSERT: &str = "INSERT INTO tasks (id, namespace, kind, payload, placement, priority, \
     state, attempts, max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, \
     fencing_token, cancel_requested, labels, retry, start_timeout_ms, execution_timeout_ms, \
-    cancel_grace_ms, created_at_ms, updated_at_ms) \
+    cancel_grace_ms, fairness_key, fairness_weight, fair_offset, created_at_ms, updated_at_ms) \
     VALUES ($1, $2, $3, $4, $5, $6, 'queued', 0, $7, $8, $9, $10, 0, FALSE, $11, $12, $13, $14, \
-    $15, $16, $16) \
+    $15, $16, $17, $18, $19, $19) \
     ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING";
 
 /// Submits one task in `w`: the stored task, and whether it was created
@@ -114,6 +114,15 @@ pub(crate) async fn submit<DB: SqlDb>(
     }
     let id = Uuid::now_v7();
     let retry = task.retry.as_ref().map(rows::retry_text);
+    // One writer: the key's last waiting task and the head are read in the
+    // transaction that inserts, so every keyed task's rank is exact.
+    let fair_offset = match &task.fairness {
+        Some(fairness) => {
+            let (last, head) = fair_marks::<DB>(w.conn(), task, &fairness.key).await?;
+            fairness.next_rank(last, head, now_ms) - now_ms
+        }
+        None => 0,
+    };
     let inserted = query::<DB>(INSERT)
         .arg(id)
         .text(&task.namespace)
@@ -130,6 +139,9 @@ pub(crate) async fn submit<DB: SqlDb>(
         .arg(task.deadlines.start_timeout_ms)
         .arg(task.deadlines.execution_timeout_ms)
         .arg(task.deadlines.cancel_grace_ms)
+        .opt_text(task.fairness.as_ref().map(|f| f.key.as_str()))
+        .arg(task.fairness.as_ref().map(|f| i64::from(f.weight)))
+        .arg(fair_offset)
         .arg(now_ms)
         .run(w.conn())
         .await
@@ -145,6 +157,39 @@ pub(crate) async fn submit<DB: SqlDb>(
     let record = must_fetch::<DB>(w.conn(), id).await?;
     w.announce(StoreEvent::queued(&record, record.not_before_ms));
     Ok((record, true))
+}
+
+/// The rank of a key's last waiting task and of the first waiting keyed
+/// task of the namespace and priority, through the partial indexes of keyed
+/// waiting tasks (their expressions written as the indexes').
+const FAIR_MARKS: &str = "SELECT \
+    (SELECT MAX(created_at_ms + fair_offset) FROM tasks WHERE state = 'queued' \
+     AND fairness_key IS NOT NULL AND namespace = $1 AND priority = $2 AND fairness_key = $3) \
+     AS last_rank, \
+    (SELECT MIN(created_at_ms + fair_offset) FROM tasks WHERE state = 'queued' \
+     AND fairness_key IS NOT NULL AND namespace = $1 AND priority = $2) AS head_rank";
+
+/// Where a keyed task's rank starts from (see [`Fairness::next_rank`]):
+/// the rank of its key's last waiting task, and of the first waiting keyed
+/// task of its namespace and priority.
+pub(crate) async fn fair_marks<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    task: &NewTask,
+    key: &str,
+) -> Result<(Option<i64>, Option<i64>)> {
+    const CONTEXT: &str = "reading a fairness key's place";
+    let row = query::<DB>(FAIR_MARKS)
+        .text(&task.namespace)
+        .arg(task.priority)
+        .text(key)
+        .optional(conn)
+        .await
+        .map_err(db(CONTEXT))?;
+    let Some(row) = row else {
+        return Ok((None, None));
+    };
+    let cols = Cols::<DB>::new(&row, CONTEXT);
+    Ok((cols.get("last_rank")?, cols.get("head_rank")?))
 }
 
 /// A batch of submits in `w`, row by row: a refused task is answered on
@@ -257,11 +302,15 @@ pub(crate) async fn list<DB: SqlDb>(
 pub(crate) const QUEUE_WHERE: &str = "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
     AND ($2 IS NULL OR t.namespace = $2) ";
 /// A queue page's range after a cursor within its priority.
-pub(crate) const QUEUE_AFTER: &str = "AND t.priority = $5 AND (t.created_at_ms, t.id) > ($6, $7) ";
+/// (The rank's range is written out, not as a row comparison: SQLite
+/// seeks an expression index by a plain comparison only.)
+pub(crate) const QUEUE_AFTER: &str = "AND t.priority = $5 AND t.created_at_ms + t.fair_offset >= $6 \
+    AND (t.created_at_ms + t.fair_offset > $6 OR t.id > $7) ";
 /// A queue page's range below a cursor's priority.
 pub(crate) const QUEUE_BELOW: &str = "AND t.priority < $5 ";
 /// A queue page's order and size (`$3`).
-pub(crate) const QUEUE_ORDER: &str = " ORDER BY t.priority DESC, t.created_at_ms, t.id LIMIT $3";
+pub(crate) const QUEUE_ORDER: &str =
+    " ORDER BY t.priority DESC, t.created_at_ms + t.fair_offset, t.id LIMIT $3";
 
 /// A page of the queue (see `TaskStore::queued_tasks`). Each statement is
 /// one range of the queue index (`tasks_queue`), so a page costs its own
@@ -300,7 +349,7 @@ pub(crate) async fn queue_page<DB: Dialect>(
     };
     let mut rows = page(DB::QUEUE_AFTER, limit)
         .arg(after.priority)
-        .arg(after.created_at_ms)
+        .arg(after.rank)
         .arg(after.task_id)
         .all(conn)
         .await

@@ -206,6 +206,20 @@ export declare type Task = Message<"switchyard.v1.Task"> & {
    * @generated from field: google.protobuf.Timestamp cancel_deadline = 26;
    */
   cancelDeadline?: Timestamp | undefined;
+
+  /**
+   * What the task is shared out by (see SubmitTaskRequest); empty if none.
+   *
+   * @generated from field: string fairness_key = 27;
+   */
+  fairnessKey: string;
+
+  /**
+   * The key's weight, 1 to 100; 0 when the task has no key.
+   *
+   * @generated from field: uint32 fairness_weight = 28;
+   */
+  fairnessWeight: number;
 };
 
 /**

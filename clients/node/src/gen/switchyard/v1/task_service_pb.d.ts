@@ -130,6 +130,28 @@ export declare type SubmitTaskRequest = Message<"switchyard.v1.SubmitTaskRequest
    * @generated from field: google.protobuf.Duration cancel_grace = 14;
    */
   cancelGrace?: Duration | undefined;
+
+  /**
+   * What the task is shared out by: a tenant, a user, a repository (at most
+   * 256 bytes). Within one priority of the namespace, dispatch takes the
+   * keys of waiting tasks in weighted round robin: a key with thousands of
+   * tasks waiting delays another key's first task by about one grant per
+   * key, not by its backlog. Tasks without a key keep their submit order
+   * among themselves; against them a key's n-th waiting task counts as
+   * submitted n/weight seconds after its first. Empty: none.
+   *
+   * @generated from field: string fairness_key = 15;
+   */
+  fairnessKey: string;
+
+  /**
+   * The key's share, from 1 to 100: a key of weight 2 gets two grants for
+   * every one of a key of weight 1 while both have tasks waiting. 0 means
+   * 1; only with a `fairness_key`.
+   *
+   * @generated from field: uint32 fairness_weight = 16;
+   */
+  fairnessWeight: number;
 };
 
 /**

@@ -1,11 +1,23 @@
--- Deadlines, all opt-in (NULL: none). A task's start timeout (it must be
+-- Deadlines and fair share, all opt-in.
+--
+-- Deadlines (NULL: none). A task's start timeout (it must be
 -- granted within this long of becoming due, which is its not_before_ms
 -- while queued), execution timeout (the longest an attempt may hold its
 -- lease, from the grant) and cancel grace (how long a cancel-requested lease
 -- may go on), with the deadline a cancel set; an agent's drain deadline.
 -- Each sweep reads only the rows with a deadline, through partial indexes
 -- that stay empty while nobody uses one.
--- The submit function gains the three timeouts as arrays before the time,
+--
+-- Fair share: a task's fairness key and weight (NULL: none) and its offset
+-- from its submit time in the queue's order. The queue is read by priority,
+-- then rank (created_at_ms + fair_offset), then id: a task without a key has
+-- offset 0 and keeps its submit order (a replica of the release before
+-- inserts it so); a keyed task's rank is its key's place in a weighted round
+-- robin, found through two partial indexes of keyed waiting tasks only.
+-- The queue's index follows the new order (replicas of the release before
+-- read their pages by a sort until they are replaced).
+--
+-- The submit function gains the three timeouts and the fairness arrays before the time,
 -- as an overload: replicas of the release before keep calling the function
 -- of 0008 while a rolling upgrade replaces them (their tasks have no
 -- deadlines). Everything else in it is as it was.
@@ -22,11 +34,22 @@ CREATE INDEX tasks_cancel_deadline ON tasks (cancel_deadline_ms)
 CREATE INDEX agents_drain_deadline ON agents (drain_deadline_ms)
     WHERE drain_deadline_ms IS NOT NULL;
 
+ALTER TABLE tasks ADD COLUMN fairness_key text, ADD COLUMN fairness_weight int8,
+    ADD COLUMN fair_offset int8 NOT NULL DEFAULT 0;
+DROP INDEX tasks_queue;
+CREATE INDEX tasks_queue ON tasks (priority DESC, (created_at_ms + fair_offset), id)
+    WHERE state = 'queued';
+CREATE INDEX tasks_fair_last ON tasks (namespace, priority, fairness_key, (created_at_ms + fair_offset))
+    WHERE state = 'queued' AND fairness_key IS NOT NULL;
+CREATE INDEX tasks_fair_head ON tasks (namespace, priority, (created_at_ms + fair_offset))
+    WHERE state = 'queued' AND fairness_key IS NOT NULL;
+
 CREATE FUNCTION switchyard_submit_batch(
     ids uuid[], namespaces text[], kinds text[], payloads text[], placements text[],
     priorities int4[], max_attempts int8[], lease_ttls int8[], idempotency_keys text[],
     not_befores int8[], labels text[], agent_ids uuid[], lease_ids uuid[], retries text[],
-    start_timeouts int8[], execution_timeouts int8[], cancel_graces int8[], now_ms int8
+    start_timeouts int8[], execution_timeouts int8[], cancel_graces int8[], fairness_keys text[],
+    fairness_weights int8[], fair_offsets int8[], now_ms int8
 ) RETURNS TABLE (id uuid, leased boolean, known boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
@@ -38,10 +61,11 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH s AS (
-        SELECT * FROM UNNEST($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+        SELECT * FROM UNNEST($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
         WITH ORDINALITY AS s(id, namespace, kind, payload, placement, priority, max_attempts,
         lease_ttl_ms, idempotency_key, not_before_ms, labels, agent_id, lease_id, retry,
-        start_timeout_ms, execution_timeout_ms, cancel_grace_ms, ord)
+        start_timeout_ms, execution_timeout_ms, cancel_grace_ms, fairness_key, fairness_weight,
+        fair_offset, ord)
     ), live AS (
         SELECT l.agent_id, SUM(l.slots) AS n FROM leases l
         WHERE l.agent_id = ANY($12) AND l.state IN ('granted', 'active') GROUP BY l.agent_id
@@ -54,29 +78,29 @@ BEGIN
         INSERT INTO tasks (id, namespace, kind, payload, placement, priority, state, attempts,
         max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, fencing_token, lease_id,
         agent_id, cancel_requested, labels, retry, start_timeout_ms, execution_timeout_ms,
-        cancel_grace_ms, created_at_ms, updated_at_ms)
+        cancel_grace_ms, fairness_key, fairness_weight, fair_offset, created_at_ms, updated_at_ms)
         SELECT s.id, s.namespace, s.kind, s.payload::jsonb, s.placement::jsonb, s.priority,
         CASE WHEN p.leased THEN 'leased' ELSE 'queued' END, 0, s.max_attempts, s.lease_ttl_ms,
         s.idempotency_key, s.not_before_ms, CASE WHEN p.leased THEN 1 ELSE 0 END,
         CASE WHEN p.leased THEN s.lease_id END, CASE WHEN p.leased THEN s.agent_id END, FALSE,
         s.labels::jsonb, s.retry, s.start_timeout_ms, s.execution_timeout_ms, s.cancel_grace_ms,
-        $18, $18
+        s.fairness_key, s.fairness_weight, s.fair_offset, $21, $21
         FROM s JOIN plan p ON p.ord = s.ord ORDER BY s.ord
         ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
         RETURNING tasks.id, tasks.state = 'leased' AS leased
     ), new_leases AS (
         INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, granted_at_ms,
         expires_at_ms)
-        SELECT s.lease_id, s.id, s.agent_id, 1, 'granted', FALSE, $18, $18 + s.lease_ttl_ms
+        SELECT s.lease_id, s.id, s.agent_id, 1, 'granted', FALSE, $21, $21 + s.lease_ttl_ms
         FROM s JOIN ins ON ins.id = s.id WHERE ins.leased
     ), history AS (
         INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, lease_id,
         occurred_at_ms)
-        SELECT s.id, 1, 'submitted', 'queued', 'submitted', NULL, NULL, $18
+        SELECT s.id, 1, 'submitted', 'queued', 'submitted', NULL, NULL, $21
         FROM s JOIN ins ON ins.id = s.id
         UNION ALL
         SELECT s.id, 2, 'leased', 'leased', 'leased to agent ' || s.agent_id::text ||
-        ' with fencing token 1', s.agent_id, s.lease_id, $18
+        ' with fencing token 1', s.agent_id, s.lease_id, $21
         FROM s JOIN ins ON ins.id = s.id WHERE ins.leased
     )
     SELECT ins.id, ins.leased, p.known FROM ins JOIN s ON s.id = ins.id JOIN plan p ON p.ord = s.ord;

@@ -1,4 +1,4 @@
--- Deadlines, all opt-in (NULL: none): a task's start timeout (it must be
+-- Deadlines and fair share, all opt-in. Deadlines (NULL: none): a task's start timeout (it must be
 -- granted within this long of becoming due, which is its not_before_ms
 -- while queued), execution timeout (the longest an attempt may hold its
 -- lease, from the grant) and cancel grace, with the deadline a cancel set;
@@ -18,3 +18,20 @@ CREATE INDEX tasks_cancel_deadline ON tasks (cancel_deadline_ms)
     WHERE cancel_deadline_ms IS NOT NULL AND state IN ('leased', 'running');
 CREATE INDEX agents_drain_deadline ON agents (drain_deadline_ms)
     WHERE drain_deadline_ms IS NOT NULL;
+
+-- Fair share: a task's fairness key and weight (NULL: none) and its offset
+-- from its submit time in the queue's order: priority, then rank
+-- (created_at_ms + fair_offset), then id. A task without a key has offset 0
+-- and keeps its submit order; a keyed task's rank is its key's place in a
+-- weighted round robin, found through two partial indexes of keyed waiting
+-- tasks only.
+ALTER TABLE tasks ADD COLUMN fairness_key TEXT;
+ALTER TABLE tasks ADD COLUMN fairness_weight INTEGER;
+ALTER TABLE tasks ADD COLUMN fair_offset INTEGER NOT NULL DEFAULT 0;
+DROP INDEX tasks_queue;
+CREATE INDEX tasks_queue ON tasks (priority DESC, (created_at_ms + fair_offset), id)
+    WHERE state = 'queued';
+CREATE INDEX tasks_fair_last ON tasks (namespace, priority, fairness_key, (created_at_ms + fair_offset))
+    WHERE state = 'queued' AND fairness_key IS NOT NULL;
+CREATE INDEX tasks_fair_head ON tasks (namespace, priority, (created_at_ms + fair_offset))
+    WHERE state = 'queued' AND fairness_key IS NOT NULL;
