@@ -238,6 +238,19 @@ pub struct ServerConfig {
     )]
     pub max_queued_tasks_per_namespace: u64,
 
+    /// Most tasks of one namespace LEASED or RUNNING at once, across every
+    /// replica (0: no limit). The others wait QUEUED with the reason
+    /// CONCURRENCY_LIMIT; while it is set, no submit is leased on the way
+    /// in (each goes through a dispatch round, which the limit is checked
+    /// in).
+    #[arg(
+        long,
+        env = "SWITCHYARD_MAX_RUNNING_TASKS_PER_NAMESPACE",
+        default_value_t = 0,
+        global = true
+    )]
+    pub max_running_tasks_per_namespace: u64,
+
     /// Most agents one namespace may register (0: no limit).
     #[arg(
         long,
@@ -314,6 +327,7 @@ impl ServerConfig {
             request_timeout_ms: 30_000,
             concurrency_per_connection: 256,
             max_queued_tasks_per_namespace: 100_000,
+            max_running_tasks_per_namespace: 0,
             max_agents_per_namespace: 20_000,
             max_releases_per_task: crate::model::DEFAULT_MAX_RELEASES,
             placement_policy: Vec::new(),

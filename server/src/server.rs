@@ -130,6 +130,7 @@ pub async fn run_with_clock(
 ) -> Result<()> {
     let options = store::StoreOptions {
         max_releases: config.max_releases_per_task,
+        max_running_per_namespace: config.max_running_tasks_per_namespace,
         ..store::StoreOptions::default()
     };
     let store = store::open_with(&config.database_url, options).await?;
@@ -218,6 +219,7 @@ fn dispatch_settings(config: &ServerConfig) -> DispatchSettings {
         batch_size: config.dispatch_page,
         recheck_ms: config.dispatch_recheck_ms,
         report_linger_ms: config.report_linger_ms,
+        max_running_per_namespace: config.max_running_tasks_per_namespace,
         ..DispatchSettings::default()
     }
 }
@@ -227,6 +229,7 @@ fn api_settings(config: &ServerConfig) -> ApiSettings {
         default_max_attempts: config.max_attempts,
         default_lease_ttl_ms: config.lease_ttl_ms,
         max_queued_tasks_per_namespace: config.max_queued_tasks_per_namespace,
+        max_running_tasks_per_namespace: config.max_running_tasks_per_namespace,
         max_agents_per_namespace: config.max_agents_per_namespace,
         placement_policy: crate::api::PolicyDefaults::from_flags(&config.placement_policy),
         ..ApiSettings::default()

@@ -289,6 +289,12 @@ class Submitted:
     task_id: str
     required_tags: list[str]
     fail_first: bool
+    concurrency_key: str = ""
+
+
+#: The concurrency keys some chaos tasks count against, and each one's limit.
+CONCURRENCY_KEYS = 3
+CONCURRENCY_LIMIT = 3
 
 
 @dataclass
@@ -315,6 +321,10 @@ class Submitter:
             tags = rng.choice(self.selectors)
             fail_first = rng.random() < 0.15
             key = f"chaos-{run_id}-{i}"
+            # One task in ten counts against one of three concurrency keys
+            # (the checker holds every key to its limit).
+            limited = rng.random() < 0.1
+            concurrency_key = f"chaos-limit-{i % CONCURRENCY_KEYS}" if limited else ""
             request = task_service_pb2.SubmitTaskRequest(
                 kind="chaos",
                 payload=struct({"i": i, "fail_first": fail_first}),
@@ -322,6 +332,8 @@ class Submitter:
                 idempotency_key=key,
                 max_attempts=self.max_attempts,
                 labels={"suite": "chaos"},
+                concurrency_key=concurrency_key,
+                concurrency_limit=CONCURRENCY_LIMIT if limited else 0,
             )
             deadline = time.monotonic() + 60
             while True:
@@ -337,5 +349,5 @@ class Submitter:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"submit {key} kept failing: {err}") from err
                     time.sleep(0.1)
-            self.submitted.append(Submitted(key, task.task_id, list(tags), fail_first))
+            self.submitted.append(Submitted(key, task.task_id, list(tags), fail_first, concurrency_key))
             time.sleep(self.pace_s)

@@ -15,6 +15,10 @@ What it checks, and how:
 - no agent over capacity: per agent, the leases table's [granted_at_ms,
   ended_at_ms) intervals never overlap more than the agent's capacity; and
   no agent log shows it holding more leases than its capacity;
+- no concurrency key over its limit: per key, the [granted_at_ms,
+  ended_at_ms) intervals of its tasks' leases never overlap more than the
+  key's stored limit (ends taken ``CLOCK_SLACK_MS`` early: replicas stamp
+  their own clock readings);
 - no lease to an agent that failed a hard requirement: every grant an agent
   logged names a task whose required tags are in the tags the agent had
   reported at that moment, and every lease in the store went to an agent
@@ -74,6 +78,7 @@ class Report:
     expired: int = 0
     failed_reports: int = 0
     grants_logged: int = 0
+    key_peaks: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (max running, limit)
     violations: list[str] = field(default_factory=list)
 
     def fail(self, message: str) -> None:
@@ -91,13 +96,24 @@ class Report:
             else "attempts INCONSISTENT"
         references = "references resolve" if not any(v.startswith("reference:") for v in self.violations) \
             else "DANGLING references"
+        keys_over = [k for k, (m, limit) in self.key_peaks.items() if m > limit]
+        keys = (
+            f"no concurrency key over its limit ({len(self.key_peaks)} keys)"
+            if not keys_over
+            else f"{len(keys_over)} concurrency keys over their limit ({', '.join(keys_over)})"
+        )
         return (
             f"{self.tasks} tasks: {states} ({self.parked} parked by design), {self.lost} lost, "
-            f"{self.double_completed} double-completed, {capacity}, "
+            f"{self.double_completed} double-completed, {capacity}, {keys}, "
             f"{self.placement_violations} placement violations, {attempts}, {references} "
             f"({self.leases} leases: {self.expired} expired, {self.failed_reports} failed reports; "
             f"{self.grants_logged} grants in agent logs)"
         )
+
+
+#: How much earlier than stamped a lease end may have committed, against a
+#: grant stamped by another replica.
+CLOCK_SLACK_MS = 25
 
 
 def check(
@@ -215,6 +231,38 @@ def check(
             if e["event"] == "grant" and e["holding"] > e["capacity"]:
                 report.fail(f"capacity: agent {name} logged holding {e['holding']} > {e['capacity']} "
                             f"(lease {e['lease']})")
+
+    # -- concurrency keys: never more of a key's tasks holding a lease at once
+    # than its limit, from the store's lease intervals. A key's grants and
+    # lease ends come from different replicas, each stamping its own reading
+    # of the clock a moment before its commit: an end counts as up to
+    # CLOCK_SLACK_MS earlier than stamped (the store test of racing replicas
+    # checks the count itself, exactly).
+    limits = {r["key"]: int(r["max_running"]) for r in psql_rows(
+        database_url, "SELECT key, max_running FROM concurrency_keys")}
+    key_of = {s.task_id: s.concurrency_key for s in submitted if s.concurrency_key}
+    per_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for lease in leases:
+        key = key_of.get(lease["task_id"])
+        if key:
+            end = int(lease["ended_at_ms"]) if lease["ended_at_ms"] else 2**62
+            per_key[key].append((int(lease["granted_at_ms"]), end - CLOCK_SLACK_MS))
+    for key in sorted(set(key_of.values())):
+        points = sorted(
+            [(start, 1) for start, _ in per_key[key]] + [(end, -1) for _, end in per_key[key]],
+            key=lambda p: (p[0], p[1]),
+        )
+        now = peak = 0
+        for _, delta in points:
+            now += delta
+            peak = max(peak, now)
+        limit = limits.get(key)
+        if limit is None:
+            report.fail(f"limit: concurrency key {key} has no stored limit")
+            continue
+        report.key_peaks[key] = (peak, limit)
+        if peak > limit:
+            report.fail(f"limit: concurrency key {key} had {peak} tasks holding leases at once, limit {limit}")
 
     # -- placement: the agent's tags when the grant arrived, and its stored document
     lease_ids = {l["id"]: l for l in leases}

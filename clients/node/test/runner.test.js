@@ -1,7 +1,7 @@
 // The Node runner against the real switchyard-server on an ephemeral port: registration,
-// leases and results, failed attempts and retries, capability diffs, cancellation, packs with
-// missing parameters (DEGRADED), drain, the causes its releases carry, and a server restart the
-// runner survives. Handled kinds and hand-backs are in kinds.test.js.
+// leases and results, failed attempts and retries, capability diffs, cancellation, execution
+// timeouts, packs with missing parameters (DEGRADED), drain, the causes its releases carry,
+// and a server restart the runner survives. Handled kinds and hand-backs are in kinds.test.js.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { once } from "node:events";
@@ -200,6 +200,37 @@ test("cancel reaches a running handler through its AbortSignal", async () => {
     events.filter((e) => e.kind === "canceled").map((e) => e.message),
     ["the agent released the task (revocation_acknowledged): canceled by the server"],
   );
+});
+
+test("an execution timeout stops a running handler through its AbortSignal", async () => {
+  const started = deferred();
+  const aborted = deferred();
+  await runner(
+    (r) =>
+      r.handler("stuck", (task, ctx) => {
+        started.resolve();
+        return new Promise((_, reject) => {
+          ctx.signal.addEventListener("abort", () => {
+            aborted.resolve(ctx.signal.reason);
+            reject(new Error("aborted"));
+          });
+        });
+      }),
+    { ".capabilities.json": { tags: ["timeout-tag"] } },
+  );
+  const { task } = await api.tasks.submitTask({
+    kind: "stuck",
+    maxAttempts: 1,
+    executionTimeout: { seconds: 1n, nanos: 0 },
+    ...tag("timeout-tag"),
+  });
+  await within(started.promise, 10_000, "the handler to start");
+  // The server revokes the attempt at its timeout, whatever the heartbeats say.
+  const reason = await within(aborted.promise, 10_000, "the handler's AbortSignal");
+  assert.match(String(reason), /TIMEOUT|timeout/);
+  const done = await watch(api.tasks, task.taskId);
+  assert.equal(TaskState[done.state], "FAILED");
+  assert.equal(done.error.code, "timeout");
 });
 
 test("progress reaches the server", async () => {

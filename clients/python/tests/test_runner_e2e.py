@@ -1,5 +1,6 @@
 """The runner against the real server: register, lease and complete, retries, unparking on a
-capability diff, cancellation, DEGRADED packs, and resuming a lease across a server restart."""
+capability diff, cancellation, an execution timeout, DEGRADED packs, and resuming a lease across a
+server restart."""
 
 from __future__ import annotations
 
@@ -148,6 +149,38 @@ async def test_cancel_reaches_a_running_handler(server_address: str, client: Cli
         last = (await client.history(task.task_id))[-1]
         assert last.kind == "canceled"
         assert last.message == "the agent released the task (revocation_acknowledged): canceled by the server"
+
+
+async def test_an_execution_timeout_stops_the_handler(server_address: str, client: Client) -> None:
+    runner = make_runner(server_address)
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    @runner.handler("stuck")
+    async def stuck(task: TaskContext) -> dict:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+        return {}
+
+    async with running(runner):
+        from google.protobuf import duration_pb2
+        from switchyard.v1 import task_service_pb2
+
+        reply = await client.tasks.SubmitTask(
+            task_service_pb2.SubmitTaskRequest(kind="stuck", max_attempts=1, execution_timeout=duration_pb2.Duration(seconds=1)),
+            timeout=5,
+        )
+        await asyncio.wait_for(started.wait(), 10)
+        # The server revokes the attempt at its timeout (REVOCATION_REASON_TIMEOUT): the
+        # runner stops the handler and reports nothing; the task fails with code timeout.
+        await asyncio.wait_for(stopped.wait(), 10)
+        done = await client.wait_for(reply.task.task_id, (task_pb2.TASK_STATE_FAILED,))
+        assert done.error.code == "timeout"
+        assert done.attempts == 1
+        assert not runner._running
 
 
 async def test_missing_required_parameter_degrades_not_stops(server_address: str, client: Client) -> None:

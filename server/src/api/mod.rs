@@ -41,6 +41,9 @@ pub struct ApiSettings {
     pub document_limits: Limits,
     /// Most queued tasks a namespace may have (0: no cap).
     pub max_queued_tasks_per_namespace: u64,
+    /// Most running tasks a namespace may have (0: no limit; the store
+    /// enforces it, the API explains it).
+    pub max_running_tasks_per_namespace: u64,
     /// Most agents a namespace may register (0: no cap).
     pub max_agents_per_namespace: u64,
     /// The placement policy of tasks that do not say, by namespace
@@ -89,6 +92,7 @@ impl Default for ApiSettings {
             default_lease_ttl_ms: 30_000,
             document_limits: Limits::default(),
             max_queued_tasks_per_namespace: 0,
+            max_running_tasks_per_namespace: 0,
             max_agents_per_namespace: 0,
             placement_policy: PolicyDefaults::default(),
         }

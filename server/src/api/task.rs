@@ -20,8 +20,8 @@ use crate::auth::{Caller, Need};
 use crate::error::{Error, Result};
 use crate::model::{
     DEFAULT_BACKOFF_BASE_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MULTIPLIER, Deadlines, Fairness,
-    MAX_BACKOFF_MS, MAX_FAIRNESS_WEIGHT, MAX_RETRY_MULTIPLIER, NewTask, Page, QueuedReason,
-    RetryPolicy, RevocationCause, TaskFilter, TaskRecord, TaskState,
+    LimitUsage, MAX_BACKOFF_MS, MAX_CONCURRENCY_LIMIT, MAX_FAIRNESS_WEIGHT, MAX_RETRY_MULTIPLIER,
+    NewTask, Page, QueuedReason, RetryPolicy, RevocationCause, TaskFilter, TaskRecord, TaskState,
 };
 use crate::wire;
 
@@ -36,10 +36,23 @@ impl Api {
             None
         } else if record.not_before_ms > self.now_ms() {
             Some(QueuedReason::Backoff)
+        } else if self.limits(record).await?.full() {
+            Some(QueuedReason::ConcurrencyLimit)
         } else {
             Some(QueuedReason::of(&self.explain(record).await?.outcome))
         };
         Ok(wire::task_with_reason(record, reason))
+    }
+
+    /// How full the concurrency limits a task is held to are (reads
+    /// nothing for a task no limit counts).
+    pub(crate) async fn limits(&self, record: &TaskRecord) -> Result<LimitUsage> {
+        if record.concurrency_key.is_none() && self.settings.max_running_tasks_per_namespace == 0 {
+            return Ok(LimitUsage::default());
+        }
+        self.store
+            .limit_usage(&record.namespace, record.concurrency_key.as_deref())
+            .await
     }
 
     /// A task the caller may see and act on; tasks of other namespaces are
@@ -109,6 +122,7 @@ impl Api {
         };
         let deadlines = deadlines(&req)?;
         let fairness = fairness(&req)?;
+        let concurrency = concurrency(&req)?;
         let compiled = core_placement::compile(&placement)
             .map_err(|err| invalid(&format!("placement.{}", err.field), &err.message))?
             .with_kind(&req.kind);
@@ -125,11 +139,30 @@ impl Api {
             retry,
             deadlines,
             fairness,
+            concurrency_key: concurrency.as_ref().map(|(key, _)| key.clone()),
             lease_ttl_ms,
             idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
             not_before_ms: req.not_before.as_ref().map(timestamp_ms),
             labels: req.labels.into_iter().collect(),
         };
+        // Last, with everything else valid: the key's limit, set or checked.
+        if let Some((key, limit)) = &concurrency {
+            if *limit > 0 {
+                self.store
+                    .set_concurrency_limit(&task.namespace, key, *limit, self.now_ms())
+                    .await?;
+            } else if self
+                .store
+                .concurrency_limit(&task.namespace, key)
+                .await?
+                .is_none()
+            {
+                return Err(invalid(
+                    "concurrency_limit",
+                    "the key has no limit yet: give one, from 1 to 10000",
+                ));
+            }
+        }
         Ok((task, compiled))
     }
 
@@ -189,11 +222,14 @@ impl TaskService for TaskApi {
         let caller = api.caller(&request).await?;
         let (task, compiled) = api.new_task(&caller, request.into_inner()).await?;
         let submitted = api.dispatcher.submit_task(task, &compiled).await?;
+        let mut reason = submitted.queued_reason;
+        if reason.is_some_and(|r| r != QueuedReason::Backoff)
+            && api.limits(&submitted.task).await?.full()
+        {
+            reason = Some(QueuedReason::ConcurrencyLimit);
+        }
         Ok(Response::new(pb::SubmitTaskResponse {
-            task: Some(wire::task_with_reason(
-                &submitted.task,
-                submitted.queued_reason,
-            )),
+            task: Some(wire::task_with_reason(&submitted.task, reason)),
             created: submitted.created,
         }))
     }
@@ -310,6 +346,15 @@ impl TaskService for TaskApi {
         let record = api.task_for(&caller, id).await?;
         let (explanation, names) = api.dispatcher.explanation(&record).await?;
         let mut summary = explanation.summary.clone();
+        if record.state == TaskState::Queued {
+            let held = api
+                .limits(&record)
+                .await?
+                .describe(record.concurrency_key.as_deref(), &record.namespace);
+            if !held.is_empty() {
+                summary = format!("held back by {held}; {summary}");
+            }
+        }
         match record.state {
             TaskState::Queued if record.not_before_ms > api.now_ms() => {
                 summary = format!("backing off until {} ms; {summary}", record.not_before_ms);
@@ -391,6 +436,25 @@ fn deadlines(req: &pb::SubmitTaskRequest) -> Result<Deadlines> {
             "0s and 24h",
         )?,
     })
+}
+
+/// A submit's concurrency key and the limit it sets (0: the key's own);
+/// a limit without a key, or out of range, is INVALID_ARGUMENT naming it.
+fn concurrency(req: &pb::SubmitTaskRequest) -> Result<Option<(String, u32)>> {
+    if req.concurrency_key.is_empty() {
+        if req.concurrency_limit != 0 {
+            return Err(invalid("concurrency_limit", "needs a concurrency_key"));
+        }
+        return Ok(None);
+    }
+    check_name("concurrency_key", &req.concurrency_key)?;
+    if req.concurrency_limit > MAX_CONCURRENCY_LIMIT {
+        return Err(invalid(
+            "concurrency_limit",
+            "must be between 1 and 10000 (0 for the key's own)",
+        ));
+    }
+    Ok(Some((req.concurrency_key.clone(), req.concurrency_limit)))
 }
 
 /// A submit's fairness key and weight; a weight without a key, or out of

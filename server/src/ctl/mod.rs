@@ -208,6 +208,12 @@ struct SubmitArgs {
     /// The key's share, 1 to 100 (default 1).
     #[arg(long)]
     fairness_weight: Option<u32>,
+    /// At most the key's limit of tasks with this key run at once.
+    #[arg(long)]
+    concurrency_key: Option<String>,
+    /// Set the concurrency key's limit, 1 to 10000 (default: the key's own).
+    #[arg(long)]
+    concurrency_limit: Option<u32>,
     /// Makes the submit idempotent within the namespace.
     #[arg(long)]
     idempotency_key: Option<String>,
@@ -581,6 +587,8 @@ async fn submit(
         cancel_grace: args.cancel_grace_secs.map(secs),
         fairness_key: args.fairness_key.unwrap_or_default(),
         fairness_weight: args.fairness_weight.unwrap_or_default(),
+        concurrency_key: args.concurrency_key.unwrap_or_default(),
+        concurrency_limit: args.concurrency_limit.unwrap_or_default(),
     };
     let reply = clients.tasks.submit_task(request).await?.into_inner();
     let task = reply.task.unwrap_or_default();

@@ -59,6 +59,7 @@ pub(super) fn task_json(task: &pb::Task) -> Value {
         "cancel_deadline_ms": ts(task.cancel_deadline.as_ref()),
         "fairness_key": (!task.fairness_key.is_empty()).then_some(&task.fairness_key),
         "fairness_weight": (task.fairness_weight > 0).then_some(task.fairness_weight),
+        "concurrency_key": (!task.concurrency_key.is_empty()).then_some(&task.concurrency_key),
         "payload": opt_struct(task.payload.as_ref()),
         "result": opt_struct(task.result.as_ref()),
         "error": task.error.as_ref().map(|e| json!({"message": e.message, "code": e.code, "retryable": e.retryable})),

@@ -80,6 +80,9 @@ pub struct DispatchSettings {
     pub heartbeat_linger_ms: u64,
     /// How long a batch of lease reports waits for more before committing.
     pub report_linger_ms: u64,
+    /// The store's limit of running tasks per namespace (0: none): while
+    /// set, no submit is leased on the way in.
+    pub max_running_per_namespace: u64,
 }
 
 impl Default for DispatchSettings {
@@ -93,6 +96,7 @@ impl Default for DispatchSettings {
             stream_queue: 256,
             heartbeat_linger_ms: 50,
             report_linger_ms: 10,
+            max_running_per_namespace: 0,
         }
     }
 }

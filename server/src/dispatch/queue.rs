@@ -2,8 +2,9 @@
 //! that a task may be waiting (and whether the last round left the queue
 //! clear), when delayed tasks come due, which placements are parked (no
 //! agent here can run them, so the walk leaves their tasks out; a
-//! placement is its namespace, task kind and placement), and how far the
-//! head of the queue is parked tasks only.
+//! placement is its namespace, task kind and placement), how far the
+//! head of the queue is parked tasks only, and which concurrency limits a
+//! grant found full (their tasks wait unmatched until a lease ends).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use switchyard_core::placement::CompiledPlacement;
 use uuid::Uuid;
 
 use super::Dispatcher;
-use crate::model::{ParkedPlacement, QueueCursor};
+use crate::model::{ParkedPlacement, QueueCursor, TaskRecord};
 
 /// The most distinct parked placements a dispatcher remembers. One more
 /// makes it forget them all and find again those whose tasks still wait
@@ -25,6 +26,10 @@ const MAX_PARKED_PLACEMENTS: usize = 256;
 /// The most distinct due times a dispatcher keeps; past that the latest are
 /// dropped, and their tasks are found by the periodic re-check.
 const MAX_DUE_TIMES: usize = 1_024;
+
+/// How long a concurrency limit found full holds its tasks back at most
+/// without news of a lease ending (a lost notification, say).
+const LIMIT_HOLD_MS: i64 = 1_000;
 
 /// How long a [`Skip`] holds at most.
 pub(super) const SKIP_TTL_MS: i64 = 5_000;
@@ -69,9 +74,42 @@ pub(super) struct QueueState {
     /// [`MAX_DUE_TIMES`]): the dispatcher looks at the queue again at each,
     /// as if a task had just been queued.
     due: BTreeSet<i64>,
+    /// Concurrency limits a grant found full, by namespace and key (no key:
+    /// the namespace's limit), with when: the walk passes over their tasks
+    /// without matching them until a lease ends (here or, by the store's
+    /// events, anywhere) or [`LIMIT_HOLD_MS`] passed.
+    limited: HashMap<(String, Option<String>), i64>,
 }
 
 impl QueueState {
+    /// A grant of `task` was refused at its concurrency limit.
+    pub(super) fn limit_reached(&mut self, task: &TaskRecord, now_ms: i64) {
+        let limit = (task.namespace.clone(), task.concurrency_key.clone());
+        self.limited.insert(limit, now_ms);
+    }
+
+    /// Whether a limit found full lately holds `task` back.
+    pub(super) fn held_by_limit(&self, task: &TaskRecord, now_ms: i64) -> bool {
+        if self.limited.is_empty() {
+            return false;
+        }
+        let recent = |at: &i64| now_ms - *at < LIMIT_HOLD_MS;
+        let namespace = (task.namespace.clone(), None);
+        self.limited.get(&namespace).is_some_and(recent)
+            || (task.concurrency_key.is_some()
+                && self
+                    .limited
+                    .get(&(task.namespace.clone(), task.concurrency_key.clone()))
+                    .is_some_and(recent))
+    }
+
+    /// A lease ended: every limit may have room again.
+    pub(super) fn limits_freed(&mut self) {
+        if !self.limited.is_empty() {
+            self.limited.clear();
+        }
+    }
+
     /// Forgets the parked placements `view`'s agent can run; true if any.
     pub(super) fn unpark_for(&mut self, view: &AgentView) -> bool {
         if self.parked.is_empty() || !view.status.takes_work() {

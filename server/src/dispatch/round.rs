@@ -20,7 +20,9 @@ use tracing::{debug, warn};
 use super::Dispatcher;
 use super::queue::{SKIP_TTL_MS, Skip};
 use crate::error::Result;
-use crate::model::{GrantOutcome, GrantRequest, ParkedPlacement, QueueCursor, TaskRecord};
+use crate::model::{
+    GrantOutcome, GrantRefusal, GrantRequest, ParkedPlacement, QueueCursor, TaskRecord,
+};
 
 /// Pages one round reads at most; the next wake continues.
 const MAX_PAGES: usize = 64;
@@ -250,6 +252,12 @@ impl Dispatcher {
         let mut outcome = PageOutcome::default();
         let failed = self.failed_agents(tasks).await?;
         for (i, task) in tasks.iter().enumerate() {
+            if self.state().queue.held_by_limit(task, now) {
+                // Its concurrency limit was full when last tried, and no
+                // lease ended since: it waits, not parked.
+                outcome.first_live.get_or_insert(i);
+                continue;
+            }
             let Some(compiled) = self.compiled(task) else {
                 outcome.first_live.get_or_insert(i);
                 continue;
@@ -284,7 +292,10 @@ impl Dispatcher {
                 }
                 GrantOutcome::Refused(refusal) => {
                     debug!(task = %task.id, agent = %request.agent_id, ?refusal, "grant refused");
-                    self.lease_ended(request.agent_id, Some(request.task_id));
+                    if refusal == GrantRefusal::ConcurrencyLimit {
+                        self.state().queue.limit_reached(task, now);
+                    }
+                    self.give_back(request.agent_id, Some(request.task_id));
                 }
             }
         }

@@ -280,8 +280,22 @@ impl Dispatcher {
     /// replica): what it held is free again — its claim, or one slot — and
     /// a dispatch round follows, unless nothing waits in the queue for it.
     pub fn lease_ended(&self, agent_id: Uuid, task: Option<Uuid>) {
+        self.free_slot(agent_id, task, true);
+    }
+
+    /// Gives back a slot reserved for a grant that was not made (refused,
+    /// or a submit not leased on the way in): as [`Dispatcher::lease_ended`],
+    /// but no lease ended, so no concurrency limit has more room.
+    pub(super) fn give_back(&self, agent_id: Uuid, task: Option<Uuid>) {
+        self.free_slot(agent_id, task, false);
+    }
+
+    fn free_slot(&self, agent_id: Uuid, task: Option<Uuid>, ended: bool) {
         let key = AgentId::from(agent_id);
         let mut state = self.state();
+        if ended {
+            state.queue.limits_freed();
+        }
         match task {
             Some(task) => {
                 state.index.release(key, task);

@@ -54,7 +54,7 @@ impl Dispatcher {
             Ok(submitted) => submitted,
             Err(err) => {
                 if let Some(agent_id) = target {
-                    self.lease_ended(agent_id, None);
+                    self.give_back(agent_id, None);
                 }
                 return Err(err);
             }
@@ -65,7 +65,7 @@ impl Dispatcher {
                 true
             }
             (Some(agent_id), _) => {
-                self.lease_ended(agent_id, Some(record.id));
+                self.give_back(agent_id, Some(record.id));
                 false
             }
             (None, _) => false,
@@ -92,9 +92,16 @@ impl Dispatcher {
     /// Picks and reserves an agent for a task being submitted, if one
     /// connected here has room and nothing waits in the queue. A task with
     /// a resource request or a spread is left to the dispatch round, whose
-    /// grant records (and checks) its claim against the agent's live leases.
+    /// grant records (and checks) its claim against the agent's live
+    /// leases; so is one a concurrency limit counts (its key's, or the
+    /// namespace's), whose grant checks the limit.
     fn place_now(&self, placement: &CompiledPlacement, task: &NewTask) -> Option<Uuid> {
-        if self.stopping() || !self.queue_clear() || placement.claims_beyond_slots() {
+        if self.stopping()
+            || !self.queue_clear()
+            || placement.claims_beyond_slots()
+            || task.concurrency_key.is_some()
+            || self.shared.settings.max_running_per_namespace > 0
+        {
             return None;
         }
         let namespace = &task.namespace;

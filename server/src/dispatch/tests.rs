@@ -184,6 +184,7 @@ fn task(selector: &str, priority: i32, not_before_ms: Option<i64>) -> NewTask {
         retry: None,
         deadlines: Default::default(),
         fairness: None,
+        concurrency_key: None,
         lease_ttl_ms: 10_000,
         idempotency_key: None,
         not_before_ms,

@@ -255,6 +255,9 @@ pub enum GrantRefusal {
     AgentUnknown,
     /// The task's `not_before` is in the future.
     NotYet,
+    /// The task's concurrency key, or its namespace, has its limit of
+    /// tasks running.
+    ConcurrencyLimit,
 }
 
 /// What became of one grant request.

@@ -35,7 +35,8 @@ pub use lease::{
 };
 pub use names::{StoredName, UnknownState};
 pub use task::{
-    Deadlines, FAIR_STEP_MS, Fairness, MAX_FAIRNESS_WEIGHT, NewTask, Page, ParkedPlacement,
-    QueueCursor, QueuedReason, TaskEventRecord, TaskFilter, TaskRecord, TaskState,
+    Deadlines, FAIR_STEP_MS, Fairness, LimitUsage, MAX_CONCURRENCY_LIMIT, MAX_FAIRNESS_WEIGHT,
+    NewTask, Page, ParkedPlacement, QueueCursor, QueuedReason, TaskEventRecord, TaskFilter,
+    TaskRecord, TaskState,
 };
 pub use token::{Role, TokenRecord};

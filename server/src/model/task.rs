@@ -71,6 +71,9 @@ pub enum QueuedReason {
     WaitingForCapacity,
     /// A retry backing off, or a delayed submit, not yet due.
     Backoff,
+    /// Its concurrency key, or its namespace, has its limit of tasks
+    /// running.
+    ConcurrencyLimit,
 }
 
 impl QueuedReason {
@@ -98,6 +101,44 @@ pub struct Fairness {
     pub weight: u32,
 }
 
+/// The largest limit a concurrency key may have.
+pub const MAX_CONCURRENCY_LIMIT: u32 = 10_000;
+
+/// How full the limits a queued task is held to are: its concurrency key's
+/// and its namespace's, each as (running, limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitUsage {
+    /// The task's concurrency key, if it has one with a limit.
+    pub key: Option<(u64, u64)>,
+    /// Its namespace, if the server limits running tasks per namespace.
+    pub namespace: Option<(u64, u64)>,
+}
+
+impl LimitUsage {
+    /// Whether a limit holds the task back.
+    pub fn full(&self) -> bool {
+        let full = |l: Option<(u64, u64)>| l.is_some_and(|(running, limit)| running >= limit);
+        full(self.key) || full(self.namespace)
+    }
+
+    /// What an explanation says of the limits that hold the task back,
+    /// e.g. `concurrency key deploy-prod: 1/1 running`; empty if none.
+    pub fn describe(&self, key: Option<&str>, namespace: &str) -> String {
+        let mut parts = Vec::new();
+        if let (Some((running, limit)), Some(key)) = (self.key, key)
+            && running >= limit
+        {
+            parts.push(format!("concurrency key {key}: {running}/{limit} running"));
+        }
+        if let Some((running, limit)) = self.namespace
+            && running >= limit
+        {
+            parts.push(format!("namespace {namespace}: {running}/{limit} running"));
+        }
+        parts.join("; ")
+    }
+}
+
 /// The largest weight a fairness key may have.
 pub const MAX_FAIRNESS_WEIGHT: u32 = 100;
 
@@ -111,14 +152,24 @@ impl Fairness {
     /// The rank of the key's next task: after the key's last waiting task
     /// by its step, or, if it has none waiting, at the head of the keyed
     /// tasks of its namespace and priority (so it waits behind about one
-    /// task of each key), or now if no keyed task waits.
-    pub fn next_rank(&self, last: Option<i64>, head: Option<i64>, now_ms: i64) -> i64 {
+    /// task of each key), or now if no keyed task waits. Never before the
+    /// namespace and priority's fair clock (`clock`: the rank of the last
+    /// keyed task granted there), so that tasks left waiting behind it (a
+    /// parked one, say) hold no newcomer behind them.
+    pub fn next_rank(
+        &self,
+        last: Option<i64>,
+        head: Option<i64>,
+        clock: Option<i64>,
+        now_ms: i64,
+    ) -> i64 {
         let step = FAIR_STEP_MS / i64::from(self.weight.clamp(1, MAX_FAIRNESS_WEIGHT));
-        match (last, head) {
+        let waiting = match (last, head) {
             (Some(last), head) => last.saturating_add(step).max(head.unwrap_or(i64::MIN)),
             (None, Some(head)) => head,
-            (None, None) => now_ms,
-        }
+            (None, None) => return now_ms,
+        };
+        waiting.max(clock.unwrap_or(i64::MIN))
     }
 }
 
@@ -167,6 +218,9 @@ pub struct NewTask {
     pub deadlines: Deadlines,
     /// What it is shared out by; `None`: FIFO by priority.
     pub fairness: Option<Fairness>,
+    /// Its concurrency key: at most the key's limit of its tasks run at
+    /// once in the namespace; `None`: no limit of its own.
+    pub concurrency_key: Option<String>,
     /// How long a lease lives without renewal.
     pub lease_ttl_ms: i64,
     /// Makes submit idempotent within the namespace.
@@ -213,6 +267,8 @@ pub struct TaskRecord {
     /// Its place in the queue within its priority: its submit time, or for
     /// a task with a fairness key its fair rank (see [`Fairness`]).
     pub queue_rank: i64,
+    /// Its concurrency key, if any.
+    pub concurrency_key: Option<String>,
     /// Lease lifetime without renewal.
     pub lease_ttl_ms: i64,
     /// The submitter's idempotency key, if any.
@@ -352,18 +408,26 @@ mod tests {
             key: "b".into(),
             weight: 4,
         };
-        // Nothing keyed waits: now.
-        assert_eq!(light.next_rank(None, None, 5_000), 5_000);
-        // Others wait: at their head, however far back.
-        assert_eq!(light.next_rank(None, Some(10), 5_000), 10);
+        // Nothing keyed waits: now, whatever the clock.
+        assert_eq!(light.next_rank(None, None, Some(99), 5_000), 5_000);
+        // Others wait: at their head.
+        assert_eq!(light.next_rank(None, Some(10), None, 5_000), 10);
         // The key waits too: one step after its last, by its weight.
-        assert_eq!(light.next_rank(Some(100), Some(10), 5_000), 100 + FAIR_STEP_MS);
-        assert_eq!(heavy.next_rank(Some(100), Some(10), 5_000), 100 + FAIR_STEP_MS / 4);
+        let (last, head) = (Some(100), Some(10));
+        assert_eq!(light.next_rank(last, head, None, 5_000), 100 + FAIR_STEP_MS);
+        assert_eq!(
+            heavy.next_rank(last, head, None, 5_000),
+            100 + FAIR_STEP_MS / 4
+        );
+        // Never before the last keyed grant: what waits behind it (parked)
+        // holds nobody back.
+        assert_eq!(light.next_rank(None, Some(10), Some(4_000), 5_000), 4_000);
+        assert_eq!(light.next_rank(last, head, Some(4_000), 5_000), 4_000);
         // A weight out of range is held to it.
         let zero = Fairness {
             key: "z".into(),
             weight: 0,
         };
-        assert_eq!(zero.next_rank(Some(0), None, 0), FAIR_STEP_MS);
+        assert_eq!(zero.next_rank(Some(0), None, None, 0), FAIR_STEP_MS);
     }
 }

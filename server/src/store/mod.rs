@@ -46,8 +46,9 @@ use crate::error::{Error, Result};
 use crate::model::{
     AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
     DEFAULT_BACKOFF_BASE_MS, DEFAULT_MAX_RELEASES, GrantOutcome, GrantRequest, LeaseRecord,
-    LeaseReport, Page, ParkedPlacement, QueueCursor, ReportApplied, RevocationCause, StoreEvent,
-    Submission, Submitted, TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
+    LeaseReport, LimitUsage, Page, ParkedPlacement, QueueCursor, ReportApplied, RevocationCause,
+    StoreEvent, Submission, Submitted, TaskEventRecord, TaskFilter, TaskRecord, TaskState,
+    TokenRecord,
 };
 
 /// Whether `token` is a ListTasks page token this server issued (a task
@@ -128,6 +129,21 @@ pub trait TaskStore: Send + Sync {
         message: &str,
         now_ms: i64,
     ) -> Result<Option<TaskRecord>>;
+    /// Sets a concurrency key's limit of running tasks, for every task of
+    /// the key from now on.
+    async fn set_concurrency_limit(
+        &self,
+        namespace: &str,
+        key: &str,
+        limit: u32,
+        now_ms: i64,
+    ) -> Result<()>;
+    /// A concurrency key's limit; `None` if it never had one.
+    async fn concurrency_limit(&self, namespace: &str, key: &str) -> Result<Option<u32>>;
+    /// How full the limits a task of `namespace` (with concurrency key
+    /// `key`) is held to are: its key's, and the namespace's if the store
+    /// limits running tasks per namespace.
+    async fn limit_usage(&self, namespace: &str, key: Option<&str>) -> Result<LimitUsage>;
     /// Counts of live (QUEUED, LEASED, RUNNING) tasks by namespace and state,
     /// for metrics; a namespace and state with none is absent. Costs the
     /// queue's length and the live leases, not the tasks ever run.
@@ -345,6 +361,9 @@ pub struct StoreOptions {
     /// How many times a task may be handed back without an attempt before
     /// it FAILS (see [`DEFAULT_MAX_RELEASES`]).
     pub max_releases: u32,
+    /// The most tasks of one namespace LEASED or RUNNING at once, enforced
+    /// by grants (0: no limit).
+    pub max_running_per_namespace: u64,
 }
 
 impl Default for StoreOptions {
@@ -352,6 +371,7 @@ impl Default for StoreOptions {
         Self {
             backoff_base_ms: DEFAULT_BACKOFF_BASE_MS,
             max_releases: DEFAULT_MAX_RELEASES,
+            max_running_per_namespace: 0,
         }
     }
 }

@@ -59,7 +59,7 @@ pub(crate) fn parse_task_cursor(cursor: &str) -> Option<(i64, Uuid)> {
 }
 
 /// What the store knows about a task when planning grants.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct GrantableTask {
     /// The state read under lock.
     pub state: TaskState,
@@ -69,6 +69,15 @@ pub(crate) struct GrantableTask {
     pub fencing_token: i64,
     /// For the lease's expiry.
     pub lease_ttl_ms: i64,
+    /// Its namespace (for a limit of running tasks per namespace).
+    pub namespace: String,
+    /// Its concurrency key, if any.
+    pub concurrency_key: Option<String>,
+    /// Its priority.
+    pub priority: i32,
+    /// Its rank in the queue, if it has a fairness key (a grant moves the
+    /// fair clock on to it).
+    pub fair_rank: Option<i64>,
 }
 
 /// What the store knows of an agent's resources when planning grants that

@@ -62,6 +62,10 @@ impl Dialect for Sqlite {
         NOT_PARKED,
         QUEUE_ORDER
     );
+    // One writer: what a grant counts cannot change under it.
+    const LOCK_LIMIT_KEY: &'static str =
+        "SELECT max_running FROM concurrency_keys WHERE namespace = $1 AND key = $2";
+    const LOCK_NAMESPACE: Option<&'static str> = None;
 }
 
 /// The SQLite file and this process's subscribers.

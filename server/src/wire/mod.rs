@@ -178,6 +178,7 @@ pub fn task(task: &TaskRecord) -> pb::Task {
             .map(|f| f.key.clone())
             .unwrap_or_default(),
         fairness_weight: task.fairness.as_ref().map_or(0, |f| f.weight),
+        concurrency_key: task.concurrency_key.clone().unwrap_or_default(),
     }
 }
 
@@ -197,6 +198,7 @@ pub fn queued_reason(reason: QueuedReason) -> pb::QueuedReason {
         QueuedReason::Parked => pb::QueuedReason::Parked,
         QueuedReason::WaitingForCapacity => pb::QueuedReason::WaitingForCapacity,
         QueuedReason::Backoff => pb::QueuedReason::Backoff,
+        QueuedReason::ConcurrencyLimit => pb::QueuedReason::ConcurrencyLimit,
     }
 }
 

@@ -13,6 +13,7 @@ mod explain;
 mod fairness;
 mod health;
 mod kinds;
+mod limits;
 mod ops;
 mod policy;
 mod resources;

@@ -138,6 +138,7 @@ async fn open(url: &str) -> Arc<dyn Store> {
         StoreOptions {
             backoff_base_ms: BACKOFF_BASE_MS,
             max_releases: MAX_RELEASES,
+            ..StoreOptions::default()
         },
     )
     .await
@@ -186,6 +187,7 @@ pub fn task(ns: &str, priority: i32, max_attempts: u32) -> NewTask {
         retry: None,
         deadlines: Default::default(),
         fairness: None,
+        concurrency_key: None,
         lease_ttl_ms: 30_000,
         idempotency_key: None,
         not_before_ms: None,

@@ -95,10 +95,10 @@ async fn a_new_key_waits_behind_one_task_of_each_key_not_a_backlog(fx: &mut Fixt
             .unwrap();
         assert!(done.iter().all(Result::is_ok));
     }
-    // Another key's tasks, a while later.
+    // Another key's tasks, half a minute later.
     let mut late = Vec::new();
     for i in 0..10 {
-        late.push(submit(store, keyed("late", 1), T0 + 60_000 + i).await.id);
+        late.push(submit(store, keyed("late", 1), T0 + 30_000 + i).await.id);
     }
     let order: Vec<Uuid> = store
         .queued_tasks(None, T0 + 70_000, None, &[], 40)
@@ -118,4 +118,24 @@ async fn a_new_key_waits_behind_one_task_of_each_key_not_a_backlog(fx: &mut Fixt
         .collect();
     // Every other place: the keys take turns from the head.
     assert_eq!(places, (0..10).map(|i| 2 * i + 1).collect::<Vec<_>>());
+
+    // An hour later the backlog still waits (no agent); a newcomer is
+    // behind at most a minute's worth of its turns, not the backlog.
+    let hour = T0 + 3_600_000;
+    let newcomer = submit(store, keyed("newcomer", 1), hour).await.id;
+    let order: Vec<Uuid> = store
+        .queued_tasks(None, hour, None, &[], 200)
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    let place = order
+        .iter()
+        .position(|o| *o == newcomer)
+        .expect("near the head");
+    assert!(
+        place <= 2 * 60 + 2,
+        "the newcomer waits behind {place} tasks"
+    );
 }

@@ -14,6 +14,7 @@ mod deadlines;
 mod events;
 mod fairness;
 mod leases;
+mod limits;
 mod race;
 mod releases;
 mod reports;

@@ -263,7 +263,7 @@ async fn the_pool_warm_up_fits_the_migrated_schema() {
     sqlx::query(
         "DROP FUNCTION switchyard_submit_batch(uuid[], text[], text[], text[], text[], int4[], \
          int8[], int8[], text[], int8[], text[], uuid[], uuid[], text[], int8[], int8[], int8[], text[], \
-         int8[], int8[], int8)",
+         int8[], int8[], text[], int8)",
     )
     .execute(&mut conn)
     .await

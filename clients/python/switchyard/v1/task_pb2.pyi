@@ -29,6 +29,7 @@ class QueuedReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     QUEUED_REASON_PARKED: _ClassVar[QueuedReason]
     QUEUED_REASON_WAITING_FOR_CAPACITY: _ClassVar[QueuedReason]
     QUEUED_REASON_BACKOFF: _ClassVar[QueuedReason]
+    QUEUED_REASON_CONCURRENCY_LIMIT: _ClassVar[QueuedReason]
 
 class LeaseState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -49,6 +50,7 @@ QUEUED_REASON_UNSPECIFIED: QueuedReason
 QUEUED_REASON_PARKED: QueuedReason
 QUEUED_REASON_WAITING_FOR_CAPACITY: QueuedReason
 QUEUED_REASON_BACKOFF: QueuedReason
+QUEUED_REASON_CONCURRENCY_LIMIT: QueuedReason
 LEASE_STATE_UNSPECIFIED: LeaseState
 LEASE_STATE_GRANTED: LeaseState
 LEASE_STATE_ACTIVE: LeaseState
@@ -57,7 +59,7 @@ LEASE_STATE_RELEASED: LeaseState
 LEASE_STATE_EXPIRED: LeaseState
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "namespace", "kind", "payload", "placement", "priority", "state", "queued_reason", "attempts", "max_attempts", "lease_ttl", "idempotency_key", "not_before", "result", "error", "lease", "progress", "cancel_requested", "created_at", "updated_at", "labels", "retry", "start_timeout", "execution_timeout", "cancel_grace", "cancel_deadline", "fairness_key", "fairness_weight")
+    __slots__ = ("task_id", "namespace", "kind", "payload", "placement", "priority", "state", "queued_reason", "attempts", "max_attempts", "lease_ttl", "idempotency_key", "not_before", "result", "error", "lease", "progress", "cancel_requested", "created_at", "updated_at", "labels", "retry", "start_timeout", "execution_timeout", "cancel_grace", "cancel_deadline", "fairness_key", "fairness_weight", "concurrency_key")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +95,7 @@ class Task(_message.Message):
     CANCEL_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     FAIRNESS_KEY_FIELD_NUMBER: _ClassVar[int]
     FAIRNESS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     namespace: str
     kind: str
@@ -121,7 +124,8 @@ class Task(_message.Message):
     cancel_deadline: _timestamp_pb2.Timestamp
     fairness_key: str
     fairness_weight: int
-    def __init__(self, task_id: _Optional[str] = ..., namespace: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., priority: _Optional[int] = ..., state: _Optional[_Union[TaskState, str]] = ..., queued_reason: _Optional[_Union[QueuedReason, str]] = ..., attempts: _Optional[int] = ..., max_attempts: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[TaskError, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., progress: _Optional[_Union[TaskProgress, _Mapping]] = ..., cancel_requested: bool = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., start_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., execution_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fairness_key: _Optional[str] = ..., fairness_weight: _Optional[int] = ...) -> None: ...
+    concurrency_key: str
+    def __init__(self, task_id: _Optional[str] = ..., namespace: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., priority: _Optional[int] = ..., state: _Optional[_Union[TaskState, str]] = ..., queued_reason: _Optional[_Union[QueuedReason, str]] = ..., attempts: _Optional[int] = ..., max_attempts: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., result: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., error: _Optional[_Union[TaskError, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., progress: _Optional[_Union[TaskProgress, _Mapping]] = ..., cancel_requested: bool = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., start_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., execution_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fairness_key: _Optional[str] = ..., fairness_weight: _Optional[int] = ..., concurrency_key: _Optional[str] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
     __slots__ = ("initial_backoff", "max_backoff", "multiplier", "jitter")

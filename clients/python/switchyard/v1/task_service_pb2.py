@@ -29,7 +29,7 @@ from switchyard.v1 import placement_pb2 as switchyard_dot_v1_dot_placement__pb2
 from switchyard.v1 import task_pb2 as switchyard_dot_v1_dot_task__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n switchyard/v1/task_service.proto\x12\rswitchyard.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dswitchyard/v1/placement.proto\x1a\x18switchyard/v1/task.proto\"\x8a\x05\n\x11SubmitTaskRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12(\n\x07payload\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12+\n\tplacement\x18\x04 \x01(\x0b\x32\x18.switchyard.v1.Placement\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x06 \x01(\r\x12,\n\tlease_ttl\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12.\n\nnot_before\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12<\n\x06labels\x18\n \x03(\x0b\x32,.switchyard.v1.SubmitTaskRequest.LabelsEntry\x12)\n\x05retry\x18\x0b \x01(\x0b\x32\x1a.switchyard.v1.RetryPolicy\x12\x30\n\rstart_timeout\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x11\x65xecution_timeout\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0c\x63\x61ncel_grace\x18\x0e \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0c\x66\x61irness_key\x18\x0f \x01(\t\x12\x17\n\x0f\x66\x61irness_weight\x18\x10 \x01(\r\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"H\n\x12SubmitTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.switchyard.v1.Task\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"4\n\x0fGetTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.switchyard.v1.Task\"\x84\x01\n\x10ListTasksRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12(\n\x06states\x18\x02 \x03(\x0e\x32\x18.switchyard.v1.TaskState\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"P\n\x11ListTasksResponse\x12\"\n\x05tasks\x18\x01 \x03(\x0b\x32\x13.switchyard.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"^\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12(\n\x05grace\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"7\n\x12\x43\x61ncelTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.switchyard.v1.Task\"#\n\x10WatchTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"_\n\x11WatchTaskResponse\x12\'\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x18.switchyard.v1.TaskEvent\x12!\n\x04task\x18\x02 \x01(\x0b\x32\x13.switchyard.v1.Task\"%\n\x12\x45xplainTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"x\n\x13\x45xplainTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.switchyard.v1.Task\x12\x0f\n\x07summary\x18\x02 \x01(\t\x12-\n\x08verdicts\x18\x03 \x03(\x0b\x32\x1b.switchyard.v1.AgentVerdict\"O\n\x15ListTaskEventsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"[\n\x16ListTaskEventsResponse\x12(\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x18.switchyard.v1.TaskEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xd4\x04\n\x0bTaskService\x12Q\n\nSubmitTask\x12 .switchyard.v1.SubmitTaskRequest\x1a!.switchyard.v1.SubmitTaskResponse\x12H\n\x07GetTask\x12\x1d.switchyard.v1.GetTaskRequest\x1a\x1e.switchyard.v1.GetTaskResponse\x12N\n\tListTasks\x12\x1f.switchyard.v1.ListTasksRequest\x1a .switchyard.v1.ListTasksResponse\x12Q\n\nCancelTask\x12 .switchyard.v1.CancelTaskRequest\x1a!.switchyard.v1.CancelTaskResponse\x12P\n\tWatchTask\x12\x1f.switchyard.v1.WatchTaskRequest\x1a .switchyard.v1.WatchTaskResponse0\x01\x12T\n\x0b\x45xplainTask\x12!.switchyard.v1.ExplainTaskRequest\x1a\".switchyard.v1.ExplainTaskResponse\x12]\n\x0eListTaskEvents\x12$.switchyard.v1.ListTaskEventsRequest\x1a%.switchyard.v1.ListTaskEventsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n switchyard/v1/task_service.proto\x12\rswitchyard.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dswitchyard/v1/placement.proto\x1a\x18switchyard/v1/task.proto\"\xbe\x05\n\x11SubmitTaskRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12(\n\x07payload\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12+\n\tplacement\x18\x04 \x01(\x0b\x32\x18.switchyard.v1.Placement\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x06 \x01(\r\x12,\n\tlease_ttl\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x17\n\x0fidempotency_key\x18\x08 \x01(\t\x12.\n\nnot_before\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12<\n\x06labels\x18\n \x03(\x0b\x32,.switchyard.v1.SubmitTaskRequest.LabelsEntry\x12)\n\x05retry\x18\x0b \x01(\x0b\x32\x1a.switchyard.v1.RetryPolicy\x12\x30\n\rstart_timeout\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x34\n\x11\x65xecution_timeout\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0c\x63\x61ncel_grace\x18\x0e \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0c\x66\x61irness_key\x18\x0f \x01(\t\x12\x17\n\x0f\x66\x61irness_weight\x18\x10 \x01(\r\x12\x17\n\x0f\x63oncurrency_key\x18\x11 \x01(\t\x12\x19\n\x11\x63oncurrency_limit\x18\x12 \x01(\r\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"H\n\x12SubmitTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.switchyard.v1.Task\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"4\n\x0fGetTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.switchyard.v1.Task\"\x84\x01\n\x10ListTasksRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12(\n\x06states\x18\x02 \x03(\x0e\x32\x18.switchyard.v1.TaskState\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"P\n\x11ListTasksResponse\x12\"\n\x05tasks\x18\x01 \x03(\x0b\x32\x13.switchyard.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"^\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12(\n\x05grace\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"7\n\x12\x43\x61ncelTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.switchyard.v1.Task\"#\n\x10WatchTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"_\n\x11WatchTaskResponse\x12\'\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x18.switchyard.v1.TaskEvent\x12!\n\x04task\x18\x02 \x01(\x0b\x32\x13.switchyard.v1.Task\"%\n\x12\x45xplainTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"x\n\x13\x45xplainTaskResponse\x12!\n\x04task\x18\x01 \x01(\x0b\x32\x13.switchyard.v1.Task\x12\x0f\n\x07summary\x18\x02 \x01(\t\x12-\n\x08verdicts\x18\x03 \x03(\x0b\x32\x1b.switchyard.v1.AgentVerdict\"O\n\x15ListTaskEventsRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"[\n\x16ListTaskEventsResponse\x12(\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x18.switchyard.v1.TaskEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xd4\x04\n\x0bTaskService\x12Q\n\nSubmitTask\x12 .switchyard.v1.SubmitTaskRequest\x1a!.switchyard.v1.SubmitTaskResponse\x12H\n\x07GetTask\x12\x1d.switchyard.v1.GetTaskRequest\x1a\x1e.switchyard.v1.GetTaskResponse\x12N\n\tListTasks\x12\x1f.switchyard.v1.ListTasksRequest\x1a .switchyard.v1.ListTasksResponse\x12Q\n\nCancelTask\x12 .switchyard.v1.CancelTaskRequest\x1a!.switchyard.v1.CancelTaskResponse\x12P\n\tWatchTask\x12\x1f.switchyard.v1.WatchTaskRequest\x1a .switchyard.v1.WatchTaskResponse0\x01\x12T\n\x0b\x45xplainTask\x12!.switchyard.v1.ExplainTaskRequest\x1a\".switchyard.v1.ExplainTaskResponse\x12]\n\x0eListTaskEvents\x12$.switchyard.v1.ListTaskEventsRequest\x1a%.switchyard.v1.ListTaskEventsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,35 +39,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITTASKREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_SUBMITTASKREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_SUBMITTASKREQUEST']._serialized_start=204
-  _globals['_SUBMITTASKREQUEST']._serialized_end=854
-  _globals['_SUBMITTASKREQUEST_LABELSENTRY']._serialized_start=809
-  _globals['_SUBMITTASKREQUEST_LABELSENTRY']._serialized_end=854
-  _globals['_SUBMITTASKRESPONSE']._serialized_start=856
-  _globals['_SUBMITTASKRESPONSE']._serialized_end=928
-  _globals['_GETTASKREQUEST']._serialized_start=930
-  _globals['_GETTASKREQUEST']._serialized_end=963
-  _globals['_GETTASKRESPONSE']._serialized_start=965
-  _globals['_GETTASKRESPONSE']._serialized_end=1017
-  _globals['_LISTTASKSREQUEST']._serialized_start=1020
-  _globals['_LISTTASKSREQUEST']._serialized_end=1152
-  _globals['_LISTTASKSRESPONSE']._serialized_start=1154
-  _globals['_LISTTASKSRESPONSE']._serialized_end=1234
-  _globals['_CANCELTASKREQUEST']._serialized_start=1236
-  _globals['_CANCELTASKREQUEST']._serialized_end=1330
-  _globals['_CANCELTASKRESPONSE']._serialized_start=1332
-  _globals['_CANCELTASKRESPONSE']._serialized_end=1387
-  _globals['_WATCHTASKREQUEST']._serialized_start=1389
-  _globals['_WATCHTASKREQUEST']._serialized_end=1424
-  _globals['_WATCHTASKRESPONSE']._serialized_start=1426
-  _globals['_WATCHTASKRESPONSE']._serialized_end=1521
-  _globals['_EXPLAINTASKREQUEST']._serialized_start=1523
-  _globals['_EXPLAINTASKREQUEST']._serialized_end=1560
-  _globals['_EXPLAINTASKRESPONSE']._serialized_start=1562
-  _globals['_EXPLAINTASKRESPONSE']._serialized_end=1682
-  _globals['_LISTTASKEVENTSREQUEST']._serialized_start=1684
-  _globals['_LISTTASKEVENTSREQUEST']._serialized_end=1763
-  _globals['_LISTTASKEVENTSRESPONSE']._serialized_start=1765
-  _globals['_LISTTASKEVENTSRESPONSE']._serialized_end=1856
-  _globals['_TASKSERVICE']._serialized_start=1859
-  _globals['_TASKSERVICE']._serialized_end=2455
+  _globals['_SUBMITTASKREQUEST']._serialized_end=906
+  _globals['_SUBMITTASKREQUEST_LABELSENTRY']._serialized_start=861
+  _globals['_SUBMITTASKREQUEST_LABELSENTRY']._serialized_end=906
+  _globals['_SUBMITTASKRESPONSE']._serialized_start=908
+  _globals['_SUBMITTASKRESPONSE']._serialized_end=980
+  _globals['_GETTASKREQUEST']._serialized_start=982
+  _globals['_GETTASKREQUEST']._serialized_end=1015
+  _globals['_GETTASKRESPONSE']._serialized_start=1017
+  _globals['_GETTASKRESPONSE']._serialized_end=1069
+  _globals['_LISTTASKSREQUEST']._serialized_start=1072
+  _globals['_LISTTASKSREQUEST']._serialized_end=1204
+  _globals['_LISTTASKSRESPONSE']._serialized_start=1206
+  _globals['_LISTTASKSRESPONSE']._serialized_end=1286
+  _globals['_CANCELTASKREQUEST']._serialized_start=1288
+  _globals['_CANCELTASKREQUEST']._serialized_end=1382
+  _globals['_CANCELTASKRESPONSE']._serialized_start=1384
+  _globals['_CANCELTASKRESPONSE']._serialized_end=1439
+  _globals['_WATCHTASKREQUEST']._serialized_start=1441
+  _globals['_WATCHTASKREQUEST']._serialized_end=1476
+  _globals['_WATCHTASKRESPONSE']._serialized_start=1478
+  _globals['_WATCHTASKRESPONSE']._serialized_end=1573
+  _globals['_EXPLAINTASKREQUEST']._serialized_start=1575
+  _globals['_EXPLAINTASKREQUEST']._serialized_end=1612
+  _globals['_EXPLAINTASKRESPONSE']._serialized_start=1614
+  _globals['_EXPLAINTASKRESPONSE']._serialized_end=1734
+  _globals['_LISTTASKEVENTSREQUEST']._serialized_start=1736
+  _globals['_LISTTASKEVENTSREQUEST']._serialized_end=1815
+  _globals['_LISTTASKEVENTSRESPONSE']._serialized_start=1817
+  _globals['_LISTTASKEVENTSRESPONSE']._serialized_end=1908
+  _globals['_TASKSERVICE']._serialized_start=1911
+  _globals['_TASKSERVICE']._serialized_end=2507
 # @@protoc_insertion_point(module_scope)

@@ -14,7 +14,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitTaskRequest(_message.Message):
-    __slots__ = ("namespace", "kind", "payload", "placement", "priority", "max_attempts", "lease_ttl", "idempotency_key", "not_before", "labels", "retry", "start_timeout", "execution_timeout", "cancel_grace", "fairness_key", "fairness_weight")
+    __slots__ = ("namespace", "kind", "payload", "placement", "priority", "max_attempts", "lease_ttl", "idempotency_key", "not_before", "labels", "retry", "start_timeout", "execution_timeout", "cancel_grace", "fairness_key", "fairness_weight", "concurrency_key", "concurrency_limit")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,8 @@ class SubmitTaskRequest(_message.Message):
     CANCEL_GRACE_FIELD_NUMBER: _ClassVar[int]
     FAIRNESS_KEY_FIELD_NUMBER: _ClassVar[int]
     FAIRNESS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     kind: str
     payload: _struct_pb2.Struct
@@ -54,7 +56,9 @@ class SubmitTaskRequest(_message.Message):
     cancel_grace: _duration_pb2.Duration
     fairness_key: str
     fairness_weight: int
-    def __init__(self, namespace: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., retry: _Optional[_Union[_task_pb2.RetryPolicy, _Mapping]] = ..., start_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., execution_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., fairness_key: _Optional[str] = ..., fairness_weight: _Optional[int] = ...) -> None: ...
+    concurrency_key: str
+    concurrency_limit: int
+    def __init__(self, namespace: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., priority: _Optional[int] = ..., max_attempts: _Optional[int] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., not_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., retry: _Optional[_Union[_task_pb2.RetryPolicy, _Mapping]] = ..., start_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., execution_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., fairness_key: _Optional[str] = ..., fairness_weight: _Optional[int] = ..., concurrency_key: _Optional[str] = ..., concurrency_limit: _Optional[int] = ...) -> None: ...
 
 class SubmitTaskResponse(_message.Message):
     __slots__ = ("task", "created")

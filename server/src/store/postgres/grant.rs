@@ -18,7 +18,7 @@ use crate::model::{GrantOutcome, GrantRefusal, GrantRequest, StoreEvent, TaskSta
 use crate::store::plan::{
     AgentResources, GrantableTask, PlannedGrant, agent_resources, db, plan_grants,
 };
-use crate::store::sql::{Write, leases, rows};
+use crate::store::sql::{Write, leases, limits, rows};
 
 /// Locks agent rows to grant to them, in id order (every grant and submit
 /// locks them so, and concurrent ones queue instead of deadlocking);
@@ -31,7 +31,9 @@ const LOCK_AGENTS: &str = "SELECT id FROM agents WHERE id = ANY($1) ORDER BY id 
 /// burst of submits) and filter the whole queue by id. The state is
 /// checked in `plan_grants`.
 const LOCK_TASKS_TO_GRANT: &str = "SELECT id, state, not_before_ms, fencing_token, \
-  lease_ttl_ms FROM tasks WHERE id = ANY($1) FOR UPDATE SKIP LOCKED";
+  lease_ttl_ms, namespace, concurrency_key, priority, \
+  CASE WHEN fairness_key IS NULL THEN NULL ELSE created_at_ms + fair_offset END AS fair_rank \
+  FROM tasks WHERE id = ANY($1) FOR UPDATE SKIP LOCKED";
 
 /// The grants of a batch that fit their agents' free slots, written: the
 /// leases, the tasks LEASED, one history entry each. A grant with a claim
@@ -101,6 +103,7 @@ ARRAY(SELECT task_id FROM checked WHERE NOT confirmed)";
 pub(super) async fn grant(
     w: &mut Write<Postgres>,
     requests: &[GrantRequest],
+    max_running_per_namespace: u64,
     now_ms: i64,
 ) -> Result<Vec<GrantOutcome>> {
     let task_ids: Vec<Uuid> = requests.iter().map(|r| r.task_id).collect();
@@ -141,6 +144,9 @@ pub(super) async fn grant(
             .await
             .map_err(db("locking agents to grant"))?
     };
+    // After the agents: the limits the batch counts against, locked in key
+    // order; the requests past them are held back.
+    let limited = limits::hold_back(w, requests, &mut tasks, max_running_per_namespace).await?;
     // Planned as if every agent had room; the statement keeps, agent by
     // agent in request order, the grants its free slots allow.
     let unbounded: HashMap<Uuid, i64> = known.iter().map(|id| (*id, i64::MAX)).collect();
@@ -167,10 +173,26 @@ pub(super) async fn grant(
             plan[i] = planned;
         }
     }
-    for planned in &mut plan {
+    for (request, planned) in requests.iter().zip(plan.iter_mut()) {
         if planned.as_ref().is_ok_and(|g| !leased.contains(&g.task_id)) {
             *planned = Err(GrantRefusal::AgentAtCapacity);
+        } else if limited.contains(&request.task_id) {
+            *planned = Err(GrantRefusal::ConcurrencyLimit);
         }
+    }
+    // Keyed tasks granted move their fair clocks on (the rows locked last,
+    // in key order).
+    let keyed: Vec<_> = plan
+        .iter()
+        .filter_map(|p| p.as_ref().ok())
+        .filter_map(|g| {
+            let t = tasks.get(&g.task_id)?;
+            t.fair_rank
+                .map(|rank| (t.namespace.clone(), t.priority, rank))
+        })
+        .collect();
+    if !keyed.is_empty() {
+        crate::store::sql::tasks::advance_fair_clock::<Postgres>(w.conn(), keyed).await?;
     }
     Ok(plan
         .into_iter()

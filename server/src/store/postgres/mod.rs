@@ -100,6 +100,11 @@ impl Dialect for Postgres {
         NOT_PARKED,
         QUEUE_ORDER
     );
+    const LOCK_LIMIT_KEY: &'static str =
+        "SELECT max_running FROM concurrency_keys WHERE namespace = $1 AND key = $2 FOR UPDATE";
+    const LOCK_NAMESPACE: Option<&'static str> = Some(
+        "SELECT pg_advisory_xact_lock(hashtextextended('switchyard.running.' || $1::text, 0))",
+    );
 }
 
 /// The database, the listener that hears every replica, and the notifier
@@ -323,6 +328,7 @@ impl Backend for PgBackend {
     async fn submit_many(
         &self,
         submissions: &[Submission],
+        _options: &StoreOptions,
         now_ms: i64,
     ) -> Result<Vec<Result<Submitted>>> {
         let (out, events) = submit::submit_batch(&self.pool, submissions, now_ms).await?;
@@ -334,9 +340,10 @@ impl Backend for PgBackend {
         &self,
         w: &mut Write<Postgres>,
         requests: &[GrantRequest],
+        options: &StoreOptions,
         now_ms: i64,
     ) -> Result<Vec<GrantOutcome>> {
-        grant::grant(w, requests, now_ms).await
+        grant::grant(w, requests, options.max_running_per_namespace, now_ms).await
     }
 
     async fn complete(

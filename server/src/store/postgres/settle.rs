@@ -33,7 +33,7 @@ pub(super) const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, 
   l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, \
   NULL::jsonb AS progress, '{}'::jsonb AS labels, t.retry, t.start_timeout_ms, \
   t.execution_timeout_ms, t.cancel_grace_ms, t.cancel_deadline_ms, t.fairness_key, t.fairness_weight, \
-  t.created_at_ms + t.fair_offset AS queue_rank, t.created_at_ms, t.updated_at_ms \
+  t.created_at_ms + t.fair_offset AS queue_rank, t.concurrency_key, t.created_at_ms, t.updated_at_ms \
   FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id \
   WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t";
 
@@ -115,7 +115,7 @@ const COMPLETE: &str = "WITH c AS ( \
   t.agent_id, NULL::int8 AS lease_expires_at_ms, t.cancel_requested, \
   t.progress, t.labels, t.retry, t.start_timeout_ms, t.execution_timeout_ms, t.cancel_grace_ms, \
   t.cancel_deadline_ms, t.fairness_key, t.fairness_weight, t.created_at_ms + t.fair_offset AS queue_rank, \
-  t.created_at_ms, t.updated_at_ms \
+  t.concurrency_key, t.created_at_ms, t.updated_at_ms \
   ) \
   SELECT s.*, (SELECT COUNT(*) FROM ended) AS ended FROM settled s";
 

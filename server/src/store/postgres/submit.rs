@@ -27,7 +27,7 @@ use switchyard_core::resources::Claim;
 const SUBMIT_BATCH: &str = "SELECT id, leased, known FROM switchyard_submit_batch($1::uuid[], \
   $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::int8[], \
   $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::text[], $15::int8[], $16::int8[], $17::int8[], $18::text[], $19::int8[], \
-  $20::int8[], $21::int8)";
+  $20::int8[], $21::text[], $22::int8)";
 
 /// JSON as text, for a `text[]` parameter cast to `jsonb`.
 fn json_text<T: serde::Serialize + ?Sized>(value: &T) -> Result<String> {
@@ -68,6 +68,8 @@ pub(super) struct SubmitRows<'a> {
     fairness_keys: Vec<Option<&'a str>>,
     fairness_weights: Vec<Option<i64>>,
     fair_offsets: Vec<i64>,
+    /// The concurrency key, where the task has one.
+    concurrency_keys: Vec<Option<&'a str>>,
 }
 
 impl SubmitRows<'static> {
@@ -95,6 +97,7 @@ impl SubmitRows<'static> {
             fairness_keys: vec![None],
             fairness_weights: vec![None],
             fair_offsets: vec![0],
+            concurrency_keys: vec![None],
         }
     }
 }
@@ -136,6 +139,7 @@ impl<'a> SubmitRows<'a> {
         self.fairness_weights
             .push(fairness.map(|f| i64::from(f.weight)));
         self.fair_offsets.push(fair_offset);
+        self.concurrency_keys.push(task.concurrency_key.as_deref());
         Ok(())
     }
 }
@@ -166,6 +170,7 @@ pub(super) fn submit_query<'q>(
         .bind(&rows.fairness_keys)
         .bind(&rows.fairness_weights)
         .bind(&rows.fair_offsets)
+        .bind(&rows.concurrency_keys)
         .bind(now_ms)
 }
 
@@ -223,6 +228,25 @@ pub(super) async fn submit_batch(
         };
         out[slot] = Some(Ok(answer));
     }
+    // Keyed tasks leased on the way in move their fair clocks on, as a
+    // dispatch round's grants do.
+    let leased_keyed = rows.slot.iter().enumerate().filter_map(|(row, &slot)| {
+        let task = &submissions[slot].task;
+        let leased = inserted
+            .get(&rows.ids[row])
+            .is_some_and(|(leased, _)| *leased);
+        (leased && task.fairness.is_some()).then(|| {
+            (
+                task.namespace.clone(),
+                task.priority,
+                now_ms + rows.fair_offsets[row],
+            )
+        })
+    });
+    let leased_keyed: Vec<_> = leased_keyed.collect();
+    if !leased_keyed.is_empty() {
+        tasks::advance_fair_clock::<Postgres>(&mut conn, leased_keyed).await?;
+    }
     Ok((out.into_iter().flatten().collect(), events))
 }
 
@@ -257,7 +281,9 @@ async fn fair_offsets(
         return Ok(offsets);
     }
     let mut last: HashMap<(&str, i32, &str), Option<i64>> = HashMap::new();
-    let mut head: HashMap<(&str, i32), Option<i64>> = HashMap::new();
+    // By namespace and priority: the first waiting keyed task's rank, and
+    // the fair clock.
+    let mut head: HashMap<(&str, i32), HeadAndClock> = HashMap::new();
     for (submission, offset) in submissions.iter().zip(offsets.iter_mut()) {
         let task = &submission.task;
         let Some(fairness) = &task.fairness else {
@@ -268,23 +294,25 @@ async fn fair_offsets(
         let key_last = match last.get(&key) {
             Some(known) => *known,
             None => {
-                let (key_last, key_head) =
-                    tasks::fair_marks::<Postgres>(conn, task, &fairness.key).await?;
-                let known = head.entry(at).or_insert(key_head);
-                if known.is_none() {
-                    *known = key_head;
+                let marks = tasks::fair_marks::<Postgres>(conn, task, &fairness.key).await?;
+                let known = head.entry(at).or_insert((marks.head, marks.clock));
+                if known.0.is_none() {
+                    known.0 = marks.head;
                 }
-                key_last
+                marks.last
             }
         };
-        let first = head.get(&at).copied().flatten();
-        let rank = fairness.next_rank(key_last, first, now_ms);
+        let (first, clock) = head.get(&at).copied().unwrap_or_default();
+        let rank = fairness.next_rank(key_last, first, clock, now_ms);
         last.insert(key, Some(rank));
-        head.insert(at, Some(first.map_or(rank, |f| f.min(rank))));
+        head.insert(at, (Some(first.map_or(rank, |f| f.min(rank))), clock));
         *offset = rank - now_ms;
     }
     Ok(offsets)
 }
+
+/// The rank of the first waiting keyed task, and the fair clock.
+type HeadAndClock = (Option<i64>, Option<i64>);
 
 /// An inserted submit's answer, built from what was sent (not read back),
 /// and its event.
@@ -314,6 +342,7 @@ fn submitted(
         cancel_deadline_ms: None,
         fairness: task.fairness.clone(),
         queue_rank: now_ms + rows.fair_offsets[row],
+        concurrency_key: task.concurrency_key.clone(),
         lease_ttl_ms: task.lease_ttl_ms,
         idempotency_key: task.idempotency_key.clone(),
         not_before_ms: rows.not_before[row],

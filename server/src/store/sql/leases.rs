@@ -11,11 +11,11 @@ use super::db::{Cols, SqlDb, StatementExt, built, placeholders, query};
 use super::history::{self, Entry};
 use super::rows::{self, LEASE_COLUMNS};
 use super::tasks::{self, Settlement};
-use super::{Dialect, Write};
+use super::{Dialect, Write, limits};
 use crate::error::{Error, Result};
 use crate::model::{
-    EndedLease, GrantOutcome, GrantRequest, LeaseEnd, LeaseRecord, LeaseState, RetryPolicy,
-    RevocationCause, StoreEvent, TaskRecord, TaskState,
+    EndedLease, GrantOutcome, GrantRefusal, GrantRequest, LeaseEnd, LeaseRecord, LeaseState,
+    RetryPolicy, RevocationCause, StoreEvent, TaskRecord, TaskState,
 };
 use crate::store::StoreOptions;
 use crate::store::plan::{
@@ -145,8 +145,10 @@ const AGENT_FREE: &str = "SELECT capacity - (SELECT CAST(COALESCE(SUM(l.slots), 
     FROM leases l \
     WHERE l.agent_id = agents.id AND l.state IN ('granted', 'active')) AS free \
     FROM agents WHERE id = $1";
-const GRANTABLE: &str =
-    "SELECT state, not_before_ms, fencing_token, lease_ttl_ms FROM tasks WHERE id = $1";
+const GRANTABLE: &str = "SELECT state, not_before_ms, fencing_token, lease_ttl_ms, namespace, \
+    concurrency_key, priority, \
+    CASE WHEN fairness_key IS NULL THEN NULL ELSE created_at_ms + fair_offset END AS fair_rank \
+    FROM tasks WHERE id = $1";
 const INSERT: &str = "INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, \
     granted_at_ms, expires_at_ms, slots, claim) VALUES ($1, $2, $3, $4, 'granted', FALSE, $5, $6, \
     $7, $8)";
@@ -155,9 +157,10 @@ const LEASE_TASK: &str = "UPDATE tasks SET state = 'leased', fencing_token = $2,
 
 /// Grants row by row in `w` (see `LeaseStore::grant_leases`): reads each
 /// agent's free slots and each task, then writes the grants that fit.
-pub(crate) async fn grant_rows<DB: SqlDb>(
+pub(crate) async fn grant_rows<DB: Dialect>(
     w: &mut Write<DB>,
     requests: &[GrantRequest],
+    max_running_per_namespace: u64,
     now_ms: i64,
 ) -> Result<Vec<GrantOutcome>> {
     let mut free = HashMap::new();
@@ -187,11 +190,17 @@ pub(crate) async fn grant_rows<DB: SqlDb>(
             grantable.insert(task_id, grantable_task::<DB>(&row)?);
         }
     }
+    let limited = limits::hold_back(w, requests, &mut grantable, max_running_per_namespace).await?;
     let mut resources = claimed_resources::<DB>(w.conn(), requests).await?;
     let mut outcomes = Vec::with_capacity(requests.len());
-    for planned in plan_grants(requests, &free, &mut resources, &grantable, now_ms) {
+    let plan = plan_grants(requests, &free, &mut resources, &grantable, now_ms);
+    for (request, planned) in requests.iter().zip(plan) {
         let grant = match planned {
             Ok(grant) => grant,
+            Err(_) if limited.contains(&request.task_id) => {
+                outcomes.push(GrantOutcome::Refused(GrantRefusal::ConcurrencyLimit));
+                continue;
+            }
             Err(refusal) => {
                 outcomes.push(GrantOutcome::Refused(refusal));
                 continue;
@@ -231,6 +240,17 @@ pub(crate) async fn grant_rows<DB: SqlDb>(
         });
         outcomes.push(GrantOutcome::Granted(grant.lease(now_ms)));
     }
+    let keyed = outcomes.iter().filter_map(|o| match o {
+        GrantOutcome::Granted(lease) => grantable.get(&lease.task_id).and_then(|t| {
+            t.fair_rank
+                .map(|rank| (t.namespace.clone(), t.priority, rank))
+        }),
+        GrantOutcome::Refused(_) => None,
+    });
+    let keyed: Vec<_> = keyed.collect();
+    if !keyed.is_empty() {
+        tasks::advance_fair_clock::<DB>(w.conn(), keyed).await?;
+    }
     Ok(outcomes)
 }
 
@@ -243,6 +263,10 @@ pub(crate) fn grantable_task<DB: SqlDb>(row: &DB::Row) -> Result<GrantableTask> 
         not_before_ms: cols.get("not_before_ms")?,
         fencing_token: cols.get("fencing_token")?,
         lease_ttl_ms: cols.get("lease_ttl_ms")?,
+        namespace: cols.get("namespace")?,
+        concurrency_key: cols.get("concurrency_key")?,
+        priority: cols.get("priority")?,
+        fair_rank: cols.get("fair_rank")?,
     })
 }
 

@@ -12,21 +12,26 @@
 //! appends the task's history in the same transaction.
 //!
 //! Lock order, to keep PostgreSQL free of deadlocks: grants lock agent rows
-//! (sorted by id) and then skip task rows that are locked; every other
-//! transition locks task rows (in task id order within a batch), then lease
-//! rows, and never agent rows: an agent's load is the count of its live
-//! leases, so final reports and grants never queue on one agent row.
+//! (sorted by id) and then skip task rows that are locked, and after the
+//! agents the concurrency limits they count against (key rows in key
+//! order, then namespaces' advisory locks); every other transition locks
+//! task rows (in task id order within a batch), then lease rows, and never
+//! agent rows or limits: an agent's load is the count of its live leases,
+//! and a limit's the count of its running tasks, so final reports and
+//! grants never queue on one agent row.
 //!
 //! # Layout
 //! - `db`: the sqlx bounds the shared SQL needs ([`db::SqlDb`]).
 //! - `rows`: column lists and decoding of records.
 //! - `tasks`, `leases`, `reports`, `agents`, `tokens`, `history`: the
-//!   shared SQL of each aggregate.
+//!   shared SQL of each aggregate; `limits`: concurrency limits, checked
+//!   where grants are written.
 
 pub(crate) mod agents;
 pub(crate) mod db;
 pub(crate) mod history;
 pub(crate) mod leases;
+pub(crate) mod limits;
 pub(crate) mod reports;
 pub(crate) mod rows;
 pub(crate) mod tasks;
@@ -46,9 +51,9 @@ use super::{AgentStore, LeaseStore, ReportedDocument, Store, StoreOptions, TaskS
 use crate::error::Result;
 use crate::model::{
     AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
-    GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, Page, ParkedPlacement, QueueCursor,
-    ReportApplied, RevocationCause, StoreEvent, Submission, Submitted, TaskEventRecord, TaskFilter,
-    TaskRecord, TaskState, TokenRecord,
+    GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, LimitUsage, Page, ParkedPlacement,
+    QueueCursor, ReportApplied, RevocationCause, StoreEvent, Submission, Submitted,
+    TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
 };
 
 /// The statements that differ between the two databases, each written out
@@ -72,6 +77,13 @@ pub trait Dialect: SqlDb {
     const QUEUE_AFTER: &'static str;
     /// As [`Dialect::QUEUE_HEAD`], below the cursor's priority (`$5`).
     const QUEUE_BELOW: &'static str;
+    /// A concurrency key's limit (`max_running`; namespace `$1`, key `$2`),
+    /// its row locked for the rest of the transaction where the database
+    /// can.
+    const LOCK_LIMIT_KEY: &'static str;
+    /// Locks a namespace's limit of running tasks (namespace `$1`) for the
+    /// rest of the transaction; `None` where one writer needs no lock.
+    const LOCK_NAMESPACE: Option<&'static str>;
 }
 
 /// A write transaction and the events to announce once it commits.
@@ -146,10 +158,11 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
     async fn submit_many(
         &self,
         submissions: &[Submission],
+        options: &StoreOptions,
         now_ms: i64,
     ) -> Result<Vec<Result<Submitted>>> {
         let mut w = self.begin().await?;
-        let out = tasks::submit_rows(&mut w, submissions, now_ms).await?;
+        let out = tasks::submit_rows(&mut w, submissions, options, now_ms).await?;
         self.commit(w).await?;
         Ok(out)
     }
@@ -158,9 +171,10 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
         &self,
         w: &mut Write<Self::Db>,
         requests: &[GrantRequest],
+        options: &StoreOptions,
         now_ms: i64,
     ) -> Result<Vec<GrantOutcome>> {
-        leases::grant_rows(w, requests, now_ms).await
+        leases::grant_rows(w, requests, options.max_running_per_namespace, now_ms).await
     }
     /// Final reports inside `w` (see [`LeaseStore::complete_leases`]).
     async fn complete(
@@ -248,7 +262,9 @@ impl<B: Backend> TaskStore for SqlStore<B> {
         submissions: &[Submission],
         now_ms: i64,
     ) -> Result<Vec<Result<Submitted>>> {
-        self.backend.submit_many(submissions, now_ms).await
+        self.backend
+            .submit_many(submissions, &self.options, now_ms)
+            .await
     }
 
     async fn get_task(&self, task_id: Uuid) -> Result<TaskRecord> {
@@ -318,6 +334,28 @@ impl<B: Backend> TaskStore for SqlStore<B> {
             .await
     }
 
+    async fn set_concurrency_limit(
+        &self,
+        namespace: &str,
+        key: &str,
+        limit: u32,
+        now_ms: i64,
+    ) -> Result<()> {
+        self.write(|w, _| Box::pin(limits::set_limit(w, namespace, key, limit, now_ms)))
+            .await
+    }
+
+    async fn concurrency_limit(&self, namespace: &str, key: &str) -> Result<Option<u32>> {
+        self.read(|c, _| Box::pin(limits::limit_of::<B::Db>(c, namespace, key)))
+            .await
+    }
+
+    async fn limit_usage(&self, namespace: &str, key: Option<&str>) -> Result<LimitUsage> {
+        let per_namespace = self.options.max_running_per_namespace;
+        self.read(|c, _| Box::pin(limits::usage::<B::Db>(c, namespace, key, per_namespace)))
+            .await
+    }
+
     async fn count_tasks(&self) -> Result<Vec<(String, TaskState, u64)>> {
         self.read(|c, _| Box::pin(tasks::count_live::<B::Db>(c)))
             .await
@@ -339,8 +377,8 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let backend = &self.backend;
-        self.write(|w, _| Box::pin(backend.grant(w, requests, now_ms)))
+        let (backend, options) = (&self.backend, &self.options);
+        self.write(|w, _| Box::pin(backend.grant(w, requests, options, now_ms)))
             .await
     }
 

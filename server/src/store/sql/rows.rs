@@ -24,7 +24,7 @@ pub(crate) const TASK_SELECT: &str = "SELECT t.id, t.namespace, t.kind, t.payloa
     t.not_before_ms, t.result, t.error, t.fencing_token, t.lease_id, t.agent_id, \
     l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, t.progress, t.labels, \
     t.retry, t.start_timeout_ms, t.execution_timeout_ms, t.cancel_grace_ms, t.cancel_deadline_ms, \
-    t.fairness_key, t.fairness_weight, t.created_at_ms + t.fair_offset AS queue_rank, \
+    t.fairness_key, t.fairness_weight, t.created_at_ms + t.fair_offset AS queue_rank, t.concurrency_key, \
     t.created_at_ms, t.updated_at_ms \
     FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id ";
 
@@ -98,6 +98,7 @@ pub(crate) fn task<DB: SqlDb>(row: &DB::Row) -> Result<TaskRecord> {
             cols.get::<Option<i64>>("fairness_weight")?,
         ),
         queue_rank: cols.get("queue_rank")?,
+        concurrency_key: cols.get("concurrency_key")?,
         lease_ttl_ms: cols.get("lease_ttl_ms")?,
         idempotency_key: cols.get("idempotency_key")?,
         not_before_ms: cols.get("not_before_ms")?,

@@ -12,6 +12,7 @@ use crate::model::{
     GrantOutcome, GrantRequest, LeaseRecord, NewTask, Page, ParkedPlacement, QueueCursor,
     StoreEvent, Submission, Submitted, TaskFilter, TaskRecord, TaskState,
 };
+use crate::store::StoreOptions;
 use crate::store::plan::{db, parse_task_cursor, task_cursor, to_u64};
 
 const BY_ID: &str = const_format::concatcp!(TASK_SELECT, "WHERE t.id = $1");
@@ -95,9 +96,10 @@ pub(crate) async fn by_key<DB: SqlDb>(
 const INSERT: &str = "INSERT INTO tasks (id, namespace, kind, payload, placement, priority, \
     state, attempts, max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, \
     fencing_token, cancel_requested, labels, retry, start_timeout_ms, execution_timeout_ms, \
-    cancel_grace_ms, fairness_key, fairness_weight, fair_offset, created_at_ms, updated_at_ms) \
+    cancel_grace_ms, fairness_key, fairness_weight, fair_offset, concurrency_key, created_at_ms, \
+    updated_at_ms) \
     VALUES ($1, $2, $3, $4, $5, $6, 'queued', 0, $7, $8, $9, $10, 0, FALSE, $11, $12, $13, $14, \
-    $15, $16, $17, $18, $19, $19) \
+    $15, $16, $17, $18, $19, $20, $20) \
     ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING";
 
 /// Submits one task in `w`: the stored task, and whether it was created
@@ -118,8 +120,8 @@ pub(crate) async fn submit<DB: SqlDb>(
     // transaction that inserts, so every keyed task's rank is exact.
     let fair_offset = match &task.fairness {
         Some(fairness) => {
-            let (last, head) = fair_marks::<DB>(w.conn(), task, &fairness.key).await?;
-            fairness.next_rank(last, head, now_ms) - now_ms
+            let marks = fair_marks::<DB>(w.conn(), task, &fairness.key).await?;
+            fairness.next_rank(marks.last, marks.head, marks.clock, now_ms) - now_ms
         }
         None => 0,
     };
@@ -142,6 +144,7 @@ pub(crate) async fn submit<DB: SqlDb>(
         .opt_text(task.fairness.as_ref().map(|f| f.key.as_str()))
         .arg(task.fairness.as_ref().map(|f| i64::from(f.weight)))
         .arg(fair_offset)
+        .opt_text(task.concurrency_key.as_deref())
         .arg(now_ms)
         .run(w.conn())
         .await
@@ -159,24 +162,26 @@ pub(crate) async fn submit<DB: SqlDb>(
     Ok((record, true))
 }
 
-/// The rank of a key's last waiting task and of the first waiting keyed
-/// task of the namespace and priority, through the partial indexes of keyed
-/// waiting tasks (their expressions written as the indexes').
+/// The rank of a key's last waiting task, of the first waiting keyed task
+/// of the namespace and priority (through the partial indexes of keyed
+/// waiting tasks, their expressions written as the indexes'), and their
+/// fair clock.
 const FAIR_MARKS: &str = "SELECT \
     (SELECT MAX(created_at_ms + fair_offset) FROM tasks WHERE state = 'queued' \
      AND fairness_key IS NOT NULL AND namespace = $1 AND priority = $2 AND fairness_key = $3) \
      AS last_rank, \
     (SELECT MIN(created_at_ms + fair_offset) FROM tasks WHERE state = 'queued' \
-     AND fairness_key IS NOT NULL AND namespace = $1 AND priority = $2) AS head_rank";
+     AND fairness_key IS NOT NULL AND namespace = $1 AND priority = $2) AS head_rank, \
+    (SELECT rank FROM fair_clock WHERE namespace = $1 AND priority = $2) AS clock_rank";
 
 /// Where a keyed task's rank starts from (see [`Fairness::next_rank`]):
-/// the rank of its key's last waiting task, and of the first waiting keyed
-/// task of its namespace and priority.
+/// the rank of its key's last waiting task, of the first waiting keyed
+/// task of its namespace and priority, and their fair clock.
 pub(crate) async fn fair_marks<DB: SqlDb>(
     conn: &mut DB::Connection,
     task: &NewTask,
     key: &str,
-) -> Result<(Option<i64>, Option<i64>)> {
+) -> Result<FairMarks> {
     const CONTEXT: &str = "reading a fairness key's place";
     let row = query::<DB>(FAIR_MARKS)
         .text(&task.namespace)
@@ -186,10 +191,54 @@ pub(crate) async fn fair_marks<DB: SqlDb>(
         .await
         .map_err(db(CONTEXT))?;
     let Some(row) = row else {
-        return Ok((None, None));
+        return Ok(FairMarks::default());
     };
     let cols = Cols::<DB>::new(&row, CONTEXT);
-    Ok((cols.get("last_rank")?, cols.get("head_rank")?))
+    Ok(FairMarks {
+        last: cols.get("last_rank")?,
+        head: cols.get("head_rank")?,
+        clock: cols.get("clock_rank")?,
+    })
+}
+
+/// What a keyed task's rank is reckoned from (see [`fair_marks`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FairMarks {
+    /// The rank of the key's last waiting task.
+    pub last: Option<i64>,
+    /// The rank of the first waiting keyed task of the namespace and
+    /// priority.
+    pub head: Option<i64>,
+    /// Their fair clock: the rank of the last keyed task granted.
+    pub clock: Option<i64>,
+}
+
+const ADVANCE_FAIR_CLOCK: &str = "INSERT INTO fair_clock (namespace, priority, rank) \
+    VALUES ($1, $2, $3) ON CONFLICT (namespace, priority) DO UPDATE SET rank = \
+    CASE WHEN excluded.rank > fair_clock.rank THEN excluded.rank ELSE fair_clock.rank END";
+
+/// Moves the fair clocks forward to the ranks of keyed tasks just granted
+/// (namespace, priority, rank; one statement per namespace and priority,
+/// in order).
+pub(crate) async fn advance_fair_clock<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    granted: impl IntoIterator<Item = (String, i32, i64)>,
+) -> Result<()> {
+    let mut latest: std::collections::BTreeMap<(String, i32), i64> = Default::default();
+    for (namespace, priority, rank) in granted {
+        let at = latest.entry((namespace, priority)).or_insert(rank);
+        *at = (*at).max(rank);
+    }
+    for ((namespace, priority), rank) in latest {
+        query::<DB>(ADVANCE_FAIR_CLOCK)
+            .text(&namespace)
+            .arg(priority)
+            .arg(rank)
+            .run(conn)
+            .await
+            .map_err(db("advancing the fair clock"))?;
+    }
+    Ok(())
 }
 
 /// A batch of submits in `w`, row by row: a refused task is answered on
@@ -200,6 +249,7 @@ pub(crate) async fn fair_marks<DB: SqlDb>(
 pub(crate) async fn submit_rows<DB: Dialect>(
     w: &mut Write<DB>,
     submissions: &[Submission],
+    options: &StoreOptions,
     now_ms: i64,
 ) -> Result<Vec<Result<Submitted>>> {
     let mut out: Vec<Result<Submitted>> = Vec::with_capacity(submissions.len());
@@ -220,7 +270,8 @@ pub(crate) async fn submit_rows<DB: Dialect>(
     if requests.is_empty() {
         return Ok(out);
     }
-    let outcomes = leases::grant_rows(w, &requests, now_ms).await?;
+    let outcomes =
+        leases::grant_rows(w, &requests, options.max_running_per_namespace, now_ms).await?;
     for (i, outcome) in requested_by.into_iter().zip(outcomes) {
         let Some(Ok((record, _, grant))) = out.get_mut(i) else {
             continue;

@@ -220,6 +220,13 @@ export declare type Task = Message<"switchyard.v1.Task"> & {
    * @generated from field: uint32 fairness_weight = 28;
    */
   fairnessWeight: number;
+
+  /**
+   * The task's concurrency key (see SubmitTaskRequest); empty if none.
+   *
+   * @generated from field: string concurrency_key = 29;
+   */
+  concurrencyKey: string;
 };
 
 /**
@@ -586,6 +593,15 @@ export enum QueuedReason {
    * @generated from enum value: QUEUED_REASON_BACKOFF = 3;
    */
   BACKOFF = 3,
+
+  /**
+   * Capable agents may have room, but the task's concurrency key, or its
+   * namespace (`--max-running-tasks-per-namespace`), already has its limit
+   * of tasks running; ExplainTask says which limit and how full it is.
+   *
+   * @generated from enum value: QUEUED_REASON_CONCURRENCY_LIMIT = 4;
+   */
+  CONCURRENCY_LIMIT = 4,
 }
 
 /**

@@ -152,6 +152,25 @@ export declare type SubmitTaskRequest = Message<"switchyard.v1.SubmitTaskRequest
    * @generated from field: uint32 fairness_weight = 16;
    */
   fairnessWeight: number;
+
+  /**
+   * At most the key's limit of tasks with this key are LEASED or RUNNING
+   * at once in the namespace (a build per branch, one deploy per
+   * environment; at most 256 bytes), across every replica; the others wait
+   * QUEUED with QUEUED_REASON_CONCURRENCY_LIMIT. Empty: none.
+   *
+   * @generated from field: string concurrency_key = 17;
+   */
+  concurrencyKey: string;
+
+  /**
+   * Sets the key's limit, from 1 to 10000, for every task of the key from
+   * now on. 0 keeps the limit the key has; a key that never had one needs
+   * it. Only with a `concurrency_key`.
+   *
+   * @generated from field: uint32 concurrency_limit = 18;
+   */
+  concurrencyLimit: number;
 };
 
 /**

@@ -1,4 +1,4 @@
--- Deadlines and fair share, all opt-in. Deadlines (NULL: none): a task's start timeout (it must be
+-- Deadlines, fair share and concurrency limits, all opt-in. Deadlines (NULL: none): a task's start timeout (it must be
 -- granted within this long of becoming due, which is its not_before_ms
 -- while queued), execution timeout (the longest an attempt may hold its
 -- lease, from the grant) and cancel grace, with the deadline a cancel set;
@@ -35,3 +35,25 @@ CREATE INDEX tasks_fair_last ON tasks (namespace, priority, fairness_key, (creat
     WHERE state = 'queued' AND fairness_key IS NOT NULL;
 CREATE INDEX tasks_fair_head ON tasks (namespace, priority, (created_at_ms + fair_offset))
     WHERE state = 'queued' AND fairness_key IS NOT NULL;
+-- The fair clock of each namespace and priority: the rank of the last keyed
+-- task granted there (a newcomer key starts no earlier).
+CREATE TABLE fair_clock (
+    namespace TEXT    NOT NULL,
+    priority  INTEGER NOT NULL,
+    rank      INTEGER NOT NULL,
+    PRIMARY KEY (namespace, priority)
+);
+
+-- Concurrency limits: a task's concurrency key (NULL: none) and each key's
+-- limit of running tasks, counted from the key's LEASED and RUNNING tasks
+-- through a partial index (one writer: no lock needed).
+ALTER TABLE tasks ADD COLUMN concurrency_key TEXT;
+CREATE INDEX tasks_running_by_key ON tasks (namespace, concurrency_key)
+    WHERE concurrency_key IS NOT NULL AND state IN ('leased', 'running');
+CREATE TABLE concurrency_keys (
+    namespace     TEXT    NOT NULL,
+    key           TEXT    NOT NULL,
+    max_running   INTEGER NOT NULL CHECK (max_running >= 1),
+    updated_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (namespace, key)
+);
