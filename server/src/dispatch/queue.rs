@@ -88,6 +88,11 @@ impl QueueState {
         self.limited.insert(limit, now_ms);
     }
 
+    /// Whether no limit was found full since the last lease ended.
+    pub(super) fn holds_none(&self) -> bool {
+        self.limited.is_empty()
+    }
+
     /// Whether a limit found full lately holds `task` back.
     pub(super) fn held_by_limit(&self, task: &TaskRecord, now_ms: i64) -> bool {
         if self.limited.is_empty() {

@@ -251,10 +251,21 @@ impl Dispatcher {
         let mut picked: Vec<&TaskRecord> = Vec::new();
         let mut outcome = PageOutcome::default();
         let failed = self.failed_agents(tasks).await?;
+        // Tasks whose concurrency limit was full when last tried, no lease
+        // having ended since (read once for the page): they wait, not parked.
+        let held: Vec<bool> = {
+            let state = self.state();
+            if state.queue.holds_none() {
+                Vec::new()
+            } else {
+                tasks
+                    .iter()
+                    .map(|t| state.queue.held_by_limit(t, now))
+                    .collect()
+            }
+        };
         for (i, task) in tasks.iter().enumerate() {
-            if self.state().queue.held_by_limit(task, now) {
-                // Its concurrency limit was full when last tried, and no
-                // lease ended since: it waits, not parked.
+            if held.get(i).copied().unwrap_or(false) {
                 outcome.first_live.get_or_insert(i);
                 continue;
             }

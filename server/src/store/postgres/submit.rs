@@ -228,25 +228,10 @@ pub(super) async fn submit_batch(
         };
         out[slot] = Some(Ok(answer));
     }
-    // Keyed tasks leased on the way in move their fair clocks on, as a
-    // dispatch round's grants do.
-    let leased_keyed = rows.slot.iter().enumerate().filter_map(|(row, &slot)| {
-        let task = &submissions[slot].task;
-        let leased = inserted
-            .get(&rows.ids[row])
-            .is_some_and(|(leased, _)| *leased);
-        (leased && task.fairness.is_some()).then(|| {
-            (
-                task.namespace.clone(),
-                task.priority,
-                now_ms + rows.fair_offsets[row],
-            )
-        })
-    });
-    let leased_keyed: Vec<_> = leased_keyed.collect();
-    if !leased_keyed.is_empty() {
-        tasks::advance_fair_clock::<Postgres>(&mut conn, leased_keyed).await?;
-    }
+    // Keyed tasks leased on the way in leave the fair clock alone: one is
+    // leased so only while nothing waits, when the clock decides nothing,
+    // and a statement more (and its row lock) would be on every submit's
+    // way.
     Ok((out.into_iter().flatten().collect(), events))
 }
 
