@@ -10,7 +10,9 @@
 //!   its history, and how the queue is read.
 //! - [`lease`]: a lease's life ([`LeaseState`], [`LeaseEnd`]), grants,
 //!   lease reports and their outcomes, why the server revokes
-//!   ([`RevocationCause`]), and the retry backoff ([`RetryPolicy`]).
+//!   ([`RevocationCause`]).
+//! - [`backoff`]: the waits before a task is offered again (a busy
+//!   release's, a failed attempt's [`RetryPolicy`]).
 //! - [`agent`]: an agent's record and status, registration, heartbeats.
 //! - [`token`]: bearer token records and [`Role`]s.
 //! - [`event`]: [`StoreEvent`], the wake-ups every replica hears.
@@ -18,6 +20,7 @@
 //!   [`UnknownState`] for a name the code does not know.
 
 pub mod agent;
+pub mod backoff;
 pub mod event;
 pub mod lease;
 pub mod names;
@@ -25,13 +28,15 @@ pub mod task;
 pub mod token;
 
 pub use agent::{AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, DocumentWrite};
+pub use backoff::{
+    DEFAULT_BACKOFF_BASE_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MULTIPLIER, MAX_BACKOFF_MS,
+    MAX_RETRY_MULTIPLIER, RetryPolicy, release_backoff_ms,
+};
 pub use event::{EndedLease, StoreEvent};
 pub use lease::{
-    Completion, CompletionOutcome, CompletionResult, DEFAULT_BACKOFF_BASE_MS, DEFAULT_MAX_RELEASES,
-    DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MULTIPLIER, GrantOutcome, GrantRefusal, GrantRequest,
-    LeaseEnd, LeaseRecord, LeaseReport, LeaseState, MAX_BACKOFF_MS, MAX_RETRY_MULTIPLIER,
-    ReleaseCause, ReportApplied, ReportKind, RetryPolicy, RevocationCause, Submission, Submitted,
-    release_backoff_ms,
+    Completion, CompletionOutcome, CompletionResult, DEFAULT_MAX_RELEASES, GrantOutcome,
+    GrantRefusal, GrantRequest, LeaseEnd, LeaseRecord, LeaseReport, LeaseState, ReleaseCause,
+    ReportApplied, ReportKind, RevocationCause, Submission, Submitted,
 };
 pub use names::{StoredName, UnknownState};
 pub use task::{

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::lease::RetryPolicy;
+use super::backoff::RetryPolicy;
 use super::names::{StoredName, display};
 
 /// Where a task is in its life (`TaskState` in task.proto).

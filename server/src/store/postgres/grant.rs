@@ -192,7 +192,7 @@ pub(super) async fn grant(
         })
         .collect();
     if !keyed.is_empty() {
-        crate::store::sql::tasks::advance_fair_clock::<Postgres>(w.conn(), keyed).await?;
+        crate::store::sql::fair::advance_fair_clock::<Postgres>(w.conn(), keyed).await?;
     }
     Ok(plan
         .into_iter()

@@ -14,7 +14,7 @@ use crate::model::{
     TaskRecord, TaskState,
 };
 use crate::store::plan::db;
-use crate::store::sql::tasks;
+use crate::store::sql::{fair, tasks};
 use switchyard_core::resources::Claim;
 
 /// One batch of submits in one round trip, autocommitted: the function of
@@ -279,7 +279,7 @@ async fn fair_offsets(
         let key_last = match last.get(&key) {
             Some(known) => *known,
             None => {
-                let marks = tasks::fair_marks::<Postgres>(conn, task, &fairness.key).await?;
+                let marks = fair::fair_marks::<Postgres>(conn, task, &fairness.key).await?;
                 let known = head.entry(at).or_insert((marks.head, marks.clock));
                 if known.0.is_none() {
                     known.0 = marks.head;

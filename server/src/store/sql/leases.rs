@@ -11,7 +11,7 @@ use super::db::{Cols, SqlDb, StatementExt, built, placeholders, query};
 use super::history::{self, Entry};
 use super::rows::{self, LEASE_COLUMNS};
 use super::tasks::{self, Settlement};
-use super::{Dialect, Write, limits};
+use super::{Dialect, Write, fair, limits};
 use crate::error::{Error, Result};
 use crate::model::{
     EndedLease, GrantOutcome, GrantRefusal, GrantRequest, LeaseEnd, LeaseRecord, LeaseState,
@@ -249,7 +249,7 @@ pub(crate) async fn grant_rows<DB: Dialect>(
     });
     let keyed: Vec<_> = keyed.collect();
     if !keyed.is_empty() {
-        tasks::advance_fair_clock::<DB>(w.conn(), keyed).await?;
+        fair::advance_fair_clock::<DB>(w.conn(), keyed).await?;
     }
     Ok(outcomes)
 }

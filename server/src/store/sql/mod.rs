@@ -25,10 +25,11 @@
 //! - `rows`: column lists and decoding of records.
 //! - `tasks`, `leases`, `reports`, `agents`, `tokens`, `history`: the
 //!   shared SQL of each aggregate; `limits`: concurrency limits, checked
-//!   where grants are written.
+//!   where grants are written; `fair`: fair share's ranks and clock.
 
 pub(crate) mod agents;
 pub(crate) mod db;
+pub(crate) mod fair;
 pub(crate) mod history;
 pub(crate) mod leases;
 pub(crate) mod limits;

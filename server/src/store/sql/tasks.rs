@@ -3,10 +3,10 @@
 
 use uuid::Uuid;
 
-use super::db::{Cols, SqlDb, StatementExt, built, placeholders, query};
+use super::db::{SqlDb, StatementExt, built, placeholders, query};
 use super::history::{self, Entry};
 use super::rows::{self, TASK_SELECT};
-use super::{Dialect, Write, leases};
+use super::{Dialect, Write, fair, leases};
 use crate::error::{Error, Result};
 use crate::model::{
     GrantOutcome, GrantRequest, LeaseRecord, NewTask, Page, ParkedPlacement, QueueCursor,
@@ -120,7 +120,7 @@ pub(crate) async fn submit<DB: SqlDb>(
     // transaction that inserts, so every keyed task's rank is exact.
     let fair_offset = match &task.fairness {
         Some(fairness) => {
-            let marks = fair_marks::<DB>(w.conn(), task, &fairness.key).await?;
+            let marks = fair::fair_marks::<DB>(w.conn(), task, &fairness.key).await?;
             fairness.next_rank(marks.last, marks.head, marks.clock, now_ms) - now_ms
         }
         None => 0,
@@ -160,85 +160,6 @@ pub(crate) async fn submit<DB: SqlDb>(
     let record = must_fetch::<DB>(w.conn(), id).await?;
     w.announce(StoreEvent::queued(&record, record.not_before_ms));
     Ok((record, true))
-}
-
-/// The rank of a key's last waiting task, of the first waiting keyed task
-/// of the namespace and priority (through the partial indexes of keyed
-/// waiting tasks, their expressions written as the indexes'), and their
-/// fair clock.
-const FAIR_MARKS: &str = "SELECT \
-    (SELECT MAX(created_at_ms + fair_offset) FROM tasks WHERE state = 'queued' \
-     AND fairness_key IS NOT NULL AND namespace = $1 AND priority = $2 AND fairness_key = $3) \
-     AS last_rank, \
-    (SELECT MIN(created_at_ms + fair_offset) FROM tasks WHERE state = 'queued' \
-     AND fairness_key IS NOT NULL AND namespace = $1 AND priority = $2) AS head_rank, \
-    (SELECT rank FROM fair_clock WHERE namespace = $1 AND priority = $2) AS clock_rank";
-
-/// Where a keyed task's rank starts from (see [`Fairness::next_rank`]):
-/// the rank of its key's last waiting task, of the first waiting keyed
-/// task of its namespace and priority, and their fair clock.
-pub(crate) async fn fair_marks<DB: SqlDb>(
-    conn: &mut DB::Connection,
-    task: &NewTask,
-    key: &str,
-) -> Result<FairMarks> {
-    const CONTEXT: &str = "reading a fairness key's place";
-    let row = query::<DB>(FAIR_MARKS)
-        .text(&task.namespace)
-        .arg(task.priority)
-        .text(key)
-        .optional(conn)
-        .await
-        .map_err(db(CONTEXT))?;
-    let Some(row) = row else {
-        return Ok(FairMarks::default());
-    };
-    let cols = Cols::<DB>::new(&row, CONTEXT);
-    Ok(FairMarks {
-        last: cols.get("last_rank")?,
-        head: cols.get("head_rank")?,
-        clock: cols.get("clock_rank")?,
-    })
-}
-
-/// What a keyed task's rank is reckoned from (see [`fair_marks`]).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct FairMarks {
-    /// The rank of the key's last waiting task.
-    pub last: Option<i64>,
-    /// The rank of the first waiting keyed task of the namespace and
-    /// priority.
-    pub head: Option<i64>,
-    /// Their fair clock: the rank of the last keyed task granted.
-    pub clock: Option<i64>,
-}
-
-const ADVANCE_FAIR_CLOCK: &str = "INSERT INTO fair_clock (namespace, priority, rank) \
-    VALUES ($1, $2, $3) ON CONFLICT (namespace, priority) DO UPDATE SET rank = \
-    CASE WHEN excluded.rank > fair_clock.rank THEN excluded.rank ELSE fair_clock.rank END";
-
-/// Moves the fair clocks forward to the ranks of keyed tasks just granted
-/// (namespace, priority, rank; one statement per namespace and priority,
-/// in order).
-pub(crate) async fn advance_fair_clock<DB: SqlDb>(
-    conn: &mut DB::Connection,
-    granted: impl IntoIterator<Item = (String, i32, i64)>,
-) -> Result<()> {
-    let mut latest: std::collections::BTreeMap<(String, i32), i64> = Default::default();
-    for (namespace, priority, rank) in granted {
-        let at = latest.entry((namespace, priority)).or_insert(rank);
-        *at = (*at).max(rank);
-    }
-    for ((namespace, priority), rank) in latest {
-        query::<DB>(ADVANCE_FAIR_CLOCK)
-            .text(&namespace)
-            .arg(priority)
-            .arg(rank)
-            .run(conn)
-            .await
-            .map_err(db("advancing the fair clock"))?;
-    }
-    Ok(())
 }
 
 /// A batch of submits in `w`, row by row: a refused task is answered on
