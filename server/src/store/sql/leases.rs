@@ -371,6 +371,9 @@ struct Reclaim {
     fails_as: Option<&'static str>,
     /// Why, for the history.
     reason: &'static str,
+    /// What its holder is told, through every replica's events; `None`
+    /// for an expiry, which the holder's replica tells from `LeaseEnded`.
+    revoked_as: Option<RevocationCause>,
 }
 
 const EXPIRED: Reclaim = Reclaim {
@@ -380,6 +383,7 @@ const EXPIRED: Reclaim = Reclaim {
     requeued_as: "lease_expired",
     fails_as: None,
     reason: "the lease expired",
+    revoked_as: None,
 };
 
 const UNACKNOWLEDGED: Reclaim = Reclaim {
@@ -389,6 +393,7 @@ const UNACKNOWLEDGED: Reclaim = Reclaim {
     requeued_as: "released",
     fails_as: None,
     reason: "the agent never acknowledged the lease",
+    revoked_as: Some(RevocationCause::Unacknowledged),
 };
 
 const TIMED_OUT: Reclaim = Reclaim {
@@ -398,6 +403,7 @@ const TIMED_OUT: Reclaim = Reclaim {
     requeued_as: "timed_out",
     fails_as: Some("timeout"),
     reason: "the attempt ran past its execution timeout",
+    revoked_as: Some(RevocationCause::Timeout),
 };
 
 const CANCEL_GRACE: Reclaim = Reclaim {
@@ -407,6 +413,7 @@ const CANCEL_GRACE: Reclaim = Reclaim {
     requeued_as: "released",
     fails_as: None,
     reason: "the cancel's grace ran out",
+    revoked_as: Some(RevocationCause::Canceled),
 };
 
 const DRAIN_DEADLINE: Reclaim = Reclaim {
@@ -416,6 +423,7 @@ const DRAIN_DEADLINE: Reclaim = Reclaim {
     requeued_as: "revoked",
     fails_as: None,
     reason: "the agent's drain deadline passed",
+    revoked_as: Some(RevocationCause::DrainDeadline),
 };
 
 const COUNT_LOST: &str =
@@ -552,8 +560,8 @@ async fn count_lost<DB: SqlDb>(w: &mut Write<DB>, task_id: Uuid) -> Result<i64> 
     }
 }
 
-/// The lease and task as a reclaim left them, with the revocation of a
-/// grant never acknowledged announced.
+/// The lease and task as a reclaim left them, with the revocation
+/// announced to the holder's replica.
 async fn reclaimed<DB: SqlDb>(
     w: &mut Write<DB>,
     lease_id: Uuid,
@@ -561,16 +569,7 @@ async fn reclaimed<DB: SqlDb>(
     how: Reclaim,
     agent_id: Uuid,
 ) -> Result<Option<(LeaseRecord, TaskRecord)>> {
-    let cause = match how.ended_by {
-        LeaseEnd::Unacknowledged => Some(RevocationCause::Unacknowledged),
-        LeaseEnd::TimedOut => Some(RevocationCause::Timeout),
-        LeaseEnd::Revoked if how.requeued_as == DRAIN_DEADLINE.requeued_as => {
-            Some(RevocationCause::DrainDeadline)
-        }
-        LeaseEnd::Revoked => Some(RevocationCause::Canceled),
-        _ => None,
-    };
-    if let Some(cause) = cause {
+    if let Some(cause) = how.revoked_as {
         w.announce(StoreEvent::LeaseRevoked {
             lease_id,
             task_id,
@@ -689,19 +688,20 @@ pub(crate) async fn reclaim_overdue<DB: Dialect>(
         };
         let task = tasks::lock(w, lease.task_id).await?;
         let passed = |deadline: Option<i64>| deadline.is_some_and(|at| at <= now_ms);
-        let (how, cause) = if task.cancel_requested && passed(task.cancel_deadline_ms) {
-            (CANCEL_GRACE, RevocationCause::Canceled)
+        let how = if task.cancel_requested && passed(task.cancel_deadline_ms) {
+            CANCEL_GRACE
         } else if passed(
             task.deadlines
                 .execution_timeout_ms
                 .map(|t| lease.granted_at_ms.saturating_add(t)),
         ) {
-            (TIMED_OUT, RevocationCause::Timeout)
+            TIMED_OUT
         } else if passed(drain_deadline_of::<DB>(w, lease.agent_id).await?) {
-            (DRAIN_DEADLINE, RevocationCause::DrainDeadline)
+            DRAIN_DEADLINE
         } else {
             continue;
         };
+        let cause = how.revoked_as.unwrap_or(RevocationCause::Canceled);
         if let Some((lease, task)) = reclaim(w, lease_id, how, options, now_ms).await? {
             w.announce(StoreEvent::LeaseEnded {
                 agent_id: lease.agent_id,
