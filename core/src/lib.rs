@@ -12,7 +12,10 @@
 //!   matching understands (`os`, `tags`, `software.<tool>`, `memory`, `provides.<name>`, ...).
 //! - [`tier`]: the base → static → dynamic → override → operator merge (RFC 7386), with
 //!   per-leaf provenance and a rejection channel; the operator tier merged over an agent's own.
-//! - [`redact`]: replacing values under sensitive-looking keys with [`redact::MARKER`].
+//! - [`redact`]: replacing values under sensitive-looking keys, or holding a secret of a known
+//!   shape, with [`redact::MARKER`].
+//! - [`secrets`]: the known shapes of secrets (cloud and forge tokens, JWTs, private keys,
+//!   passwords in URLs, `Bearer` credentials), and their redaction from free text.
 //! - [`diff`]: RFC 6902 JSON Patch between generations, generation-checked application, and
 //!   whether a change touched only volatile facts (free memory, load).
 //! - [`version`]: lenient version parsing (`v18.2`, `1.95.0-nightly`) and version ranges.
@@ -45,6 +48,7 @@ pub mod pack;
 pub mod placement;
 pub mod redact;
 pub mod resources;
+pub mod secrets;
 pub mod selector;
 pub mod tier;
 pub mod version;

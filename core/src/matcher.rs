@@ -336,6 +336,15 @@ impl Verdict {
             .map(ToString::to_string)
             .unwrap_or_default()
     }
+
+    /// [`Verdict::reason_text`] without the agent's values (see
+    /// [`crate::placement::Unmet::without_agent_values`]), for callers who may not read agents.
+    pub fn reason_text_without_agent_values(&self) -> String {
+        match &self.reason {
+            Some(Ineligibility::Unmet(unmet)) => unmet.without_agent_values().to_string(),
+            _ => self.reason_text(),
+        }
+    }
 }
 
 /// Evaluates one agent for a task of `namespace`. The verdict's rank is 0.

@@ -577,6 +577,60 @@ impl fmt::Display for Unmet {
 }
 
 impl Unmet {
+    /// The same verdict without the agent's values (its value for a requirement, the version or
+    /// unhealthy reason of a capability, what a JSON Schema keyword found), each shown as
+    /// [`crate::redact::MARKER`]: for callers who may see tasks but not agents. What the task
+    /// wanted, the keyword and the path stay.
+    pub fn without_agent_values(&self) -> Unmet {
+        let hidden = || crate::redact::MARKER.to_owned();
+        match self {
+            Unmet::Requirement {
+                index,
+                key,
+                operator,
+                wanted,
+                actual,
+                note: _,
+            } => Unmet::Requirement {
+                index: *index,
+                key: key.clone(),
+                operator: *operator,
+                wanted: wanted.clone(),
+                actual: actual.as_ref().map(|_| Value::String(hidden())),
+                note: None,
+            },
+            Unmet::Capability {
+                capability,
+                problem,
+            } => Unmet::Capability {
+                capability: capability.clone(),
+                problem: match problem {
+                    CapabilityProblem::WrongMajor { have: Some(_) } => {
+                        CapabilityProblem::WrongMajor {
+                            have: Some(hidden()),
+                        }
+                    }
+                    CapabilityProblem::Unhealthy { reason: Some(_) } => {
+                        CapabilityProblem::Unhealthy {
+                            reason: Some(hidden()),
+                        }
+                    }
+                    other => other.clone(),
+                },
+            },
+            Unmet::Schema {
+                instance_path,
+                keyword,
+                message: _,
+            } => Unmet::Schema {
+                instance_path: instance_path.clone(),
+                keyword: keyword.clone(),
+                message: format!("the agent's value fails `{keyword}` ({})", hidden()),
+            },
+            other => other.clone(),
+        }
+    }
+
     /// A short phrase shared by every agent failing the same way, for the summary line
     /// (`missing tag docker`, `software.node.version not ^20`, `capability ai.llm@1 unhealthy`).
     pub fn summary(&self) -> String {

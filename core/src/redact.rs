@@ -5,8 +5,11 @@
 //! A key is sensitive when one of its words, split at `_`, `-`, `.`, spaces and camelCase
 //! boundaries (`githubToken` → `github`, `token`; `X-Auth-Token` → `x`, `auth`, `token`;
 //! `APIKey` → `api`, `key`), is one of `token`, `secret`, `secrets`, `password`, `passwords`,
-//! `passwd`, `authorization`, `cookie`, `cookies`, `credential`, `credentials`, or when two
-//! adjacent words are `api key` or `private key` (also written `apikey`, `privatekey`). The plural
+//! `passwd`, `pwd`, `passphrase`, `authorization`, `cookie`, `cookies`, `credential`,
+//! `credentials`, `pat`, `jwt`, or when two adjacent words are one of `api key`,
+//! `private key`, `access key`, `secret key`, `signing key`, `ssh key`, `encryption key`,
+//! `master key`, `session key`, `client key` or `account key` (also written as one word:
+//! `apikey`, `privatekey`, `accesskey`, ...). The plural
 //! `tokens` is deliberately **not** sensitive: it names counters such as `max_tokens` or
 //! `tokens_per_minute`, and a test pins this. Keys listed in the static tier's `sensitive` array
 //! are also sensitive; an entry matches a key name (ASCII case-insensitive) or a full dotted path.
@@ -14,6 +17,11 @@
 //! Every non-null value under a sensitive key is replaced, whatever its type; `null` is left
 //! alone (it holds no secret), as is a value that already is the marker, so redaction is
 //! idempotent and a second pass reports nothing.
+//!
+//! Values are looked at too, whatever their key: a string holding a secret of a known shape
+//! ([`crate::secrets`]: cloud and forge tokens, JWTs, private keys, passwords in URLs,
+//! `Bearer` credentials) is replaced whole. Free text shown to people (reasons, messages) goes
+//! through [`crate::secrets::redact_text`] instead, which keeps the words around the secret.
 
 use crate::limits::join;
 use json_patch::jsonptr::Pointer;
@@ -35,11 +43,37 @@ const SENSITIVE_WORDS: &[&str] = &[
     "cookies",
     "credential",
     "credentials",
+    "pwd",
+    "passphrase",
+    "pat",
+    "jwt",
     "apikey",
     "privatekey",
+    "accesskey",
+    "secretkey",
+    "signingkey",
+    "sshkey",
+    "encryptionkey",
+    "masterkey",
+    "sessionkey",
+    "clientkey",
+    "accountkey",
 ];
 
-const SENSITIVE_PAIRS: &[(&str, &str)] = &[("api", "key"), ("private", "key")];
+/// `(first, "key")` pairs: `api key`, `access_key`, `SigningKey`, ...
+const SENSITIVE_KEY_PREFIXES: &[&str] = &[
+    "api",
+    "private",
+    "access",
+    "secret",
+    "signing",
+    "ssh",
+    "encryption",
+    "master",
+    "session",
+    "client",
+    "account",
+];
 
 /// Splits a key into lowercase words at separators and camelCase boundaries.
 pub fn key_words(key: &str) -> Vec<String> {
@@ -78,7 +112,7 @@ pub fn is_sensitive_key(key: &str) -> bool {
     words.iter().any(|w| SENSITIVE_WORDS.contains(&w.as_str()))
         || words
             .windows(2)
-            .any(|p| SENSITIVE_PAIRS.contains(&(p[0].as_str(), p[1].as_str())))
+            .any(|p| p[1] == "key" && SENSITIVE_KEY_PREFIXES.contains(&p[0].as_str()))
 }
 
 /// The extra sensitive keys a static tier declares in its `sensitive` array of strings.
@@ -182,6 +216,10 @@ fn walk(value: &mut Value, path: &str, extra: &BTreeSet<String>, out: &mut Vec<S
                 walk(child, &join(path, &i.to_string()), extra, out);
             }
         }
+        Value::String(text) if crate::secrets::contains_secret(text) => {
+            *value = Value::String(MARKER.to_owned());
+            out.push(path.to_owned());
+        }
         _ => {}
     }
 }
@@ -257,6 +295,14 @@ mod tests {
             "privateKey",
             "credentials",
             "aws.credential",
+            "AWS_ACCESS_KEY_ID",
+            "aws_secret_access_key",
+            "GITHUB_PAT",
+            "access_key",
+            "passphrase",
+            "ssh_key",
+            "signingKey",
+            "DB_PWD",
             "client_secret",
             "passwd",
             "secrets",

@@ -163,6 +163,20 @@ fn diff_vectors() {
 #[test]
 fn redaction_vectors() {
     for case in cases("redaction.json") {
+        if let Some(texts) = case.get("texts") {
+            for t in texts.as_array().unwrap() {
+                let (text, want) = (t["text"].as_str().unwrap(), t["expected"].as_str().unwrap());
+                let got = switchyard_core::secrets::redact_text(text);
+                assert_eq!(got, want, "{}: {text:?}", name(&case));
+                assert_eq!(
+                    switchyard_core::secrets::redact_text(&got),
+                    got,
+                    "{}: idempotent",
+                    name(&case)
+                );
+            }
+            continue;
+        }
         let extra: BTreeSet<String> = case
             .get("sensitive")
             .map(|s| redact::declared_sensitive(&json!({"sensitive": s})))

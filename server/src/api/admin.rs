@@ -92,7 +92,7 @@ impl AgentAdminService for AdminApi {
         let reason = if req.reason.is_empty() {
             "drained by operator".to_owned()
         } else {
-            req.reason
+            super::bounds::reason("reason", &req.reason)?
         };
         let record = self
             .0
@@ -134,7 +134,7 @@ impl AgentAdminService for AdminApi {
         let caller = self.0.caller(&request).await?;
         let req = request.into_inner();
         let id = parse_id("agent_id", &req.agent_id)?;
-        let overrides = match &req.overrides {
+        let mut overrides = match &req.overrides {
             Some(s) => struct_to_json(s)
                 .map_err(|e| invalid(&format!("overrides.{}", e.path), e.reason))?,
             None => serde_json::json!({}),
@@ -148,6 +148,8 @@ impl AgentAdminService for AdminApi {
         {
             return Err(invalid(&super::field_path("overrides", &v.path), &v.reason).into());
         }
+        // Overrides are shown to every operator: no secret is kept in them.
+        switchyard_core::redact::redact(&mut overrides, &Default::default());
         let record = self.0.agent_for(&caller, id).await?;
         // The agent's own provenance: recover it from the stored effective one.
         let (document, provenance) =
@@ -179,7 +181,7 @@ impl AgentAdminService for AdminApi {
         let mut policy = None;
         let mut ranking = None;
         if req.placement.is_some() {
-            let mut placement = wire::placement::from_proto(req.placement.as_ref())?;
+            let mut placement = super::bounds::wire_placement(req.placement.as_ref())?;
             // Ranked as a task submitted now would be: the namespace's
             // default applies.
             policy = Some(
@@ -199,12 +201,19 @@ impl AgentAdminService for AdminApi {
             ranking = matcher::ranking_note(&explanation, &fleet, &compiled, |id| {
                 names.get(&id).cloned().unwrap_or_else(|| id.to_string())
             });
-            wire_verdicts = verdicts(&explanation, &names);
+            wire_verdicts = verdicts(&explanation, &names, true);
         }
         let mut placeable = Vec::new();
         if let Some(doc) = &req.hypothetical_capabilities {
             let doc = struct_to_json(doc)
                 .map_err(|e| invalid(&format!("hypothetical_capabilities.{}", e.path), e.reason))?;
+            if let Some(v) = api.settings.document_limits.violations(&doc).first() {
+                return Err(invalid(
+                    &super::field_path("hypothetical_capabilities", &v.path),
+                    &v.reason,
+                )
+                .into());
+            }
             let kinds = if req.hypothetical_kinds.is_empty() {
                 HandledKinds::every()
             } else {

@@ -9,10 +9,13 @@
 //! - `watch`: `WatchTask`, following a task's history as it happens.
 //! - [`agent`]: `AgentService` (registration and the `Connect` session).
 //! - [`admin`]: `AgentAdminService` (fleet view and steering, simulation).
+//! - [`bounds`]: the limits of every sized or nested input, and the
+//!   scrubbing of secrets from free text before it is stored.
 //! - [`status`]: the error-to-status mapping.
 
 pub mod admin;
 pub mod agent;
+pub mod bounds;
 pub mod status;
 pub mod task;
 mod watch;

@@ -75,15 +75,13 @@ impl Api {
     async fn new_task(
         &self,
         caller: &Caller,
-        req: pb::SubmitTaskRequest,
+        mut req: pb::SubmitTaskRequest,
     ) -> Result<(NewTask, core_placement::CompiledPlacement)> {
         let namespace = namespace("namespace", &req.namespace)?;
         caller.require(Need::Tasks, &namespace)?;
         check_kind(&req.kind).map_err(|err| invalid("kind", &err.to_string()))?;
         check_name("idempotency_key", &req.idempotency_key)?;
-        for (k, v) in &req.labels {
-            check_name(&format!("labels.{k}"), v)?;
-        }
+        let labels = super::bounds::labels("labels", std::mem::take(&mut req.labels))?;
         let payload = match &req.payload {
             Some(p) => {
                 struct_to_json(p).map_err(|e| invalid(&format!("payload.{}", e.path), e.reason))?
@@ -94,7 +92,7 @@ impl Api {
             return Err(invalid(&super::field_path("payload", &v.path), &v.reason));
         }
         let retry = req.retry.as_ref().map(retry_policy).transpose()?;
-        let mut placement = wire::placement::from_proto(req.placement.as_ref())?;
+        let mut placement = super::bounds::wire_placement(req.placement.as_ref())?;
         // The namespace's default policy is the task's from now on: what
         // explain, the dispatcher and every replica read.
         placement
@@ -121,6 +119,20 @@ impl Api {
             Some(d) => duration_within("lease_ttl", d, 1_000..=DAY_MS, "1s and 24h")?,
         };
         let deadlines = deadlines(&req)?;
+        let not_before_ms = match &req.not_before {
+            None => None,
+            Some(ts) => {
+                let latest = self.now_ms() + super::bounds::MAX_NOT_BEFORE_AHEAD_MS;
+                let ms = timestamp_ms(ts);
+                if !(0..=999_999_999).contains(&ts.nanos) || ts.seconds < 0 || ms > latest {
+                    return Err(invalid(
+                        "not_before",
+                        "must be a valid time from 1970 to a year and a day from now",
+                    ));
+                }
+                Some(ms)
+            }
+        };
         let fairness = fairness(&req)?;
         let concurrency = concurrency(&req)?;
         let compiled = core_placement::compile(&placement)
@@ -142,8 +154,8 @@ impl Api {
             concurrency_key: concurrency.as_ref().map(|(key, _)| key.clone()),
             lease_ttl_ms,
             idempotency_key: (!req.idempotency_key.is_empty()).then_some(req.idempotency_key),
-            not_before_ms: req.not_before.as_ref().map(timestamp_ms),
-            labels: req.labels.into_iter().collect(),
+            not_before_ms,
+            labels,
         };
         // Last, with everything else valid: the key's limit, set or checked.
         if let Some((key, limit)) = &concurrency {
@@ -172,10 +184,12 @@ impl Api {
 }
 
 /// The wire verdicts of an explanation, eligible first in rank order, with
-/// agent names.
+/// agent names; the agents' own values in the reasons only when
+/// `agent_values` (the caller may read the agents).
 pub(crate) fn verdicts(
     explanation: &matcher::Explanation,
     names: &BTreeMap<AgentId, String>,
+    agent_values: bool,
 ) -> Vec<pb::AgentVerdict> {
     let mut verdicts: Vec<pb::AgentVerdict> = explanation
         .verdicts
@@ -185,7 +199,11 @@ pub(crate) fn verdicts(
             agent_name: names.get(&v.agent_id).cloned().unwrap_or_default(),
             eligible: v.eligible,
             capable: v.capable,
-            reason: v.reason_text(),
+            reason: if agent_values {
+                v.reason_text()
+            } else {
+                v.reason_text_without_agent_values()
+            },
             preference_score: u32::try_from(v.preference_score).unwrap_or(u32::MAX),
             rank: v.rank,
         })
@@ -300,21 +318,21 @@ impl TaskService for TaskApi {
             .transpose()?;
         self.0.task_for(&caller, id).await?;
         let reason = if req.reason.is_empty() {
-            "canceled"
+            "canceled".to_owned()
         } else {
-            req.reason.as_str()
+            super::bounds::reason("reason", &req.reason)?
         };
         let (record, lease) = self
             .0
             .store
-            .cancel_task(id, reason, grace_ms, self.0.now_ms())
+            .cancel_task(id, &reason, grace_ms, self.0.now_ms())
             .await?;
         if let Some(lease) = &lease {
             // Local agents hear it now; agents on other replicas through the
             // store's LeaseRevoked event.
             self.0
                 .dispatcher
-                .revoke(lease, RevocationCause::Canceled, reason);
+                .revoke(lease, RevocationCause::Canceled, &reason);
         }
         Ok(Response::new(pb::CancelTaskResponse {
             task: Some(wire::task(&record)),
@@ -366,7 +384,13 @@ impl TaskService for TaskApi {
         Ok(Response::new(pb::ExplainTaskResponse {
             task: Some(task),
             summary,
-            verdicts: verdicts(&explanation, &names),
+            // A submitter may not read agents, so it does not read their
+            // values here either.
+            verdicts: verdicts(
+                &explanation,
+                &names,
+                caller.require(Need::Fleet, &record.namespace).is_ok(),
+            ),
         }))
     }
 

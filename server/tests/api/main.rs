@@ -11,6 +11,7 @@ mod common;
 mod deadlines;
 mod explain;
 mod fairness;
+mod hardening;
 mod health;
 mod kinds;
 mod limits;

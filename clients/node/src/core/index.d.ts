@@ -51,8 +51,29 @@ export declare function keyWords(key: string): string[];
 export declare function isSensitiveKey(key: string): boolean;
 /** The static tier's `sensitive` entries, ASCII-lowercased. */
 export declare function declaredSensitive(staticTier: unknown): Set<string>;
-/** Redacts `doc` in place; returns the dotted paths changed. */
+/**
+ * Redacts `doc` in place (values under sensitive keys, and strings holding a secret of a known
+ * shape); returns the dotted paths changed.
+ */
 export declare function redact(doc: unknown, extra?: Set<string>): string[];
+
+/**
+ * The known shapes of secrets, as core/src/secrets.rs has them: [expression, the capture group
+ * that is the secret (0: the whole match), whether it must also look like a credential]. An
+ * expression may start with `(?i)`, which JavaScript reads as the `i` flag.
+ */
+export declare const PATTERNS: ReadonlyArray<
+  readonly [pattern: string, group: number, credentialCheck: boolean]
+>;
+/**
+ * Whether a `Bearer`/`Basic` credential looks like one: a digit, a symbol, or an uppercase letter
+ * after its first character.
+ */
+export declare function looksLikeCredential(secret: string): boolean;
+/** Whether `text` holds a secret of a known shape. */
+export declare function containsSecret(text: string): boolean;
+/** `text` with every secret of a known shape replaced by `[redacted]`; the rest is kept. Idempotent. */
+export declare function redactText(text: string): string;
 
 export interface PatchOperation {
   op: "add" | "remove" | "replace" | "move" | "copy" | "test";

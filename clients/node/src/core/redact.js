@@ -1,17 +1,29 @@
 // Secret redaction, exactly as switchyard-core's `redact` module: every non-null value under a
-// key that looks sensitive (by its words, split at non-alphanumerics and camelCase boundaries)
-// or that the static tier declares sensitive becomes `[redacted]`; redacted values are not
-// descended into, and redaction is idempotent.
+// key that looks sensitive (by its words, split at non-alphanumerics and camelCase boundaries:
+// one of SENSITIVE_WORDS, or `X key` with X one of SENSITIVE_KEY_PREFIXES; `tokens`, as in
+// `max_tokens`, is not) or that the static tier declares sensitive becomes `[redacted]`, and so
+// does every string, whatever its key, holding a secret of a known shape (`secrets.js`: cloud
+// and forge tokens, JWTs, private keys, passwords in URLs, `Bearer` credentials). Redacted values
+// are not descended into, and redaction is idempotent. Free text shown to people (reasons,
+// messages) goes through `redactText` (secrets.js) instead, which keeps the words around the
+// secret.
 import { isObject, join, setKey, sortedKeys } from "./json.js";
+import { containsSecret, MARKER } from "./secrets.js";
 
 /** What a redacted value becomes. */
-export const MARKER = "[redacted]";
+export { MARKER };
 
 const SENSITIVE_WORDS = new Set([
   "token", "secret", "secrets", "password", "passwords", "passwd", "authorization",
-  "cookie", "cookies", "credential", "credentials", "apikey", "privatekey",
+  "cookie", "cookies", "credential", "credentials", "pwd", "passphrase", "pat", "jwt",
+  "apikey", "privatekey", "accesskey", "secretkey", "signingkey", "sshkey",
+  "encryptionkey", "masterkey", "sessionkey", "clientkey", "accountkey",
 ]);
-const SENSITIVE_PAIRS = new Set(["api key", "private key"]);
+/** `X` of the `(X, "key")` word pairs: `api key`, `access_key`, `SigningKey`, ... */
+const SENSITIVE_KEY_PREFIXES = new Set([
+  "api", "private", "access", "secret", "signing", "ssh", "encryption", "master",
+  "session", "client", "account",
+]);
 
 const ALNUM = /^[\p{Alphabetic}\p{N}]$/u;
 const UPPER = /^\p{Uppercase}$/u;
@@ -50,7 +62,7 @@ export function isSensitiveKey(key) {
   const words = keyWords(key);
   if (words.some((w) => SENSITIVE_WORDS.has(w))) return true;
   for (let i = 0; i + 1 < words.length; i++) {
-    if (SENSITIVE_PAIRS.has(`${words[i]} ${words[i + 1]}`)) return true;
+    if (words[i + 1] === "key" && SENSITIVE_KEY_PREFIXES.has(words[i])) return true;
   }
   return false;
 }
@@ -64,8 +76,10 @@ export function declaredSensitive(staticTier) {
 }
 
 /**
- * Replaces every value under a sensitive key in `doc` (in place) with MARKER; returns the
- * dotted paths it changed, in document (byte-sorted key) order.
+ * Replaces every value under a sensitive key in `doc` (in place) with MARKER, and every string
+ * holding a secret of a known shape; returns the dotted paths it changed, in document
+ * (byte-sorted key) order. Strings are immutable, so only those inside `doc` (an object or an
+ * array) are replaced.
  * @param {unknown} doc
  * @param {Set<string>} [extra] lowercase key names or dotted paths
  */
@@ -88,11 +102,26 @@ function walk(value, path, extra, out) {
           setKey(value, key, MARKER);
           out.push(childPath);
         }
+      } else if (typeof child === "string") {
+        if (containsSecret(child)) {
+          setKey(value, key, MARKER);
+          out.push(childPath);
+        }
       } else {
         walk(child, childPath, extra, out);
       }
     }
   } else if (Array.isArray(value)) {
-    value.forEach((child, i) => walk(child, join(path, String(i)), extra, out));
+    value.forEach((child, i) => {
+      const childPath = join(path, String(i));
+      if (typeof child === "string") {
+        if (containsSecret(child)) {
+          value[i] = MARKER;
+          out.push(childPath);
+        }
+      } else {
+        walk(child, childPath, extra, out);
+      }
+    });
   }
 }

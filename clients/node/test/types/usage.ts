@@ -13,6 +13,9 @@ import {
   checkKind,
   mergeTiers,
   redact,
+  redactText,
+  containsSecret,
+  PATTERNS,
   diff,
   applyDiff,
   mergePacks,
@@ -53,7 +56,10 @@ const stopped: Promise<void> = runner.stop();
 
 const merged = mergeTiers([["base", { os: "linux" }], ["static", { tags: ["a"] }]]);
 const paths: string[] = redact(merged.document);
+const reason: string = redactText("connect postgres://app:hunter2@db/sy failed");
+const secret: boolean = containsSecret(reason);
+const shapes: number = PATTERNS.filter(([, group, check]) => group === 0 && !check).length;
 const patch = diff(merged.document, { os: "darwin" });
 const next = applyDiff(merged.document, 1n, 1n, patch);
 const provides = resolveParams(mergePacks([{ id: "p" }]), () => undefined);
-export { rejections, stopped, paths, next, provides, withdrawn, advertisedKinds, busy, kindProblem, ad };
+export { rejections, stopped, paths, reason, secret, shapes, next, provides, withdrawn, advertisedKinds, busy, kindProblem, ad };

@@ -3,7 +3,11 @@
 Layout:
 - ``limits``: the document limits (size, depth, key length, array length) and their violations.
 - ``tier``: the tier merge (RFC 7386) with provenance and rejections.
-- ``redact``: secret redaction by key words and declared sensitive keys.
+- ``redact``: secret redaction by key words, declared sensitive keys and values holding a secret
+  of a known shape.
+- ``secrets``: the known shapes of secrets (cloud and forge tokens, JWTs, private keys, passwords
+  in URLs, ``Bearer`` credentials; a subset of gitleaks' default rules, as ``core/src/secrets.rs``
+  has them), and their redaction from free text (``redact_text``).
 - ``diff``: JSON Patch (RFC 6902) diffs between generations, and their checked application.
 - ``pack``: handler packs merged first-registration-wins, parameter resolution, and the kinds a
   runner advertises (those whose required capabilities are there) with the withdrawn ones.
@@ -15,6 +19,16 @@ Every function here matches its Rust counterpart on the shared conformance vecto
 """
 
 from switchyard.core.limits import Limits, Violation
+from switchyard.core.secrets import contains_secret, redact_text
 from switchyard.core.tier import Merged, Rejection, Tier, merge_tiers
 
-__all__ = ["Limits", "Merged", "Rejection", "Tier", "Violation", "merge_tiers"]
+__all__ = [
+    "Limits",
+    "Merged",
+    "Rejection",
+    "Tier",
+    "Violation",
+    "contains_secret",
+    "merge_tiers",
+    "redact_text",
+]

@@ -1,28 +1,49 @@
 """Secret redaction (the core's ``redact.rs``).
 
 Every value under a key that looks sensitive is replaced by :data:`MARKER` before a document
-leaves a runner. A key is sensitive when one of its words (split at non-alphanumerics and
-camelCase boundaries, lowercased) is a sensitive word, or two adjacent words are ``api key`` or
-``private key``. ``tokens`` (as in ``max_tokens``) is deliberately not sensitive. Keys the static
-tier lists in its ``sensitive`` array (a key name, ASCII case-insensitive, or a full dotted path)
-are sensitive too. ``null`` and values that already are the marker are left alone, so redaction
-is idempotent.
+leaves a runner; the paths redacted are returned (never their values). A key is sensitive when
+one of its words (split at non-alphanumerics and camelCase boundaries, lowercased:
+``githubToken`` → ``github token``, ``APIKey`` → ``api key``) is one of :data:`SENSITIVE_WORDS`
+(``token``, ``secret``, ``password``, ``pwd``, ``passphrase``, ``pat``, ``jwt``, ..., and the
+``X key`` pairs written as one word: ``apikey``, ``privatekey``, ``accesskey``, ...), or two
+adjacent words are ``X key`` with ``X`` in :data:`SENSITIVE_KEY_PREFIXES` (``api``,
+``private``, ``access``, ``secret``, ``signing``, ``ssh``, ``encryption``, ``master``,
+``session``, ``client``, ``account``). ``tokens`` (as in ``max_tokens``) is deliberately not
+sensitive. Keys the static tier lists in its ``sensitive`` array (a key name, ASCII
+case-insensitive, or a full dotted path) are sensitive too.
+
+Values are looked at too, whatever their key: a string holding a secret of a known shape
+(:mod:`switchyard.core.secrets`: cloud and forge tokens, JWTs, private keys, passwords in URLs,
+``Bearer`` credentials) is replaced whole. Free text shown to people (reasons, messages) goes
+through :func:`switchyard.core.secrets.redact_text` instead, which keeps the words around the
+secret. ``null`` and values that already are the marker are left alone, so redaction is
+idempotent and a second pass reports nothing.
 """
 
 from __future__ import annotations
 
 from switchyard.core.json_util import JSON, byte_sorted, join
-
-MARKER = "[redacted]"
-"""What a redacted value becomes."""
+from switchyard.core.secrets import MARKER as MARKER  # what a redacted value becomes
+from switchyard.core.secrets import contains_secret
 
 SENSITIVE_WORDS = frozenset(
     {
         "token", "secret", "secrets", "password", "passwords", "passwd", "authorization",
-        "cookie", "cookies", "credential", "credentials", "apikey", "privatekey",
+        "cookie", "cookies", "credential", "credentials", "pwd", "passphrase", "pat", "jwt",
+        "apikey", "privatekey", "accesskey", "secretkey", "signingkey", "sshkey",
+        "encryptionkey", "masterkey", "sessionkey", "clientkey", "accountkey",
     }
 )
-SENSITIVE_PAIRS = frozenset({("api", "key"), ("private", "key")})
+"""Words that make a key sensitive on their own."""
+
+SENSITIVE_KEY_PREFIXES = frozenset(
+    {
+        "api", "private", "access", "secret", "signing", "ssh", "encryption", "master",
+        "session", "client", "account",
+    }
+)
+"""``X`` of the ``(X, "key")`` word pairs that make a key sensitive: ``api key``,
+``access_key``, ``SigningKey``, ..."""
 
 
 def ascii_lower(text: str) -> str:
@@ -56,7 +77,8 @@ def is_sensitive_key(key: str) -> bool:
     """Whether ``key`` looks sensitive by its words."""
     words = key_words(key)
     return any(w in SENSITIVE_WORDS for w in words) or any(
-        pair in SENSITIVE_PAIRS for pair in zip(words, words[1:])
+        second == "key" and first in SENSITIVE_KEY_PREFIXES
+        for first, second in zip(words, words[1:])
     )
 
 
@@ -68,7 +90,11 @@ def declared_sensitive(static_tier: JSON) -> set[str]:
 
 
 def redact(doc: JSON, extra: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """Redacts ``doc`` in place; returns the dotted paths it changed, in document order."""
+    """Redacts ``doc`` in place; returns the dotted paths it changed, in document order.
+
+    ``extra`` holds lowercase key names or dotted paths (see :func:`declared_sensitive`). A
+    string is immutable, so only the strings inside ``doc`` (an object or array) are replaced.
+    """
     out: list[str] = []
     _walk(doc, "", extra, out)
     return out
@@ -86,8 +112,18 @@ def _walk(value: JSON, path: str, extra: set[str] | frozenset[str], out: list[st
                 if child is not None and child != MARKER:
                     value[key] = MARKER
                     out.append(child_path)
+            elif isinstance(child, str):
+                if contains_secret(child):
+                    value[key] = MARKER
+                    out.append(child_path)
             else:
                 _walk(child, child_path, extra, out)
     elif isinstance(value, list):
         for i, child in enumerate(value):
-            _walk(child, join(path, str(i)), extra, out)
+            child_path = join(path, str(i))
+            if isinstance(child, str):
+                if contains_secret(child):
+                    value[i] = MARKER
+                    out.append(child_path)
+            else:
+                _walk(child, child_path, extra, out)

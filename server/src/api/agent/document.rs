@@ -54,13 +54,15 @@ pub(super) fn provenance(entries: &[pb::ProvenanceEntry]) -> Value {
 pub(super) fn rejections(rejections: &[pb::Rejection], mut extra: Vec<Value>) -> Value {
     let mut all: Vec<Value> = rejections
         .iter()
+        .take(crate::api::bounds::MAX_REASONS)
         .map(|r| {
             let tier = pb::Tier::try_from(r.tier)
                 .ok()
                 .and_then(wire::core_tier)
                 .map(Tier::as_str)
                 .unwrap_or("");
-            json!({"tier": tier, "path": r.path, "reason": r.reason})
+            let cut = |s: &str| crate::api::bounds::cut(s, crate::api::bounds::MAX_REASON_BYTES);
+            json!({"tier": tier, "path": cut(&r.path), "reason": cut(&r.reason)})
         })
         .collect();
     all.append(&mut extra);

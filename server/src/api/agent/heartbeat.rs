@@ -80,8 +80,14 @@ impl Session {
             let record = self.api.store.get_agent(self.agent_id).await?;
             self.load(&record);
         }
-        let status_change = (self.status != status || self.status_reasons != hb.status_reasons)
-            .then(|| (status, hb.status_reasons.clone()));
+        let reasons: Vec<String> = hb
+            .status_reasons
+            .iter()
+            .take(crate::api::bounds::MAX_REASONS)
+            .map(|r| crate::api::bounds::cut(r, crate::api::bounds::MAX_REASON_BYTES))
+            .collect();
+        let status_change =
+            (self.status != status || self.status_reasons != reasons).then(|| (status, reasons));
         if let Some(announced) = &hb.handled_kinds {
             match handled_kinds("heartbeat.handled_kinds.kinds", &announced.kinds) {
                 Ok(kinds) if kinds != self.kinds => self.pending_kinds = Some(kinds),

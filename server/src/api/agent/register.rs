@@ -42,7 +42,7 @@ impl Api {
             provenance: provenance.clone(),
             rejections: document::rejections(&req.rejections, server_rejections.clone()),
             capacity: req.capacity,
-            labels: req.labels.into_iter().collect(),
+            labels: crate::api::bounds::labels("labels", req.labels)?,
             runner: req.runner,
             handled_kinds,
         };

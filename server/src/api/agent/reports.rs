@@ -5,7 +5,9 @@
 //! noted by the dispatcher, which offers the task to that agent no more. A slot
 //! a final report freed is handed back to the dispatcher only after its
 //! acknowledgement is queued: the agent counts the lease as held until it
-//! hears the answer, and must not see a grant for the slot first.
+//! hears the answer, and must not see a grant for the slot first. A final
+//! report is never refused for its size (the lease would stay held): its
+//! message is cut and over-large details are dropped with a note.
 
 use serde_json::{Value, json};
 use switchyard_proto::v1 as pb;
@@ -13,7 +15,7 @@ use tracing::warn;
 
 use super::session::Session;
 use crate::api::convert::struct_to_json;
-use crate::api::{invalid, parse_id};
+use crate::api::{bounds, invalid, parse_id};
 use crate::error::Result;
 use crate::model::{CompletionOutcome, LeaseReport, ReleaseCause, ReportKind};
 
@@ -70,18 +72,31 @@ impl Session {
             None => return Err(invalid("lease_update.update", "empty")),
             Some(Update::Accepted(_)) => ReportKind::Accepted,
             Some(Update::Started(_)) => ReportKind::Started,
-            Some(Update::Progress(p)) => ReportKind::Progress(
-                json!({"percent": p.percent, "message": p.message, "reported_at_ms": self.api.now_ms()}),
-            ),
+            Some(Update::Progress(p)) => {
+                if !(p.percent.is_finite() && p.percent <= 100.0) {
+                    return Err(invalid(
+                        "lease_update.progress.percent",
+                        "must be from 0 to 100, or negative for unknown",
+                    ));
+                }
+                let message = bounds::cut(&p.message, bounds::MAX_REASON_BYTES);
+                ReportKind::Progress(
+                    json!({"percent": p.percent, "message": message, "reported_at_ms": self.api.now_ms()}),
+                )
+            }
             Some(Update::Succeeded(s)) => self.succeeded(s)?,
             Some(Update::Failed(f)) => {
                 let e = f.error.unwrap_or_default();
-                let details = match &e.details {
-                    Some(d) => struct_to_json(d)
-                        .map_err(|err| invalid("lease_update.failed.error.details", err.reason))?,
-                    None => Value::Null,
-                };
-                let error = json!({"message": e.message, "code": e.code, "retryable": e.retryable, "details": details});
+                let details =
+                    match &e.details {
+                        Some(d) => bounds::details(struct_to_json(d).map_err(|err| {
+                            invalid("lease_update.failed.error.details", err.reason)
+                        })?),
+                        None => Value::Null,
+                    };
+                let message = bounds::cut(&e.message, bounds::MAX_MESSAGE_BYTES);
+                let code = bounds::cut(&e.code, bounds::MAX_LABEL_KEY_BYTES);
+                let error = json!({"message": message, "code": code, "retryable": e.retryable, "details": details});
                 ReportKind::Final(CompletionOutcome::Failed {
                     error,
                     retryable: e.retryable,
@@ -89,7 +104,7 @@ impl Session {
             }
             Some(Update::Released(r)) => ReportKind::Final(CompletionOutcome::Released {
                 cause: release_cause(r.cause),
-                reason: bounded(r.reason),
+                reason: bounds::cut(&r.reason, bounds::MAX_REASON_BYTES),
             }),
         };
         Ok(LeaseReport {
@@ -121,23 +136,6 @@ impl Session {
         }
         Ok(ReportKind::Final(CompletionOutcome::Succeeded { result }))
     }
-}
-
-/// The longest release reason kept, in bytes; a longer one is cut at a
-/// character boundary (a release is never refused for its wording: the
-/// lease would stay held).
-const MAX_REASON_BYTES: usize = 1_024;
-
-/// `reason`, cut to [`MAX_REASON_BYTES`].
-fn bounded(mut reason: String) -> String {
-    if reason.len() > MAX_REASON_BYTES {
-        let mut end = MAX_REASON_BYTES;
-        while !reason.is_char_boundary(end) {
-            end -= 1;
-        }
-        reason.truncate(end);
-    }
-    reason
 }
 
 /// A release's cause; unset or unknown (a newer agent) is OTHER.

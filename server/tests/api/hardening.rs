@@ -1,0 +1,487 @@
+//! The holes an attacker's probe found, each held shut: a poison task the
+//! runners cannot decode, agent values read through explanations, secrets
+//! kept because of their key's name only, and inputs with no bound.
+
+use prost::Message;
+use serde_json::{Value, json};
+use switchyard_proto::v1 as pb;
+use switchyard_server::api::convert::json_to_struct;
+use tonic::Code;
+
+use crate::common::{Backend, TestAgent, TestServer, explain, get_task, submit_request};
+
+/// `{"d": {"d": ... 1}}`, `levels` objects deep (the outer one is level 1).
+fn nested(levels: usize) -> Value {
+    let mut v = json!(1);
+    for _ in 0..levels {
+        v = json!({"d": v});
+    }
+    v
+}
+
+fn refused_field(err: tonic::Status, field: &str) {
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().starts_with(field),
+        "expected the message to name {field}: {}",
+        err.message()
+    );
+}
+
+async fn a_schema_too_deep_for_the_runners_is_refused(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut tasks = server.tasks().await;
+    let submit = |placement: pb::Placement| pb::SubmitTaskRequest {
+        kind: "k".into(),
+        placement: Some(placement),
+        ..Default::default()
+    };
+    let err = tasks
+        .submit_task(submit(pb::Placement {
+            json_schema: Some(json_to_struct(&nested(33))),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    refused_field(err, "placement.json_schema");
+    // An operand nested deeper than operands may be.
+    let err = tasks
+        .submit_task(submit(pb::Placement {
+            requirements: vec![pb::Requirement {
+                key: "x".into(),
+                operator: pb::Operator::Eq as i32,
+                values: vec![switchyard_proto::convert::json_to_value(&nested(20))],
+            }],
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    refused_field(err, "placement.requirements[0].values[0]");
+    assert!(crate::common::all_tasks(&server).await.is_empty());
+
+    // The deepest schema accepted reaches an agent, and its grant decodes
+    // with prost's default recursion limit.
+    let mut agent = TestAgent::start(&server, "deep", json!({"tags": ["linux"]}), 1).await;
+    let deepest = nested(31); // the schema object itself is level 1 of 32
+    submit_request(
+        &server,
+        submit(pb::Placement {
+            json_schema: Some(json_to_struct(&json!({"properties": deepest}))),
+            ..Default::default()
+        }),
+    )
+    .await;
+    let grant = agent.grant().await;
+    let wire = pb::ConnectResponse {
+        message: Some(pb::connect_response::Message::LeaseGrant(grant)),
+    }
+    .encode_to_vec();
+    pb::ConnectResponse::decode(wire.as_slice()).expect("the grant decodes");
+    server.stop().await;
+}
+
+async fn a_submitter_does_not_read_agent_values_in_explanations(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let _agent = TestAgent::start(
+        &server,
+        "db-host",
+        json!({"env": {"REGION": "eu-hidden-7"}, "provides": {"db": {"version": "9.1.0"}}}),
+        1,
+    )
+    .await;
+    let task = submit_request(
+        &server,
+        pb::SubmitTaskRequest {
+            kind: "k".into(),
+            placement: Some(pb::Placement {
+                selector: "env.REGION=x".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
+    let schema_task = submit_request(
+        &server,
+        pb::SubmitTaskRequest {
+            kind: "k".into(),
+            placement: Some(pb::Placement {
+                json_schema: Some(json_to_struct(&json!({
+                    "properties": {"env": {"properties": {"REGION": {"enum": ["x"]}}}}
+                }))),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    )
+    .await;
+    // Open servers have no roles: everybody may read agents, and does.
+    let open = explain(&server, &task.task_id).await;
+    assert!(
+        open.verdicts[0].reason.contains("eu-hidden-7"),
+        "{:?}",
+        open.verdicts
+    );
+    server.stop().await;
+
+    // With tokens: the submitter sees the verdict, not the value; the
+    // operator sees both.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.json");
+    std::fs::write(
+        &path,
+        json!([
+            {"name": "a", "namespace": "default", "role": "agent", "token": "sy_t_agent_0123456789"},
+            {"name": "s", "namespace": "default", "role": "submitter", "token": "sy_t_submit_0123456789"},
+            {"name": "o", "namespace": "default", "role": "operator", "token": "sy_t_operator_0123456789"},
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let server = TestServer::start_with(backend, |c| c.tokens_file = Some(path.clone())).await;
+    let channel = server.channel().await;
+    let mut agents = pb::agent_service_client::AgentServiceClient::new(channel.clone());
+    agents
+        .register_agent(with(
+            "sy_t_agent_0123456789",
+            pb::RegisterAgentRequest {
+                name: "db-host".into(),
+                capabilities: Some(json_to_struct(&json!({"env": {"REGION": "eu-hidden-7"}}))),
+                capacity: 1,
+                handled_kinds: vec!["*".into()],
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap();
+    let mut tasks = pb::task_service_client::TaskServiceClient::new(channel);
+    let mut ids = Vec::new();
+    for request in [
+        pb::SubmitTaskRequest {
+            kind: "k".into(),
+            placement: Some(pb::Placement {
+                selector: "env.REGION=x".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        pb::SubmitTaskRequest {
+            kind: "k".into(),
+            placement: schema_task.placement.clone(),
+            ..Default::default()
+        },
+    ] {
+        let t = tasks
+            .submit_task(with("sy_t_submit_0123456789", request))
+            .await
+            .unwrap()
+            .into_inner()
+            .task
+            .unwrap();
+        ids.push(t.task_id);
+    }
+    for id in &ids {
+        let explain = |token: &'static str| {
+            let mut tasks = tasks.clone();
+            let id = id.clone();
+            async move {
+                tasks
+                    .explain_task(with(token, pb::ExplainTaskRequest { task_id: id }))
+                    .await
+                    .unwrap()
+                    .into_inner()
+            }
+        };
+        let submitter = explain("sy_t_submit_0123456789").await;
+        let reason = &submitter.verdicts[0].reason;
+        assert!(!reason.contains("eu-hidden-7"), "{reason}");
+        assert!(reason.contains("[redacted]"), "{reason}");
+        assert!(
+            reason.starts_with("env.REGION") || reason.contains("enum"),
+            "the verdict stays: {reason}"
+        );
+        let operator = explain("sy_t_operator_0123456789").await;
+        assert!(
+            operator.verdicts[0].reason.contains("eu-hidden-7"),
+            "{:?}",
+            operator.verdicts
+        );
+    }
+    server.stop().await;
+}
+
+fn with<T>(token: &str, m: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(m);
+    r.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+/// Everything the store holds, as text: the SQLite files, or every table of
+/// the PostgreSQL database.
+async fn stored_text(server: &TestServer) -> String {
+    if let Some(path) = server.url.strip_prefix("sqlite://") {
+        let mut out = String::new();
+        for suffix in ["", "-wal"] {
+            if let Ok(bytes) = std::fs::read(format!("{path}{suffix}")) {
+                out.push_str(&String::from_utf8_lossy(&bytes));
+            }
+        }
+        return out;
+    }
+    use sqlx::{Connection, Row};
+    let mut conn = sqlx::PgConnection::connect(&server.url).await.unwrap();
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'public'",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let mut out = String::new();
+    for table in tables {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT coalesce(string_agg(t::text, E'\\n'), '') FROM {table} t"
+        )))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        out.push_str(&row.get::<String, _>(0));
+    }
+    out
+}
+
+const GITHUB: &str = "ghp_0123456789abcdefghijklmnopqrstuvwxyzAB";
+const AWS: &str = "AKIAIOSFODNN7EXAMPLE";
+const PASSWORD: &str = "hunter2hunter2";
+
+async fn secrets_are_found_by_value_and_never_stored(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let document = json!({
+        "tags": ["linux"],
+        "cloud": {"AWS_ACCESS_KEY_ID": AWS, "note": format!("key {AWS}")},
+        "GITHUB_PAT": GITHUB,
+        "ssh_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Bl\n-----END OPENSSH PRIVATE KEY-----",
+        "auth": "Bearer abcdef0123456789",
+        "db": format!("postgres://app:{PASSWORD}@db/prod"),
+        "build": {"commit": "3f786850e387550fdab836ed7e6dc881de23001b"},
+    });
+    let reg = pb::agent_service_client::AgentServiceClient::new(server.channel().await)
+        .register_agent(pb::RegisterAgentRequest {
+            name: "leaky".into(),
+            capabilities: Some(json_to_struct(&document)),
+            capacity: 1,
+            handled_kinds: vec!["*".into()],
+            labels: [("notes".to_owned(), GITHUB.to_owned())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut agent = TestAgent::connect(&server, &reg, document.clone(), Vec::new()).await;
+    let ack = agent
+        .heartbeat(
+            pb::AgentStatus::Degraded,
+            &[&format!("cannot reach postgres://app:{PASSWORD}@db/prod")],
+            None,
+        )
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    let mut admin = server.admin().await;
+    admin
+        .set_agent_overrides(pb::SetAgentOverridesRequest {
+            agent_id: reg.agent_id.clone(),
+            overrides: Some(json_to_struct(
+                &json!({"signing": {"passphrase": "p4ss", "token_hint": GITHUB}}),
+            )),
+        })
+        .await
+        .unwrap();
+    let task = submit_request(
+        &server,
+        pb::SubmitTaskRequest {
+            kind: "k".into(),
+            labels: [
+                ("ci_token".to_owned(), "abc".to_owned()),
+                ("by".to_owned(), AWS.to_owned()),
+            ]
+            .into(),
+            ..Default::default()
+        },
+    )
+    .await;
+    agent.heartbeat(pb::AgentStatus::Ready, &[], None).await;
+    let grant = agent.grant().await;
+    let ack = agent
+        .update(
+            &grant,
+            pb::lease_update::Update::Failed(pb::LeaseFailed {
+                error: Some(pb::TaskError {
+                    message: format!("push with {GITHUB} failed: password={PASSWORD}"),
+                    code: "handler_error".into(),
+                    retryable: false,
+                    details: Some(json_to_struct(
+                        &json!({"stderr": format!("Authorization: Bearer {GITHUB}")}),
+                    )),
+                }),
+            }),
+        )
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+
+    // Shown: the agent, its overrides, the task and its failure.
+    let agent_view = admin
+        .get_agent(pb::GetAgentRequest {
+            agent_id: reg.agent_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let failed = get_task(&server, &task.task_id).await;
+    let shown = format!("{agent_view:?}{failed:?}");
+    for secret in [GITHUB, AWS, PASSWORD, "b3Bl", "abcdef0123456789", "p4ss"] {
+        assert!(!shown.contains(secret), "{secret} is shown: {shown}");
+    }
+    assert!(
+        shown.contains("3f786850e387550fdab836ed7e6dc881de23001b"),
+        "a git sha is no secret"
+    );
+    let error = failed.error.unwrap();
+    assert!(
+        error.message.starts_with("push with [redacted] failed"),
+        "{}",
+        error.message
+    );
+    // Stored: nowhere.
+    let stored = stored_text(&server).await;
+    for secret in [GITHUB, AWS, PASSWORD, "abcdef0123456789", "p4ss"] {
+        assert!(!stored.contains(secret), "{secret} is stored");
+    }
+    server.stop().await;
+}
+
+async fn every_input_is_bounded(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut tasks = server.tasks().await;
+    let task = |f: &dyn Fn(&mut pb::SubmitTaskRequest)| {
+        let mut r = pb::SubmitTaskRequest {
+            kind: "k".into(),
+            ..Default::default()
+        };
+        f(&mut r);
+        r
+    };
+    let cases: Vec<(pb::SubmitTaskRequest, &str)> = vec![
+        (
+            task(&|r| {
+                r.placement = Some(pb::Placement {
+                    selector: "a,".repeat(100_000) + "a",
+                    ..Default::default()
+                })
+            }),
+            "placement.selector",
+        ),
+        (
+            task(&|r| {
+                r.placement = Some(pb::Placement {
+                    required_tags: (0..50_000).map(|i| format!("t{i}")).collect(),
+                    ..Default::default()
+                })
+            }),
+            "placement.required_tags",
+        ),
+        (
+            task(&|r| {
+                r.labels = [("k".repeat(100_000), "v".to_owned())].into();
+            }),
+            "labels",
+        ),
+        (
+            task(&|r| {
+                r.labels = (0..1000)
+                    .map(|i| (format!("k{i}"), "v".to_owned()))
+                    .collect();
+            }),
+            "labels",
+        ),
+        (
+            task(&|r| {
+                r.not_before = Some(prost_types::Timestamp {
+                    seconds: i64::MAX / 1000,
+                    nanos: 0,
+                });
+            }),
+            "not_before",
+        ),
+    ];
+    for (request, field) in cases {
+        let err = tasks.submit_task(request).await.unwrap_err();
+        refused_field(err, field);
+    }
+    assert!(crate::common::all_tasks(&server).await.is_empty());
+
+    // Simulation: a hypothetical document over the document limits.
+    let mut admin = server.admin().await;
+    for doc in [nested(33), json!({"blob": "x".repeat(300 * 1024)})] {
+        let err = admin
+            .simulate_placement(pb::SimulatePlacementRequest {
+                hypothetical_capabilities: Some(json_to_struct(&doc)),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        refused_field(err, "hypothetical_capabilities");
+    }
+
+    // An agent's reports: NaN progress is refused; a huge failure is kept,
+    // cut to size.
+    let mut agent = TestAgent::start(&server, "a", json!({}), 1).await;
+    let t = submit_request(&server, task(&|_| {})).await;
+    let grant = agent.grant().await;
+    let ack = agent
+        .update(
+            &grant,
+            pb::lease_update::Update::Progress(pb::TaskProgress {
+                percent: f64::NAN,
+                ..Default::default()
+            }),
+        )
+        .await;
+    assert_eq!(ack.code, Code::InvalidArgument as i32, "{}", ack.message);
+    assert!(
+        ack.message.starts_with("lease_update.progress.percent"),
+        "{}",
+        ack.message
+    );
+    let details: serde_json::Map<String, Value> =
+        (0..20_000).map(|i| (format!("d{i}"), json!(i))).collect();
+    let ack = agent
+        .update(
+            &grant,
+            pb::lease_update::Update::Failed(pb::LeaseFailed {
+                error: Some(pb::TaskError {
+                    message: "m".repeat(500 * 1024),
+                    code: "handler_error".into(),
+                    retryable: false,
+                    details: Some(json_to_struct(&Value::Object(details))),
+                }),
+            }),
+        )
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    let failed = get_task(&server, &t.task_id).await;
+    let error = failed.error.unwrap();
+    assert!(error.message.len() <= 8 * 1024, "{}", error.message.len());
+    let details = switchyard_server::api::convert::struct_to_json(&error.details.unwrap()).unwrap();
+    assert!(
+        details["dropped"].as_str().unwrap().contains("limit"),
+        "{details}"
+    );
+    server.stop().await;
+}
+
+crate::on_both_stores!(
+    a_schema_too_deep_for_the_runners_is_refused,
+    a_submitter_does_not_read_agent_values_in_explanations,
+    secrets_are_found_by_value_and_never_stored,
+    every_input_is_bounded
+);
