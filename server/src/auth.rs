@@ -12,8 +12,9 @@
 //! `--insecure`).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -36,6 +37,8 @@ pub enum Caller {
         namespace: String,
         /// Its role.
         role: Role,
+        /// For an agent token, the agent names it may register (empty: any).
+        agent_names: Vec<String>,
     },
 }
 
@@ -85,6 +88,31 @@ impl Caller {
         Ok(())
     }
 
+    /// Refuses unless the caller may register an agent called `name`.
+    pub fn may_register(&self, name: &str) -> Result<()> {
+        let Caller::Principal { agent_names, .. } = self else {
+            return Ok(());
+        };
+        let mut record = TokenRecord::new(String::new(), String::new(), Role::Agent, 0);
+        record.agent_names.clone_from(agent_names);
+        if record.may_register(name) {
+            Ok(())
+        } else {
+            Err(Error::PermissionDenied(format!(
+                "this token may register only agents named {}",
+                agent_names.join(", ")
+            )))
+        }
+    }
+
+    /// The token's name, for a principal; `None` when open.
+    pub fn principal(&self) -> Option<&str> {
+        match self {
+            Caller::Open => None,
+            Caller::Principal { name, .. } => Some(name),
+        }
+    }
+
     /// Whether the caller may see objects of `namespace` at all (reads by id
     /// answer NOT_FOUND otherwise, so other namespaces stay invisible).
     pub fn sees(&self, namespace: &str) -> bool {
@@ -126,10 +154,29 @@ struct FileToken {
     /// …its SHA-256 in hex.
     #[serde(default)]
     sha256: Option<String>,
+    /// For an agent token: the agent names it may register (`*` wildcards).
+    #[serde(default)]
+    agent_names: Vec<String>,
+    /// When it stops being valid, in milliseconds since the epoch.
+    #[serde(default)]
+    expires_at_ms: Option<i64>,
 }
 
-/// Known tokens: the file's (loaded at start) and the store's (looked up on
-/// first use and cached).
+/// How long a token's looked-up record, the tokens file and "is any token
+/// configured" are trusted before they are read again: a revocation, an
+/// expiry, an edited file or the first token of an open server takes
+/// effect on every replica within this.
+pub const FRESH: Duration = Duration::from_secs(1);
+
+/// How often a token's last use is written, at most (per replica).
+const TOUCH_EVERY: Duration = Duration::from_secs(60);
+
+/// Most store lookups kept in memory; past it the cache starts afresh (so a
+/// flood of made-up tokens cannot grow it).
+const MAX_CACHED: usize = 10_000;
+
+/// Known tokens: the file's (re-read when it changes) and the store's
+/// (looked up, and looked up again once [`FRESH`] has passed).
 #[derive(Debug, Clone)]
 pub struct Tokens {
     inner: Arc<TokensInner>,
@@ -137,77 +184,162 @@ pub struct Tokens {
 
 #[derive(Debug)]
 struct TokensInner {
-    /// Token hash → record, from the file and from store lookups.
-    known: RwLock<HashMap<String, TokenRecord>>,
     /// Where created tokens live.
     store: Arc<dyn Store>,
-    /// False when no token exists anywhere: the server is open.
+    /// The tokens file, if any.
+    file: Option<PathBuf>,
+    state: RwLock<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// Token hash → record, from the file.
+    file_tokens: HashMap<String, TokenRecord>,
+    /// The file's modification time when it was read.
+    file_modified: Option<SystemTime>,
+    /// When the file and `enabled` were last checked.
+    checked_at: Instant,
+    /// False while no token exists anywhere: the server is open.
     enabled: bool,
+    /// Token hash → record and when it was read, from the store.
+    cached: HashMap<String, (TokenRecord, Instant)>,
+    /// Token hash → when its last use was written.
+    touched: HashMap<String, Instant>,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or_default()
+}
+
+/// Reads a tokens file: token hash → record.
+fn read_file(path: &Path) -> Result<HashMap<String, TokenRecord>> {
+    let mut known = HashMap::new();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("reading the tokens file {}: {e}", path.display())))?;
+    let entries: Vec<FileToken> = serde_json::from_str(&text).map_err(|e| {
+        Error::Config(format!(
+            "the tokens file {} is not valid: {e}",
+            path.display()
+        ))
+    })?;
+    for (i, entry) in entries.into_iter().enumerate() {
+        let Some(role) = Role::parse(&entry.role) else {
+            return Err(Error::Config(format!(
+                "tokens file entry {i} ({}): role must be agent, submitter or operator",
+                entry.name
+            )));
+        };
+        let hash = match (entry.token, entry.sha256) {
+            (Some(token), None) => hash_token(&token),
+            (None, Some(hash)) if hash.len() == 64 => hash.to_ascii_lowercase(),
+            _ => {
+                return Err(Error::Config(format!(
+                    "tokens file entry {i} ({}): give exactly one of token or sha256 (64 hex digits)",
+                    entry.name
+                )));
+            }
+        };
+        let mut record = TokenRecord::new(entry.name, entry.namespace, role, 0);
+        record.agent_names = entry.agent_names;
+        record.expires_at_ms = entry.expires_at_ms;
+        record.id = hash.chars().take(12).collect();
+        known.insert(hash, record);
+    }
+    Ok(known)
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
 impl Tokens {
     /// Loads the tokens file (if any) and checks whether the store holds
-    /// tokens; auth is on when either has one.
+    /// tokens; auth is on when either has one, and turns on within
+    /// [`FRESH`] of the first token appearing later.
     pub async fn load(file: Option<&Path>, store: Arc<dyn Store>) -> Result<Self> {
-        let mut known = HashMap::new();
-        if let Some(path) = file {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                Error::Config(format!("reading the tokens file {}: {e}", path.display()))
-            })?;
-            let entries: Vec<FileToken> = serde_json::from_str(&text).map_err(|e| {
-                Error::Config(format!(
-                    "the tokens file {} is not valid: {e}",
-                    path.display()
-                ))
-            })?;
-            for (i, entry) in entries.into_iter().enumerate() {
-                let Some(role) = Role::parse(&entry.role) else {
-                    return Err(Error::Config(format!(
-                        "tokens file entry {i} ({}): role must be agent, submitter or operator",
-                        entry.name
-                    )));
-                };
-                let hash = match (entry.token, entry.sha256) {
-                    (Some(token), None) => hash_token(&token),
-                    (None, Some(hash)) if hash.len() == 64 => hash.to_ascii_lowercase(),
-                    _ => {
-                        return Err(Error::Config(format!(
-                            "tokens file entry {i} ({}): give exactly one of token or sha256 (64 hex digits)",
-                            entry.name
-                        )));
-                    }
-                };
-                known.insert(
-                    hash,
-                    TokenRecord {
-                        name: entry.name,
-                        namespace: entry.namespace,
-                        role,
-                        created_at_ms: 0,
-                    },
-                );
-            }
-        }
-        let enabled = !known.is_empty() || store.any_tokens().await?;
+        let file_tokens = match file {
+            Some(path) => read_file(path)?,
+            None => HashMap::new(),
+        };
+        let enabled = !file_tokens.is_empty() || store.any_tokens().await?;
         Ok(Self {
             inner: Arc::new(TokensInner {
-                known: RwLock::new(known),
                 store,
-                enabled,
+                file: file.map(Path::to_path_buf),
+                state: RwLock::new(State {
+                    file_modified: file.and_then(modified),
+                    file_tokens,
+                    checked_at: Instant::now(),
+                    enabled,
+                    cached: HashMap::new(),
+                    touched: HashMap::new(),
+                }),
             }),
         })
     }
 
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.inner
+            .state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.inner
+            .state
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Whether any token is configured.
     pub fn enabled(&self) -> bool {
-        self.inner.enabled
+        self.read().enabled
+    }
+
+    /// Re-reads the tokens file if it changed, and (while open) whether the
+    /// store has a token now, once [`FRESH`] has passed since the last look.
+    async fn refresh(&self) -> Result<()> {
+        let (stale, enabled) = {
+            let state = self.read();
+            (state.checked_at.elapsed() >= FRESH, state.enabled)
+        };
+        if !stale {
+            return Ok(());
+        }
+        self.write().checked_at = Instant::now();
+        if let Some(path) = &self.inner.file {
+            let now_modified = modified(path);
+            if now_modified != self.read().file_modified {
+                match read_file(path) {
+                    Ok(tokens) => {
+                        let mut state = self.write();
+                        state.file_tokens = tokens;
+                        state.file_modified = now_modified;
+                        state.enabled |= !state.file_tokens.is_empty();
+                        tracing::info!(tokens = state.file_tokens.len(), "tokens file re-read");
+                    }
+                    // Half-written or broken: keep what was read before.
+                    Err(err) => tracing::warn!(cause = %err, "tokens file not re-read"),
+                }
+            }
+        }
+        if !enabled && self.inner.store.any_tokens().await? {
+            self.write().enabled = true;
+            tracing::info!("a token was created: authentication is on from now");
+        }
+        Ok(())
     }
 
     /// The caller presenting `authorization` (the request's header value,
     /// if it has one): UNAUTHENTICATED without a valid `Bearer` token while
     /// tokens are configured.
     pub async fn caller(&self, authorization: Option<&str>) -> Result<Caller> {
-        if !self.inner.enabled {
+        self.refresh().await?;
+        if !self.read().enabled {
             return Ok(Caller::Open);
         }
         let header = authorization.ok_or_else(|| {
@@ -222,14 +354,19 @@ impl Tokens {
                 Error::Unauthenticated("authorization must be `Bearer <token>`".to_owned())
             })?;
         let hash = hash_token(token);
-        let cached = self
-            .inner
-            .known
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&hash)
-            .cloned();
-        let record = match cached {
+        let (from_file, cached) = {
+            let state = self.read();
+            (
+                state.file_tokens.get(&hash).cloned(),
+                state
+                    .cached
+                    .get(&hash)
+                    .filter(|(_, at)| at.elapsed() < FRESH)
+                    .map(|(r, _)| r.clone()),
+            )
+        };
+        let from_store = from_file.is_none();
+        let record = match from_file.or(cached) {
             Some(r) => r,
             None => {
                 let record = self
@@ -238,19 +375,57 @@ impl Tokens {
                     .find_token(&hash)
                     .await?
                     .ok_or_else(|| Error::Unauthenticated("unknown token".to_owned()))?;
-                self.inner
-                    .known
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(hash, record.clone());
+                let mut state = self.write();
+                if state.cached.len() >= MAX_CACHED {
+                    state.cached.clear();
+                }
+                state
+                    .cached
+                    .insert(hash.clone(), (record.clone(), Instant::now()));
                 record
             }
         };
+        let now = now_ms();
+        if record.revoked_at_ms.is_some_and(|at| at <= now) {
+            return Err(Error::Unauthenticated("the token was revoked".to_owned()));
+        }
+        if record.expires_at_ms.is_some_and(|at| at <= now) {
+            return Err(Error::Unauthenticated("the token has expired".to_owned()));
+        }
+        if from_store {
+            self.touch(hash, now);
+        }
         Ok(Caller::Principal {
             name: record.name,
             namespace: record.namespace,
             role: record.role,
+            agent_names: record.agent_names,
         })
+    }
+
+    /// Writes the token's last use, at most once per [`TOUCH_EVERY`], off
+    /// the request's path.
+    fn touch(&self, hash: String, now: i64) {
+        {
+            let mut state = self.write();
+            if state
+                .touched
+                .get(&hash)
+                .is_some_and(|at| at.elapsed() < TOUCH_EVERY)
+            {
+                return;
+            }
+            if state.touched.len() >= MAX_CACHED {
+                state.touched.clear();
+            }
+            state.touched.insert(hash.clone(), Instant::now());
+        }
+        let store = self.inner.store.clone();
+        tokio::spawn(async move {
+            if let Err(err) = store.touch_token(&hash, now).await {
+                tracing::debug!(cause = %err, "a token's last use was not written");
+            }
+        });
     }
 }
 
@@ -264,16 +439,19 @@ mod tests {
             name: "a".into(),
             namespace: "ns".into(),
             role: Role::Agent,
+            agent_names: Vec::new(),
         };
         let sub = Caller::Principal {
             name: "s".into(),
             namespace: "ns".into(),
             role: Role::Submitter,
+            agent_names: Vec::new(),
         };
         let op = Caller::Principal {
             name: "o".into(),
             namespace: "ns".into(),
             role: Role::Operator,
+            agent_names: Vec::new(),
         };
         assert!(agent.require(Need::Agent, "ns").is_ok());
         assert!(agent.require(Need::Tasks, "ns").is_err());

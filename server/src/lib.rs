@@ -11,6 +11,7 @@
 //! - [`wire`]: every switchyard.v1 message built from a record, for the API and the dispatcher.
 //! - [`api`]: the three gRPC services, and the one mapping of errors to `tonic::Status`.
 //! - [`auth`]: bearer tokens, roles and namespaces.
+//! - [`tokens`]: the `switchyard-server token` commands (create, list, revoke, rotate).
 //! - [`clock`]: the injected clock.
 //! - [`config`]: the command line (clap; every flag also reads a `SWITCHYARD_*` variable).
 //! - [`server`]: builds the router (services, health, reflection) and serves until shutdown.
@@ -33,6 +34,7 @@ pub mod model;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod tokens;
 pub mod wire;
 
 pub use config::ServerConfig;

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::Parser;
-use switchyard_server::config::{Cli, Command, TokenCommand};
+use switchyard_server::config::{Cli, Command};
 use switchyard_server::{store, telemetry};
 use tokio::net::TcpListener;
 
@@ -28,41 +28,12 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!(backend = store.backend(), "migrations applied");
             Ok(())
         }
-        Command::Token(TokenCommand::Create {
-            name,
-            namespace,
-            role,
-        }) => {
-            let Some(role) = switchyard_server::auth::Role::parse(&role) else {
-                anyhow::bail!("--role must be agent, submitter or operator");
-            };
+        Command::Token(command) => {
             let store = store::open(&cli.config.database_url).await?;
             store.migrate().await?;
-            let token = switchyard_server::auth::generate_token();
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-                .unwrap_or_default();
-            let record = switchyard_server::model::TokenRecord {
-                name,
-                namespace,
-                role,
-                created_at_ms: now,
-            };
-            store
-                .insert_token(&record, &switchyard_server::auth::hash_token(&token))
-                .await
-                .context("storing the token (is the name already used in this namespace?)")?;
+            let result = switchyard_server::tokens::run(store.as_ref(), command).await;
             store.close().await;
-            // The only time the token is shown; only its hash is stored.
-            println!("{token}");
-            eprintln!(
-                "token {:?} for namespace {:?} with role {}: keep it now, it cannot be shown again",
-                record.name,
-                record.namespace,
-                record.role.as_str()
-            );
-            Ok(())
+            result
         }
         Command::Serve => {
             let listener = TcpListener::bind(cli.config.listen)

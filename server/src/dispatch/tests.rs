@@ -107,6 +107,7 @@ impl Fixture {
             labels: BTreeMap::new(),
             runner: "test".into(),
             handled_kinds: vec!["*".into()],
+            registered_by: String::new(),
         };
         let record = self
             .store

@@ -130,6 +130,8 @@ pub struct AgentRegistration {
     pub runner: String,
     /// The task kinds it handles, validated patterns.
     pub handled_kinds: Vec<String>,
+    /// The name of the token registering it (empty on an open server).
+    pub registered_by: String,
 }
 
 /// One heartbeat's writes (the store applies the heartbeats of many

@@ -47,4 +47,82 @@ pub struct TokenRecord {
     pub role: Role,
     /// When it was created.
     pub created_at_ms: i64,
+    /// When it stops being valid, if it does.
+    pub expires_at_ms: Option<i64>,
+    /// When it was (or, for a rotated token, will be) revoked.
+    pub revoked_at_ms: Option<i64>,
+    /// When it last authenticated a request (kept to the minute).
+    pub last_used_at_ms: Option<i64>,
+    /// For an agent token: the agent names it may register, exact or with
+    /// `*` wildcards (`build-*`); empty for any name.
+    pub agent_names: Vec<String>,
+    /// The first 12 hex digits of the token's SHA-256: how listings tell
+    /// tokens of one name apart (it reveals nothing of the token).
+    pub id: String,
+}
+
+impl TokenRecord {
+    /// A new token's record: valid until `expires_at_ms`, if given.
+    pub fn new(name: String, namespace: String, role: Role, created_at_ms: i64) -> Self {
+        Self {
+            name,
+            namespace,
+            role,
+            created_at_ms,
+            expires_at_ms: None,
+            revoked_at_ms: None,
+            last_used_at_ms: None,
+            agent_names: Vec::new(),
+            id: String::new(),
+        }
+    }
+
+    /// Whether the token authenticates at `now_ms`.
+    pub fn valid_at(&self, now_ms: i64) -> bool {
+        self.revoked_at_ms.is_none_or(|at| at > now_ms)
+            && self.expires_at_ms.is_none_or(|at| at > now_ms)
+    }
+
+    /// Whether the token may register an agent called `name`.
+    pub fn may_register(&self, name: &str) -> bool {
+        self.agent_names.is_empty() || self.agent_names.iter().any(|p| glob(p, name))
+    }
+}
+
+/// Whether `name` matches `pattern`, where `*` matches any run of characters.
+fn glob(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty(); // no `*`: exact
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob;
+
+    #[test]
+    fn globs() {
+        assert!(glob("build-1", "build-1"));
+        assert!(!glob("build-1", "build-12"));
+        assert!(glob("build-*", "build-12"));
+        assert!(!glob("build-*", "deploy-1"));
+        assert!(glob("*-gpu", "a-gpu"));
+        assert!(glob("a*b*c", "aXbYc"));
+        assert!(!glob("a*b*c", "aXcYb"));
+        assert!(glob("*", "anything"));
+        assert!(!glob("ab*ab", "ab"));
+    }
 }

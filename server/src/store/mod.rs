@@ -51,6 +51,11 @@ use crate::model::{
     TokenRecord,
 };
 
+/// The ListTasks page token that continues after `task`.
+pub fn task_page_token(task: &TaskRecord) -> String {
+    plan::task_cursor(task.created_at_ms, task.id)
+}
+
 /// Whether `token` is a ListTasks page token this server issued (a task
 /// listing's cursor); the store refuses any other (INVALID_ARGUMENT).
 pub fn is_task_page_token(token: &str) -> bool {
@@ -329,8 +334,29 @@ pub trait TokenStore: Send + Sync {
     async fn insert_token(&self, token: &TokenRecord, hash: &str) -> Result<()>;
     /// Whether any token was created (auth is then on).
     async fn any_tokens(&self) -> Result<bool>;
-    /// The record of the token with this SHA-256 (hex), if any.
+    /// The record of the token with this SHA-256 (hex), if any (revoked
+    /// and expired ones too: the caller checks [`TokenRecord::valid_at`]).
     async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>>;
+    /// Every token of `namespace` (of all namespaces if empty), revoked and
+    /// expired ones too.
+    async fn list_tokens(&self, namespace: &str) -> Result<Vec<TokenRecord>>;
+    /// Revokes, as of `at_ms`, the tokens called `name` in `namespace`;
+    /// how many were.
+    async fn revoke_token(&self, namespace: &str, name: &str, at_ms: i64) -> Result<u64>;
+    /// Replaces the current token called `name` by the one with `new_hash`
+    /// (same role and agent names), revoking the old one `grace_ms` after
+    /// `now_ms`; `None` when no current token has that name.
+    async fn rotate_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        new_hash: &str,
+        expires_at_ms: Option<i64>,
+        now_ms: i64,
+        grace_ms: i64,
+    ) -> Result<Option<TokenRecord>>;
+    /// Notes that the token with this hash was used at `at_ms`.
+    async fn touch_token(&self, hash: &str, at_ms: i64) -> Result<()>;
 }
 
 /// The operations the server needs from its database.

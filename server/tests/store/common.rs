@@ -383,6 +383,7 @@ async fn register(
                 labels: BTreeMap::new(),
                 runner: "switchyard-agent/0.1.0 (rust)".to_owned(),
                 handled_kinds: vec!["*".to_owned()],
+                registered_by: String::new(),
             },
             T0,
         )

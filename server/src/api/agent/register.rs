@@ -23,6 +23,7 @@ impl Api {
     ) -> Result<pb::RegisterAgentResponse> {
         let namespace = namespace("namespace", &req.namespace)?;
         caller.require(Need::Agent, &namespace)?;
+        caller.may_register(&req.name)?;
         self.admit_agent(&namespace, &req.name).await?;
         if req.name.trim().is_empty() || req.name.len() > 253 {
             return Err(invalid("name", "is required, at most 253 bytes"));
@@ -45,6 +46,7 @@ impl Api {
             labels: crate::api::bounds::labels("labels", req.labels)?,
             runner: req.runner,
             handled_kinds,
+            registered_by: caller.principal().unwrap_or_default().to_owned(),
         };
         let mut record = self
             .store

@@ -46,9 +46,9 @@ const REGISTER: &str = const_format::concatcp!(
     "INSERT INTO agents (id, namespace, name, document, provenance, rejections, reported, \
      operator_overrides, generation, status, status_reasons, capacity, active_leases, drained, \
      labels, runner, handled_kinds, session_epoch, last_seen_at_ms, registered_at_ms, \
-     updated_at_ms) \
+     updated_at_ms, registered_by) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, 'ready', $9, $10, 0, FALSE, $11, $12, $14, 1, \
-     $13, $13, $13) \
+     $13, $13, $13, $15) \
      ON CONFLICT (namespace, name) DO UPDATE SET \
      document = excluded.document, provenance = excluded.provenance, \
      rejections = excluded.rejections, reported = excluded.reported, \
@@ -58,7 +58,9 @@ const REGISTER: &str = const_format::concatcp!(
      ELSE excluded.status_reasons END, \
      capacity = excluded.capacity, labels = excluded.labels, runner = excluded.runner, \
      handled_kinds = excluded.handled_kinds, session_epoch = agents.session_epoch + 1, last_seen_at_ms = excluded.last_seen_at_ms, \
-     updated_at_ms = excluded.updated_at_ms \
+     updated_at_ms = excluded.updated_at_ms, registered_by = excluded.registered_by \
+     WHERE agents.registered_by = excluded.registered_by OR agents.registered_by = '' \
+     OR agents.status = 'offline' \
      RETURNING ",
     AGENT_COLUMNS
 );
@@ -86,12 +88,17 @@ pub(crate) async fn register<DB: SqlDb>(
         .text(&registration.runner)
         .arg(now_ms)
         .json(&registration.handled_kinds[..])
+        .text(&registration.registered_by)
         .optional(w.conn())
         .await
         .map_err(db("registering an agent"))?
-        .ok_or(Error::Corrupt {
-            context: "registering an agent",
-            detail: "the upsert returned no row".to_owned(),
+        // The upsert's condition held the row back: the name is another
+        // token's, and its agent is online.
+        .ok_or_else(|| {
+            Error::FailedPrecondition(format!(
+                "agent {} is online under another token; it can be taken over once it is offline",
+                registration.name
+            ))
         })?;
     let agent = rows::agent::<DB>(&row)?;
     tasks::lift_refusals(w, agent.id).await?;

@@ -622,6 +622,44 @@ impl<B: Backend> TokenStore for SqlStore<B> {
         self.read(|c, _| Box::pin(tokens::find::<B::Db>(c, hash)))
             .await
     }
+
+    async fn list_tokens(&self, namespace: &str) -> Result<Vec<TokenRecord>> {
+        self.read(|c, _| Box::pin(tokens::list::<B::Db>(c, namespace)))
+            .await
+    }
+
+    async fn revoke_token(&self, namespace: &str, name: &str, at_ms: i64) -> Result<u64> {
+        self.write(|w, _| Box::pin(tokens::revoke(w, namespace, name, at_ms)))
+            .await
+    }
+
+    async fn rotate_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        new_hash: &str,
+        expires_at_ms: Option<i64>,
+        now_ms: i64,
+        grace_ms: i64,
+    ) -> Result<Option<TokenRecord>> {
+        self.write(|w, _| {
+            Box::pin(tokens::rotate(
+                w,
+                namespace,
+                name,
+                new_hash,
+                expires_at_ms,
+                now_ms,
+                grace_ms,
+            ))
+        })
+        .await
+    }
+
+    async fn touch_token(&self, hash: &str, at_ms: i64) -> Result<()> {
+        self.write(|w, _| Box::pin(tokens::touch(w, hash, at_ms)))
+            .await
+    }
 }
 
 #[async_trait]

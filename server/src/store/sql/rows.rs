@@ -45,7 +45,7 @@ pub(crate) const EVENT_COLUMNS: &str =
     "task_id, sequence, kind, state, message, agent_id, lease_id, occurred_at_ms";
 
 /// The columns that read a [`TokenRecord`].
-pub(crate) const TOKEN_COLUMNS: &str = "name, namespace, role, created_at_ms";
+pub(crate) const TOKEN_COLUMNS: &str = "hash, name, namespace, role, created_at_ms, expires_at_ms, revoked_at_ms, last_used_at_ms, agent_names";
 
 /// A stored enum's name, parsed (a name the code does not know is corrupt
 /// data).
@@ -243,6 +243,16 @@ pub(crate) fn token<DB: SqlDb>(row: &DB::Row) -> Result<TokenRecord> {
         namespace: cols.get("namespace")?,
         role: stored::<Role>(&cols.get::<String>("role")?, CONTEXT)?,
         created_at_ms: cols.get("created_at_ms")?,
+        expires_at_ms: cols.get("expires_at_ms")?,
+        revoked_at_ms: cols.get("revoked_at_ms")?,
+        last_used_at_ms: cols.get("last_used_at_ms")?,
+        agent_names: cols
+            .get::<String>("agent_names")?
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        id: cols.get::<String>("hash")?.chars().take(12).collect(),
     })
 }
 
