@@ -47,6 +47,47 @@ pub enum TokenCommand {
         /// agent, submitter or operator.
         #[arg(long)]
         role: String,
+        /// The token stops being valid this many seconds from now.
+        #[arg(long)]
+        expires_in_secs: Option<u64>,
+        /// For an agent token: the agent names it may register, exact or
+        /// with `*` wildcards (`build-*`); repeat or separate with commas.
+        #[arg(long, value_delimiter = ',')]
+        agent_names: Vec<String>,
+    },
+    /// List the stored tokens (never the tokens themselves): name,
+    /// namespace, role, id (the start of its SHA-256), created, last used,
+    /// expiry and revocation.
+    List {
+        /// Only this namespace's (all if not given).
+        #[arg(long, default_value = "")]
+        namespace: String,
+    },
+    /// Revoke the tokens called NAME in a namespace: every replica refuses
+    /// them within a second.
+    Revoke {
+        /// The token's name.
+        #[arg(long)]
+        name: String,
+        /// Its namespace.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+    },
+    /// Replace the token called NAME by a new one (printed once, same role
+    /// and agent names); the old one keeps working for the grace period.
+    Rotate {
+        /// The token's name.
+        #[arg(long)]
+        name: String,
+        /// Its namespace.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// How long the old token stays valid, in seconds (0: revoked now).
+        #[arg(long, default_value_t = 3600)]
+        grace_secs: u64,
+        /// The new token stops being valid this many seconds from now.
+        #[arg(long)]
+        expires_in_secs: Option<u64>,
     },
 }
 
@@ -229,6 +270,20 @@ pub struct ServerConfig {
     )]
     pub concurrency_per_connection: usize,
 
+    /// HTTP/2 receive window of one connection, in bytes. It also sizes the
+    /// flood protection: a connection may hold unread small DATA frames
+    /// worth half of it (each counted as 256 bytes) before it is closed with
+    /// ENHANCE_YOUR_CALM, so a fleet multiplexed on one connection needs
+    /// room for every agent's burst of heartbeats.
+    #[arg(
+        long,
+        env = "SWITCHYARD_HTTP2_CONNECTION_WINDOW_BYTES",
+        default_value_t = 8 * 1024 * 1024,
+        value_parser = clap::value_parser!(u32).range(65_535..=i32::MAX as i64),
+        global = true
+    )]
+    pub http2_connection_window_bytes: u32,
+
     /// Most queued tasks one namespace may hold (0: no limit).
     #[arg(
         long,
@@ -326,6 +381,7 @@ impl ServerConfig {
             max_message_bytes: 4 * 1024 * 1024,
             request_timeout_ms: 30_000,
             concurrency_per_connection: 256,
+            http2_connection_window_bytes: 8 * 1024 * 1024,
             max_queued_tasks_per_namespace: 100_000,
             max_running_tasks_per_namespace: 0,
             max_agents_per_namespace: 20_000,

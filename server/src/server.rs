@@ -247,6 +247,7 @@ fn router(
 ) -> Result<tonic::transport::server::Router> {
     let mut builder = Server::builder()
         .concurrency_limit_per_connection(config.concurrency_per_connection)
+        .initial_connection_window_size(config.http2_connection_window_bytes)
         .timeout(Duration::from_millis(config.request_timeout_ms))
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)));

@@ -37,6 +37,8 @@ fuzz_target!(|data: &[u8]| {
                 "provides": {"ai.llm": {"version": "1.2.0", "healthy": false, "reason": "missing parameter API_KEY"}}
             });
             let agent = AgentView {
+                held: Default::default(),
+                kinds: Default::default(),
                 agent_id: "a".into(),
                 namespace: "default".into(),
                 status: AgentStatus::Ready,

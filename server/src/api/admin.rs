@@ -52,8 +52,17 @@ impl AgentAdminService for AdminApi {
             after: (!req.page_token.is_empty()).then_some(req.page_token),
         };
         let (agents, next) = self.0.store.list_agents(&ns, &statuses, &page).await?;
+        let mut wire_agents: Vec<pb::Agent> =
+            agents.iter().map(|a| wire::agent(a, false)).collect();
+        let kept = super::bounds::fitting(&wire_agents);
+        let next = if kept < wire_agents.len() {
+            wire_agents.truncate(kept);
+            Some(agents[kept - 1].name.clone())
+        } else {
+            next
+        };
         Ok(Response::new(pb::ListAgentsResponse {
-            agents: agents.iter().map(|a| wire::agent(a, false)).collect(),
+            agents: wire_agents,
             next_page_token: next.unwrap_or_default(),
         }))
     }
@@ -265,6 +274,9 @@ impl AgentAdminService for AdminApi {
                 }
             }
         }
+        // Within the page budget: the summary still counts every agent.
+        wire_verdicts.truncate(super::bounds::fitting(&wire_verdicts));
+        placeable.truncate(super::bounds::fitting(&placeable));
         Ok(Response::new(pb::SimulatePlacementResponse {
             summary,
             verdicts: wire_verdicts,

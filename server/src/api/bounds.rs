@@ -50,6 +50,27 @@ pub const DETAILS_LIMITS: Limits = Limits {
     max_key_bytes: 256,
     max_array_items: 1_024,
 };
+/// Most encoded bytes of the items of one listing page (1 MiB less room for
+/// the rest of the response; tasks, agents,
+/// history entries, placeable tasks, verdicts): a page is cut at it as well
+/// as at its size, and always holds at least one item, so every page fits a
+/// client's default 4 MiB limit and a strict 1 MiB one alike.
+pub const MAX_PAGE_BYTES: usize = 1024 * 1024 - 4096;
+
+/// How many of `items`, from the first, fit [`MAX_PAGE_BYTES`] (at least
+/// one when there is one).
+pub fn fitting<M: prost::Message>(items: &[M]) -> usize {
+    let mut total = 0usize;
+    for (i, item) in items.iter().enumerate() {
+        let len = item.encoded_len() + 8; // the field's tag and length
+        if i > 0 && total + len > MAX_PAGE_BYTES {
+            return i;
+        }
+        total += len;
+    }
+    items.len()
+}
+
 /// Latest `not_before`, from now: a year and a day.
 pub const MAX_NOT_BEFORE_AHEAD_MS: i64 = 366 * 24 * 3_600_000;
 
@@ -290,4 +311,123 @@ pub fn details(mut details: Value) -> Value {
     }
     redact::redact(&mut details, &Default::default());
     details
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use prost::Message;
+    use serde_json::json;
+    use switchyard_proto::convert::{json_to_struct, json_to_value};
+    use switchyard_proto::v1 as pb;
+
+    /// JSON values up to `depth` containers deep, biased toward objects
+    /// (the deepest on the wire: three messages a level, arrays two).
+    fn value(depth: u32) -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i32>().prop_map(Value::from),
+            "[a-z]{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(depth, 256, 4, |inner| {
+            prop_oneof![
+                3 => prop::collection::btree_map("[a-z]{1,4}", inner.clone(), 1..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+                1 => prop::collection::vec(inner, 1..4).prop_map(Value::Array),
+            ]
+        })
+    }
+
+    /// A value as deep as `kinds` is long, around the limits: each level an
+    /// object (true) or an array (false), with a scalar sibling.
+    fn deep_value(levels: std::ops::Range<usize>) -> impl Strategy<Value = Value> {
+        prop::collection::vec(any::<bool>(), levels).prop_map(|kinds| {
+            kinds.iter().fold(json!("leaf"), |inner, &object| {
+                if object {
+                    json!({"d": inner, "s": 1})
+                } else {
+                    json!([inner, 1])
+                }
+            })
+        })
+    }
+
+    /// `levels` objects, one inside the other, around a scalar.
+    fn chain(levels: usize) -> Value {
+        (0..levels).fold(json!(1), |v, _| json!({"d": v}))
+    }
+
+    /// A grant carrying `task`, encoded and decoded as a runner would.
+    fn grant_decodes(task: pb::Task) -> bool {
+        let bytes = pb::ConnectResponse {
+            message: Some(pb::connect_response::Message::LeaseGrant(pb::LeaseGrant {
+                task: Some(task),
+                ..Default::default()
+            })),
+        }
+        .encode_to_vec();
+        pb::ConnectResponse::decode(bytes.as_slice()).is_ok()
+    }
+
+    fn task_with(payload: &Value, schema: &Value, operand: &Value, details: &Value) -> pb::Task {
+        pb::Task {
+            payload: Some(json_to_struct(payload)),
+            result: Some(json_to_struct(payload)),
+            placement: Some(pb::Placement {
+                json_schema: Some(json_to_struct(schema)),
+                requirements: vec![pb::Requirement {
+                    key: "k".into(),
+                    operator: pb::Operator::Eq as i32,
+                    values: vec![json_to_value(operand)],
+                }],
+                ..Default::default()
+            }),
+            error: Some(pb::TaskError {
+                details: Some(json_to_struct(details)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_limit_at_once_decodes_and_one_more_level_does_not() {
+        let deepest = chain(31); // inside a root object: 32 levels
+        let doc = json!({"x": deepest});
+        assert!(Limits::default().violations(&doc).is_empty());
+        let operand = (0..MAX_OPERAND_DEPTH).fold(json!(1), |v, _| json!({"d": v}));
+        assert_eq!(depth(&operand), MAX_OPERAND_DEPTH);
+        let details = json!({"x": chain(DETAILS_LIMITS.max_depth - 1)});
+        assert!(DETAILS_LIMITS.violations(&details).is_empty());
+        assert!(grant_decodes(task_with(&doc, &doc, &operand, &details)));
+        // The margin is real: a schema one level deeper than allowed is
+        // what the runners could not decode.
+        let too_deep = json!({"x": chain(33)});
+        assert!(!grant_decodes(task_with(
+            &doc, &too_deep, &operand, &details
+        )));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Whatever the document limits and the operand bound accept,
+        /// wrapped in a task in a grant, decodes with prost's defaults.
+        #[test]
+        fn accepted_values_decode_in_a_grant(
+            payload in prop_oneof![value(34), deep_value(24..36)],
+            schema in prop_oneof![value(34), deep_value(24..36)],
+            operand in prop_oneof![value(10), deep_value(4..12)],
+            details in prop_oneof![value(10), deep_value(4..12)],
+        ) {
+            let wrap = |v: Value| if v.is_object() { v } else { json!({"v": v}) };
+            let (payload, schema, details) = (wrap(payload), wrap(schema), wrap(details));
+            prop_assume!(Limits::default().violations(&payload).is_empty());
+            prop_assume!(Limits::default().violations(&schema).is_empty());
+            prop_assume!(DETAILS_LIMITS.violations(&details).is_empty());
+            prop_assume!(depth(&operand) <= MAX_OPERAND_DEPTH);
+            prop_assert!(grant_decodes(task_with(&payload, &schema, &operand, &details)));
+        }
+    }
 }

@@ -297,8 +297,16 @@ impl TaskService for TaskApi {
             after: (!req.page_token.is_empty()).then_some(req.page_token),
         };
         let (tasks, next) = self.0.store.list_tasks(&filter, &page).await?;
+        let mut wire_tasks: Vec<pb::Task> = tasks.iter().map(wire::task).collect();
+        let kept = super::bounds::fitting(&wire_tasks);
+        let next = if kept < wire_tasks.len() {
+            wire_tasks.truncate(kept);
+            Some(crate::store::task_page_token(&tasks[kept - 1]))
+        } else {
+            next
+        };
         Ok(Response::new(pb::ListTasksResponse {
-            tasks: tasks.iter().map(wire::task).collect(),
+            tasks: wire_tasks,
             next_page_token: next.unwrap_or_default(),
         }))
     }

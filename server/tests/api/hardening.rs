@@ -479,9 +479,401 @@ async fn every_input_is_bounded(backend: Backend) {
     server.stop().await;
 }
 
+/// Calls `ListTasks` with `token` until `pass` holds for its code; the
+/// last code (the server re-reads tokens within a second).
+async fn until_code(server: &TestServer, token: Option<&str>, pass: impl Fn(Code) -> bool) -> Code {
+    let mut tasks = server.tasks().await;
+    let deadline = tokio::time::Instant::now() + crate::common::PROMPT;
+    loop {
+        let request = pb::ListTasksRequest::default();
+        let request = match token {
+            Some(t) => with(t, request),
+            None => tonic::Request::new(request),
+        };
+        let code = match tasks.list_tasks(request).await {
+            Ok(_) => Code::Ok,
+            Err(s) => s.code(),
+        };
+        if pass(code) || tokio::time::Instant::now() > deadline {
+            return code;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+async fn tokens_can_be_revoked_rotated_and_expire(backend: Backend) {
+    use switchyard_server::auth::{Role, hash_token};
+    use switchyard_server::model::TokenRecord;
+    let server = TestServer::start(backend).await;
+    assert_eq!(until_code(&server, None, |c| c == Code::Ok).await, Code::Ok);
+    // Another replica's view of the same database.
+    let store = switchyard_server::store::open(&server.url).await.unwrap();
+
+    // An open server gains a token: it enforces tokens from then on.
+    let ci = "sy_ci_token_0123456789abcdef";
+    let record = TokenRecord::new("ci".into(), "default".into(), Role::Submitter, now_ms());
+    store.insert_token(&record, &hash_token(ci)).await.unwrap();
+    assert_eq!(
+        until_code(&server, None, |c| c != Code::Ok).await,
+        Code::Unauthenticated
+    );
+    assert_eq!(
+        until_code(&server, Some(ci), |c| c == Code::Ok).await,
+        Code::Ok
+    );
+    let listed = store.list_tokens("default").await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, hash_token(ci)[..12]);
+    // The last use is written off the request's path.
+    let deadline = tokio::time::Instant::now() + crate::common::PROMPT;
+    while store.list_tokens("default").await.unwrap()[0]
+        .last_used_at_ms
+        .is_none()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "last use never written"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    // Revoked (as `switchyard-server token revoke` does): refused.
+    switchyard_server::tokens::run(
+        store.as_ref(),
+        switchyard_server::config::TokenCommand::Revoke {
+            name: "ci".into(),
+            namespace: "default".into(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        until_code(&server, Some(ci), |c| c != Code::Ok).await,
+        Code::Unauthenticated
+    );
+
+    // Rotated with a grace: both work; without one: only the new one.
+    let old = "sy_deploy_old_0123456789abcdef";
+    let new = "sy_deploy_new_0123456789abcdef";
+    let newest = "sy_deploy_newest_0123456789ab";
+    let record = TokenRecord::new("deploy".into(), "default".into(), Role::Operator, now_ms());
+    store.insert_token(&record, &hash_token(old)).await.unwrap();
+    assert_eq!(
+        until_code(&server, Some(old), |c| c == Code::Ok).await,
+        Code::Ok
+    );
+    let rotated = store
+        .rotate_token(
+            "default",
+            "deploy",
+            &hash_token(new),
+            None,
+            now_ms(),
+            3_600_000,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rotated.role, Role::Operator);
+    assert_eq!(
+        until_code(&server, Some(new), |c| c == Code::Ok).await,
+        Code::Ok
+    );
+    assert_eq!(
+        until_code(&server, Some(old), |c| c == Code::Ok).await,
+        Code::Ok
+    );
+    store
+        .rotate_token("default", "deploy", &hash_token(newest), None, now_ms(), 0)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        until_code(&server, Some(new), |c| c != Code::Ok).await,
+        Code::Unauthenticated
+    );
+    assert_eq!(
+        until_code(&server, Some(newest), |c| c == Code::Ok).await,
+        Code::Ok
+    );
+    assert_eq!(
+        until_code(&server, Some(old), |c| c == Code::Ok).await,
+        Code::Ok,
+        "still in its grace"
+    );
+
+    // Expired: refused from the first use.
+    let stale = "sy_stale_token_0123456789abcd";
+    let mut record = TokenRecord::new("stale".into(), "default".into(), Role::Submitter, now_ms());
+    record.expires_at_ms = Some(now_ms() - 1);
+    store
+        .insert_token(&record, &hash_token(stale))
+        .await
+        .unwrap();
+    let err = server
+        .tasks()
+        .await
+        .list_tasks(with(stale, pb::ListTasksRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(err.message().contains("expired"), "{}", err.message());
+    store.close().await;
+    server.stop().await;
+}
+
+async fn a_removed_tokens_file_entry_stops_working(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.json");
+    let write = |entries: Value| std::fs::write(&path, entries.to_string()).unwrap();
+    let keep = json!({"name": "keep", "namespace": "default", "role": "submitter", "token": "sy_keep_0123456789abcdef"});
+    let gone = json!({"name": "gone", "namespace": "default", "role": "submitter", "token": "sy_gone_0123456789abcdef"});
+    write(json!([keep, gone]));
+    let server = TestServer::start_with(backend, |c| c.tokens_file = Some(path.clone())).await;
+    let gone_token = Some("sy_gone_0123456789abcdef");
+    assert_eq!(
+        until_code(&server, gone_token, |c| c == Code::Ok).await,
+        Code::Ok
+    );
+    write(json!([keep]));
+    assert_eq!(
+        until_code(&server, gone_token, |c| c != Code::Ok).await,
+        Code::Unauthenticated
+    );
+    assert_eq!(
+        until_code(&server, Some("sy_keep_0123456789abcdef"), |c| c == Code::Ok).await,
+        Code::Ok
+    );
+    server.stop().await;
+}
+
+async fn agent_tokens_are_bound_to_their_names(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.json");
+    std::fs::write(
+        &path,
+        json!([
+            {"name": "builders", "namespace": "default", "role": "agent", "token": "sy_builders_0123456789",
+             "agent_names": ["build-*"]},
+            {"name": "other", "namespace": "default", "role": "agent", "token": "sy_other_agent_0123456789"},
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let server = TestServer::start_with(backend, |c| c.tokens_file = Some(path.clone())).await;
+    let mut agents = pb::agent_service_client::AgentServiceClient::new(server.channel().await);
+    let register = |name: &str| pb::RegisterAgentRequest {
+        name: name.into(),
+        capacity: 1,
+        handled_kinds: vec!["*".into()],
+        ..Default::default()
+    };
+    let err = agents
+        .register_agent(with("sy_builders_0123456789", register("deploy-1")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("build-*"), "{}", err.message());
+    agents
+        .register_agent(with("sy_builders_0123456789", register("build-1")))
+        .await
+        .unwrap();
+    // Another token may not take over a name whose agent is online.
+    let err = agents
+        .register_agent(with("sy_other_agent_0123456789", register("build-1")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    // The same token may re-register it (a restart).
+    agents
+        .register_agent(with("sy_builders_0123456789", register("build-1")))
+        .await
+        .unwrap();
+    server.stop().await;
+}
+
+async fn pages_are_cut_by_bytes(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    for i in 0..6 {
+        submit_request(
+            &server,
+            pb::SubmitTaskRequest {
+                kind: "big".into(),
+                payload: Some(json_to_struct(
+                    &json!({"i": i, "blob": "x".repeat(250_000)}),
+                )),
+                ..Default::default()
+            },
+        )
+        .await;
+    }
+    // A client that takes at most 1 MiB per message reads every task.
+    let mut tasks = server.tasks().await.max_decoding_message_size(1024 * 1024);
+    let mut seen = 0;
+    let mut pages = 0;
+    let mut token = String::new();
+    loop {
+        let page = tasks
+            .list_tasks(pb::ListTasksRequest {
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("every page fits 1 MiB")
+            .into_inner();
+        assert!(!page.tasks.is_empty());
+        seen += page.tasks.len();
+        pages += 1;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(seen, 6);
+    assert!(pages >= 2, "six 250 KB tasks need two pages or more");
+    server.stop().await;
+}
+
+/// One gRPC message as it goes in a DATA frame: a flag byte, the length, the bytes.
+fn grpc_frame(message: &impl prost::Message) -> bytes::Bytes {
+    let body = message.encode_to_vec();
+    let mut out = Vec::with_capacity(body.len() + 5);
+    out.push(0);
+    out.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    out.extend_from_slice(&body);
+    out.into()
+}
+
+/// A fleet multiplexed on one HTTP/2 connection, each agent sending a burst
+/// of heartbeats as one small DATA frame each (as grpcio and raw clients
+/// do; tonic coalesces them), keeps every stream: every heartbeat is
+/// acknowledged and the connection is not closed for flooding.
+async fn a_fleet_on_one_connection_survives_bursts(backend: Backend) {
+    const AGENTS: usize = 100;
+    const BURST: u64 = 40;
+    let server = TestServer::start(backend).await;
+    let mut registrations = Vec::new();
+    let mut client = pb::agent_service_client::AgentServiceClient::new(server.channel().await);
+    for i in 0..AGENTS {
+        let reg = client
+            .register_agent(pb::RegisterAgentRequest {
+                name: format!("burst-{i}"),
+                capacity: 1,
+                handled_kinds: vec!["*".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        registrations.push(reg);
+    }
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    // The client reads every stream at once, with room for all the acks.
+    let (h2, connection) = h2::client::Builder::new()
+        .initial_connection_window_size(16 * 1024 * 1024)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    let mut h2 = h2.ready().await.unwrap();
+    let mut streams = Vec::new();
+    for reg in &registrations {
+        let request = http::Request::post(format!(
+            "http://{}/switchyard.v1.AgentService/Connect",
+            server.addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (response, mut send) = h2.send_request(request, false).unwrap();
+        let hello = pb::ConnectRequest {
+            sequence: 1,
+            message: Some(pb::connect_request::Message::Hello(pb::Hello {
+                agent_id: reg.agent_id.clone(),
+                session_epoch: reg.session_epoch,
+                held_leases: Vec::new(),
+            })),
+        };
+        send.send_data(grpc_frame(&hello), false).unwrap();
+        streams.push((response, send));
+        h2 = h2.ready().await.unwrap();
+    }
+    // Every agent bursts at once, a DATA frame per heartbeat.
+    for (_, send) in &mut streams {
+        for sequence in 2..2 + BURST {
+            let beat = pb::ConnectRequest {
+                sequence,
+                message: Some(pb::connect_request::Message::Heartbeat(pb::Heartbeat {
+                    status: pb::AgentStatus::Ready as i32,
+                    ..Default::default()
+                })),
+            };
+            send.send_data(grpc_frame(&beat), false).unwrap();
+        }
+    }
+    let mut readers = Vec::new();
+    for (i, (response, send)) in streams.into_iter().enumerate() {
+        readers.push(tokio::spawn(async move {
+            let _send = send; // the agent's half stays open
+            let response = tokio::time::timeout(crate::common::PROMPT, response)
+                .await
+                .unwrap_or_else(|_| panic!("agent {i}: no response"))
+                .unwrap_or_else(|e| panic!("agent {i}: the stream failed: {e}"));
+            let mut body = response.into_body();
+            let mut buffer = Vec::new();
+            let mut acked = 0;
+            while acked < BURST {
+                let chunk = tokio::time::timeout(crate::common::PROMPT, body.data())
+                    .await
+                    .unwrap_or_else(|_| panic!("agent {i}: acks stopped after {acked}"))
+                    .unwrap_or_else(|| panic!("agent {i}: the stream ended after {acked} acks"))
+                    .unwrap_or_else(|e| {
+                        panic!("agent {i}: the stream failed after {acked} acks: {e}")
+                    });
+                let _ = body.flow_control().release_capacity(chunk.len());
+                buffer.extend_from_slice(&chunk);
+                while buffer.len() >= 5 {
+                    let len = u32::from_be_bytes(buffer[1..5].try_into().unwrap()) as usize;
+                    if buffer.len() < 5 + len {
+                        break;
+                    }
+                    let message = pb::ConnectResponse::decode(&buffer[5..5 + len]).unwrap();
+                    buffer.drain(..5 + len);
+                    if let Some(pb::connect_response::Message::Ack(a)) = message.message {
+                        assert_eq!(a.code, 0, "agent {i}: {}", a.message);
+                        acked += 1;
+                    }
+                }
+            }
+        }));
+    }
+    for reader in readers {
+        reader.await.unwrap();
+    }
+    drop(h2);
+    connection.abort();
+    server.stop().await;
+}
+
 crate::on_both_stores!(
     a_schema_too_deep_for_the_runners_is_refused,
     a_submitter_does_not_read_agent_values_in_explanations,
     secrets_are_found_by_value_and_never_stored,
-    every_input_is_bounded
+    every_input_is_bounded,
+    tokens_can_be_revoked_rotated_and_expire,
+    a_removed_tokens_file_entry_stops_working,
+    agent_tokens_are_bound_to_their_names,
+    pages_are_cut_by_bytes,
+    a_fleet_on_one_connection_survives_bursts
 );

@@ -21,3 +21,4 @@ mod resources;
 mod retry;
 mod security;
 mod session;
+mod wire_limits;
