@@ -226,6 +226,18 @@ pub struct ServerConfig {
     #[arg(long, env = "SWITCHYARD_INSECURE", global = true)]
     pub insecure: bool,
 
+    /// Who may use gRPC server reflection (what grpcurl lists and
+    /// describes): public, authenticated (any valid token; everyone while
+    /// the server is open) or off.
+    #[arg(
+        long,
+        env = "SWITCHYARD_REFLECTION",
+        value_enum,
+        default_value_t = crate::reflection::Reflection::Authenticated,
+        global = true
+    )]
+    pub reflection: crate::reflection::Reflection,
+
     /// TLS certificate chain (PEM) for the gRPC port; with --tls-key.
     #[arg(long, env = "SWITCHYARD_TLS_CERT", requires = "tls_key", global = true)]
     pub tls_cert: Option<std::path::PathBuf>,
@@ -374,6 +386,7 @@ impl ServerConfig {
             max_attempts: 3,
             tokens_file: None,
             insecure: false,
+            reflection: crate::reflection::Reflection::Authenticated,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,

@@ -15,6 +15,7 @@
 //! - [`clock`]: the injected clock.
 //! - [`config`]: the command line (clap; every flag also reads a `SWITCHYARD_*` variable).
 //! - [`server`]: builds the router (services, health, reflection) and serves until shutdown.
+//! - [`reflection`]: who may use server reflection (`--reflection public|authenticated|off`).
 //! - [`metrics`]: the Prometheus recorder and its HTTP endpoint.
 //! - [`telemetry`]: tracing set-up (text or JSON logs).
 //! - [`ctl`]: the `switchyard` operator CLI, a plain gRPC client.
@@ -31,6 +32,7 @@ pub mod dispatch;
 pub mod error;
 pub mod metrics;
 pub mod model;
+pub mod reflection;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -16,8 +16,34 @@ use tokio::net::TcpListener;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Errors are printed as one chain of causes, never with a backtrace
+/// (whatever `RUST_BACKTRACE` says): they are for the person who started it.
+fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("switchyard-server: cannot start the runtime: {err}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            // Each cause once: an error's text often already holds its source's.
+            let mut text = err.to_string();
+            for cause in err.chain().skip(1) {
+                let cause = cause.to_string();
+                if !text.contains(&cause) {
+                    text = format!("{text}: {cause}");
+                }
+            }
+            eprintln!("switchyard-server: {text}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     telemetry::init(cli.config.log_format);
     match cli.command.unwrap_or(Command::Serve) {
@@ -36,6 +62,13 @@ async fn main() -> anyhow::Result<()> {
             result
         }
         Command::Serve => {
+            // Everything is checked and opened before the port is taken, so
+            // nothing says "listening" about a server that cannot run.
+            let prepared = switchyard_server::server::prepare(
+                cli.config.clone(),
+                switchyard_server::clock::Clock::system(),
+            )
+            .await?;
             let listener = TcpListener::bind(cli.config.listen)
                 .await
                 .with_context(|| format!("binding {}", cli.config.listen))?;
@@ -46,7 +79,7 @@ async fn main() -> anyhow::Result<()> {
             stdout.flush()?;
             drop(stdout);
             tracing::info!(%addr, database = %store::redact_url(&cli.config.database_url), "serving");
-            switchyard_server::run(listener, cli.config, shutdown_signal()).await?;
+            prepared.serve(listener, shutdown_signal()).await?;
             Ok(())
         }
     }

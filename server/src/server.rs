@@ -27,6 +27,7 @@ use crate::config::ServerConfig;
 use crate::dispatch::{DispatchSettings, Dispatcher};
 use crate::error::{Error, Result};
 use crate::model::TaskState;
+use crate::reflection::{Guarded, Reflection};
 use crate::store::{self, Store};
 
 /// Opens the store named by `config`, runs its migrations, and serves gRPC
@@ -128,6 +129,34 @@ pub async fn run_with_clock(
     clock: Clock,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    prepare(config, clock)
+        .await?
+        .serve(listener, shutdown)
+        .await
+}
+
+/// A server with everything checked and opened (the store migrated, the
+/// tokens and the TLS files read), not yet serving: the binary prepares
+/// before it binds, so bad settings fail before it says it is listening.
+pub struct Prepared {
+    config: ServerConfig,
+    store: Arc<dyn Store>,
+    api: Api,
+    dispatcher: Dispatcher,
+    router: tonic::transport::server::Router,
+    health: HealthReporter,
+    metrics: Option<TcpListener>,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared").finish_non_exhaustive()
+    }
+}
+
+/// Opens and checks everything `config` names; see [`Prepared`].
+pub async fn prepare(config: ServerConfig, clock: Clock) -> Result<Prepared> {
+    check_tls_files(&config)?;
     let options = store::StoreOptions {
         max_releases: config.max_releases_per_task,
         max_running_per_namespace: config.max_running_tasks_per_namespace,
@@ -138,57 +167,143 @@ pub async fn run_with_clock(
     info!(backend = store.backend(), "store ready");
     let tokens = load_tokens(&config, store.clone()).await?;
     let dispatcher = Dispatcher::new(store.clone(), clock, dispatch_settings(&config));
-    let mut workers = dispatcher.spawn();
     let api = Api::new(
         store.clone(),
         dispatcher.clone(),
         api_settings(&config),
         tokens,
     );
-    if let Some(addr) = config.metrics_listen {
-        let listener = crate::metrics::bind(addr)
-            .await
-            .map_err(|e| Error::Config(format!("binding the metrics address {addr}: {e}")))?;
-        workers.push(tokio::spawn(crate::metrics::serve(listener)));
-    }
-    let _ = crate::metrics::handle();
-    workers.push(tokio::spawn(count_tasks(store.clone())));
-    let (health, health_service) = tonic_health::server::health_reporter();
-    set_health(&health, ServingStatus::Serving).await;
-    workers.push(tokio::spawn(watch_store(store.clone(), health.clone())));
-
-    // Shutdown: stop granting and send every agent elsewhere, then give
-    // in-flight requests the grace period.
-    let (stopped_tx, mut stopped) = tokio::sync::watch::channel(false);
-    let graceful = async move {
-        shutdown.await;
-        info!("shutting down: draining agents");
-        set_health(&health, ServingStatus::NotServing).await;
-        dispatcher.drain_all("server shutting down");
-        let _ = stopped_tx.send(true);
+    let metrics = match config.metrics_listen {
+        Some(addr) => Some(
+            crate::metrics::bind(addr)
+                .await
+                .map_err(|e| Error::Config(format!("binding the metrics address {addr}: {e}")))?,
+        ),
+        None => None,
     };
-    let router = router(&config, api, health_service)?;
-    // Nagle's algorithm would hold small pushes (a grant is a few hundred
-    // bytes) for tens of milliseconds: send them at once.
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let serve = router.serve_with_incoming_shutdown(incoming, graceful);
-    let grace = Duration::from_millis(config.shutdown_grace_ms);
-    let outcome = tokio::select! {
-        result = serve => result.map_err(Error::from),
-        () = async {
-            let _ = stopped.wait_for(|s| *s).await;
-            tokio::time::sleep(grace).await;
-        } => {
-            warn!(grace_ms = config.shutdown_grace_ms, "grace period over; closing remaining streams");
-            Ok(())
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let router = router(&config, api.clone(), health_service)?;
+    Ok(Prepared {
+        config,
+        store,
+        api,
+        dispatcher,
+        router,
+        health,
+        metrics,
+    })
+}
+
+impl Prepared {
+    /// Serves gRPC on `listener` until `shutdown` completes.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let Prepared {
+            config,
+            store,
+            api,
+            dispatcher,
+            router,
+            health,
+            metrics,
+        } = self;
+        drop(api);
+        let mut workers = dispatcher.spawn();
+        if let Some(listener) = metrics {
+            workers.push(tokio::spawn(crate::metrics::serve(listener)));
+        }
+        let _ = crate::metrics::handle();
+        workers.push(tokio::spawn(count_tasks(store.clone())));
+        set_health(&health, ServingStatus::Serving).await;
+        workers.push(tokio::spawn(watch_store(store.clone(), health.clone())));
+
+        // Shutdown: stop granting and send every agent elsewhere, then give
+        // in-flight requests the grace period.
+        let (stopped_tx, mut stopped) = tokio::sync::watch::channel(false);
+        let graceful = async move {
+            shutdown.await;
+            info!("shutting down: draining agents");
+            set_health(&health, ServingStatus::NotServing).await;
+            dispatcher.drain_all("server shutting down");
+            let _ = stopped_tx.send(true);
+        };
+        // Nagle's algorithm would hold small pushes (a grant is a few hundred
+        // bytes) for tens of milliseconds: send them at once.
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let serve = router.serve_with_incoming_shutdown(incoming, graceful);
+        let grace = Duration::from_millis(config.shutdown_grace_ms);
+        let outcome = tokio::select! {
+            result = serve => result.map_err(Error::from),
+            () = async {
+                let _ = stopped.wait_for(|s| *s).await;
+                tokio::time::sleep(grace).await;
+            } => {
+                warn!(grace_ms = config.shutdown_grace_ms, "grace period over; closing remaining streams");
+                Ok(())
+            }
+        };
+        for worker in workers {
+            worker.abort();
+        }
+        store.close().await;
+        info!("server stopped");
+        outcome
+    }
+}
+
+/// Refuses TLS files that hold no certificate or no private key, saying
+/// which, before anything serves (the TLS library only says "transport
+/// error", and only once a connection comes).
+fn check_tls_files(config: &ServerConfig) -> Result<()> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = |path: &std::path::Path, what: &str| -> Result<()> {
+        let pem = read_pem(path, what)?;
+        let found =
+            CertificateDer::pem_slice_iter(&pem).collect::<std::result::Result<Vec<_>, _>>();
+        match found {
+            Ok(certs) if !certs.is_empty() => Ok(()),
+            Ok(_) => Err(Error::Config(format!(
+                "the {what} {} holds no PEM certificate",
+                path.display()
+            ))),
+            Err(e) => Err(Error::Config(format!(
+                "the {what} {} is not valid PEM: {e}",
+                path.display()
+            ))),
         }
     };
-    for worker in workers {
-        worker.abort();
+    match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => {
+            certs(cert, "TLS certificate")?;
+            let pem = read_pem(key, "TLS key")?;
+            PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+                Error::Config(format!(
+                    "the TLS key {} holds no usable PEM private key: {e}",
+                    key.display()
+                ))
+            })?;
+        }
+        (None, None) => {}
+        _ => {
+            return Err(Error::Config(
+                "--tls-cert and --tls-key go together: give both or neither".to_owned(),
+            ));
+        }
     }
-    store.close().await;
-    info!("server stopped");
-    outcome
+    if let Some(ca) = &config.tls_client_ca {
+        if config.tls_cert.is_none() {
+            return Err(Error::Config(
+                "--tls-client-ca needs --tls-cert and --tls-key".to_owned(),
+            ));
+        }
+        certs(ca, "client CA")?;
+    }
+    Ok(())
 }
 
 /// The tokens the server authenticates with. With none at all it is open,
@@ -269,10 +384,18 @@ fn router(
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let max = config.max_message_bytes;
-    Ok(builder
-        .add_service(health)
-        .add_service(reflection().build_v1()?)
-        .add_service(reflection().build_v1alpha()?)
+    let tokens = api.tokens.clone();
+    let mut router = builder.add_service(health);
+    router = match config.reflection {
+        Reflection::Off => router,
+        Reflection::Public => router
+            .add_service(reflection().build_v1()?)
+            .add_service(reflection().build_v1alpha()?),
+        Reflection::Authenticated => router
+            .add_service(Guarded::new(reflection().build_v1()?, tokens.clone()))
+            .add_service(Guarded::new(reflection().build_v1alpha()?, tokens)),
+    };
+    Ok(router
         .add_service(
             AgentServiceServer::new(AgentApi(api.clone()))
                 .max_decoding_message_size(max)

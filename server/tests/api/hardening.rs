@@ -866,6 +866,155 @@ async fn a_fleet_on_one_connection_survives_bursts(backend: Backend) {
     server.stop().await;
 }
 
+/// Runs `switchyard-server` with `args` to its end (it must not start);
+/// its exit status, standard output and standard error.
+fn server_binary(args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard-server"))
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_settings_fail_before_listening_with_their_cause_and_no_backtrace() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate").unwrap();
+    let db = format!("sqlite://{}", dir.path().join("s.db").display());
+    let junk = junk.to_str().unwrap();
+    let cases: [(Vec<&str>, &str); 3] = [
+        (
+            vec![
+                "--listen",
+                "127.0.0.1:0",
+                "--database-url",
+                &db,
+                "--tls-cert",
+                junk,
+                "--tls-key",
+                junk,
+            ],
+            "holds no PEM certificate",
+        ),
+        (
+            vec![
+                "--listen",
+                "127.0.0.1:0",
+                "--database-url",
+                &db,
+                "--tls-cert",
+                junk,
+            ],
+            "--tls-key",
+        ),
+        (
+            vec![
+                "--listen",
+                "127.0.0.1:0",
+                "--database-url",
+                "postgres://u:hunter2@127.0.0.1:1/x",
+            ],
+            "Connection refused",
+        ),
+    ];
+    for (args, cause) in cases {
+        let (status, stdout, stderr) = server_binary(&args);
+        assert!(!status.success(), "{args:?} started");
+        assert!(
+            !stdout.contains("listening"),
+            "{args:?} said it listens: {stdout}"
+        );
+        assert!(stderr.contains(cause), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("stack backtrace") && !stderr.contains("backtrace::"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+    }
+}
+
+/// The first answer of a reflection `list_services` call with `token`.
+async fn reflect(server: &TestServer, token: Option<&str>) -> Result<(), Code> {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::{ServerReflectionRequest, server_reflection_request};
+    let mut client = ServerReflectionClient::new(server.channel().await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let stream = tokio_stream::iter([request]);
+    let request = match token {
+        Some(t) => with(t, stream),
+        None => tonic::Request::new(stream),
+    };
+    match client.server_reflection_info(request).await {
+        Ok(response) => {
+            let mut stream = response.into_inner();
+            match stream.message().await {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => Err(Code::Unknown),
+                Err(s) => Err(s.code()),
+            }
+        }
+        Err(s) => Err(s.code()),
+    }
+}
+
+async fn reflection_answers_whom_the_flag_says(backend: Backend) {
+    use switchyard_server::reflection::Reflection;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.json");
+    std::fs::write(
+        &path,
+        json!([{"name": "s", "namespace": "default", "role": "submitter", "token": "sy_reflect_0123456789"}])
+            .to_string(),
+    )
+    .unwrap();
+    for (mode, anonymous, with_token) in [
+        (
+            Reflection::Authenticated,
+            Err(Code::Unauthenticated),
+            Ok(()),
+        ),
+        (Reflection::Public, Ok(()), Ok(())),
+        (
+            Reflection::Off,
+            Err(Code::Unimplemented),
+            Err(Code::Unimplemented),
+        ),
+    ] {
+        let server = TestServer::start_with(backend, |c| {
+            c.tokens_file = Some(path.clone());
+            c.reflection = mode;
+        })
+        .await;
+        assert_eq!(
+            reflect(&server, None).await,
+            anonymous,
+            "{mode:?} without a token"
+        );
+        assert_eq!(
+            reflect(&server, Some("sy_reflect_0123456789")).await,
+            with_token,
+            "{mode:?} with a token"
+        );
+        server.stop().await;
+    }
+    // An open server answers everyone, as it answers every RPC.
+    let server = TestServer::start(backend).await;
+    assert_eq!(reflect(&server, None).await, Ok(()));
+    server.stop().await;
+}
+
 crate::on_both_stores!(
     a_schema_too_deep_for_the_runners_is_refused,
     a_submitter_does_not_read_agent_values_in_explanations,
@@ -875,5 +1024,6 @@ crate::on_both_stores!(
     a_removed_tokens_file_entry_stops_working,
     agent_tokens_are_bound_to_their_names,
     pages_are_cut_by_bytes,
-    a_fleet_on_one_connection_survives_bursts
+    a_fleet_on_one_connection_survives_bursts,
+    reflection_answers_whom_the_flag_says
 );

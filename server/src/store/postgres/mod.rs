@@ -161,8 +161,24 @@ impl SqlStore<PgBackend> {
             })
             .acquire_timeout(Duration::from_secs(5))
             .connect(url)
-            .await
-            .map_err(db("connecting to postgres"))?;
+            .await;
+        let pool = match pool {
+            Ok(pool) => pool,
+            // The pool says only that it timed out: one plain connection
+            // says why (refused, unknown host, bad password, no database).
+            Err(sqlx::Error::PoolTimedOut) => {
+                use sqlx::Connection;
+                let cause = match sqlx::PgConnection::connect(url).await {
+                    Ok(conn) => {
+                        let _ = conn.close().await;
+                        sqlx::Error::PoolTimedOut
+                    }
+                    Err(cause) => cause,
+                };
+                return Err(db("connecting to postgres")(cause));
+            }
+            Err(err) => return Err(db("connecting to postgres")(err)),
+        };
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         // Its own connection (a pool of one that reconnects and re-listens by
         // itself), listening before `open` returns so no event is missed.
