@@ -39,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
             let agent = AgentView {
                 held: Default::default(),
                 kinds: Default::default(),
-                agent_id: "a".into(),
+                agent_id: matcher::AgentId::from_name("a"),
                 namespace: "default".into(),
                 status: AgentStatus::Ready,
                 capacity: 1,
