@@ -87,7 +87,7 @@ impl Session {
             .map(|r| crate::api::bounds::cut(r, crate::api::bounds::MAX_REASON_BYTES))
             .collect();
         let status_change =
-            (self.status != status || self.status_reasons != reasons).then(|| (status, reasons));
+            (self.status != status || self.status_reasons != reasons).then_some((status, reasons));
         if let Some(announced) = &hb.handled_kinds {
             match handled_kinds("heartbeat.handled_kinds.kinds", &announced.kinds) {
                 Ok(kinds) if kinds != self.kinds => self.pending_kinds = Some(kinds),
