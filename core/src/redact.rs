@@ -28,8 +28,9 @@ use json_patch::jsonptr::Pointer;
 use serde_json::Value;
 use std::collections::BTreeSet;
 
-/// What a redacted value becomes.
-pub const MARKER: &str = "[redacted]";
+/// What a redacted value becomes (defined beside the secret shapes, which
+/// recognise it).
+pub use crate::secrets::MARKER;
 
 const SENSITIVE_WORDS: &[&str] = &[
     "token",

@@ -13,9 +13,11 @@
 //! secret: [`redact_text`] replaces the token, the password of a URL, the value after
 //! `password=` or the credential after `Bearer`.
 
-use crate::redact::MARKER;
 use regex::{Regex, RegexSet};
 use std::sync::LazyLock;
+
+/// What a redacted value or secret becomes.
+pub const MARKER: &str = "[redacted]";
 
 /// One shape: the expression, and which capture group is the secret (0: the whole match).
 struct Shape {
