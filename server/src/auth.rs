@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -93,9 +93,7 @@ impl Caller {
         let Caller::Principal { agent_names, .. } = self else {
             return Ok(());
         };
-        let mut record = TokenRecord::new(String::new(), String::new(), Role::Agent, 0);
-        record.agent_names.clone_from(agent_names);
-        if record.may_register(name) {
+        if crate::model::token::name_allowed(agent_names, name) {
             Ok(())
         } else {
             Err(Error::PermissionDenied(format!(
@@ -207,11 +205,10 @@ struct State {
     touched: HashMap<String, Instant>,
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or_default()
+/// The wall clock: token expiry and revocation times are wall-clock times,
+/// set by the `token` commands.
+pub fn now_ms() -> i64 {
+    crate::clock::Clock::system().now_ms()
 }
 
 /// Reads a tokens file: token hash → record.

@@ -141,7 +141,6 @@ pub async fn run_with_clock(
 pub struct Prepared {
     config: ServerConfig,
     store: Arc<dyn Store>,
-    api: Api,
     dispatcher: Dispatcher,
     router: tonic::transport::server::Router,
     health: HealthReporter,
@@ -182,11 +181,10 @@ pub async fn prepare(config: ServerConfig, clock: Clock) -> Result<Prepared> {
         None => None,
     };
     let (health, health_service) = tonic_health::server::health_reporter();
-    let router = router(&config, api.clone(), health_service)?;
+    let router = router(&config, api, health_service)?;
     Ok(Prepared {
         config,
         store,
-        api,
         dispatcher,
         router,
         health,
@@ -204,13 +202,11 @@ impl Prepared {
         let Prepared {
             config,
             store,
-            api,
             dispatcher,
             router,
             health,
             metrics,
         } = self;
-        drop(api);
         let mut workers = dispatcher.spawn();
         if let Some(listener) = metrics {
             workers.push(tokio::spawn(crate::metrics::serve(listener)));

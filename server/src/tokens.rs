@@ -6,17 +6,10 @@
 
 use anyhow::{Context, bail};
 
-use crate::auth::{Role, generate_token, hash_token};
+use crate::auth::{Role, generate_token, hash_token, now_ms};
 use crate::config::TokenCommand;
 use crate::model::TokenRecord;
 use crate::store::Store;
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or_default()
-}
 
 fn secs_ms(secs: u64) -> i64 {
     i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX)

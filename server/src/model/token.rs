@@ -85,8 +85,14 @@ impl TokenRecord {
 
     /// Whether the token may register an agent called `name`.
     pub fn may_register(&self, name: &str) -> bool {
-        self.agent_names.is_empty() || self.agent_names.iter().any(|p| glob(p, name))
+        name_allowed(&self.agent_names, name)
     }
+}
+
+/// Whether `name` matches one of `patterns` (exact, or with `*` wildcards);
+/// every name does when there are none.
+pub fn name_allowed(patterns: &[String], name: &str) -> bool {
+    patterns.is_empty() || patterns.iter().any(|p| glob(p, name))
 }
 
 /// Whether `name` matches `pattern`, where `*` matches any run of characters.
