@@ -22,6 +22,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut config = prost_build::Config::new();
     config.protoc_executable(protoc);
+    // `prost::Name` on every message: the CLI finds a message's descriptor
+    // by its full name to print it as proto3 JSON.
+    config.enable_type_names();
 
     let includes = [PathBuf::from("."), wkt_include];
     let protos: Vec<PathBuf> = PROTOS.iter().map(PathBuf::from).collect();

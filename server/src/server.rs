@@ -378,6 +378,9 @@ fn router(
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(switchyard_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            // The error details errors carry (google.rpc.BadRequest and the
+            // rest), so grpcurl can decode them.
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
     };
     let max = config.max_message_bytes;
     let tokens = api.tokens.clone();

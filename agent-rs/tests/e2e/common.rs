@@ -264,8 +264,23 @@ pub async fn wait_for(server: &Server, task_id: &str, state: pb::TaskState) -> p
         let mut last = None;
         while let Some(item) = stream.next().await {
             let task = item.expect("item").task.expect("task");
+            // A replayed step carries the task as it was then: the task is
+            // in `state` only if it still is.
             if task.state() == state {
-                return task;
+                let now = server
+                    .tasks()
+                    .await
+                    .get_task(pb::GetTaskRequest {
+                        task_id: task_id.into(),
+                    })
+                    .await
+                    .expect("get")
+                    .into_inner()
+                    .task
+                    .expect("task");
+                if now.state() == state {
+                    return now;
+                }
             }
             last = Some(task);
         }

@@ -1,5 +1,6 @@
 //! `WatchTask`: a task's history entries as they happen, each with the task
-//! as last read, until it ends. The watch wakes on the dispatcher's change
+//! as of that entry (its state then; what only a later state has left
+//! out), until it ends. The watch wakes on the dispatcher's change
 //! notifications (fed from every replica's store events), and re-reads the
 //! task now and then anyway: a notification can be lost (the database
 //! restarted, or the replica that changed it died on the way).
@@ -82,7 +83,7 @@ impl Watch {
     }
 
     /// Everything in the history since the last message, each with the task
-    /// as last read. The history can run ahead of that read (a change
+    /// as of the entry ([`as_of`]; the last one as read). The history can run ahead of that read (a change
     /// committed in between); the next read then brings no new entry, and
     /// the task is sent alone, so the last message always shows the task as
     /// it ends. False once the watcher is gone.
@@ -103,11 +104,17 @@ impl Watch {
             }
         }
         self.sent_state = Some(record.state);
-        for event in &events {
+        for (i, event) in events.iter().enumerate() {
             self.last_sequence = event.sequence;
+            let event = wire::event(event);
+            let latest = i + 1 == events.len() && event.state == task.state;
             let item = pb::WatchTaskResponse {
-                event: Some(wire::event(event)),
-                task: Some(task.clone()),
+                task: Some(if latest {
+                    task.clone()
+                } else {
+                    as_of(&task, &event)
+                }),
+                event: Some(event),
             };
             if self.tx.send(Ok(item)).await.is_err() {
                 return Ok(false);
@@ -138,5 +145,26 @@ impl Watch {
                 Err(broadcast::error::RecvError::Closed) => return false,
             }
         }
+    }
+}
+
+/// `task` (as read now) as it stood after `event`, an earlier entry of its
+/// history: the event's state and time; the result, error, progress and
+/// queued reason, which belong to the state read, left out; the lease kept
+/// only if it is the event's. Attempts, labels and the rest are as read.
+fn as_of(task: &pb::Task, event: &pb::TaskEvent) -> pb::Task {
+    let lease = task
+        .lease
+        .clone()
+        .filter(|lease| !event.lease_id.is_empty() && lease.lease_id == event.lease_id);
+    pb::Task {
+        state: event.state,
+        queued_reason: pb::QueuedReason::Unspecified as i32,
+        result: None,
+        error: None,
+        progress: None,
+        lease,
+        updated_at: event.occurred_at,
+        ..task.clone()
     }
 }

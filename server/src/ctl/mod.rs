@@ -5,6 +5,7 @@
 //! and exits with a code a script can branch on (see [`ExitCode`]). A
 //! server that does not answer within `--timeout-secs` is unavailable.
 
+mod json;
 mod render;
 
 use std::collections::BTreeMap;
@@ -137,6 +138,14 @@ enum Command {
     /// See and steer agents.
     #[command(subcommand)]
     Agents(AgentsCommand),
+    /// Print a shell completion script: `source <(switchyard completion bash)`,
+    /// or write it where your shell loads completions from.
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff): `switchyard man | man -l -`.
+    Man,
     /// Which agents would take a placement now?
     Simulate {
         /// The placement as selector text, e.g. `linux, docker, memory.total>=16384`.
@@ -220,7 +229,8 @@ struct SubmitArgs {
     /// A label `key=value`; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
-    /// Wait for the task to finish, printing its progress; exit 0 only if it succeeded.
+    /// Wait for the task to finish, printing its progress, then its result or
+    /// error; exit 0 only if it succeeded.
     #[arg(long)]
     wait: bool,
 }
@@ -274,6 +284,11 @@ pub enum ExitCode {
 
 /// Runs the CLI with the given arguments and returns the exit code.
 pub async fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Completion { shell } => return completion(shell),
+        Command::Man => return man(),
+        _ => {}
+    }
     let output = cli.global.output;
     match execute(cli).await {
         Ok(code) => code,
@@ -286,6 +301,25 @@ pub async fn run(cli: Cli) -> ExitCode {
                 Output::Text => eprintln!("switchyard: {}", failure.message),
             }
             failure.exit
+        }
+    }
+}
+
+/// `switchyard completion SHELL`: clap's completion script for the CLI.
+fn completion(shell: clap_complete::Shell) -> ExitCode {
+    let mut command = <Cli as clap::CommandFactory>::command();
+    clap_complete::generate(shell, &mut command, "switchyard", &mut std::io::stdout());
+    ExitCode::Ok
+}
+
+/// `switchyard man`: the manual page, from the same definitions as `--help`.
+fn man() -> ExitCode {
+    let command = <Cli as clap::CommandFactory>::command();
+    match clap_mangen::Man::new(command).render(&mut std::io::stdout()) {
+        Ok(()) => ExitCode::Ok,
+        Err(err) => {
+            eprintln!("switchyard: writing the manual page: {err}");
+            ExitCode::Unavailable
         }
     }
 }
@@ -455,13 +489,14 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
         Command::Submit(args) => submit(&mut clients, &out, &global, args).await,
         Command::Get { task_id } => {
-            let task = clients
+            let reply = clients
                 .tasks
                 .get_task(pb::GetTaskRequest { task_id })
                 .await?
-                .into_inner()
-                .task;
-            out.task(&task.unwrap_or_default(), "");
+                .into_inner();
+            out.reply(&reply, || {
+                render::task(&reply.task.clone().unwrap_or_default(), "")
+            })?;
             Ok(ExitCode::Ok)
         }
         Command::List {
@@ -484,7 +519,7 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
                 })
                 .await?
                 .into_inner();
-            out.task_list(&reply.tasks);
+            out.reply(&reply, || render::task_list(&reply.tasks))?;
             Ok(ExitCode::Ok)
         }
         Command::Cancel {
@@ -493,7 +528,7 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
             grace_secs,
         } => {
             let grace = grace_secs.map(secs);
-            let task = clients
+            let reply = clients
                 .tasks
                 .cancel_task(pb::CancelTaskRequest {
                     task_id,
@@ -501,9 +536,10 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
                     grace,
                 })
                 .await?
-                .into_inner()
-                .task;
-            out.task(&task.unwrap_or_default(), "cancel requested");
+                .into_inner();
+            out.reply(&reply, || {
+                render::task(&reply.task.clone().unwrap_or_default(), "cancel requested");
+            })?;
             Ok(ExitCode::Ok)
         }
         Command::Watch { task_id } => follow(&mut clients, &out, &task_id).await,
@@ -513,7 +549,9 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
                 .explain_task(pb::ExplainTaskRequest { task_id })
                 .await?
                 .into_inner();
-            out.explanation(reply.task.as_ref(), &reply.summary, &reply.verdicts, "");
+            out.reply(&reply, || {
+                render::explanation(reply.task.as_ref(), &reply.summary, &reply.verdicts, "");
+            })?;
             Ok(ExitCode::Ok)
         }
         Command::Simulate {
@@ -532,10 +570,14 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
                 })
                 .await?
                 .into_inner();
-            out.explanation(None, &reply.summary, &reply.verdicts, &reply.ranking);
+            out.reply(&reply, || {
+                render::explanation(None, &reply.summary, &reply.verdicts, &reply.ranking);
+            })?;
             Ok(ExitCode::Ok)
         }
         Command::Agents(command) => agents(&mut clients, &out, &global, command).await,
+        // Answered before connecting (see `run`).
+        Command::Completion { .. } | Command::Man => Ok(ExitCode::Ok),
     }
 }
 
@@ -591,13 +633,13 @@ async fn submit(
         concurrency_limit: args.concurrency_limit.unwrap_or_default(),
     };
     let reply = clients.tasks.submit_task(request).await?.into_inner();
-    let task = reply.task.unwrap_or_default();
+    let task = reply.task.clone().unwrap_or_default();
     let how = if reply.created {
         "submitted"
     } else {
         "existing (idempotency key)"
     };
-    out.task(&task, how);
+    out.reply(&reply, || render::task(&task, how))?;
     if args.wait {
         return follow(clients, out, &task.task_id).await;
     }
@@ -622,7 +664,7 @@ async fn agents(
                 })
                 .await?
                 .into_inner();
-            out.agent_list(&reply.agents);
+            out.reply(&reply, || render::agent_list(&reply.agents))?;
         }
         AgentsCommand::Show { agent_id } => {
             let reply = clients
@@ -630,7 +672,9 @@ async fn agents(
                 .get_agent(pb::GetAgentRequest { agent_id })
                 .await?
                 .into_inner();
-            out.agent(&reply.agent.unwrap_or_default(), &reply.leases);
+            out.reply(&reply, || {
+                render::agent(&reply.agent.clone().unwrap_or_default(), &reply.leases);
+            })?;
         }
         AgentsCommand::Drain {
             agent_id,
@@ -646,7 +690,9 @@ async fn agents(
                 })
                 .await?
                 .into_inner();
-            out.agent(&reply.agent.unwrap_or_default(), &[]);
+            out.reply(&reply, || {
+                render::agent(&reply.agent.clone().unwrap_or_default(), &[]);
+            })?;
         }
         AgentsCommand::Undrain { agent_id } => {
             let reply = clients
@@ -654,14 +700,16 @@ async fn agents(
                 .undrain_agent(pb::UndrainAgentRequest { agent_id })
                 .await?
                 .into_inner();
-            out.agent(&reply.agent.unwrap_or_default(), &[]);
+            out.reply(&reply, || {
+                render::agent(&reply.agent.clone().unwrap_or_default(), &[]);
+            })?;
         }
     }
     Ok(ExitCode::Ok)
 }
 
-/// Streams a task's changes until it is terminal; the exit code says how it
-/// ended.
+/// Streams a task's changes until it is terminal, then (for people) its
+/// result or error; the exit code says how it ended.
 async fn follow(clients: &mut Clients, out: &Printer, task_id: &str) -> Result<ExitCode, Failure> {
     let mut stream = clients
         .tasks
@@ -670,19 +718,44 @@ async fn follow(clients: &mut Clients, out: &Printer, task_id: &str) -> Result<E
         })
         .await?
         .into_inner();
-    let mut last_state = pb::TaskState::Unspecified;
+    let mut last = pb::Task::default();
     while let Some(item) = stream.next().await {
         let item = item?;
-        let task = item.task.unwrap_or_default();
-        out.watch_line(item.event.as_ref(), &task);
-        last_state = task.state();
+        out.reply(&item, || {
+            render::watch_line(item.event.as_ref(), item.task.as_ref().unwrap_or(&last));
+        })?;
+        if let Some(task) = item.task {
+            last = task;
+        }
     }
-    Ok(match last_state {
+    if out.0 == Output::Text {
+        render::outcome(&last);
+    }
+    Ok(match last.state() {
         pb::TaskState::Succeeded => ExitCode::Ok,
         pb::TaskState::Failed | pb::TaskState::Canceled => ExitCode::TaskUnsuccessful,
         _ => ExitCode::Unavailable,
     })
 }
 
-/// Prints results as text or JSON.
+/// Prints replies: for scripts the reply itself as proto3 JSON, one
+/// document per line (what grpcurl prints for the same call); for people
+/// what `render` makes of it.
 struct Printer(Output);
+
+impl Printer {
+    fn reply<M: prost::Name>(&self, reply: &M, text: impl FnOnce()) -> Result<(), Failure> {
+        match self.0 {
+            Output::Text => text(),
+            Output::Json => {
+                let value = json::to_json(reply).map_err(|message| Failure {
+                    message,
+                    code_name: "internal",
+                    exit: ExitCode::Unavailable,
+                })?;
+                println!("{value}");
+            }
+        }
+        Ok(())
+    }
+}

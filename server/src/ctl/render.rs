@@ -1,24 +1,29 @@
-//! How the CLI prints tasks, agents and explanations: aligned text for
-//! people, and JSON (one document per line, field names as in the
-//! contract) for scripts.
+//! How the CLI prints for people: tasks, agents and explanations as aligned
+//! tables (comfy-table), a watch as one line per event, and a finished
+//! task's result or error. JSON for scripts is [`super::json`]'s, the reply
+//! itself.
 
-use serde_json::{Value, json};
+use comfy_table::{Table, presets};
+use switchyard_proto::convert;
 use switchyard_proto::v1 as pb;
 
-use super::{Output, Printer};
-use switchyard_proto::convert;
-
-fn opt_struct(s: Option<&prost_types::Struct>) -> Value {
-    s.and_then(|s| convert::struct_to_json(s).ok())
-        .unwrap_or(Value::Null)
+fn table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    table
+        .load_style(presets::NOTHING)
+        .set_header(header.to_vec());
+    table
 }
 
-fn ts(t: Option<&prost_types::Timestamp>) -> Value {
-    t.map_or(Value::Null, |t| json!(convert::timestamp_ms(t)))
+/// A table without the padding comfy-table puts before its first column.
+fn print_table(table: &Table) {
+    for line in table.lines() {
+        println!("{}", line.strip_prefix(' ').unwrap_or(&line).trim_end());
+    }
 }
 
-fn state_name(task: &pb::Task) -> String {
-    task.state()
+fn state_name(state: pb::TaskState) -> String {
+    state
         .as_str_name()
         .trim_start_matches("TASK_STATE_")
         .to_ascii_lowercase()
@@ -36,44 +41,27 @@ fn queued_reason(task: &pb::Task) -> Option<String> {
     }
 }
 
-/// A task as JSON.
-pub(super) fn task_json(task: &pb::Task) -> Value {
-    json!({
-        "task_id": task.task_id,
-        "namespace": task.namespace,
-        "kind": task.kind,
-        "state": state_name(task),
-        "queued_reason": queued_reason(task),
-        "priority": task.priority,
-        "attempts": task.attempts,
-        "max_attempts": task.max_attempts,
-        "retry": task.retry.as_ref().map(|r| json!({
-            "initial_backoff_ms": r.initial_backoff.as_ref().and_then(convert::duration_ms),
-            "max_backoff_ms": r.max_backoff.as_ref().and_then(convert::duration_ms),
-            "multiplier": r.multiplier,
-            "jitter": r.jitter,
-        })),
-        "start_timeout_ms": task.start_timeout.as_ref().and_then(convert::duration_ms),
-        "execution_timeout_ms": task.execution_timeout.as_ref().and_then(convert::duration_ms),
-        "cancel_grace_ms": task.cancel_grace.as_ref().and_then(convert::duration_ms),
-        "cancel_deadline_ms": ts(task.cancel_deadline.as_ref()),
-        "fairness_key": (!task.fairness_key.is_empty()).then_some(&task.fairness_key),
-        "fairness_weight": (task.fairness_weight > 0).then_some(task.fairness_weight),
-        "concurrency_key": (!task.concurrency_key.is_empty()).then_some(&task.concurrency_key),
-        "payload": opt_struct(task.payload.as_ref()),
-        "result": opt_struct(task.result.as_ref()),
-        "error": task.error.as_ref().map(|e| json!({"message": e.message, "code": e.code, "retryable": e.retryable})),
-        "lease": task.lease.as_ref().map(|l| json!({
-            "lease_id": l.lease_id, "agent_id": l.agent_id, "fencing_token": l.fencing_token,
-            "expires_at_ms": ts(l.expires_at.as_ref()),
-        })),
-        "progress": task.progress.as_ref().map(|p| json!({"percent": p.percent, "message": p.message})),
-        "cancel_requested": task.cancel_requested,
-        "idempotency_key": task.idempotency_key,
-        "labels": task.labels,
-        "created_at_ms": ts(task.created_at.as_ref()),
-        "updated_at_ms": ts(task.updated_at.as_ref()),
-    })
+/// The attempt a task is on, or ended on, out of its maximum: `attempts`
+/// counts the attempts that ended without success, so one that holds a
+/// lease, or succeeded, is one more.
+pub(super) fn attempt(task: &pb::Task) -> String {
+    let current = match task.state() {
+        pb::TaskState::Leased | pb::TaskState::Running | pb::TaskState::Succeeded => 1,
+        pb::TaskState::Canceled => u32::from(task.lease.is_some()),
+        _ => 0,
+    };
+    format!("{}/{}", task.attempts + current, task.max_attempts)
+}
+
+/// Progress as people read it: the percent only when known (the contract
+/// says negative for unknown), then the message.
+pub(super) fn progress(p: &pb::TaskProgress) -> String {
+    let percent = (p.percent >= 0.0).then(|| format!("{:.0}%", p.percent.min(100.0)));
+    match (percent, p.message.is_empty()) {
+        (Some(percent), true) => percent,
+        (Some(percent), false) => format!("{percent} {}", p.message),
+        (None, _) => p.message.clone(),
+    }
 }
 
 fn agent_status(agent: &pb::Agent) -> String {
@@ -84,209 +72,219 @@ fn agent_status(agent: &pb::Agent) -> String {
         .to_ascii_lowercase()
 }
 
-/// An agent as JSON.
-pub(super) fn agent_json(agent: &pb::Agent, leases: &[pb::Lease]) -> Value {
-    let caps = agent.capabilities.as_ref();
-    json!({
-        "agent_id": agent.agent_id,
-        "name": agent.name,
-        "namespace": agent.namespace,
-        "status": agent_status(agent),
-        "status_reasons": agent.status_reasons,
-        "capacity": agent.capacity,
-        "active_leases": agent.active_leases,
-        "drained": agent.drained,
-        "drain_deadline_ms": ts(agent.drain_deadline.as_ref()),
-        "labels": agent.labels,
-        "runner": agent.runner,
-        "generation": caps.map(|c| c.generation),
-        "document": opt_struct(caps.and_then(|c| c.document.as_ref())),
-        "provenance": caps.map(|c| c.provenance.iter().map(|p| (p.path.clone(), json!(tier_name(p.tier())))).collect::<serde_json::Map<_, _>>()),
-        "rejections": caps.map(|c| c.rejections.iter().map(|r| json!({"tier": tier_name(r.tier()), "path": r.path, "reason": r.reason})).collect::<Vec<_>>()),
-        "leases": leases.iter().map(|l| json!({"lease_id": l.lease_id, "task_id": l.task_id, "fencing_token": l.fencing_token})).collect::<Vec<_>>(),
-        "last_seen_at_ms": ts(agent.last_seen_at.as_ref()),
-    })
-}
-
 fn tier_name(tier: pb::Tier) -> String {
     tier.as_str_name()
         .trim_start_matches("TIER_")
         .to_ascii_lowercase()
 }
 
-fn verdict_json(v: &pb::AgentVerdict) -> Value {
-    json!({
-        "agent_id": v.agent_id, "agent_name": v.agent_name, "eligible": v.eligible, "capable": v.capable,
-        "reason": v.reason, "preference_score": v.preference_score, "rank": v.rank,
-    })
+/// One task: its id, kind and state, then its error and result.
+pub(super) fn task(task: &pb::Task, note: &str) {
+    let mut line = format!(
+        "{}  {}  {}",
+        task.task_id,
+        task.kind,
+        state_name(task.state())
+    );
+    if let Some(reason) = queued_reason(task) {
+        line.push_str(&format!(" ({reason})"));
+    }
+    line.push_str(&format!("  attempt {}", attempt(task)));
+    if !note.is_empty() {
+        line.push_str(&format!("  [{note}]"));
+    }
+    println!("{line}");
+    outcome(task);
 }
 
-impl Printer {
-    fn json(&self, value: &Value) {
-        println!("{value}");
+/// A finished task's error and result, each on a line of its own.
+pub(super) fn outcome(task: &pb::Task) {
+    if let Some(error) = &task.error {
+        let code = if error.code.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", error.code)
+        };
+        println!("  error: {}{code}", error.message);
     }
+    if let Some(result) = task
+        .result
+        .as_ref()
+        .and_then(|r| convert::struct_to_json(r).ok())
+    {
+        println!("  result: {result}");
+    }
+}
 
-    pub(super) fn task(&self, task: &pb::Task, note: &str) {
-        if self.0 == Output::Json {
-            return self.json(&task_json(task));
-        }
-        let mut line = format!("{}  {}  {}", task.task_id, task.kind, state_name(task));
+pub(super) fn task_list(tasks: &[pb::Task]) {
+    let mut t = table(&["TASK", "KIND", "STATE", "ATTEMPT", "PRIORITY"]);
+    for task in tasks {
+        let mut state = state_name(task.state());
         if let Some(reason) = queued_reason(task) {
-            line.push_str(&format!(" ({reason})"));
+            state.push_str(&format!(" ({reason})"));
         }
-        if !note.is_empty() {
-            line.push_str(&format!("  [{note}]"));
-        }
-        println!("{line}");
-        if let Some(error) = &task.error {
-            println!("  error: {} ({})", error.message, error.code);
-        }
-        if let Some(result) = task
-            .result
+        t.add_row(vec![
+            task.task_id.clone(),
+            task.kind.clone(),
+            state,
+            attempt(task),
+            task.priority.to_string(),
+        ]);
+    }
+    print_table(&t);
+}
+
+pub(super) fn agent(agent: &pb::Agent, leases: &[pb::Lease]) {
+    println!(
+        "{}  {}  {}  leases {}/{}{}",
+        agent.agent_id,
+        agent.name,
+        agent_status(agent),
+        agent.active_leases,
+        agent.capacity,
+        if agent.drained { "  (drained)" } else { "" }
+    );
+    for reason in &agent.status_reasons {
+        println!("  reason: {reason}");
+    }
+    if let Some(caps) = &agent.capabilities {
+        println!("capabilities (generation {}):", caps.generation);
+        let doc = caps
+            .document
             .as_ref()
-            .and_then(|r| convert::struct_to_json(r).ok())
-        {
-            println!("  result: {result}");
+            .and_then(|d| convert::struct_to_json(d).ok())
+            .unwrap_or_default();
+        let mut t = table(&["PATH", "VALUE", "TIER"]);
+        for entry in &caps.provenance {
+            let value = switchyard_core::document::lookup(&doc, &entry.path)
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            t.add_row(vec![entry.path.clone(), value, tier_name(entry.tier())]);
         }
-    }
-
-    pub(super) fn task_list(&self, tasks: &[pb::Task]) {
-        if self.0 == Output::Json {
-            return self.json(&Value::Array(tasks.iter().map(task_json).collect()));
-        }
-        println!(
-            "{:<36}  {:<16}  {:<10}  {:>8}  PRIORITY",
-            "TASK", "KIND", "STATE", "ATTEMPTS"
-        );
-        for t in tasks {
+        print_table(&t);
+        for r in &caps.rejections {
             println!(
-                "{:<36}  {:<16}  {:<10}  {:>8}  {}",
-                t.task_id,
-                t.kind,
-                state_name(t),
-                format!("{}/{}", t.attempts, t.max_attempts),
-                t.priority
+                "rejected [{}] {}: {}",
+                tier_name(r.tier()),
+                r.path,
+                r.reason
             );
         }
     }
-
-    pub(super) fn agent(&self, agent: &pb::Agent, leases: &[pb::Lease]) {
-        if self.0 == Output::Json {
-            return self.json(&agent_json(agent, leases));
-        }
-        println!(
-            "{}  {}  {}  leases {}/{}{}",
-            agent.agent_id,
-            agent.name,
-            agent_status(agent),
-            agent.active_leases,
-            agent.capacity,
-            if agent.drained { "  (drained)" } else { "" }
-        );
-        for reason in &agent.status_reasons {
-            println!("  reason: {reason}");
-        }
-        if let Some(caps) = &agent.capabilities {
-            println!("  capabilities (generation {}):", caps.generation);
-            let doc = opt_struct(caps.document.as_ref());
-            for entry in &caps.provenance {
-                let value = switchyard_core::document::lookup(&doc, &entry.path)
-                    .map(ToString::to_string)
-                    .unwrap_or_default();
-                println!(
-                    "    {:<40} {:<24} [{}]",
-                    entry.path,
-                    value,
-                    tier_name(entry.tier())
-                );
-            }
-            for r in &caps.rejections {
-                println!(
-                    "    rejected [{}] {}: {}",
-                    tier_name(r.tier()),
-                    r.path,
-                    r.reason
-                );
-            }
-        }
+    if !leases.is_empty() {
+        let mut t = table(&["LEASE", "TASK", "FENCING TOKEN"]);
         for lease in leases {
-            println!(
-                "  lease {} task {} token {}",
-                lease.lease_id, lease.task_id, lease.fencing_token
-            );
+            t.add_row(vec![
+                lease.lease_id.clone(),
+                lease.task_id.clone(),
+                lease.fencing_token.to_string(),
+            ]);
+        }
+        print_table(&t);
+    }
+}
+
+pub(super) fn agent_list(agents: &[pb::Agent]) {
+    let mut t = table(&["AGENT", "NAME", "STATUS", "LEASES", "REASONS"]);
+    for a in agents {
+        let mut status = agent_status(a);
+        if a.drained {
+            status.push_str(" (drained)");
+        }
+        t.add_row(vec![
+            a.agent_id.clone(),
+            a.name.clone(),
+            status,
+            format!("{}/{}", a.active_leases, a.capacity),
+            a.status_reasons.join("; "),
+        ]);
+    }
+    print_table(&t);
+}
+
+pub(super) fn explanation(
+    task: Option<&pb::Task>,
+    summary: &str,
+    verdicts: &[pb::AgentVerdict],
+    ranking: &str,
+) {
+    if let Some(t) = task {
+        self::task(t, "");
+    }
+    println!("{summary}");
+    if !ranking.is_empty() {
+        println!("{ranking}");
+    }
+    let mut t = table(&["RANK", "AGENT", "VERDICT"]);
+    for v in verdicts {
+        let (rank, verdict) = if v.eligible {
+            (
+                format!("#{}", v.rank),
+                format!("eligible (preference {})", v.preference_score),
+            )
+        } else {
+            ("-".to_owned(), v.reason.clone())
+        };
+        t.add_row(vec![rank, v.agent_name.clone(), verdict]);
+    }
+    if !verdicts.is_empty() {
+        print_table(&t);
+    }
+}
+
+/// One line of a watch: the state as of the event, what happened, the
+/// progress, the event's message.
+pub(super) fn watch_line(event: Option<&pb::TaskEvent>, task: &pb::Task) {
+    let state = event.map_or(task.state(), pb::TaskEvent::state);
+    let kind = event.map_or("state", |e| e.kind.as_str());
+    let mut line = format!("{}  {}", state_name(state), kind);
+    if let Some(p) = &task.progress {
+        let shown = progress(p);
+        if !shown.is_empty() {
+            line.push_str(&format!("  {shown}"));
         }
     }
+    if let Some(e) = event.filter(|e| !e.message.is_empty()) {
+        line.push_str(&format!("  — {}", e.message));
+    }
+    println!("{line}");
+}
 
-    pub(super) fn agent_list(&self, agents: &[pb::Agent]) {
-        if self.0 == Output::Json {
-            return self.json(&Value::Array(
-                agents.iter().map(|a| agent_json(a, &[])).collect(),
-            ));
-        }
-        println!("{:<36}  {:<24}  {:<9}  LEASES", "AGENT", "NAME", "STATUS");
-        for a in agents {
-            println!(
-                "{:<36}  {:<24}  {:<9}  {}/{}",
-                a.agent_id,
-                a.name,
-                agent_status(a),
-                a.active_leases,
-                a.capacity
-            );
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempt_counts_the_one_under_way_or_that_succeeded() {
+        let mut t = pb::Task {
+            max_attempts: 3,
+            state: pb::TaskState::Succeeded as i32,
+            ..Default::default()
+        };
+        assert_eq!(attempt(&t), "1/3");
+        t.state = pb::TaskState::Queued as i32;
+        assert_eq!(attempt(&t), "0/3");
+        t.attempts = 1;
+        t.state = pb::TaskState::Running as i32;
+        assert_eq!(attempt(&t), "2/3");
+        t.attempts = 3;
+        t.state = pb::TaskState::Failed as i32;
+        assert_eq!(attempt(&t), "3/3");
     }
 
-    pub(super) fn explanation(
-        &self,
-        task: Option<&pb::Task>,
-        summary: &str,
-        verdicts: &[pb::AgentVerdict],
-        ranking: &str,
-    ) {
-        if self.0 == Output::Json {
-            return self.json(&json!({
-                "task": task.map(task_json),
-                "summary": summary,
-                "ranking": ranking,
-                "verdicts": verdicts.iter().map(verdict_json).collect::<Vec<_>>(),
-            }));
-        }
-        if let Some(task) = task {
-            self.task(task, "");
-        }
-        println!("{summary}");
-        if !ranking.is_empty() {
-            println!("{ranking}");
-        }
-        for v in verdicts {
-            if v.eligible {
-                println!(
-                    "  #{:<3} {:<24} eligible (preference {})",
-                    v.rank, v.agent_name, v.preference_score
-                );
-            } else {
-                println!("  -    {:<24} {}", v.agent_name, v.reason);
-            }
-        }
-    }
-
-    pub(super) fn watch_line(&self, event: Option<&pb::TaskEvent>, task: &pb::Task) {
-        if self.0 == Output::Json {
-            return self.json(&json!({
-                "event": event.map(|e| json!({"sequence": e.sequence, "kind": e.kind, "message": e.message})),
-                "task": task_json(task),
-            }));
-        }
-        let kind = event.map_or("state", |e| e.kind.as_str());
-        let mut line = format!("{}  {}", state_name(task), kind);
-        if let Some(p) = &task.progress
-            && (!p.message.is_empty() || p.percent >= 0.0)
-        {
-            line.push_str(&format!("  {:.0}% {}", p.percent.max(0.0), p.message));
-        }
-        if let Some(e) = event.filter(|e| !e.message.is_empty()) {
-            line.push_str(&format!("  — {}", e.message));
-        }
-        println!("{line}");
+    #[test]
+    fn unknown_progress_shows_no_percent() {
+        let unknown = pb::TaskProgress {
+            percent: -1.0,
+            message: "compiling".into(),
+            reported_at: None,
+        };
+        assert_eq!(progress(&unknown), "compiling");
+        let half = pb::TaskProgress {
+            percent: 50.0,
+            message: String::new(),
+            reported_at: None,
+        };
+        assert_eq!(progress(&half), "50%");
     }
 }

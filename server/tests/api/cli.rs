@@ -87,9 +87,12 @@ async fn submit_wait_get_explain_and_exit_codes() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("each line is JSON"))
         .collect();
-    assert_eq!(lines[0]["task_id"], json!(task.task_id));
+    // JSON lines are the replies as grpcurl prints them: the submit's, then
+    // each watch message.
+    assert_eq!(lines[0]["task"]["taskId"], json!(task.task_id));
+    assert_eq!(lines[0]["created"], json!(true));
     let last = lines.last().expect("a last line");
-    assert_eq!(last["task"]["state"], json!("succeeded"));
+    assert_eq!(last["task"]["state"], json!("TASK_STATE_SUCCEEDED"));
     assert_eq!(last["task"]["result"], json!({"echo": "hi"}));
 
     // get, as JSON.
@@ -98,7 +101,7 @@ async fn submit_wait_get_explain_and_exit_codes() {
     let (code, stdout, _) = run(get).await;
     assert_eq!(code, 0);
     let got: Value = serde_json::from_str(stdout.trim()).expect("json");
-    assert_eq!(got["state"], json!("succeeded"));
+    assert_eq!(got["task"]["state"], json!("TASK_STATE_SUCCEEDED"));
 
     // Unknown task: exit 3.
     let mut missing = cli(&server);
@@ -132,8 +135,8 @@ async fn submit_wait_get_explain_and_exit_codes() {
     assert_eq!(code, 0, "{stderr}");
     let retried: Value = serde_json::from_str(stdout.trim()).expect("json");
     assert_eq!(
-        retried["retry"],
-        json!({"initial_backoff_ms": 1500, "max_backoff_ms": 300_000, "multiplier": 2.0, "jitter": 0.0})
+        retried["task"]["retry"],
+        json!({"initialBackoff": "1.500s", "maxBackoff": "300s", "multiplier": 2.0, "jitter": 0.0})
     );
     let mut bad_retry = cli(&server);
     bad_retry.args(["submit", "echo", "--retry-multiplier", "0.5"]);
@@ -161,9 +164,9 @@ async fn submit_wait_get_explain_and_exit_codes() {
     let (code, stdout, stderr) = run(timed).await;
     assert_eq!(code, 0, "{stderr}");
     let timed: Value = serde_json::from_str(stdout.trim()).expect("json");
-    assert_eq!(timed["start_timeout_ms"], json!(600_000));
-    assert_eq!(timed["execution_timeout_ms"], json!(3_600_000));
-    assert_eq!(timed["cancel_grace_ms"], json!(30_000));
+    assert_eq!(timed["task"]["startTimeout"], json!("600s"));
+    assert_eq!(timed["task"]["executionTimeout"], json!("3600s"));
+    assert_eq!(timed["task"]["cancelGrace"], json!("30s"));
     let mut bad_timeout = cli(&server);
     bad_timeout.args(["submit", "echo", "--execution-timeout-secs", "0"]);
     let (code, _, stderr) = run(bad_timeout).await;
@@ -176,9 +179,12 @@ async fn submit_wait_get_explain_and_exit_codes() {
     let (code, stdout, _) = run(parked).await;
     assert_eq!(code, 0);
     let parked: Value = serde_json::from_str(stdout.trim()).expect("json");
-    assert_eq!(parked["queued_reason"], json!("parked"));
+    assert_eq!(
+        parked["task"]["queuedReason"],
+        json!("QUEUED_REASON_PARKED")
+    );
     let mut explain = cli(&server);
-    explain.args(["explain", parked["task_id"].as_str().expect("id")]);
+    explain.args(["explain", parked["task"]["taskId"].as_str().expect("id")]);
     let (code, stdout, _) = run(explain).await;
     assert_eq!(code, 0);
     assert!(
@@ -221,4 +227,109 @@ async fn submit_wait_get_explain_and_exit_codes() {
     assert_eq!(code, 6);
 
     server.stop().await;
+}
+
+/// Runs `switchyard submit … --wait` (text) while `agent` ends the task with
+/// `end`; the exit code and what it printed.
+async fn wait_in_text(
+    server: &TestServer,
+    agent: &mut TestAgent,
+    end: Option<switchyard_proto::v1::lease_update::Update>,
+) -> (i32, String) {
+    use switchyard_proto::v1::{self as pb, lease_update::Update};
+    let mut submit = cli(server);
+    submit.args([
+        "submit",
+        "echo",
+        "--require",
+        "linux",
+        "--max-attempts",
+        "1",
+        "--wait",
+    ]);
+    let child = submit.spawn().expect("spawn cli");
+    let grant = agent.grant().await;
+    match end {
+        None => agent.run_to_success(&grant, json!({"echo": "hi"})).await,
+        Some(end) => {
+            assert_eq!(
+                agent
+                    .update(&grant, Update::Accepted(pb::LeaseAccepted {}))
+                    .await
+                    .code,
+                0
+            );
+            assert_eq!(agent.update(&grant, end).await.code, 0);
+        }
+    }
+    let out = tokio::time::timeout(PROMPT, child.wait_with_output())
+        .await
+        .expect("cli ends")
+        .expect("cli output");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_prints_the_result_or_the_error_and_tables_count_attempts_truthfully() {
+    use switchyard_proto::v1::{self as pb, lease_update::Update};
+    let server = TestServer::start_sqlite().await;
+    let mut agent = TestAgent::start(&server, "alpha", json!({"tags": ["linux"]}), 1).await;
+
+    let (code, stdout) = wait_in_text(&server, &mut agent, None).await;
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains(r#"result: {"echo":"hi"}"#), "{stdout}");
+    assert!(stdout.contains("succeeded  succeeded"), "{stdout}");
+
+    let failed = Update::Failed(pb::LeaseFailed {
+        error: Some(pb::TaskError {
+            message: "disk full".into(),
+            code: "handler_error".into(),
+            retryable: true,
+            details: None,
+        }),
+    });
+    let (code, stdout) = wait_in_text(&server, &mut agent, Some(failed)).await;
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains("error: disk full (handler_error)"),
+        "{stdout}"
+    );
+
+    // A task that succeeded on its first attempt is on attempt 1 of 3, not 0.
+    let mut list = cli(&server);
+    list.args(["list", "--state", "succeeded"]);
+    let (code, stdout, _) = run(list).await;
+    assert_eq!(code, 0);
+    let row = stdout.lines().nth(1).expect("a row");
+    assert!(row.contains("  1/1  "), "{stdout}");
+    let header = stdout.lines().next().expect("a header");
+    // Columns line up: each value starts where its header does.
+    let at = header.find("ATTEMPT").expect("ATTEMPT column");
+    assert_eq!(&row[at..at + 3], "1/1", "{stdout}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn completions_and_the_manual_page_come_from_the_command_definitions() {
+    for (shell, marker) in [
+        ("bash", "_switchyard()"),
+        ("zsh", "#compdef switchyard"),
+        ("fish", "complete -c switchyard"),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+        cmd.env_clear().args(["completion", shell]);
+        let (code, stdout, stderr) = run(cmd).await;
+        assert_eq!(code, 0, "{stderr}");
+        assert!(stdout.contains(marker), "{shell}: {stdout}");
+        assert!(stdout.contains("submit"), "{shell}");
+    }
+    let mut man = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+    man.env_clear().arg("man");
+    let (code, stdout, _) = run(man).await;
+    assert_eq!(code, 0);
+    assert!(stdout.contains(".TH switchyard"), "{stdout}");
+    assert!(stdout.contains("submit"), "{stdout}");
 }

@@ -291,8 +291,13 @@ pub async fn wait_for_state(server: &TestServer, task_id: &str, state: pb::TaskS
     let found = tokio::time::timeout(PROMPT, async {
         while let Some(item) = stream.next().await {
             let task = item.expect("watch item").task.expect("task");
+            // A replayed step carries the task as it was then: the task is
+            // in `state` only if it still is.
             if task.state() == state {
-                return Some(task);
+                let now = get_task(server, task_id).await;
+                if now.state() == state {
+                    return Some(now);
+                }
             }
         }
         None

@@ -411,7 +411,10 @@ export declare type WatchTaskResponse = Message<"switchyard.v1.WatchTaskResponse
   event?: TaskEvent | undefined;
 
   /**
-   * The task after the event.
+   * The task as of the event: its state is the event's; the result, error,
+   * progress and queued reason are set only on the latest event, which
+   * carries the task as it is (a history replayed to a late watcher shows
+   * each step, not the end repeated).
    *
    * @generated from field: switchyard.v1.Task task = 2;
    */
