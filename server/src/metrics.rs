@@ -1,13 +1,16 @@
 //! Prometheus metrics: one process-wide recorder (the `metrics` facade with
-//! the Prometheus exporter's recorder) and a minimal HTTP endpoint on its
-//! own port that serves the text exposition format to scrapers.
+//! the Prometheus exporter's recorder, every series described so the
+//! exposition carries `# HELP`), served on a port of its own by an axum
+//! router: `GET /metrics` answers the text exposition format, any other
+//! path 404 and any other method 405.
 //!
 //! Names: `switchyard_tasks{namespace,state}` (gauge of live tasks: queued,
 //! leased, running; refreshed from the store every 5 s),
 //! `switchyard_grants_total`, `switchyard_lease_expiries_total`,
 //! `switchyard_requeues_total`, `switchyard_deadline_revocations_total{cause}`
 //! (leases ended at an execution timeout, a cancel's grace or a drain's
-//! deadline), `switchyard_start_deadlines_total` (queued tasks failed at
+//! deadline), `switchyard_tasks_finished_total{state}` (tasks this replica
+//! moved to succeeded, failed or canceled), `switchyard_start_deadlines_total` (queued tasks failed at
 //! their start deadline), `switchyard_match_seconds` (histogram, per
 //! task matched), `switchyard_connected_agents` (gauge),
 //! `switchyard_stream_queue_depth` (histogram of an agent stream's queued
@@ -18,12 +21,15 @@
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
-use std::time::Duration;
 
+use axum::Router;
+use axum::http::header;
+use axum::routing::get;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
+
+use crate::model::{StoreEvent, TaskState};
 
 /// Grants written.
 pub const GRANTS: &str = "switchyard_grants_total";
@@ -53,6 +59,82 @@ pub const BATCH_ITEMS: &str = "switchyard_batch_items";
 pub const NOTIFICATIONS_DROPPED: &str = "switchyard_notifications_dropped_total";
 /// Tasks by namespace and state.
 pub const TASKS: &str = "switchyard_tasks";
+/// Tasks this replica finished, by state (succeeded, failed, canceled).
+pub const TASKS_FINISHED: &str = "switchyard_tasks_finished_total";
+
+/// Every series with its help text (the exposition's `# HELP` lines).
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(GRANTS, "Leases granted by this replica.");
+    describe_counter!(EXPIRIES, "Leases that ran out their TTL without renewal.");
+    describe_counter!(
+        REQUEUES,
+        "Tasks returned to the queue (expiry, unacknowledged grant, retry)."
+    );
+    describe_counter!(
+        DEADLINE_REVOCATIONS,
+        "Leases ended at a deadline, by cause (timeout, canceled, drain_deadline)."
+    );
+    describe_counter!(
+        START_DEADLINES,
+        "Queued tasks failed at their start deadline."
+    );
+    describe_histogram!(
+        MATCH_SECONDS,
+        Unit::Seconds,
+        "Time to match one task against the agent index."
+    );
+    describe_gauge!(
+        CONNECTED_AGENTS,
+        "Agents with a live session on this replica."
+    );
+    describe_gauge!(
+        PARKED_PLACEMENTS,
+        "Distinct placements no agent on this replica can run (their tasks are parked)."
+    );
+    describe_histogram!(
+        STREAM_QUEUE_DEPTH,
+        "Messages waiting in an agent stream's queue when one is pushed."
+    );
+    describe_histogram!(
+        STORE_SECONDS,
+        Unit::Seconds,
+        "Store call latency by operation."
+    );
+    describe_histogram!(
+        BATCH_ITEMS,
+        "Items per group-committed batch (lease reports, heartbeats, submits)."
+    );
+    describe_counter!(
+        NOTIFICATIONS_DROPPED,
+        "PostgreSQL change notifications dropped while the database was unreachable."
+    );
+    describe_gauge!(
+        TASKS,
+        "Live tasks by namespace and state (queued, leased, running), from the store."
+    );
+    describe_counter!(
+        TASKS_FINISHED,
+        "Tasks this replica moved to a final state, by state (succeeded, failed, canceled)."
+    );
+}
+
+/// Counts the tasks a committed write finished into
+/// `switchyard_tasks_finished_total{state}`.
+pub fn count_finished(events: &[StoreEvent]) {
+    for event in events {
+        if let StoreEvent::TaskChanged { state, .. } = event
+            && state.is_terminal()
+        {
+            let state: &'static str = match state {
+                TaskState::Succeeded => "succeeded",
+                TaskState::Failed => "failed",
+                _ => "canceled",
+            };
+            metrics::counter!(TASKS_FINISHED, "state" => state).increment(1);
+        }
+    }
+}
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -64,12 +146,14 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
             let buckets = [
                 0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
             ];
-            PrometheusBuilder::new()
+            let handle = PrometheusBuilder::new()
                 .set_buckets(&buckets)
                 .ok()?
                 .install_recorder()
                 .map_err(|err| warn!(cause = %err, "metrics recorder not installed"))
-                .ok()
+                .ok()?;
+            describe();
+            Some(handle)
         })
         .as_ref()
 }
@@ -82,43 +166,29 @@ pub async fn timed<T>(op: &'static str, call: impl std::future::Future<Output = 
     out
 }
 
-/// Serves `/metrics` (any path answers) on `listener` until dropped.
+/// Serves `GET /metrics` on `listener` until dropped; other paths are 404.
 pub async fn serve(listener: TcpListener) {
     let Some(handle) = handle() else { return };
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "metrics on http://{addr}/metrics");
     }
-    loop {
-        let Ok((mut socket, _)) = listener.accept().await else {
-            continue;
-        };
-        let handle = handle.clone();
-        tokio::spawn(async move {
-            // Read the request head (bounded); the path does not matter.
-            let mut buf = vec![0u8; 4096];
-            let mut read = 0;
-            while read < buf.len() {
-                match tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf[read..]))
-                    .await
-                {
-                    Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
-                    Ok(Ok(n)) => {
-                        read += n;
-                        if buf[..read].windows(4).any(|w| w == b"\r\n\r\n") {
-                            break;
-                        }
-                    }
-                }
-            }
+    let router = Router::new().route(
+        "/metrics",
+        get(move || {
             let body = handle.render();
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = socket.write_all(head.as_bytes()).await;
-            let _ = socket.write_all(body.as_bytes()).await;
-            let _ = socket.shutdown().await;
-        });
+            async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    body,
+                )
+            }
+        }),
+    );
+    if let Err(err) = axum::serve(listener, router).await {
+        warn!(cause = %err, "the metrics listener stopped");
     }
 }
 

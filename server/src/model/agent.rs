@@ -70,6 +70,50 @@ pub struct AgentRecord {
     pub last_seen_at_ms: i64,
     /// When the agent first registered.
     pub registered_at_ms: i64,
+    /// Registrations that replaced a live session of this name.
+    pub contention: NameContention,
+}
+
+/// How often registrations under an agent's name replaced a session that
+/// was still live: two runners sharing one name replace each other in a
+/// loop, each registration ending the other's session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NameContention {
+    /// Such registrations in a row, each within [`Self::WINDOW_MS`] of the
+    /// one before.
+    pub takeovers: u32,
+    /// When the last one came.
+    pub last_at_ms: Option<i64>,
+    /// The runner the last one replaced.
+    pub replaced_runner: String,
+}
+
+impl NameContention {
+    /// How close takeovers must come to count as one run of them.
+    pub const WINDOW_MS: i64 = 600_000;
+
+    /// Whether two sessions are contending for the name as of `now_ms`:
+    /// a second takeover in a row, the last within the window.
+    pub fn contended(&self, now_ms: i64) -> bool {
+        self.takeovers >= 2
+            && self
+                .last_at_ms
+                .is_some_and(|at| at > now_ms - Self::WINDOW_MS)
+    }
+
+    /// What an operator reads: how many, and which runners.
+    pub fn warning(&self, runner: &str) -> String {
+        format!(
+            "name contended: {} registrations in a row replaced a live session of this name \
+             (the last: {runner} replacing {}); two runners share one name: give each its own",
+            self.takeovers,
+            if self.replaced_runner.is_empty() {
+                "an unnamed runner"
+            } else {
+                &self.replaced_runner
+            }
+        )
+    }
 }
 
 impl AgentRecord {

@@ -27,7 +27,9 @@ pub mod names;
 pub mod task;
 pub mod token;
 
-pub use agent::{AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, DocumentWrite};
+pub use agent::{
+    AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, DocumentWrite, NameContention,
+};
 pub use backoff::{
     DEFAULT_BACKOFF_BASE_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MULTIPLIER, MAX_BACKOFF_MS,
     MAX_RETRY_MULTIPLIER, RetryPolicy, release_backoff_ms,

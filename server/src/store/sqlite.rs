@@ -122,6 +122,7 @@ impl Backend for SqliteBackend {
     async fn commit(&self, write: Write<Sqlite>) -> Result<()> {
         let (tx, events) = write.into_parts();
         tx.commit().await.map_err(db("committing"))?;
+        crate::metrics::count_finished(&events);
         for event in events {
             // There are no other replicas to tell; no subscriber is fine.
             if !event.for_other_replicas() {

@@ -288,6 +288,16 @@ fn tier_named(name: &str) -> pb::Tier {
     }
 }
 
+/// The agent's status reasons, and a warning while two sessions contend
+/// for its name (reckoned from when it was last seen).
+fn status_reasons(record: &AgentRecord) -> Vec<String> {
+    let mut reasons = record.status_reasons.clone();
+    if record.contention.contended(record.last_seen_at_ms) {
+        reasons.push(record.contention.warning(&record.runner));
+    }
+    reasons
+}
+
 /// An agent on the wire; `full` adds the document and provenance.
 pub fn agent(record: &AgentRecord, full: bool) -> pb::Agent {
     let provenance = if full {
@@ -334,7 +344,7 @@ pub fn agent(record: &AgentRecord, full: bool) -> pb::Agent {
         name: record.name.clone(),
         namespace: record.namespace.clone(),
         status: agent_status(record.effective_status()) as i32,
-        status_reasons: record.status_reasons.clone(),
+        status_reasons: status_reasons(record),
         capacity: record.capacity,
         active_leases: record.active_leases,
         labels: record.labels.clone().into_iter().collect(),

@@ -15,6 +15,7 @@ mod hardening;
 mod health;
 mod kinds;
 mod limits;
+mod operators;
 mod ops;
 mod policy;
 mod resources;

@@ -429,7 +429,7 @@ async fn metrics_endpoint_reports_grants_and_agents() {
     agent.run_to_success(&grant, json!({})).await;
     let mut socket = tokio::net::TcpStream::connect(port).await.unwrap();
     socket
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut body = String::new();

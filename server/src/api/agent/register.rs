@@ -5,7 +5,7 @@
 use switchyard_core::kinds::{HandledKinds, KindError};
 use switchyard_core::tier::with_operator_tier;
 use switchyard_proto::v1 as pb;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::document;
 use crate::api::convert::duration;
@@ -71,6 +71,16 @@ impl Api {
                 .await?;
         }
         info!(agent = %record.id, name = %record.name, epoch = record.session_epoch, "agent registered");
+        if record.contention.contended(record.last_seen_at_ms) {
+            warn!(
+                agent = %record.id,
+                name = %record.name,
+                takeovers = record.contention.takeovers,
+                runner = %record.runner,
+                replaced = %record.contention.replaced_runner,
+                "two live sessions contend for one agent name: each registration ends the other's session"
+            );
+        }
         Ok(pb::RegisterAgentResponse {
             agent_id: record.id.to_string(),
             session_epoch: record.session_epoch,

@@ -305,6 +305,7 @@ impl Backend for PgBackend {
                 .map_err(db("notifying replicas"))?;
         }
         tx.commit().await.map_err(db("committing"))?;
+        crate::metrics::count_finished(&lazy);
         self.announce_committed(lazy)
     }
 

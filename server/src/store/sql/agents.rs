@@ -58,7 +58,13 @@ const REGISTER: &str = const_format::concatcp!(
      ELSE excluded.status_reasons END, \
      capacity = excluded.capacity, labels = excluded.labels, runner = excluded.runner, \
      handled_kinds = excluded.handled_kinds, session_epoch = agents.session_epoch + 1, last_seen_at_ms = excluded.last_seen_at_ms, \
-     updated_at_ms = excluded.updated_at_ms, registered_by = excluded.registered_by \
+     updated_at_ms = excluded.updated_at_ms, registered_by = excluded.registered_by, \
+     takeovers = CASE WHEN agents.status = 'offline' THEN agents.takeovers \
+     WHEN agents.last_takeover_at_ms > $13 - 600000 THEN agents.takeovers + 1 ELSE 1 END, \
+     last_takeover_at_ms = CASE WHEN agents.status = 'offline' THEN agents.last_takeover_at_ms \
+     ELSE $13 END, \
+     replaced_runner = CASE WHEN agents.status = 'offline' THEN agents.replaced_runner \
+     ELSE agents.runner END \
      WHERE agents.registered_by = excluded.registered_by OR agents.registered_by = '' \
      OR agents.status = 'offline' \
      RETURNING ",

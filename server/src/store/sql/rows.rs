@@ -11,8 +11,9 @@ use sqlx::types::Json;
 use super::db::{Cols, SqlDb};
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentRecord, AgentStatus, Deadlines, Fairness, LeaseEnd, LeaseRecord, LeaseState, RetryPolicy,
-    Role, StoredName, TaskEventRecord, TaskRecord, TaskState, TokenRecord,
+    AgentRecord, AgentStatus, Deadlines, Fairness, LeaseEnd, LeaseRecord, LeaseState,
+    NameContention, RetryPolicy, Role, StoredName, TaskEventRecord, TaskRecord, TaskState,
+    TokenRecord,
 };
 use crate::store::plan::{to_u32, to_u64};
 use switchyard_core::resources::Claim;
@@ -38,7 +39,8 @@ pub(crate) const AGENT_COLUMNS: &str = "id, namespace, name, document, provenanc
     reported, operator_overrides, generation, status, status_reasons, capacity, \
     (SELECT CAST(COALESCE(SUM(l.slots), 0) AS BIGINT) FROM leases l WHERE l.agent_id = agents.id \
     AND l.state IN ('granted', 'active')) AS active_leases, drained, drain_deadline_ms, labels, runner, \
-    handled_kinds, session_epoch, last_seen_at_ms, registered_at_ms";
+    handled_kinds, session_epoch, last_seen_at_ms, registered_at_ms, takeovers, \
+    last_takeover_at_ms, replaced_runner";
 
 /// The columns that read a [`TaskEventRecord`].
 pub(crate) const EVENT_COLUMNS: &str =
@@ -215,6 +217,11 @@ pub(crate) fn agent<DB: SqlDb>(row: &DB::Row) -> Result<AgentRecord> {
         session_epoch: to_u64(cols.get("session_epoch")?),
         last_seen_at_ms: cols.get("last_seen_at_ms")?,
         registered_at_ms: cols.get("registered_at_ms")?,
+        contention: NameContention {
+            takeovers: to_u32(cols.get("takeovers")?),
+            last_at_ms: cols.get("last_takeover_at_ms")?,
+            replaced_runner: cols.get("replaced_runner")?,
+        },
     })
 }
 
