@@ -9,6 +9,10 @@
 //!   and their merge over the base tier.
 //! - [`capabilities`]: the live document: refreshed load, re-read tiers on
 //!   change, pack health.
+//! - [`identity`]: the agent directory made absolute (missing: an error)
+//!   and the default name, `{hostname}-rust-{hash of the directory}`.
+//! - [`install`]: `switchyard-agent install`, a systemd unit and its
+//!   environment file (the token, readable by root only).
 //! - [`handler`]: the `Handler` trait and handler packs (first registration
 //!   wins; missing required parameters make a capability unhealthy).
 //! - [`exec`]: the `exec` task kind (argv, env, cwd, timeout, process-group
@@ -20,6 +24,8 @@ pub mod capabilities;
 pub mod detect;
 pub mod exec;
 pub mod handler;
+pub mod identity;
+pub mod install;
 pub mod session;
 pub mod tiers;
 

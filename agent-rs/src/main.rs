@@ -1,5 +1,7 @@
-//! `switchyard-agent`: runs the agent against a server, or prints the
-//! capability document it would report (`capabilities [--explain]`).
+//! `switchyard-agent`: runs the agent against a server, prints the
+//! capability document it would report (`capabilities [--explain]`), or
+//! installs itself as a systemd service (`install`). The agent directory is
+//! made absolute first; one that does not exist is an error (exit 2).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -26,8 +28,24 @@ struct Cli {
         global = true
     )]
     script_timeout_secs: u64,
+    /// Log lines as text for people or JSON for log pipelines.
+    #[arg(
+        long,
+        env = "SWITCHYARD_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    log_format: LogFormat,
     #[command(flatten)]
     run: RunArgs,
+}
+
+/// How log lines are written (to standard error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, clap::Args)]
@@ -51,7 +69,9 @@ struct RunArgs {
     /// Client key (PEM) for servers that require mTLS.
     #[arg(long, env = "SWITCHYARD_TLS_KEY")]
     tls_key: Option<PathBuf>,
-    /// The agent's name, unique in its namespace (default: the hostname).
+    /// The agent's name, unique in its namespace (default:
+    /// `{hostname}-rust-{6 hex digits of the directory's SHA-256}`, so
+    /// runners sharing a host do not share a name).
     #[arg(long, env = "SWITCHYARD_AGENT_NAME")]
     name: Option<String>,
     /// The namespace to serve.
@@ -87,6 +107,33 @@ enum Command {
         #[arg(long)]
         explain: bool,
     },
+    /// Install this agent as a systemd service: a unit running `run` in
+    /// `--dir`, and an environment file (mode 0600) with `--server`,
+    /// `--token` and the other settings given.
+    Install(InstallArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct InstallArgs {
+    /// The service's name.
+    #[arg(long, default_value = "switchyard-agent")]
+    service: String,
+    /// Where the unit is written.
+    #[arg(
+        long,
+        env = "SWITCHYARD_UNIT_DIR",
+        default_value = "/etc/systemd/system"
+    )]
+    unit_dir: PathBuf,
+    /// The environment file (default: /etc/switchyard-agent/SERVICE.env).
+    #[arg(long, env = "SWITCHYARD_ENV_FILE")]
+    env_file: Option<PathBuf>,
+    /// The user the service runs as (default: root).
+    #[arg(long)]
+    user: Option<String>,
+    /// Replace an existing unit.
+    #[arg(long)]
+    force: bool,
 }
 
 fn parse_label(text: &str) -> Result<(String, String), String> {
@@ -104,16 +151,30 @@ fn handlers(allow_exec: bool) -> Handlers {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
+fn init_logs(format: LogFormat) {
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut cli = Cli::parse();
+    init_logs(cli.log_format);
+    cli.dir = match switchyard_agent::identity::agent_dir(&cli.dir) {
+        Ok(dir) => dir,
+        Err(err) => {
+            eprintln!("switchyard-agent: {err}");
+            std::process::exit(2);
+        }
+    };
     let handlers = handlers(cli.run.allow_exec);
     let script_timeout = Duration::from_secs(cli.script_timeout_secs);
     match cli.command.unwrap_or(Command::Run) {
@@ -147,19 +208,17 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Install(args) => install(&cli.dir, &cli.run, args, cli.log_format),
         Command::Run => {
             let caps = Capabilities::load(&cli.dir, &handlers, script_timeout).await;
             let doc = caps.document();
-            let name = cli
-                .run
-                .name
-                .clone()
-                .or_else(|| {
-                    doc.get("hostname")
-                        .and_then(|h| h.as_str())
-                        .map(str::to_owned)
-                })
-                .unwrap_or_else(|| "agent".to_owned());
+            let name = cli.run.name.clone().unwrap_or_else(|| {
+                let host = doc
+                    .get("hostname")
+                    .and_then(|h| h.as_str())
+                    .unwrap_or("agent");
+                switchyard_agent::identity::default_name(host, "rust", &cli.dir)
+            });
             let capacity = cli
                 .run
                 .capacity
@@ -192,6 +251,70 @@ async fn main() -> anyhow::Result<()> {
             switchyard_agent::run(config, handlers, shutdown_signal()).await
         }
     }
+}
+
+/// `switchyard-agent install`: the unit and its environment file.
+fn install(
+    dir: &std::path::Path,
+    run: &RunArgs,
+    args: InstallArgs,
+    log_format: LogFormat,
+) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?.canonicalize()?;
+    let mut env: Vec<(&'static str, String)> = vec![
+        ("SWITCHYARD_SERVER", run.server.clone()),
+        ("SWITCHYARD_AGENT_DIR", dir.display().to_string()),
+        ("SWITCHYARD_NAMESPACE", run.namespace.clone()),
+        ("SWITCHYARD_GRACE_SECS", run.grace_secs.to_string()),
+    ];
+    let optional = [
+        ("SWITCHYARD_TOKEN", run.token.clone()),
+        ("SWITCHYARD_AGENT_NAME", run.name.clone()),
+        ("SWITCHYARD_CAPACITY", run.capacity.map(|c| c.to_string())),
+        ("SWITCHYARD_CA_FILE", absolute(run.ca_file.as_deref())),
+        ("SWITCHYARD_TLS_CERT", absolute(run.tls_cert.as_deref())),
+        ("SWITCHYARD_TLS_KEY", absolute(run.tls_key.as_deref())),
+        (
+            "SWITCHYARD_ALLOW_EXEC",
+            run.allow_exec.then(|| "true".to_owned()),
+        ),
+        (
+            "SWITCHYARD_LOG_FORMAT",
+            (log_format == LogFormat::Json).then(|| "json".to_owned()),
+        ),
+    ];
+    env.extend(optional.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))));
+    let env_file = args.env_file.unwrap_or_else(|| {
+        PathBuf::from("/etc/switchyard-agent").join(format!("{}.env", args.service))
+    });
+    let spec = switchyard_agent::install::Install {
+        service: args.service.clone(),
+        unit_dir: args.unit_dir,
+        env_file,
+        exe,
+        dir: dir.to_path_buf(),
+        user: args.user,
+        grace_secs: run.grace_secs,
+        force: args.force,
+        env,
+    };
+    let done = spec.write().map_err(anyhow::Error::msg)?;
+    println!("wrote {}", done.unit.display());
+    println!("wrote {} (mode 0600)", done.env_file.display());
+    println!(
+        "start it: systemctl daemon-reload && systemctl enable --now {}.service",
+        args.service
+    );
+    Ok(())
+}
+
+fn absolute(path: Option<&std::path::Path>) -> Option<String> {
+    path.map(|p| {
+        std::path::absolute(p)
+            .unwrap_or_else(|_| p.to_path_buf())
+            .display()
+            .to_string()
+    })
 }
 
 async fn shutdown_signal() {

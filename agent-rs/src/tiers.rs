@@ -153,6 +153,9 @@ pub async fn run_dynamic(
     timeout: Duration,
 ) -> Result<Value, Rejection> {
     let static_json = static_tier.to_string();
+    // The script runs in `dir`, so it is handed by its absolute path: a
+    // relative one (`--dir agents/a`) would be resolved from `dir` again.
+    let script = &std::path::absolute(script).unwrap_or_else(|_| script.to_path_buf());
     let Some(mut cmd) = script_command(script, &static_json) else {
         return Err(reject(
             Tier::Dynamic,

@@ -166,3 +166,90 @@ async fn secrets_never_leave_the_agent() {
         assert!(!text.contains(secret), "{secret} leaked: {text}");
     }
 }
+
+/// Runs the agent binary's `capabilities` in `cwd` with `--dir dir`.
+fn capabilities_in(cwd: &std::path::Path, dir: &str) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_switchyard-agent"))
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .args(["--dir", dir, "capabilities"])
+        .output()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_relative_directory_runs_its_dynamic_script_and_a_missing_one_is_an_error() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("agents/a");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(".capabilities.dynamic.sh"),
+        "getCapabilities() { echo '{\"from_script\": true}'; }\n",
+    )
+    .unwrap();
+    // Before: the script ran in agents/a but was handed agents/a/…, so
+    // bash found nothing and the tier was rejected.
+    let out = capabilities_in(root.path(), "agents/a");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["from_script"], json!(true), "{doc}");
+    // The library alone, with a relative path, too.
+    let cwd = std::env::current_dir().unwrap();
+    let relative = pathdiff(&dir, &cwd);
+    let script = tiers::dynamic_script(&relative).unwrap();
+    let value = tiers::run_dynamic(&relative, &script, &json!({}), Duration::from_secs(20)).await;
+    assert_eq!(value.unwrap(), json!({"from_script": true}));
+
+    // Before: exit 0 and an empty document.
+    let out = capabilities_in(root.path(), "agents/missing");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("agents/missing"), "{stderr}");
+}
+
+/// `path` relative to `base` (both absolute), through `..` as needed.
+fn pathdiff(path: &std::path::Path, base: &std::path::Path) -> std::path::PathBuf {
+    let path: Vec<_> = path.components().collect();
+    let base: Vec<_> = base.components().collect();
+    let common = path.iter().zip(&base).take_while(|(a, b)| a == b).count();
+    let mut out = std::path::PathBuf::new();
+    for _ in common..base.len() {
+        out.push("..");
+    }
+    for c in &path[common..] {
+        out.push(c);
+    }
+    out
+}
+
+/// The default name follows the rule the three runners share
+/// (`tests/conformance/naming.json`).
+#[test]
+fn default_names_follow_the_shared_vectors() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/conformance/naming.json"
+    );
+    let Ok(text) = std::fs::read_to_string(path) else {
+        panic!("{path} is missing");
+    };
+    let vectors: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = vectors
+        .as_array()
+        .or_else(|| vectors["vectors"].as_array())
+        .expect("a list of vectors");
+    assert!(!cases.is_empty());
+    for case in cases {
+        let name = switchyard_agent::identity::default_name(
+            case["hostname"].as_str().unwrap(),
+            case["runner"].as_str().unwrap(),
+            std::path::Path::new(case["dir"].as_str().unwrap()),
+        );
+        assert_eq!(name, case["name"].as_str().unwrap(), "{case}");
+    }
+}
