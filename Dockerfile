@@ -1,12 +1,17 @@
 # syntax=docker/dockerfile:1
-# Switchyard control plane image: `switchyard-server` (the entrypoint) and the
-# `switchyard` CLI, on a distroless base running as a non-root user.
+# The Switchyard image: `switchyard-server` (the entrypoint), the `switchyard`
+# CLI and `switchyard-agent`, on a distroless base running as a non-root user.
+# Nothing publishes it: build it here and push it where your cluster pulls
+# from (deploy/README.md); both Helm charts run it.
 #
 #   docker build -t switchyard:dev .
-#   docker run --rm -p 50051:50051 switchyard:dev
+#   docker run --rm -p 50051:50051 switchyard:dev serve --insecure
+#   docker run --rm --entrypoint switchyard-agent switchyard:dev --server http://HOST:50051
 #
-# The image listens on 0.0.0.0:50051. Once token auth lands, a non-loopback
-# listener needs --tokens-file (or --insecure, for a trial only).
+# The server listens on 0.0.0.0:50051, and a non-loopback listener refuses to
+# start without tokens (--tokens-file, or `switchyard-server token create`);
+# --insecure serves without them, for a trial only. The image has no shell,
+# so the agent's `exec` tasks can run only what the image holds.
 #
 # The proto crate vendors protoc (protoc-bin-vendored), so the builder needs
 # nothing beyond the official Rust image. Builder and runtime are both Debian
@@ -22,9 +27,10 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
-    cargo build --release --locked -p switchyard-server \
+    cargo build --release --locked -p switchyard-server -p switchyard-agent \
     && install -D -m 0755 target/release/switchyard-server /out/switchyard-server \
-    && install -D -m 0755 target/release/switchyard /out/switchyard
+    && install -D -m 0755 target/release/switchyard /out/switchyard \
+    && install -D -m 0755 target/release/switchyard-agent /out/switchyard-agent
 
 # distroless/cc: glibc, libgcc and CA certificates, no shell; the `nonroot`
 # tag runs as uid/gid 65532.
@@ -32,7 +38,7 @@ FROM gcr.io/distroless/cc-debian13:nonroot AS runtime
 LABEL org.opencontainers.image.title="switchyard" \
       org.opencontainers.image.description="Switchyard: a gRPC control plane that routes tasks to agents by capability" \
       org.opencontainers.image.licenses="Apache-2.0"
-COPY --from=builder /out/switchyard-server /out/switchyard /usr/local/bin/
+COPY --from=builder /out/switchyard-server /out/switchyard /out/switchyard-agent /usr/local/bin/
 USER 65532:65532
 WORKDIR /home/nonroot
 # In a container the server must listen on every interface; the flag or

