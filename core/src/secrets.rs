@@ -37,7 +37,7 @@ fn shape(pattern: &str, group: usize, credential_check: bool) -> Shape {
 }
 
 /// The shapes, in the order they are tried. Kept in step with
-/// `clients/python/switchyard/core/secrets.py` and `clients/node/src/core/secrets.js`.
+/// `clients/python/switchyard_runner/core/secrets.py` and `clients/node/src/core/secrets.js`.
 pub const PATTERNS: &[(&str, usize, bool)] = &[
     // PEM private keys, the whole block when it is there.
     (

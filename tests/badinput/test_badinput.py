@@ -42,8 +42,8 @@ from google.protobuf import duration_pb2, struct_pb2
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "deploy"))
 
 from replicas import Replica  # noqa: E402
-from switchyard.health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
-from switchyard.v1 import (  # noqa: E402
+from switchyard_runner.health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+from switchyard_runner.v1 import (  # noqa: E402
     agent_admin_service_pb2,
     agent_admin_service_pb2_grpc,
     agent_pb2,

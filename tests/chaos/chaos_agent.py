@@ -35,7 +35,7 @@ from collections.abc import Iterator
 import grpc
 from google.protobuf import json_format, struct_pb2
 
-from switchyard.v1 import agent_pb2, agent_service_pb2, agent_service_pb2_grpc, task_pb2
+from switchyard_runner.v1 import agent_pb2, agent_service_pb2, agent_service_pb2_grpc, task_pb2
 
 # Codes of a refusal that means the lease is gone for good (stale token, not
 # held, unknown lease); anything else non-OK is retried.

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from replicas import FreshDatabase, Replica, log, struct  # noqa: F401 - re-exported for the tests
-from switchyard.v1 import placement_pb2, task_service_pb2
+from switchyard_runner.v1 import placement_pb2, task_service_pb2
 
 HERE = pathlib.Path(__file__).resolve().parent
 

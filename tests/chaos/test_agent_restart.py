@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 
 from harness import FreshDatabase, Replica, struct
-from switchyard.v1 import (
+from switchyard_runner.v1 import (
     agent_pb2,
     agent_service_pb2,
     agent_service_pb2_grpc,

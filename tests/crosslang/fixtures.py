@@ -1,9 +1,10 @@
 """The shared SheetBot-style agent directory for cross-language checks.
 
-:func:`build_agent_dir` writes the static and override tiers and one dynamic script per language
-(``python`` → ``.capabilities.dynamic.py``; a Node variant would add ``node`` →
-``.capabilities.dynamic.mjs`` from :data:`DYNAMIC_OUTPUT`). Every script returns the same
-document, computed from the static tier it receives, so every runner must merge the same result.
+:func:`build_agent_dir` writes the static and override tiers and the dynamic script of one
+language (``python`` → ``.capabilities.dynamic.py``, ``node`` → ``.capabilities.dynamic.mjs``,
+``shell`` → ``.capabilities.dynamic.sh``). Every script returns :data:`DYNAMIC_OUTPUT`, computed
+from the static tier it receives, so every runner must merge the same result whatever the
+script's language.
 """
 
 from __future__ import annotations
@@ -69,9 +70,23 @@ export async function getCapabilities(staticCapabilities) {
 }
 """
 
+SHELL_SCRIPT = """\
+getCapabilities() {
+  echo "detecting..."  # log lines before the JSON are allowed
+  local environment tags count
+  environment=$(printf '%s' "$1" | sed -n 's/.*"environment": *"\\([^"]*\\)".*/\\1/p')
+  tags=$(printf '%s' "$1" | sed -n 's/.*"tags": *\\[\\([^]]*\\)\\].*/\\1/p')
+  IFS=, read -ra count <<< "$tags"
+  printf '{"detected": {"from_static": "%s", "tag_count": %d, "apiKey": "k-dyn", "X-Auth-Token": "t"}, ' \\
+    "$environment" "${#count[@]}"
+  printf '"environment": "staging", "packages": ["python"], "nested": {"a": {"b": {"c": 1.5, "flag": false, "none": null}}}}\\n'
+}
+"""
+
 SCRIPTS = {
     "python": (".capabilities.dynamic.py", PYTHON_SCRIPT),
     "node": (".capabilities.dynamic.mjs", NODE_SCRIPT),
+    "shell": (".capabilities.dynamic.sh", SHELL_SCRIPT),
 }
 """Dynamic scripts by language; each must return :data:`DYNAMIC_OUTPUT` for :data:`STATIC`."""
 

@@ -1,10 +1,11 @@
-"""The Rust agent, the Python runner and the Node runner merge one agent directory alike.
+"""The Rust agent, the Python runner and the Node runner merge one agent directory alike,
+whatever the language of its dynamic script, and take it by a relative path alike.
 
 Base facts legitimately differ between runners, so the comparison covers every leaf whose
 provenance is not ``base`` (its path, tier and value), the redacted paths, and the tier
 rejections. Add a runner by adding a function to ``RUNNERS`` that returns its
-``(document, provenance)`` for a directory (and, for a new dynamic-script language, a script in
-``fixtures.SCRIPTS``).
+``(document, provenance)`` for a directory; add a dynamic-script language with a script in
+``fixtures.SCRIPTS``.
 
 Run with the project venv's pytest (``switchyard-runner`` installed) and
 ``SWITCHYARD_AGENT_BIN`` pointing at the Rust agent (default ``target/debug/switchyard-agent``).
@@ -23,7 +24,7 @@ from collections.abc import Callable
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from fixtures import build_agent_dir  # noqa: E402
+from fixtures import DYNAMIC_OUTPUT, SCRIPTS, build_agent_dir  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 Explained = tuple[dict, dict[str, str], list[tuple[str, str]]]
@@ -57,8 +58,9 @@ def explain_with(command: list[str], directory: pathlib.Path) -> Explained:
     def run(*extra: str) -> str:
         out = subprocess.run(
             [*command, "--dir", str(directory), "capabilities", *extra],
-            capture_output=True, text=True, timeout=60, check=True,
+            capture_output=True, text=True, timeout=60,
         )
+        assert out.returncode == 0, out.stderr
         return out.stdout
 
     document = json.loads(run())
@@ -71,7 +73,7 @@ def rust_agent(directory: pathlib.Path) -> Explained:
 
 
 def python_runner(directory: pathlib.Path) -> Explained:
-    return explain_with([sys.executable, "-m", "switchyard"], directory)
+    return explain_with([sys.executable, "-m", "switchyard_runner"], directory)
 
 
 def node_runner(directory: pathlib.Path) -> Explained:
@@ -86,11 +88,23 @@ def node_runner(directory: pathlib.Path) -> Explained:
     return explained["document"], explained["provenance"], rejections
 
 
-RUNNERS: dict[str, tuple[str, Callable[[pathlib.Path], Explained]]] = {
-    "python": ("python", python_runner),
-    "node": ("node", node_runner),
+RUNNERS: dict[str, Callable[[pathlib.Path], Explained]] = {
+    "python": python_runner,
+    "node": node_runner,
 }
-"""Runner name → (dynamic-script language, how to get its explained document)."""
+"""Runner name → how to get its explained document for a directory."""
+
+CLIS: dict[str, list[str]] = {
+    "rust": [],
+    "python": [sys.executable, "-m", "switchyard_runner"],
+    "node": ["node", str(REPO / "clients" / "node" / "src" / "cli.js")],
+}
+"""Each runner's command line, before ``--dir D capabilities`` (the Rust agent's is filled in by
+:func:`cli`, as its binary is found only when a test runs)."""
+
+
+def cli(runner: str) -> list[str]:
+    return CLIS[runner] or [str(agent_binary())]
 
 
 def lookup(doc: object, path: str) -> object:
@@ -117,10 +131,11 @@ def canonical(value: object) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+@pytest.mark.parametrize("language", sorted(SCRIPTS))
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
-def test_runner_merges_like_the_rust_agent(runner: str, tmp_path: pathlib.Path) -> None:
-    language, explain = RUNNERS[runner]
-    rust_dir = build_agent_dir(tmp_path / "rust", "python")
+def test_runner_merges_like_the_rust_agent(runner: str, language: str, tmp_path: pathlib.Path) -> None:
+    explain = RUNNERS[runner]
+    rust_dir = build_agent_dir(tmp_path / "rust", language)
     other_dir = build_agent_dir(tmp_path / runner, language)
     rust_doc, rust_prov, rust_rej = rust_agent(rust_dir)
     doc, prov, rej = explain(other_dir)
@@ -140,7 +155,7 @@ def test_runner_merges_like_the_rust_agent(runner: str, tmp_path: pathlib.Path) 
 
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
 def test_broken_dynamic_script_is_a_rejection_in_both(runner: str, tmp_path: pathlib.Path) -> None:
-    _, explain = RUNNERS[runner]
+    explain = RUNNERS[runner]
     dirs = []
     for name in ("rust", runner):
         d = build_agent_dir(tmp_path / name, "python")
@@ -151,3 +166,30 @@ def test_broken_dynamic_script_is_a_rejection_in_both(runner: str, tmp_path: pat
     doc, _, rej = explain(dirs[1])
     assert rej == rust_rej == [("dynamic", ""), ("override", "")]
     assert doc["environment"] == rust_doc["environment"] == "production"
+
+
+@pytest.mark.parametrize("language", sorted(SCRIPTS))
+@pytest.mark.parametrize("runner", sorted(CLIS))
+def test_a_relative_directory_runs_its_dynamic_script_in_every_runner(
+    runner: str, language: str, tmp_path: pathlib.Path
+) -> None:
+    build_agent_dir(tmp_path / "agents" / "a", language)
+    out = subprocess.run(
+        [*cli(runner), "--dir", "agents/a", "capabilities"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    document = json.loads(out.stdout)
+    assert document["nested"]["a"]["b"] == {"flag": False}  # a null deletes: c in the override, none here
+    assert document["detected"]["from_static"] == DYNAMIC_OUTPUT["detected"]["from_static"]
+
+
+@pytest.mark.parametrize("runner", sorted(CLIS))
+def test_a_missing_directory_ends_every_runner_with_status_2_and_one_line(runner: str, tmp_path: pathlib.Path) -> None:
+    out = subprocess.run(
+        [*cli(runner), "--dir", "agents/missing", "capabilities"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert out.stdout == ""
+    [line] = out.stderr.splitlines()
+    assert "agent directory agents/missing: No such file or directory" in line

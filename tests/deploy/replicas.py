@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf import struct_pb2
 
-from switchyard.v1 import (
+from switchyard_runner.v1 import (
     agent_pb2,
     agent_service_pb2,
     agent_service_pb2_grpc,

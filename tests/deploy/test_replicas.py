@@ -32,7 +32,7 @@ from replicas import (
     task_events,
     wait_terminal,
 )
-from switchyard.v1 import task_pb2
+from switchyard_runner.v1 import task_pb2
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@
 // change on disk (or when forced).
 import { baseFacts, loadFacts, probedFacts } from "./base.js";
 import { jsonEqual } from "./core/json.js";
+import { agentDir } from "./identity.js";
 import { DEFAULT_LIMITS } from "./core/limits.js";
 import { Merged } from "./core/tier.js";
 import { mergeDirectory, readDirectory, stamps } from "./tiers.js";
@@ -15,8 +16,8 @@ export class Capabilities {
    *   limits?: import("./core/limits.js").Limits, provides?: () => Record<string, unknown>}} options
    */
   constructor({ dir, scriptTimeoutMs = 10_000, probeTimeoutMs = 5_000, limits = DEFAULT_LIMITS, provides = () => ({}) }) {
-    /** The runner directory holding the tier files. */
-    this.dir = dir;
+    /** The runner directory holding the tier files, canonical (a missing one throws `AgentDirectoryError`). */
+    this.dir = agentDir(dir);
     /** How long a dynamic script may run. */
     this.scriptTimeoutMs = scriptTimeoutMs;
     /** How long each detection probe (a tool's version, `nvidia-smi`) may run. */

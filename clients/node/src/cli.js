@@ -6,11 +6,12 @@
 // `capabilities` prints the merged, redacted capability document as JSON on stdout and
 // nothing else; with `--explain` it prints `{document, provenance, rejections}` instead. It
 // connects to no server; the task kinds a runner advertises come from the handlers a program
-// registers (`Runner#advertised`).
+// registers (`Runner#advertised`). An agent directory that does not exist or is not a directory
+// ends it with one line on standard error and exit status 2.
 import { parseArgs } from "node:util";
-import { resolve } from "node:path";
 import { Capabilities } from "./capabilities.js";
 import { canonical } from "./core/json.js";
+import { AgentDirectoryError } from "./identity.js";
 
 const USAGE = "usage: switchyard-node capabilities [--dir DIR] [--explain] [--script-timeout-secs N]";
 
@@ -38,7 +39,15 @@ async function main(argv) {
     process.stderr.write("--script-timeout-secs must be a positive number\n");
     return 2;
   }
-  const caps = await new Capabilities({ dir: resolve(values.dir), scriptTimeoutMs: timeout * 1000 }).load();
+  let caps;
+  try {
+    caps = new Capabilities({ dir: values.dir, scriptTimeoutMs: timeout * 1000 });
+  } catch (err) {
+    if (!(err instanceof AgentDirectoryError)) throw err;
+    process.stderr.write(`switchyard-node: ${err.message}\n`);
+    return 2;
+  }
+  await caps.load();
   const out = values.explain
     ? {
         document: canonical(caps.document),

@@ -30,11 +30,19 @@ export * as core from "./core/index.js";
 export interface RunnerOptions {
   /** Server URL; default `$SWITCHYARD_SERVER` or `http://127.0.0.1:50051`. */
   server?: string;
-  /** Unique within the namespace; default `$SWITCHYARD_AGENT_NAME` or the hostname. */
+  /**
+   * Unique within the namespace; default `$SWITCHYARD_AGENT_NAME`, else
+   * `{hostname}-node-{h}` with `h` the first six hex digits of the SHA-256 of the canonical
+   * `dir` (`defaultAgentName`), so runners sharing a host have names of their own.
+   */
   name?: string;
   /** Default `$SWITCHYARD_NAMESPACE` or `default`. */
   namespace?: string;
-  /** Directory with `.capabilities.json`, `.capabilities.dynamic.*`, `.capabilities.override.json`; default `$SWITCHYARD_AGENT_DIR` or `.`. */
+  /**
+   * Directory with `.capabilities.json`, `.capabilities.dynamic.*`, `.capabilities.override.json`;
+   * default `$SWITCHYARD_AGENT_DIR` or `.`. Made absolute with symlinks resolved when the runner
+   * is made; one that does not exist or is not a directory throws `AgentDirectoryError`.
+   */
   dir?: string;
   /** Maximum concurrent leases; default the document's `max_concurrent_tasks`, else 1. */
   capacity?: number;
@@ -160,8 +168,10 @@ export declare class TaskFailure extends Error {
 export declare class Runner extends EventEmitter {
   constructor(options?: RunnerOptions);
   readonly server: string;
+  /** The name it registers under (the option, `$SWITCHYARD_AGENT_NAME`, or `defaultAgentName`). */
   readonly name: string;
   readonly namespace: string;
+  /** The agent directory, canonical (absolute, symlinks resolved). */
   readonly dir: string;
   /** The id the server gave this runner (after the first registration). */
   readonly agentId: string | undefined;
@@ -214,7 +224,25 @@ export declare class Runner extends EventEmitter {
   on(event: string | symbol, listener: (...args: any[]) => void): this;
 }
 
-/** The capability document a runner reports: base facts, then the directory's tiers. */
+/** An agent directory that does not exist or is not a directory; the message names it. */
+export declare class AgentDirectoryError extends Error {
+  constructor(dir: string, problem: string);
+  /** The directory as it was given. */
+  readonly dir: string;
+}
+/** `dir` canonicalised (absolute, symlinks resolved); throws `AgentDirectoryError`. */
+export declare function agentDir(dir: string): string;
+/**
+ * The name an agent registers under when none is given: `{hostname}-{runner}-{h}`, `h` the
+ * first six hex digits of the SHA-256 of `dir` (canonical) as UTF-8 — the Rust agent's and
+ * the Python runner's rule too (`tests/conformance/naming.json`).
+ */
+export declare function defaultAgentName(hostname: string, runner: "rust" | "python" | "node" | (string & {}), dir: string): string;
+
+/**
+ * The capability document a runner reports: base facts, then the directory's tiers. The
+ * directory is made canonical; a missing one throws `AgentDirectoryError`.
+ */
 export declare class Capabilities {
   constructor(options: {
     dir: string;

@@ -16,7 +16,6 @@
 import { EventEmitter } from "node:events";
 import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
-import { resolve } from "node:path";
 import { fromJson } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { createClient } from "@connectrpc/connect";
@@ -25,6 +24,7 @@ import { AgentService, ReleaseCause, RevocationReason } from "./gen/switchyard/v
 import { AgentStatus } from "./gen/switchyard/v1/agent_pb.js";
 import { PatchOp, Tier } from "./gen/switchyard/v1/capability_pb.js";
 import { Capabilities } from "./capabilities.js";
+import { agentDir, defaultAgentName, RUNNER } from "./identity.js";
 import {
   advertise,
   clone,
@@ -219,9 +219,10 @@ export class Runner extends EventEmitter {
     const o = options;
     /** The server's base URL. */
     this.server = o.server ?? process.env.SWITCHYARD_SERVER ?? "http://127.0.0.1:50051";
-    this.name = o.name ?? process.env.SWITCHYARD_AGENT_NAME ?? hostname();
+    /** The agent directory, canonical (absolute, symlinks resolved); a missing one throws `AgentDirectoryError`. */
+    this.dir = agentDir(o.dir ?? process.env.SWITCHYARD_AGENT_DIR ?? ".");
+    this.#givenName = o.name || process.env.SWITCHYARD_AGENT_NAME || undefined;
     this.namespace = o.namespace ?? process.env.SWITCHYARD_NAMESPACE ?? "default";
-    this.dir = resolve(o.dir ?? process.env.SWITCHYARD_AGENT_DIR ?? ".");
     /** Maximum concurrent leases; defaults to the document's `max_concurrent_tasks`, else 1. */
     this.capacity = o.capacity;
     this.labels = o.labels ?? {};
@@ -266,6 +267,19 @@ export class Runner extends EventEmitter {
     this.#loaded = null;
   }
 
+  /**
+   * The name it registers under: the one given, else `{hostname}-node-{h}` (the document's
+   * hostname, as the Rust agent and the Python runner take it; `h` the first six hex digits of
+   * the SHA-256 of the canonical directory).
+   */
+  get name() {
+    if (this.#givenName) return this.#givenName;
+    const host = this.caps.document?.hostname;
+    return defaultAgentName(typeof host === "string" && host ? host : hostname(), RUNNER, this.dir);
+  }
+
+  /** The name option or `$SWITCHYARD_AGENT_NAME`, if either was given. */
+  #givenName;
   #session;
   #wake;
   #loaded;

@@ -3,10 +3,13 @@
 // `.capabilities.dynamic.{sh,py,mjs,js,ts}` (dynamic; `getCapabilities(static)` is called, and
 // awaited for JavaScript), and `.capabilities.override.json`. Each script runs in its own
 // process, in the directory, with a timeout: a broken, failing or hanging script is a
-// rejection, never a crash. Missing files are ignored.
+// rejection, never a crash. Missing files are ignored. Scripts run as the Rust agent runs
+// them: `.sh` sourced by `bash`, `.py` by `python3`, `.mjs`/`.js` imported by this runner's own
+// `node` (`process.execPath`), `.ts` by `deno`; an interpreter that is not installed is a
+// rejection naming it, and a script that outlives its timeout is killed with all it started.
 import { spawn } from "node:child_process";
-import { readFileSync, statSync } from "node:fs";
-import { basename, join } from "node:path";
+import { existsSync, readFileSync, statSync } from "node:fs";
+import { basename, join, resolve } from "node:path";
 import { isObject, kind } from "./core/json.js";
 import { DEFAULT_LIMITS } from "./core/limits.js";
 import { declaredSensitive, redact } from "./core/redact.js";
@@ -116,7 +119,9 @@ export function parseOutput(stdout) {
  */
 export function runDynamic(dir, script, staticTier, timeoutMs) {
   const name = basename(script);
-  const command = scriptCommand(script, JSON.stringify(staticTier));
+  // The script runs in `dir`, so it is handed by its absolute path: a relative one would be
+  // resolved from `dir` again.
+  const command = scriptCommand(resolve(script), JSON.stringify(staticTier));
   if (!command) {
     return Promise.resolve({ rejection: reject("dynamic", `${script} is not a supported script`) });
   }
@@ -130,16 +135,29 @@ export function runDynamic(dir, script, staticTier, timeoutMs) {
       clearTimeout(timer);
       resolveRun(result);
     };
-    const child = spawn(command[0], command[1], { cwd: dir, stdio: ["ignore", "pipe", "pipe"] });
+    // Its own process group, so a timeout kills whatever the script started too.
+    const child = spawn(command[0], command[1], { cwd: dir, stdio: ["ignore", "pipe", "pipe"], detached: true });
+    const killGroup = () => {
+      try {
+        process.kill(-child.pid, "SIGKILL");
+      } catch {
+        // already gone
+      }
+    };
     const timer = setTimeout(() => {
-      child.kill("SIGKILL");
+      killGroup();
       done({ rejection: reject("dynamic", `${name} timed out after ${Math.round(timeoutMs / 1000)}s`) });
     }, timeoutMs);
     child.stdout.setEncoding("utf8").on("data", (d) => (stdout += d));
     child.stderr.setEncoding("utf8").on("data", (d) => (stderr += d));
-    child.on("error", (err) =>
-      done({ rejection: reject("dynamic", `${name} could not be started: ${err.message}`) }),
-    );
+    child.on("error", (err) => {
+      // ENOENT names the command whether the interpreter or the directory is missing.
+      const reason =
+        err.code === "ENOENT" && existsSync(dir)
+          ? `${name} needs ${command[0]}, which is not installed (not on PATH)`
+          : `${name} could not be started: ${err.message}`;
+      done({ rejection: reject("dynamic", reason) });
+    });
     child.on("close", (code, signal) => {
       if (code !== 0) {
         const tail = stderr.trimEnd().split("\n").slice(-3).join(" | ");

@@ -3,7 +3,7 @@
     python examples/echo_runner.py   # SWITCHYARD_SERVER=127.0.0.1:50051, SWITCHYARD_AGENT_DIR=.
 """
 
-from switchyard import Runner, RunnerConfig, TaskContext
+from switchyard_runner import Runner, RunnerConfig, TaskContext
 
 runner = Runner(RunnerConfig.from_env())
 

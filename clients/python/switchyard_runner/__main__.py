@@ -1,9 +1,11 @@
-"""``python -m switchyard``: print the capability document a runner would report, or run one.
+"""``python -m switchyard_runner``: print the capability document a runner would report, or run one.
 
 ``capabilities --dir D [--explain]`` prints the merged, redacted document (``--explain``: every
 leaf with its tier, then every rejection), in the Rust agent's formats. ``run`` connects a runner
 with no handlers: it reports its capabilities and advertises no task kinds, so the server grants
-it nothing (a program with handlers uses :class:`switchyard.Runner`).
+it nothing (a program with handlers uses :class:`switchyard_runner.Runner`). An agent directory
+that does not exist or is not a directory ends either with one line on standard error and exit
+status 2.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import logging
 import os
 import sys
 
-from switchyard.capabilities import Capabilities
-from switchyard.core.json_util import compact, lookup
+from switchyard_runner.capabilities import Capabilities
+from switchyard_runner.core.json_util import compact, lookup
+from switchyard_runner.identity import AgentDirectoryError
 
 
 def _explain_lines(caps: Capabilities) -> list[str]:
@@ -41,9 +44,15 @@ async def _capabilities(directory: str, explain: bool, script_timeout: float) ->
     return 0
 
 
+def _prog() -> str:
+    """``switchyard-runner`` when started as that script, else ``python -m switchyard_runner``."""
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return script if script == "switchyard-runner" else "python -m switchyard_runner"
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line entry point."""
-    parser = argparse.ArgumentParser(prog="python -m switchyard", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=_prog(), description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=os.environ.get("SWITCHYARD_AGENT_DIR", "."), help="the agent directory holding the capability tiers")
     parser.add_argument(
         "--script-timeout-secs", type=float, default=float(os.environ.get("SWITCHYARD_SCRIPT_TIMEOUT_SECS", "10")),
@@ -60,14 +69,19 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--server", default=os.environ.get("SWITCHYARD_SERVER", "127.0.0.1:50051"))
     args = parser.parse_args(argv)
     directory = getattr(args, "sub_dir", None) or args.dir
-    if args.command == "capabilities":
-        return asyncio.run(_capabilities(directory, args.explain, args.script_timeout_secs))
-    if args.command == "run":
-        from switchyard.runner import Runner, RunnerConfig
+    try:
+        if args.command == "capabilities":
+            return asyncio.run(_capabilities(directory, args.explain, args.script_timeout_secs))
+        if args.command == "run":
+            from switchyard_runner.runner import Runner, RunnerConfig
 
-        logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"), stream=sys.stderr)
-        Runner(RunnerConfig.from_env(server=args.server, directory=directory, script_timeout=args.script_timeout_secs)).run_forever()
-        return 0
+            config = RunnerConfig.from_env(server=args.server, directory=directory, script_timeout=args.script_timeout_secs)
+            logging.basicConfig(level=os.environ.get("SWITCHYARD_LOG", "INFO"), stream=sys.stderr)
+            Runner(config).run_forever()
+            return 0
+    except AgentDirectoryError as err:
+        print(f"{parser.prog}: {err}", file=sys.stderr)
+        return 2
     parser.print_help()
     return 2
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import copy
 import pathlib
 
-from switchyard import detect, tiers
-from switchyard.core.json_util import JSON, json_equal
-from switchyard.core.tier import Merged
+from switchyard_runner import detect, identity, tiers
+from switchyard_runner.core.json_util import JSON, json_equal
+from switchyard_runner.core.tier import Merged
 
 
 class Capabilities:
@@ -22,8 +22,10 @@ class Capabilities:
     def __init__(
         self, directory: pathlib.Path | str | None, script_timeout: float = 10.0, probe_timeout: float = 5.0
     ):
-        self.directory = pathlib.Path(directory) if directory is not None else None
-        """The agent directory; ``None`` for a runner with base facts only."""
+        self.directory = identity.agent_dir(directory) if directory is not None else None
+        """The agent directory, canonical (absolute, symlinks resolved; one that does not exist
+        raises :class:`~switchyard_runner.identity.AgentDirectoryError`); ``None`` for a runner
+        with base facts only."""
         self.script_timeout = script_timeout
         """How long the dynamic script may run, in seconds."""
         self.probe_timeout = probe_timeout
@@ -62,7 +64,7 @@ class Capabilities:
 
     def set_runtime(self, values: dict) -> None:
         """Merges ``values`` (RFC 7386: ``None`` deletes) into the runtime part of the dynamic tier."""
-        from switchyard.core.tier import Tier, merge_tiers
+        from switchyard_runner.core.tier import Tier, merge_tiers
 
         self.runtime = merge_tiers([(Tier.DYNAMIC, self.runtime), (Tier.DYNAMIC, values)]).document
         self.merge()

@@ -8,9 +8,9 @@ from typing import Any
 
 from google.protobuf import struct_pb2
 
-from switchyard.core.json_util import JSON
-from switchyard.core.tier import Merged
-from switchyard.v1 import capability_pb2
+from switchyard_runner.core.json_util import JSON
+from switchyard_runner.core.tier import Merged
+from switchyard_runner.v1 import capability_pb2
 
 _OPS = {
     "add": capability_pb2.PATCH_OP_ADD,

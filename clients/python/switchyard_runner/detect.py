@@ -21,7 +21,7 @@ import re
 import socket
 from typing import Any
 
-from switchyard.core.version import parse_lenient
+from switchyard_runner.core.version import parse_lenient
 
 try:  # optional
     import psutil

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from switchyard.core.pack import (
+from switchyard_runner.core.pack import (
     Advertised,
     MergedPacks,
     Pack,

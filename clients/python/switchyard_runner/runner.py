@@ -11,14 +11,14 @@ new grants are released, running handlers get the grace period to finish, the re
 cancelled and released, and :meth:`Runner.run` returns.
 
 The runner registers with the task kinds it advertises (its handlers' kinds, less those withdrawn
-because a capability they require is not in its document; see :mod:`switchyard.handlers`), and
+because a capability they require is not in its document; see :mod:`switchyard_runner.handlers`), and
 a heartbeat carries the whole list again whenever it changes; the server grants it only tasks of
 those kinds, and a runner with no handlers nothing. Withdrawals are reported with the DEGRADED
 status, after the unhealthy capabilities. Every release says why, for the server: DRAINING while
 shutting down, BUSY at capacity, CANNOT_HANDLE for a kind with no handler or a withdrawn one,
 CANNOT_DECODE for a grant whose task cannot be turned into a :class:`TaskContext`,
 REVOCATION_ACKNOWLEDGED after the server revoked a lease to cancel it, and a handler's
-:class:`~switchyard.handlers.Release` its own cause and reason.
+:class:`~switchyard_runner.handlers.Release` its own cause and reason.
 """
 
 from __future__ import annotations
@@ -39,15 +39,16 @@ from typing import Any
 
 import grpc
 
-from switchyard import convert
-from switchyard.capabilities import Capabilities
-from switchyard.core.diff import diff
-from switchyard.core.json_util import json_equal
-from switchyard.core.pack import Advertised, PackRejection
-from switchyard.handlers import Handler, HandlerPack, Handlers, Release, ReleaseCause, Resources, TaskContext, TaskFailure
-from switchyard.v1 import agent_pb2, agent_service_pb2 as pb, agent_service_pb2_grpc, capability_pb2, task_pb2
+from switchyard_runner import convert
+from switchyard_runner.capabilities import Capabilities
+from switchyard_runner.core.diff import diff
+from switchyard_runner.core.json_util import json_equal
+from switchyard_runner.core.pack import Advertised, PackRejection
+from switchyard_runner.handlers import Handler, HandlerPack, Handlers, Release, ReleaseCause, Resources, TaskContext, TaskFailure
+from switchyard_runner.identity import RUNNER, agent_dir, default_agent_name
+from switchyard_runner.v1 import agent_pb2, agent_service_pb2 as pb, agent_service_pb2_grpc, capability_pb2, task_pb2
 
-log = logging.getLogger("switchyard.runner")
+log = logging.getLogger(__name__)
 
 RUNNER_VERSION = "0.1.0"
 
@@ -60,11 +61,16 @@ class RunnerConfig:
     server: str = "127.0.0.1:50051"
     """The server (any replica), ``host:port`` (an ``http://`` prefix is accepted)."""
     name: str | None = None
-    """The agent's name, unique in its namespace; default the hostname."""
+    """The agent's name, unique in its namespace; default ``{hostname}-python-{h}``, ``h`` the first
+    six hex digits of the SHA-256 of the agent directory (the working directory without one; see
+    :func:`~switchyard_runner.identity.default_agent_name`), so runners sharing a host differ."""
     namespace: str = "default"
     """The namespace to serve."""
     directory: str | os.PathLike | None = None
-    """The agent directory with the capability tiers; ``None`` for base facts only."""
+    """The agent directory with the capability tiers; ``None`` for base facts only. Made absolute,
+    symlinks resolved, when the config is made (a ``pathlib.Path`` then), so scripts and tier reads
+    never depend on the working directory; one that does not exist or is not a directory raises
+    :class:`~switchyard_runner.identity.AgentDirectoryError`."""
     capacity: int | None = None
     """Maximum concurrent leases; default ``max_concurrent_tasks`` from the document, else 1."""
     token: str | None = field(default=None, repr=False)
@@ -115,6 +121,10 @@ class RunnerConfig:
         values.update(overrides)
         return replace(config, **values)
 
+    def __post_init__(self) -> None:
+        if self.directory is not None:
+            self.directory = agent_dir(self.directory)
+
 
 @dataclass
 class _Running:
@@ -156,6 +166,9 @@ class Runner:
         """The handlers and packs."""
         self.capabilities = Capabilities(self.config.directory, self.config.script_timeout)
         """The capability document (loaded by :meth:`run`)."""
+        # The directory the default name is derived from: the agent directory, else the working
+        # directory when the runner was made.
+        self._name_dir = self.config.directory if self.config.directory is not None else agent_dir(os.getcwd())
         self.agent_id: str | None = None
         """The id the server gave this agent (after the first registration)."""
         self.connected = asyncio.Event()
@@ -370,9 +383,16 @@ class Runner:
         n = self.capabilities.document.get("max_concurrent_tasks")
         return max(1, n) if isinstance(n, int) and not isinstance(n, bool) else 1
 
-    def _name(self) -> str:
+    @property
+    def name(self) -> str:
+        """The name the runner registers under: the configured one, else
+        ``{hostname}-python-{h}`` (the document's hostname; ``h`` from the agent directory, or the
+        working directory of a runner without one)."""
+        if self.config.name:
+            return self.config.name
         host = self.capabilities.document.get("hostname")
-        return self.config.name or (host if isinstance(host, str) and host else socket.gethostname() or "runner")
+        host = host if isinstance(host, str) and host else socket.gethostname() or "runner"
+        return default_agent_name(host, RUNNER, self._name_dir)
 
     def _status(self) -> tuple[int, list[str]]:
         """DRAINING while shutting down, else DEGRADED while a capability is unhealthy or a handler
@@ -401,7 +421,7 @@ class Runner:
             sent_kinds = self.handlers.advertise(merged.document).kinds
             reg = await stub.RegisterAgent(
                 pb.RegisterAgentRequest(
-                    name=self._name(),
+                    name=self.name,
                     namespace=self.config.namespace,
                     capabilities=convert.to_struct(merged.document),
                     capacity=self._capacity(),

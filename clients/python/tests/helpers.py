@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Callable, Container
 
 import grpc
 
-from switchyard import Runner
-from switchyard.v1 import (
+from switchyard_runner import Runner
+from switchyard_runner.v1 import (
     agent_admin_service_pb2,
     agent_admin_service_pb2_grpc,
     agent_pb2,
@@ -21,7 +21,7 @@ from switchyard.v1 import (
     task_service_pb2,
     task_service_pb2_grpc,
 )
-from switchyard import convert
+from switchyard_runner import convert
 
 TERMINAL = (task_pb2.TASK_STATE_SUCCEEDED, task_pb2.TASK_STATE_FAILED, task_pb2.TASK_STATE_CANCELED)
 

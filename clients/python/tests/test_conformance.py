@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from switchyard.core import diff as diffs
-from switchyard.core.json_util import json_equal
-from switchyard.core.limits import Limits
-from switchyard.core.pack import Pack, advertise, merge_packs, resolve_params
-from switchyard.core.redact import redact
-from switchyard.core.secrets import redact_text
-from switchyard.core.tier import Tier, merge_tiers
+from switchyard_runner.core import diff as diffs
+from switchyard_runner.core.json_util import json_equal
+from switchyard_runner.core.limits import Limits
+from switchyard_runner.core.pack import Pack, advertise, merge_packs, resolve_params
+from switchyard_runner.core.redact import redact
+from switchyard_runner.core.secrets import redact_text
+from switchyard_runner.core.tier import Tier, merge_tiers
 
 VECTORS = pathlib.Path(__file__).resolve().parents[3] / "tests" / "conformance"
 

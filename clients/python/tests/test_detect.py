@@ -8,7 +8,7 @@ import json
 import pathlib
 import sys
 
-from switchyard import detect
+from switchyard_runner import detect
 
 VECTORS = json.loads(
     (pathlib.Path(__file__).resolve().parents[3] / "tests" / "conformance" / "detect.json").read_text()

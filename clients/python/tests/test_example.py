@@ -9,7 +9,7 @@ import signal
 import sys
 
 from helpers import Client
-from switchyard.v1 import task_pb2
+from switchyard_runner.v1 import task_pb2
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "echo_runner.py"
 

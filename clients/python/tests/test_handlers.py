@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from switchyard import HandlerPack, Release, ReleaseCause, Runner
-from switchyard.v1 import agent_service_pb2 as pb
+from switchyard_runner import HandlerPack, Release, ReleaseCause, Runner
+from switchyard_runner.v1 import agent_service_pb2 as pb
 
 
 def test_release_causes_are_the_contract_s() -> None:

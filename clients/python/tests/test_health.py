@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from switchyard.health.v1 import health_pb2, health_pb2_grpc
-from switchyard.v1 import task_service_pb2, task_service_pb2_grpc
+from switchyard_runner.health.v1 import health_pb2, health_pb2_grpc
+from switchyard_runner.v1 import task_service_pb2, task_service_pb2_grpc
 
 
 def test_health_check_reports_serving(server_address: str) -> None:

@@ -1,5 +1,5 @@
 """What the Python runner advertises and how it hands work back, against the real server: a
-runner is never granted a kind it does not handle, nor is ``python -m switchyard run`` (it
+runner is never granted a kind it does not handle, nor is ``python -m switchyard_runner run`` (it
 handles none), and the explanation says why; a task its handler keeps handing back reaches the
 server's bound and fails while another task runs; a handler whose required capability is
 unhealthy is withdrawn, the runner DEGRADED naming both, until the capability is back."""
@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from helpers import Client, make_runner, running
-from switchyard import Release, TaskContext
-from switchyard.v1 import agent_pb2, task_pb2
+from switchyard_runner import Release, TaskContext
+from switchyard_runner.v1 import agent_pb2, task_pb2
 
 SUCCEEDED = (task_pb2.TASK_STATE_SUCCEEDED,)
 FAILED = (task_pb2.TASK_STATE_FAILED,)
@@ -52,7 +52,7 @@ async def test_run_mode_advertises_no_kinds_and_is_granted_nothing(
 ) -> None:
     env = dict(os.environ, SWITCHYARD_AGENT_NAME="py-run-mode", SWITCHYARD_GRACE_SECS="5")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "switchyard", "run", "--dir", str(tmp_path), "--server", server_address, env=env,
+        sys.executable, "-m", "switchyard_runner", "run", "--dir", str(tmp_path), "--server", server_address, env=env,
     )
     try:
         idle = await client.agent_until(lambda a: a.status == agent_pb2.AGENT_STATUS_READY, "py-run-mode", timeout=20)

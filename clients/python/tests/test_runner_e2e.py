@@ -9,8 +9,8 @@ import json
 import pathlib
 
 from helpers import Client, make_runner, running
-from switchyard import HandlerPack, Param, ProvidedCapability, Runner, TaskContext
-from switchyard.v1 import agent_pb2, task_pb2
+from switchyard_runner import HandlerPack, Param, ProvidedCapability, Runner, TaskContext
+from switchyard_runner.v1 import agent_pb2, task_pb2
 
 SUCCEEDED = (task_pb2.TASK_STATE_SUCCEEDED,)
 
@@ -139,7 +139,7 @@ async def test_cancel_reaches_a_running_handler(server_address: str, client: Cli
     async with running(runner):
         task = await client.submit("forever")
         await asyncio.wait_for(started.wait(), 10)
-        from switchyard.v1 import task_service_pb2
+        from switchyard_runner.v1 import task_service_pb2
 
         await client.tasks.CancelTask(task_service_pb2.CancelTaskRequest(task_id=task.task_id, reason="test"), timeout=5)
         await asyncio.wait_for(stopped.wait(), 10)
@@ -167,7 +167,7 @@ async def test_an_execution_timeout_stops_the_handler(server_address: str, clien
 
     async with running(runner):
         from google.protobuf import duration_pb2
-        from switchyard.v1 import task_service_pb2
+        from switchyard_runner.v1 import task_service_pb2
 
         reply = await client.tasks.SubmitTask(
             task_service_pb2.SubmitTaskRequest(kind="stuck", max_attempts=1, execution_timeout=duration_pb2.Duration(seconds=1)),

@@ -11,8 +11,8 @@ import grpc
 
 from conftest import server_binary
 from helpers import running
-from switchyard import Runner, TaskContext
-from switchyard.v1 import placement_pb2, task_pb2, task_service_pb2, task_service_pb2_grpc
+from switchyard_runner import Runner, TaskContext
+from switchyard_runner.v1 import placement_pb2, task_pb2, task_service_pb2, task_service_pb2_grpc
 
 
 def make_pki(directory: pathlib.Path) -> None:

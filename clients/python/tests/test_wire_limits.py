@@ -13,9 +13,9 @@ import pytest
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from switchyard.v1 import agent_admin_service_pb2 as admin
-from switchyard.v1 import agent_service_pb2 as agent
-from switchyard.v1 import task_service_pb2 as tasks
+from switchyard_runner.v1 import agent_admin_service_pb2 as admin
+from switchyard_runner.v1 import agent_service_pb2 as agent
+from switchyard_runner.v1 import task_service_pb2 as tasks
 
 CORPUS = pathlib.Path(__file__).resolve().parents[3] / "target" / "wire-limits"
 

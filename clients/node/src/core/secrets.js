@@ -22,7 +22,7 @@ export const MARKER = "[redacted]";
  * (0: the whole match), whether the secret must also look like a credential rather than a word].
  * The expressions are the Rust core's as written; JavaScript has no inline `(?i)`, so an
  * expression starting with it is compiled without it and with the `i` flag (see `compile`). Kept
- * in step with core/src/secrets.rs and clients/python/switchyard/core/secrets.py.
+ * in step with core/src/secrets.rs and clients/python/switchyard_runner/core/secrets.py.
  * @type {ReadonlyArray<readonly [string, number, boolean]>}
  */
 export const PATTERNS = Object.freeze([

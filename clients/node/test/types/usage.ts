@@ -1,5 +1,8 @@
 // Compiled with `tsc --noEmit` by test/types.test.js: the published types describe the API.
 import {
+  AgentDirectoryError,
+  agentDir,
+  defaultAgentName,
   Release,
   ReleaseCause,
   Runner,
@@ -62,4 +65,6 @@ const shapes: number = PATTERNS.filter(([, group, check]) => group === 0 && !che
 const patch = diff(merged.document, { os: "darwin" });
 const next = applyDiff(merged.document, 1n, 1n, patch);
 const provides = resolveParams(mergePacks([{ id: "p" }]), () => undefined);
-export { rejections, stopped, paths, reason, secret, shapes, next, provides, withdrawn, advertisedKinds, busy, kindProblem, ad };
+const defaultName: string = defaultAgentName("build-7", "node", agentDir("."));
+const missingDir: string | undefined = new Error("x") instanceof AgentDirectoryError ? "dir" : undefined;
+export { defaultName, missingDir, rejections, stopped, paths, reason, secret, shapes, next, provides, withdrawn, advertisedKinds, busy, kindProblem, ad };

@@ -18,9 +18,9 @@ Every function here matches its Rust counterpart on the shared conformance vecto
 ``tests/conformance/``.
 """
 
-from switchyard.core.limits import Limits, Violation
-from switchyard.core.secrets import contains_secret, redact_text
-from switchyard.core.tier import Merged, Rejection, Tier, merge_tiers
+from switchyard_runner.core.limits import Limits, Violation
+from switchyard_runner.core.secrets import contains_secret, redact_text
+from switchyard_runner.core.tier import Merged, Rejection, Tier, merge_tiers
 
 __all__ = [
     "Limits",

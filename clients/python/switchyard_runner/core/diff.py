@@ -13,8 +13,8 @@ import copy
 import jsonpatch
 import jsonpointer
 
-from switchyard.core.json_util import JSON, json_equal, kind
-from switchyard.core.limits import Limits, Violation
+from switchyard_runner.core.json_util import JSON, json_equal, kind
+from switchyard_runner.core.limits import Limits, Violation
 
 
 class DiffError(Exception):

@@ -1,5 +1,5 @@
 """Task kinds (the core's ``kinds.rs``): the rules for a kind's name, which :func:`merge_packs
-<switchyard.core.pack.merge_packs>` applies to every handler kind before a runner advertises it.
+<switchyard_runner.core.pack.merge_packs>` applies to every handler kind before a runner advertises it.
 
 A kind is 1 to :data:`MAX_KIND_BYTES` UTF-8 bytes with no white space and no control characters,
 and never contains ``*`` (``*`` alone and a trailing ``.*`` are patterns the server understands;

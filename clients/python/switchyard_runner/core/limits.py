@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from switchyard.core.json_util import JSON, byte_sorted, join, serialized_len
+from switchyard_runner.core.json_util import JSON, byte_sorted, join, serialized_len
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ capabilities into the document's ``provides`` subtree, ``{name: {version, health
 where a required parameter (no default) that the lookup does not supply, or supplies as ``""``,
 makes that capability ``healthy: false``. Parameter values never enter the document.
 
-A handler kind must be a valid kind (:func:`switchyard.core.kinds.check_kind`), or it is rejected
+A handler kind must be a valid kind (:func:`switchyard_runner.core.kinds.check_kind`), or it is rejected
 like a duplicate. A pack may require capabilities (``requires: ["ai.llm@1"]``, or a name alone for
 any version): :func:`advertise` withdraws its kinds while one of them is missing, unhealthy or of
 another major version in the runner's document, and says why (the runner reports DEGRADED with
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from switchyard.core.json_util import byte_sorted
-from switchyard.core.kinds import check_kind
-from switchyard.core.version import parse_lenient
+from switchyard_runner.core.json_util import byte_sorted
+from switchyard_runner.core.kinds import check_kind
+from switchyard_runner.core.version import parse_lenient
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_-]+")
 

@@ -13,18 +13,18 @@ sensitive. Keys the static tier lists in its ``sensitive`` array (a key name, AS
 case-insensitive, or a full dotted path) are sensitive too.
 
 Values are looked at too, whatever their key: a string holding a secret of a known shape
-(:mod:`switchyard.core.secrets`: cloud and forge tokens, JWTs, private keys, passwords in URLs,
+(:mod:`switchyard_runner.core.secrets`: cloud and forge tokens, JWTs, private keys, passwords in URLs,
 ``Bearer`` credentials) is replaced whole. Free text shown to people (reasons, messages) goes
-through :func:`switchyard.core.secrets.redact_text` instead, which keeps the words around the
+through :func:`switchyard_runner.core.secrets.redact_text` instead, which keeps the words around the
 secret. ``null`` and values that already are the marker are left alone, so redaction is
 idempotent and a second pass reports nothing.
 """
 
 from __future__ import annotations
 
-from switchyard.core.json_util import JSON, byte_sorted, join
-from switchyard.core.secrets import MARKER as MARKER  # what a redacted value becomes
-from switchyard.core.secrets import contains_secret
+from switchyard_runner.core.json_util import JSON, byte_sorted, join
+from switchyard_runner.core.secrets import MARKER as MARKER  # what a redacted value becomes
+from switchyard_runner.core.secrets import contains_secret
 
 SENSITIVE_WORDS = frozenset(
     {

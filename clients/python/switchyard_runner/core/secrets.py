@@ -10,7 +10,7 @@ default rule set (``config/gitleaks.toml``: ``aws-access-token``, ``github-pat``
 Python and Node runners use the same expressions; ``tests/conformance/redaction.json`` holds all
 three to them, with look-alikes that must be left alone (git shas, UUIDs, digests, prose).
 
-A document's string value holding a secret is replaced whole (see :mod:`switchyard.core.redact`);
+A document's string value holding a secret is replaced whole (see :mod:`switchyard_runner.core.redact`);
 free text (a failure message, a refusal, a drain reason) keeps its words and loses only the
 secret: :func:`redact_text` replaces the token, the password of a URL, the value after
 ``password=`` or the credential after ``Bearer``.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 
 MARKER = "[redacted]"
-"""What a redacted value or secret becomes; :mod:`switchyard.core.redact` re-exports it."""
+"""What a redacted value or secret becomes; :mod:`switchyard_runner.core.redact` re-exports it."""
 
 PATTERNS: tuple[tuple[str, int, bool], ...] = (
     # PEM private keys, the whole block when it is there.

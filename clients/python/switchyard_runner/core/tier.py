@@ -17,8 +17,8 @@ import copy
 import enum
 from dataclasses import dataclass, field
 
-from switchyard.core.json_util import JSON, byte_sorted, join, kind, serialized_len
-from switchyard.core.limits import Limits, Violation, depth_reason, key_reason, size_reason
+from switchyard_runner.core.json_util import JSON, byte_sorted, join, kind, serialized_len
+from switchyard_runner.core.limits import Limits, Violation, depth_reason, key_reason, size_reason
 
 
 class Tier(enum.IntEnum):

@@ -24,16 +24,16 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
-from switchyard.v1 import agent_pb2 as switchyard_dot_v1_dot_agent__pb2
-from switchyard.v1 import placement_pb2 as switchyard_dot_v1_dot_placement__pb2
-from switchyard.v1 import task_pb2 as switchyard_dot_v1_dot_task__pb2
+from switchyard_runner.v1 import agent_pb2 as switchyard_dot_v1_dot_agent__pb2
+from switchyard_runner.v1 import placement_pb2 as switchyard_dot_v1_dot_placement__pb2
+from switchyard_runner.v1 import task_pb2 as switchyard_dot_v1_dot_task__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'switchyard/v1/agent_admin_service.proto\x12\rswitchyard.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x19switchyard/v1/agent.proto\x1a\x1dswitchyard/v1/placement.proto\x1a\x18switchyard/v1/task.proto\"{\n\x11ListAgentsRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12,\n\x08statuses\x18\x02 \x03(\x0e\x32\x1a.switchyard.v1.AgentStatus\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"S\n\x12ListAgentsResponse\x12$\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x14.switchyard.v1.Agent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"#\n\x0fGetAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"]\n\x10GetAgentResponse\x12#\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x14.switchyard.v1.Agent\x12$\n\x06leases\x18\x02 \x03(\x0b\x32\x14.switchyard.v1.Lease\"b\n\x11\x44rainAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12+\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"9\n\x12\x44rainAgentResponse\x12#\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x14.switchyard.v1.Agent\"\'\n\x13UndrainAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\";\n\x14UndrainAgentResponse\x12#\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x14.switchyard.v1.Agent\"X\n\x18SetAgentOverridesRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12*\n\toverrides\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"@\n\x19SetAgentOverridesResponse\x12#\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x14.switchyard.v1.Agent\"\xc0\x01\n\x18SimulatePlacementRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12+\n\tplacement\x18\x02 \x01(\x0b\x32\x18.switchyard.v1.Placement\x12:\n\x19hypothetical_capabilities\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x1a\n\x12hypothetical_kinds\x18\x05 \x03(\t\"\xca\x01\n\x19SimulatePlacementResponse\x12\x0f\n\x07summary\x18\x01 \x01(\t\x12-\n\x08verdicts\x18\x02 \x03(\x0b\x32\x1b.switchyard.v1.AgentVerdict\x12,\n\x0fplaceable_tasks\x18\x03 \x03(\x0b\x32\x13.switchyard.v1.Task\x12.\n\x06policy\x18\x04 \x01(\x0e\x32\x1e.switchyard.v1.PlacementPolicy\x12\x0f\n\x07ranking\x18\x05 \x01(\t2\xaf\x04\n\x11\x41gentAdminService\x12Q\n\nListAgents\x12 .switchyard.v1.ListAgentsRequest\x1a!.switchyard.v1.ListAgentsResponse\x12K\n\x08GetAgent\x12\x1e.switchyard.v1.GetAgentRequest\x1a\x1f.switchyard.v1.GetAgentResponse\x12Q\n\nDrainAgent\x12 .switchyard.v1.DrainAgentRequest\x1a!.switchyard.v1.DrainAgentResponse\x12W\n\x0cUndrainAgent\x12\".switchyard.v1.UndrainAgentRequest\x1a#.switchyard.v1.UndrainAgentResponse\x12\x66\n\x11SetAgentOverrides\x12\'.switchyard.v1.SetAgentOverridesRequest\x1a(.switchyard.v1.SetAgentOverridesResponse\x12\x66\n\x11SimulatePlacement\x12\'.switchyard.v1.SimulatePlacementRequest\x1a(.switchyard.v1.SimulatePlacementResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchyard.v1.agent_admin_service_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchyard_runner.v1.agent_admin_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LISTAGENTSREQUEST']._serialized_start=204

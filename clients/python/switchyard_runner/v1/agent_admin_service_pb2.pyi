@@ -2,9 +2,9 @@ import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
-from switchyard.v1 import agent_pb2 as _agent_pb2
-from switchyard.v1 import placement_pb2 as _placement_pb2
-from switchyard.v1 import task_pb2 as _task_pb2
+from switchyard_runner.v1 import agent_pb2 as _agent_pb2
+from switchyard_runner.v1 import placement_pb2 as _placement_pb2
+from switchyard_runner.v1 import task_pb2 as _task_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

@@ -23,14 +23,14 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
-from switchyard.v1 import capability_pb2 as switchyard_dot_v1_dot_capability__pb2
+from switchyard_runner.v1 import capability_pb2 as switchyard_dot_v1_dot_capability__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19switchyard/v1/agent.proto\x12\rswitchyard.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1eswitchyard/v1/capability.proto\"\xa5\x04\n\x05\x41gent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12*\n\x06status\x18\x04 \x01(\x0e\x32\x1a.switchyard.v1.AgentStatus\x12\x16\n\x0estatus_reasons\x18\x05 \x03(\t\x12\x10\n\x08\x63\x61pacity\x18\x06 \x01(\r\x12\x15\n\ractive_leases\x18\x07 \x01(\r\x12\x30\n\x06labels\x18\x08 \x03(\x0b\x32 .switchyard.v1.Agent.LabelsEntry\x12\x33\n\x0c\x63\x61pabilities\x18\t \x01(\x0b\x32\x1d.switchyard.v1.CapabilityView\x12\x15\n\rsession_epoch\x18\n \x01(\x04\x12\x30\n\x0clast_seen_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rregistered_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x64rained\x18\r \x01(\x08\x12\x0e\n\x06runner\x18\x0e \x01(\t\x12\x15\n\rhandled_kinds\x18\x0f \x03(\t\x12\x32\n\x0e\x64rain_deadline\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\x93\x01\n\x0b\x41gentStatus\x12\x1c\n\x18\x41GENT_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41GENT_STATUS_READY\x10\x01\x12\x19\n\x15\x41GENT_STATUS_DEGRADED\x10\x02\x12\x19\n\x15\x41GENT_STATUS_DRAINING\x10\x03\x12\x18\n\x14\x41GENT_STATUS_OFFLINE\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchyard.v1.agent_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchyard_runner.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_AGENT_LABELSENTRY']._loaded_options = None

@@ -29,7 +29,7 @@ DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dswitchyard/v1/
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchyard.v1.placement_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchyard_runner.v1.placement_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RESOURCEREQUEST_NAMEDENTRY']._loaded_options = None

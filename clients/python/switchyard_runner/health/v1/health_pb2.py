@@ -28,7 +28,7 @@ DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!switchyard/health
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchyard.health.v1.health_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchyard_runner.health.v1.health_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HEALTHLISTRESPONSE_STATUSESENTRY']._loaded_options = None
