@@ -25,7 +25,7 @@ use std::sync::OnceLock;
 use axum::Router;
 use axum::http::header;
 use axum::routing::get;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
@@ -143,11 +143,18 @@ static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 pub fn handle() -> Option<&'static PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
-            let buckets = [
+            // Seconds for the timings; counts for the histograms of items
+            // and queue depths, which the seconds' buckets put all in +Inf.
+            let seconds = [
                 0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
             ];
+            let counts = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
             let handle = PrometheusBuilder::new()
-                .set_buckets(&buckets)
+                .set_buckets(&seconds)
+                .ok()?
+                .set_buckets_for_metric(Matcher::Full(BATCH_ITEMS.to_owned()), &counts)
+                .ok()?
+                .set_buckets_for_metric(Matcher::Full(STREAM_QUEUE_DEPTH.to_owned()), &counts)
                 .ok()?
                 .install_recorder()
                 .map_err(|err| warn!(cause = %err, "metrics recorder not installed"))

@@ -190,6 +190,12 @@ async fn metrics_speak_prometheus_and_count_finished_tasks() {
     ] {
         assert!(body.contains(line), "{line} missing from:\n{body}");
     }
+    // Items per batch are counted in items: before, the seconds' buckets
+    // (0.00001 to 1) put every batch in +Inf.
+    assert!(
+        body.contains("switchyard_batch_items_bucket{le=\"5\"}"),
+        "{body}"
+    );
     // Every series the exposition names has its help.
     for series in body.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
         let name = series.split(' ').next().unwrap();
