@@ -29,7 +29,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
-use crate::model::{StoreEvent, TaskState};
+use crate::model::{StoreEvent, StoredName};
 
 /// Grants written.
 pub const GRANTS: &str = "switchyard_grants_total";
@@ -126,12 +126,7 @@ pub fn count_finished(events: &[StoreEvent]) {
         if let StoreEvent::TaskChanged { state, .. } = event
             && state.is_terminal()
         {
-            let state: &'static str = match state {
-                TaskState::Succeeded => "succeeded",
-                TaskState::Failed => "failed",
-                _ => "canceled",
-            };
-            metrics::counter!(TASKS_FINISHED, "state" => state).increment(1);
+            metrics::counter!(TASKS_FINISHED, "state" => state.stored()).increment(1);
         }
     }
 }
