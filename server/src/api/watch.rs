@@ -83,8 +83,8 @@ impl Watch {
     }
 
     /// Everything in the history since the last message, each with the task
-    /// as of the entry ([`as_of`]; the last one as read). The history can run ahead of that read (a change
-    /// committed in between); the next read then brings no new entry, and
+    /// as of the entry ([`as_of`]; the last one as read). The history can
+    /// run ahead of that read (a change committed in between); the next read then brings no new entry, and
     /// the task is sent alone, so the last message always shows the task as
     /// it ends. False once the watcher is gone.
     async fn send_news(&mut self, record: &TaskRecord) -> Result<bool, Status> {

@@ -89,7 +89,8 @@ pub struct NameContention {
 }
 
 impl NameContention {
-    /// How close takeovers must come to count as one run of them.
+    /// How close takeovers must come to count as one run of them (the
+    /// registration upsert counts with it, `store/sql/agents.rs`).
     pub const WINDOW_MS: i64 = 600_000;
 
     /// Whether two sessions are contending for the name as of `now_ms`:

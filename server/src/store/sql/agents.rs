@@ -11,8 +11,8 @@ use super::rows::{self, AGENT_COLUMNS};
 use super::{Write, leases, tasks};
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, DocumentWrite, Page,
-    StoreEvent, StoredName,
+    AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, DocumentWrite, NameContention,
+    Page, StoreEvent, StoredName,
 };
 use crate::store::ReportedDocument;
 use crate::store::plan::{db, to_i64, to_u64};
@@ -60,7 +60,9 @@ const REGISTER: &str = const_format::concatcp!(
      handled_kinds = excluded.handled_kinds, session_epoch = agents.session_epoch + 1, last_seen_at_ms = excluded.last_seen_at_ms, \
      updated_at_ms = excluded.updated_at_ms, registered_by = excluded.registered_by, \
      takeovers = CASE WHEN agents.status = 'offline' THEN agents.takeovers \
-     WHEN agents.last_takeover_at_ms > $13 - 600000 THEN agents.takeovers + 1 ELSE 1 END, \
+     WHEN agents.last_takeover_at_ms > $13 - ",
+    NameContention::WINDOW_MS,
+    " THEN agents.takeovers + 1 ELSE 1 END, \
      last_takeover_at_ms = CASE WHEN agents.status = 'offline' THEN agents.last_takeover_at_ms \
      ELSE $13 END, \
      replaced_runner = CASE WHEN agents.status = 'offline' THEN agents.replaced_runner \
