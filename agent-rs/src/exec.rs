@@ -1,8 +1,10 @@
 //! The `exec` task kind: runs a command (argv, env, cwd, timeout: the
 //! payload's `timeout_secs`, bounded by the task's execution timeout) in its
-//! own process group, captures standard output and error up to a limit,
-//! reports the exit code, and kills the whole group on cancellation or
-//! timeout. Enabled only with `--allow-exec`.
+//! own process group, streams its standard output and error as the task's
+//! output while it runs (batched and bounded by the agent's output limits)
+//! and keeps their first bytes for the result, reports the exit code, and
+//! kills the whole group on cancellation or timeout. Enabled only with
+//! `--allow-exec`.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -11,12 +13,14 @@ use async_trait::async_trait;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
+use switchyard_proto::v1::OutputStream;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
 use crate::handler::{Handler, TaskContext, TaskFailure};
+use crate::output::{OutputSink, Utf8Carry};
 
-/// Output kept per stream.
+/// Output kept per stream in the result.
 pub const OUTPUT_LIMIT: usize = 64 * 1024;
 
 /// The `exec` handler.
@@ -34,14 +38,23 @@ impl Default for Exec {
     }
 }
 
-async fn read_limited(mut reader: impl AsyncRead + Unpin) -> (String, bool) {
+/// Reads a process's stream to its end: every read goes to the task's
+/// output as it comes (the sink batches and bounds it), and the first
+/// [`OUTPUT_LIMIT`] bytes are kept for the result.
+async fn read_stream(
+    mut reader: impl AsyncRead + Unpin,
+    stream: OutputStream,
+    sink: OutputSink,
+) -> (String, bool) {
     let mut kept = Vec::new();
-    let mut buf = [0u8; 8192];
+    let mut buf = vec![0u8; 64 * 1024];
     let mut truncated = false;
+    let mut text = Utf8Carry::default();
     loop {
         match reader.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                sink.write(stream, &text.decode(&buf[..n]));
                 let room = OUTPUT_LIMIT.saturating_sub(kept.len());
                 if n > room {
                     truncated = true;
@@ -50,6 +63,7 @@ async fn read_limited(mut reader: impl AsyncRead + Unpin) -> (String, bool) {
             }
         }
     }
+    sink.write(stream, &text.finish());
     (String::from_utf8_lossy(&kept).into_owned(), truncated)
 }
 
@@ -112,8 +126,15 @@ impl Handler for Exec {
             .id()
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw);
-        let stdout = child.stdout.take().map(|s| tokio::spawn(read_limited(s)));
-        let stderr = child.stderr.take().map(|s| tokio::spawn(read_limited(s)));
+        let sink = &task.output;
+        let stdout = child
+            .stdout
+            .take()
+            .map(|s| tokio::spawn(read_stream(s, OutputStream::Stdout, sink.clone())));
+        let stderr = child
+            .stderr
+            .take()
+            .map(|s| tokio::spawn(read_stream(s, OutputStream::Stderr, sink.clone())));
         task.progress(-1.0, format!("running {program}"));
         let kill_group = || {
             if let Some(pgid) = pgid {

@@ -8,7 +8,8 @@
 //! unhealthy its kinds are withdrawn from what the agent advertises (the
 //! agent is DEGRADED, naming handler and capability) and come back with it.
 //! Parameter values are resolved from the environment and never sent,
-//! logged or shown.
+//! logged or shown. A handler's output (`ctx.log`, `ctx.stdout`,
+//! `ctx.stderr`) goes to the server with the task.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,9 +19,12 @@ use serde_json::Value;
 use switchyard_core::pack::{
     Advertised, MergedPacks, Pack, PackRejection, advertise, merge_packs, resolve_params,
 };
+use switchyard_proto::v1::OutputStream;
 pub use switchyard_proto::v1::ReleaseCause;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+use crate::output::OutputSink;
 
 /// Why an attempt failed, or why the handler hands the task back.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,6 +93,9 @@ pub struct TaskContext {
     /// The task's execution timeout, if it has one: the server revokes the
     /// lease then, so a handler may as well stop by itself.
     pub execution_timeout: Option<std::time::Duration>,
+    /// Where the handler's output goes: kept with the task on the server,
+    /// followed live by `switchyard logs -f` (see [`TaskContext::log`]).
+    pub output: OutputSink,
     progress: mpsc::UnboundedSender<Progress>,
 }
 
@@ -155,8 +162,34 @@ impl TaskContext {
                 ..Assigned::default()
             },
             execution_timeout: None,
+            output: OutputSink::discard(),
             progress,
         }
+    }
+
+    /// The context with its output going to `output`.
+    pub fn with_output(mut self, output: OutputSink) -> Self {
+        self.output = output;
+        self
+    }
+
+    /// A line of the handler's own log (the task's `log` output stream).
+    pub fn log(&self, line: impl AsRef<str>) {
+        let line = line.as_ref();
+        self.output.write(OutputStream::Log, line);
+        if !line.ends_with('\n') {
+            self.output.write(OutputStream::Log, "\n");
+        }
+    }
+
+    /// Text the task writes to its standard output (sent line by line).
+    pub fn stdout(&self, text: impl AsRef<str>) {
+        self.output.write(OutputStream::Stdout, text.as_ref());
+    }
+
+    /// Text the task writes to its standard error (sent line by line).
+    pub fn stderr(&self, text: impl AsRef<str>) {
+        self.output.write(OutputStream::Stderr, text.as_ref());
     }
 
     /// The context with the task's execution timeout.

@@ -16,7 +16,10 @@
 //! - [`handler`]: the `Handler` trait and handler packs (first registration
 //!   wins; missing required parameters make a capability unhealthy).
 //! - [`exec`]: the `exec` task kind (argv, env, cwd, timeout, process-group
-//!   kill), enabled with `--allow-exec`.
+//!   kill, its stdout and stderr streamed as the task's output), enabled
+//!   with `--allow-exec`.
+//! - [`output`]: a task's output on the agent: line-buffered, batched,
+//!   bounded per task by a total and a rate (a tail kept past them).
 //! - [`session`]: register, the `Connect` stream, heartbeats with diffs,
 //!   lease execution and reports, reconnect and resume, drain.
 
@@ -26,10 +29,12 @@ pub mod exec;
 pub mod handler;
 pub mod identity;
 pub mod install;
+pub mod output;
 pub mod session;
 pub mod tiers;
 
 pub use handler::{
     Assigned, Handler, HandlerPack, Handlers, ReleaseCause, TaskContext, TaskFailure,
 };
+pub use output::{OutputLimits, OutputSink};
 pub use session::{AgentConfig, run};

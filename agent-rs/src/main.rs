@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use switchyard_agent::capabilities::Capabilities;
-use switchyard_agent::{AgentConfig, Handlers};
+use switchyard_agent::{AgentConfig, Handlers, OutputLimits};
 
 /// Switchyard agent: reports what this machine can do and runs what it is leased.
 #[derive(Debug, Parser)]
@@ -89,6 +89,16 @@ struct RunArgs {
     /// Seconds running leases get to finish after SIGTERM before they are released.
     #[arg(long, env = "SWITCHYARD_GRACE_SECS", default_value_t = 30)]
     grace_secs: u64,
+    /// Most bytes of output (stdout, stderr, log) one task sends; past it
+    /// only its last 64 KiB are sent, when it ends, saying how much was
+    /// dropped.
+    #[arg(long, env = "SWITCHYARD_OUTPUT_MAX_BYTES", default_value_t = OutputLimits::default().max_bytes)]
+    output_max_bytes: u64,
+    /// Bytes of output per second one task sends, on average (bursts of
+    /// up to a second's worth); faster output waits in a 64 KiB tail, the
+    /// oldest dropped.
+    #[arg(long, env = "SWITCHYARD_OUTPUT_BYTES_PER_SEC", default_value_t = OutputLimits::default().bytes_per_sec)]
+    output_bytes_per_sec: u64,
     /// Run `exec` tasks (arbitrary commands). Off unless given.
     #[arg(long, env = "SWITCHYARD_ALLOW_EXEC")]
     allow_exec: bool,
@@ -247,6 +257,12 @@ async fn main() -> anyhow::Result<()> {
                 redetect: Duration::from_secs(cli.run.redetect_secs.max(1)),
                 grace: Duration::from_secs(cli.run.grace_secs),
                 labels: cli.run.labels.into_iter().collect::<BTreeMap<_, _>>(),
+                output: OutputLimits {
+                    max_bytes: cli.run.output_max_bytes,
+                    bytes_per_sec: cli.run.output_bytes_per_sec.max(1),
+                    burst_bytes: cli.run.output_bytes_per_sec.max(1),
+                    ..OutputLimits::default()
+                },
             };
             switchyard_agent::run(config, handlers, shutdown_signal()).await
         }

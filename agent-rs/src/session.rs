@@ -2,12 +2,14 @@
 //! heartbeat at the server's interval with JSON-Patch diffs of the
 //! capability document, run what it is leased, and report. When the stream
 //! breaks it reconnects with jittered exponential backoff and resumes the
-//! leases it still holds (running work is not interrupted); reports not yet
-//! acknowledged are sent again (final reports are idempotent on the
-//! server). On shutdown it drains: it takes nothing new, lets running leases
+//! leases it still holds (running work is not interrupted); output and
+//! final reports not yet acknowledged are sent again (the server skips
+//! output it stored, and final reports are idempotent there). A handler's
+//! output goes up as it is written, batched and bounded (`crate::output`),
+//! always before its lease's final report. On shutdown it drains: it takes nothing new, lets running leases
 //! finish within the grace period, releases the rest, and returns.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,6 +30,7 @@ use tracing::{debug, info, warn};
 
 use crate::capabilities::Capabilities;
 use crate::handler::{Assigned, Handlers, Progress, TaskContext, TaskFailure};
+use crate::output::{OutputBatch, OutputLimits, OutputSink};
 use switchyard_proto::convert::{
     json_to_struct, patch_to_proto, struct_to_json_lossy as struct_to_json,
 };
@@ -59,6 +62,8 @@ pub struct AgentConfig {
     pub grace: Duration,
     /// Labels sent at registration.
     pub labels: BTreeMap<String, String>,
+    /// How much of each task's output is sent, and how it is batched.
+    pub output: OutputLimits,
 }
 
 /// What one session ended with.
@@ -90,7 +95,13 @@ enum WorkEvent {
         lease_id: String,
         outcome: Result<Value, TaskFailure>,
     },
+    /// Output of a running lease, before its `Done`.
+    Output(OutputBatch),
 }
+
+/// The most bytes of output kept for resending after a reconnect; past it
+/// the oldest unacknowledged batches are given up.
+const UNACKED_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
 
 /// State that outlives a session.
 struct AgentState {
@@ -100,12 +111,54 @@ struct AgentState {
     running: HashMap<String, Running>,
     /// Final reports not yet acknowledged, by lease id.
     unacked_finals: BTreeMap<String, pb::LeaseUpdate>,
+    /// Output reports not yet acknowledged, oldest first, by a number of
+    /// their own (a session maps its message sequences to them): resent
+    /// after a reconnect, before the finals (the server skips what it
+    /// stored already).
+    unacked_output: VecDeque<(u64, pb::LeaseUpdate)>,
+    /// Their text's bytes, bounded by [`UNACKED_OUTPUT_BYTES`].
+    unacked_output_bytes: usize,
+    /// The number the next unacknowledged output report gets.
+    next_output: u64,
     work_tx: mpsc::UnboundedSender<WorkEvent>,
     work_rx: mpsc::UnboundedReceiver<WorkEvent>,
     draining: bool,
     /// When running leases must be released (set when draining begins,
     /// whether connected or not).
     grace_deadline: Option<tokio::time::Instant>,
+}
+
+impl AgentState {
+    /// Keeps an output report until it is acknowledged; its number.
+    fn keep_output(&mut self, update: pb::LeaseUpdate) -> u64 {
+        self.next_output += 1;
+        self.unacked_output_bytes += output_bytes(&update);
+        self.unacked_output.push_back((self.next_output, update));
+        while self.unacked_output_bytes > UNACKED_OUTPUT_BYTES
+            && let Some((_, oldest)) = self.unacked_output.pop_front()
+        {
+            self.unacked_output_bytes -= output_bytes(&oldest);
+        }
+        self.next_output
+    }
+
+    /// The output report `number` was acknowledged (or refused): it is not
+    /// sent again.
+    fn output_acknowledged(&mut self, number: u64) {
+        if let Some(at) = self.unacked_output.iter().position(|(n, _)| *n == number)
+            && let Some((_, update)) = self.unacked_output.remove(at)
+        {
+            self.unacked_output_bytes -= output_bytes(&update);
+        }
+    }
+}
+
+/// The bytes of text an output report carries.
+fn output_bytes(update: &pb::LeaseUpdate) -> usize {
+    match &update.update {
+        Some(Update::Output(output)) => output.chunks.iter().map(|c| c.text.len()).sum(),
+        _ => 0,
+    }
 }
 
 async fn run_with_token(state: &mut AgentState, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -171,6 +224,9 @@ pub async fn run(
         caps,
         running: HashMap::new(),
         unacked_finals: BTreeMap::new(),
+        unacked_output: VecDeque::new(),
+        unacked_output_bytes: 0,
+        next_output: 0,
         work_tx,
         work_rx,
         draining: false,
@@ -312,6 +368,8 @@ struct Live<'s> {
     sent_kinds: Vec<String>,
     /// Final reports in flight, by sequence: their lease.
     final_seqs: HashMap<u64, String>,
+    /// Output reports in flight, by sequence: their number.
+    output_seqs: HashMap<u64, u64>,
     /// After the grace period: releases sent, waiting (bounded) for acks.
     releasing: bool,
     timers: Timers,
@@ -355,6 +413,7 @@ impl<'s> Live<'s> {
             pending_doc: None,
             sent_kinds,
             final_seqs: HashMap::new(),
+            output_seqs: HashMap::new(),
             releasing: false,
             timers,
         };
@@ -372,6 +431,11 @@ impl<'s> Live<'s> {
             .context("opening the session stream")?
             .into_inner();
         info!(agent = %reg.agent_id, epoch = reg.session_epoch, "connected");
+        // Output first: a lease's output comes before its final report.
+        for (number, update) in live.state.unacked_output.clone() {
+            let seq = live.send(Up::LeaseUpdate(update)).await;
+            live.output_seqs.insert(seq, number);
+        }
         for (lease_id, update) in live.state.unacked_finals.clone() {
             let seq = live.send(Up::LeaseUpdate(update)).await;
             live.final_seqs.insert(seq, lease_id);
@@ -574,6 +638,22 @@ impl<'s> Live<'s> {
                 };
                 self.send(Up::LeaseUpdate(update)).await;
             }
+            WorkEvent::Output(batch) => {
+                let Some(r) = self.state.running.get(&batch.lease_id) else {
+                    return;
+                };
+                let update = pb::LeaseUpdate {
+                    task_id: r.task_id.clone(),
+                    fencing_token: r.fencing_token,
+                    lease_id: batch.lease_id,
+                    update: Some(Update::Output(pb::TaskOutput {
+                        chunks: batch.chunks,
+                    })),
+                };
+                let number = self.state.keep_output(update.clone());
+                let seq = self.send(Up::LeaseUpdate(update)).await;
+                self.output_seqs.insert(seq, number);
+            }
             WorkEvent::Done { lease_id, outcome } => {
                 let Some(r) = self.state.running.remove(&lease_id) else {
                     return;
@@ -681,7 +761,12 @@ impl<'s> Live<'s> {
         } else if self.pending_doc.is_none() && ack.code == 0 {
             self.generation = ack.capability_generation;
         }
-        if let Some(lease_id) = self.final_seqs.remove(&ack.sequence) {
+        if let Some(number) = self.output_seqs.remove(&ack.sequence) {
+            if ack.code != 0 {
+                debug!(code = ack.code, message = %ack.message, "output refused");
+            }
+            self.state.output_acknowledged(number);
+        } else if let Some(lease_id) = self.final_seqs.remove(&ack.sequence) {
             if ack.code != 0 {
                 warn!(lease = %lease_id, code = ack.code, message = %ack.message, "final report refused");
             }
@@ -788,6 +873,8 @@ fn finished(outcome: Result<Value, TaskFailure>) -> Update {
                 code: f.code,
                 retryable: f.retryable,
                 details: f.details.is_object().then(|| json_to_struct(&f.details)),
+                // The server fills it in from the output it stored.
+                output_tail: String::new(),
             }),
         }),
     }
@@ -853,6 +940,12 @@ fn start_work(state: &mut AgentState, grant: &pb::LeaseGrant, task: &pb::Task) {
             .map(std::time::Duration::from_millis),
     );
     let work = state.work_tx.clone();
+    let to_session = work.clone();
+    let output = OutputSink::new(grant.lease_id.clone(), state.config.output, move |batch| {
+        let _ = to_session.send(WorkEvent::Output(batch));
+    });
+    output.spawn_flusher();
+    let ctx = ctx.with_output(output.clone());
     let lease_id = grant.lease_id.clone();
     let forward = work.clone();
     let forward_id = lease_id.clone();
@@ -866,6 +959,8 @@ fn start_work(state: &mut AgentState, grant: &pb::LeaseGrant, task: &pb::Task) {
     });
     tokio::spawn(async move {
         let outcome = handler.run(ctx).await;
+        // The last of the output goes before the final report.
+        output.finish();
         let _ = work.send(WorkEvent::Done { lease_id, outcome });
     });
 }

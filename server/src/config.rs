@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use clap::{Args, Parser, Subcommand};
 use switchyard_core::placement::{PlacementPolicy, UnknownPolicy};
 
+use crate::model::OutputBounds;
 use crate::telemetry::LogFormat;
 
 /// Switchyard control plane: routes tasks to the agents able to run them.
@@ -353,6 +354,32 @@ pub struct ServerConfig {
     )]
     pub placement_policy: Vec<PolicyDefault>,
 
+    /// How many bytes of each task's output (stdout, stderr and its
+    /// handlers' log, every attempt together) are kept; past it the oldest
+    /// go first, and readers are told where and how much. 0 keeps no output
+    /// (what runners send is acknowledged and dropped); otherwise at least
+    /// 65536, one chunk.
+    #[arg(
+        long,
+        env = "SWITCHYARD_OUTPUT_BYTES_PER_TASK",
+        default_value_t = OutputBounds::DEFAULT_PER_TASK,
+        value_parser = parse_output_per_task,
+        global = true
+    )]
+    pub output_bytes_per_task: u64,
+
+    /// How many bytes of output are kept per namespace; past it the sweeper
+    /// drops the output of the namespace's oldest tasks (each keeps a mark
+    /// of how much went) until it is a tenth under. 0: no bound but each
+    /// task's; otherwise at least `--output-bytes-per-task`.
+    #[arg(
+        long,
+        env = "SWITCHYARD_OUTPUT_BYTES_PER_NAMESPACE",
+        default_value_t = OutputBounds::DEFAULT_PER_NAMESPACE,
+        global = true
+    )]
+    pub output_bytes_per_namespace: u64,
+
     /// On SIGTERM, how long in-flight requests and streams get to finish
     /// after agents were told to reconnect elsewhere, in milliseconds.
     #[arg(
@@ -400,6 +427,8 @@ impl ServerConfig {
             max_agents_per_namespace: 20_000,
             max_releases_per_task: crate::model::DEFAULT_MAX_RELEASES,
             placement_policy: Vec::new(),
+            output_bytes_per_task: OutputBounds::DEFAULT_PER_TASK,
+            output_bytes_per_namespace: OutputBounds::DEFAULT_PER_NAMESPACE,
             shutdown_grace_ms: 2_000,
         }
     }
@@ -413,6 +442,37 @@ pub struct PolicyDefault {
     pub namespace: Option<String>,
     /// The policy.
     pub policy: PlacementPolicy,
+}
+
+fn parse_output_per_task(text: &str) -> Result<u64, String> {
+    let bytes: u64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of bytes"))?;
+    if bytes != 0 && bytes < OutputBounds::MIN_PER_TASK {
+        return Err(format!(
+            "{bytes}: 0 (keep no output) or at least {}",
+            OutputBounds::MIN_PER_TASK
+        ));
+    }
+    Ok(bytes)
+}
+
+impl ServerConfig {
+    /// The output bounds the flags give; refused if a namespace's bound is
+    /// below a task's.
+    pub fn output_bounds(&self) -> Result<OutputBounds, String> {
+        let bounds = OutputBounds {
+            per_task: self.output_bytes_per_task,
+            per_namespace: self.output_bytes_per_namespace,
+        };
+        if bounds.per_namespace != 0 && bounds.per_namespace < bounds.per_task {
+            return Err(format!(
+                "--output-bytes-per-namespace ({}) must be 0 or at least --output-bytes-per-task ({})",
+                bounds.per_namespace, bounds.per_task
+            ));
+        }
+        Ok(bounds)
+    }
 }
 
 fn parse_policy_default(text: &str) -> Result<PolicyDefault, String> {

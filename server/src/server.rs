@@ -159,6 +159,7 @@ pub async fn prepare(config: ServerConfig, clock: Clock) -> Result<Prepared> {
     let options = store::StoreOptions {
         max_releases: config.max_releases_per_task,
         max_running_per_namespace: config.max_running_tasks_per_namespace,
+        output: config.output_bounds().map_err(Error::Config)?,
         ..store::StoreOptions::default()
     };
     let store = store::open_with(&config.database_url, options).await?;

@@ -1,5 +1,6 @@
 //! Helpers: a server that can be stopped and restarted on the same port and
-//! store, the agent binary as a child process, and task helpers.
+//! store (SQLite, or a PostgreSQL database of its own), the agent binary as
+//! a child process, and task helpers.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -20,13 +21,30 @@ use tonic::transport::{Channel, Endpoint};
 
 pub const PROMPT: Duration = Duration::from_secs(20);
 
-/// A server on a fixed address and SQLite file, restartable.
+/// A server on a fixed address and store (an SQLite file, or a PostgreSQL
+/// database of its own), restartable.
 pub struct Server {
     pub addr: SocketAddr,
     url: String,
     max_releases: u32,
     shutdown: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<switchyard_server::error::Result<()>>>,
+    /// The PostgreSQL database made for the server, dropped by
+    /// [`Server::finish`].
+    pg_database: Option<String>,
+}
+
+/// Which store a test server runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    Sqlite,
+    Postgres,
+}
+
+/// The admin URL tests create their PostgreSQL databases through.
+fn pg_admin_url() -> String {
+    std::env::var("SWITCHYARD_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
 impl Server {
@@ -37,6 +55,32 @@ impl Server {
     /// A server whose tasks fail after `max_releases` hand-backs.
     pub async fn start_bounded(dir: &Path, max_releases: u32) -> Self {
         let url = format!("sqlite://{}", dir.join("switchyard.db").display());
+        Self::start_at(url, max_releases, None).await
+    }
+
+    /// A server on `store` (SQLite in `dir`, or a fresh PostgreSQL database).
+    pub async fn start_on(dir: &Path, store: Store) -> Self {
+        if store == Store::Sqlite {
+            return Self::start(dir).await;
+        }
+        use sqlx::Connection;
+        let name = format!("sy_agent_{}", uuid::Uuid::new_v4().simple());
+        let admin = pg_admin_url();
+        let mut conn = sqlx::PgConnection::connect(&admin)
+            .await
+            .expect("connect to PostgreSQL");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut conn)
+            .await
+            .expect("create database");
+        conn.close().await.ok();
+        let base = admin.rsplit_once('/').expect("admin url has a database").0;
+        let url = format!("{base}/{name}");
+        let max_releases = switchyard_server::model::DEFAULT_MAX_RELEASES;
+        Self::start_at(url, max_releases, Some(name)).await
+    }
+
+    async fn start_at(url: String, max_releases: u32, pg_database: Option<String>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let mut server = Self {
@@ -45,9 +89,24 @@ impl Server {
             max_releases,
             shutdown: None,
             handle: None,
+            pg_database,
         };
         server.serve(listener);
         server
+    }
+
+    /// Stops the server and drops its PostgreSQL database, if it has one.
+    pub async fn finish(mut self) {
+        use sqlx::Connection;
+        self.stop().await;
+        if let Some(name) = self.pg_database.take()
+            && let Ok(mut conn) = sqlx::PgConnection::connect(&pg_admin_url()).await
+        {
+            let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+            let _ = sqlx::query(sqlx::AssertSqlSafe(drop))
+                .execute(&mut conn)
+                .await;
+        }
     }
 
     fn serve(&mut self, listener: TcpListener) {
@@ -256,6 +315,7 @@ pub async fn wait_for(server: &Server, task_id: &str, state: pb::TaskState) -> p
         .await
         .watch_task(pb::WatchTaskRequest {
             task_id: task_id.into(),
+            ..Default::default()
         })
         .await
         .expect("watch")

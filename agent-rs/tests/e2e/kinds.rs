@@ -99,6 +99,7 @@ fn config(server: &Server, dir: &std::path::Path, name: &str) -> AgentConfig {
         redetect: Duration::from_secs(3600),
         grace: Duration::from_secs(5),
         labels: Default::default(),
+        output: Default::default(),
     }
 }
 

@@ -1,4 +1,5 @@
-//! `TaskService`: submitters and operators put tasks in and follow them.
+//! `TaskService`: submitters and operators put tasks in and follow them
+//! (their state, history and output).
 //! Submit validates everything before anything is stored (a bad field is
 //! INVALID_ARGUMENT naming it, and nothing is written), stores the task and
 //! wakes the dispatcher; reads compute a queued task's reason (parked,
@@ -354,11 +355,52 @@ impl TaskService for TaskApi {
     ) -> Result<Response<WatchStream>, Status> {
         let api = self.0.clone();
         let caller = api.caller(&request).await?;
-        let id = parse_id("task_id", &request.get_ref().task_id)?;
+        let req = request.get_ref();
+        let id = parse_id("task_id", &req.task_id)?;
+        let output = req.output.then_some(req.output_offset);
+        if !req.output && req.output_offset != 0 {
+            return Err(invalid("output_offset", "only with output").into());
+        }
         // Subscribe before the first read so no change falls in between.
         let changes = api.dispatcher.watch_tasks();
         let record = api.task_for(&caller, id).await?;
-        Ok(Response::new(Watch::start(api, record, changes)))
+        Ok(Response::new(Watch::start(api, record, changes, output)))
+    }
+
+    async fn list_task_output(
+        &self,
+        request: Request<pb::ListTaskOutputRequest>,
+    ) -> Result<Response<pb::ListTaskOutputResponse>, Status> {
+        let caller = self.0.caller(&request).await?;
+        let req = request.into_inner();
+        let id = parse_id("task_id", &req.task_id)?;
+        let size = page_size("page_size", req.page_size)?;
+        let from: u64 = if req.page_token.is_empty() {
+            0
+        } else {
+            req.page_token
+                .parse()
+                .map_err(|_| invalid("page_token", "not a token this server issued"))?
+        };
+        // Existence check: an unknown task is NOT_FOUND, not an empty page.
+        self.0.task_for(&caller, id).await?;
+        let token = (req.fencing_token != 0).then_some(req.fencing_token);
+        let stored = self.0.store.task_output(id, from, token, size).await?;
+        let (mut chunks, mut read_to) = wire::output::chunks(&stored, from);
+        let fit = super::bounds::fitting(&chunks);
+        if fit < chunks.len() {
+            chunks.truncate(fit);
+            read_to = stored[fit - 1].end_byte.max(from);
+        }
+        let more = fit < stored.len() || stored.len() == size as usize;
+        Ok(Response::new(pb::ListTaskOutputResponse {
+            chunks,
+            next_page_token: if more {
+                read_to.to_string()
+            } else {
+                String::new()
+            },
+        }))
     }
 
     #[instrument(skip_all, fields(task = %request.get_ref().task_id))]

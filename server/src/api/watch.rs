@@ -1,9 +1,11 @@
 //! `WatchTask`: a task's history entries as they happen, each with the task
 //! as of that entry (its state then; what only a later state has left
-//! out), until it ends. The watch wakes on the dispatcher's change
-//! notifications (fed from every replica's store events), and re-reads the
-//! task now and then anyway: a notification can be lost (the database
-//! restarted, or the replica that changed it died on the way).
+//! out), until it ends; with `output`, the task's output too, what is
+//! stored first and then as it is stored, the final state sent after the
+//! last output. The watch wakes on the dispatcher's change notifications
+//! (fed from every replica's store events: changes and stored output), and
+//! re-reads the task now and then anyway: a notification can be lost (the
+//! database restarted, or the replica that changed it died on the way).
 
 use std::pin::Pin;
 
@@ -13,7 +15,7 @@ use tokio_stream::Stream;
 use tonic::Status;
 use uuid::Uuid;
 
-use super::Api;
+use super::{Api, bounds};
 use crate::model::{TaskRecord, TaskState};
 use crate::wire;
 
@@ -36,15 +38,23 @@ pub(super) struct Watch {
     last_sequence: u64,
     /// The task state last sent.
     sent_state: Option<TaskState>,
+    /// With output: the offset of the task's output read up to.
+    output: Option<u64>,
 }
+
+/// Chunks of output read at once.
+const OUTPUT_PAGE: u32 = 1_000;
 
 impl Watch {
     /// Follows `record` (read after `changes` subscribed) in a task of its
     /// own; the stream of what it sends.
+    /// With `output` (an offset to read the task's output from), the
+    /// output too.
     pub(super) fn start(
         api: Api,
         record: TaskRecord,
         changes: broadcast::Receiver<Uuid>,
+        output: Option<u64>,
     ) -> WatchStream {
         let (tx, rx) = mpsc::channel(64);
         let watch = Watch {
@@ -54,6 +64,7 @@ impl Watch {
             tx,
             last_sequence: 0,
             sent_state: None,
+            output,
         };
         tokio::spawn(watch.run(record));
         Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -83,10 +94,12 @@ impl Watch {
     }
 
     /// Everything in the history since the last message, each with the task
-    /// as of the entry ([`as_of`]; the last one as read). The history can
-    /// run ahead of that read (a change committed in between); the next read then brings no new entry, and
-    /// the task is sent alone, so the last message always shows the task as
-    /// it ends. False once the watcher is gone.
+    /// as of the entry ([`as_of`]; the last one as read), and with output,
+    /// the output stored since, before a final state. The history can run
+    /// ahead of that read (a change committed in between); the next read
+    /// then brings no new entry, and the task is sent alone, so the last
+    /// message always shows the task as it ends. False once the watcher is
+    /// gone.
     async fn send_news(&mut self, record: &TaskRecord) -> Result<bool, Status> {
         let events = self
             .api
@@ -94,33 +107,84 @@ impl Watch {
             .task_events(self.id, self.last_sequence, 1000)
             .await?;
         let task = self.api.task_with_reason(record).await?;
+        let mut news = Vec::with_capacity(events.len() + 1);
         if events.is_empty() && self.sent_state != Some(record.state) {
-            let alone = pb::WatchTaskResponse {
+            news.push(pb::WatchTaskResponse {
                 event: None,
                 task: Some(task.clone()),
-            };
-            if self.tx.send(Ok(alone)).await.is_err() {
-                return Ok(false);
-            }
+                output: Vec::new(),
+            });
         }
         self.sent_state = Some(record.state);
         for (i, event) in events.iter().enumerate() {
             self.last_sequence = event.sequence;
             let event = wire::event(event);
             let latest = i + 1 == events.len() && event.state == task.state;
-            let item = pb::WatchTaskResponse {
+            news.push(pb::WatchTaskResponse {
                 task: Some(if latest {
                     task.clone()
                 } else {
                     as_of(&task, &event)
                 }),
                 event: Some(event),
-            };
+                output: Vec::new(),
+            });
+        }
+        // A final state comes after the output: the task's last word.
+        let last = news.pop_if(|m| {
+            m.task
+                .as_ref()
+                .and_then(|t| wire::store_task_state(t.state()))
+                .is_some_and(TaskState::is_terminal)
+        });
+        for item in news {
             if self.tx.send(Ok(item)).await.is_err() {
                 return Ok(false);
             }
         }
+        if !self.send_output().await? {
+            return Ok(false);
+        }
+        if let Some(item) = last
+            && self.tx.send(Ok(item)).await.is_err()
+        {
+            return Ok(false);
+        }
         Ok(true)
+    }
+
+    /// The output stored since the last read, in messages within the page
+    /// budget; false once the watcher is gone.
+    async fn send_output(&mut self) -> Result<bool, Status> {
+        let Some(mut read_to) = self.output else {
+            return Ok(true);
+        };
+        loop {
+            let chunks = self
+                .api
+                .store
+                .task_output(self.id, read_to, None, OUTPUT_PAGE)
+                .await?;
+            let (mut output, next) = wire::output::chunks(&chunks, read_to);
+            read_to = next;
+            self.output = Some(read_to);
+            while !output.is_empty() {
+                let fit = bounds::fitting(&output).max(1);
+                let rest = output.split_off(fit);
+                let item = pb::WatchTaskResponse {
+                    event: None,
+                    task: None,
+                    output,
+                };
+                if self.tx.send(Ok(item)).await.is_err() {
+                    return Ok(false);
+                }
+                output = rest;
+            }
+            if chunks.len() < OUTPUT_PAGE as usize {
+                return Ok(true);
+            }
+        }
     }
 
     /// Waits for this task to change (on any replica), or for the re-check;

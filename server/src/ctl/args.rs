@@ -112,6 +112,20 @@ pub(super) enum Command {
         /// The task's id.
         task_id: String,
     },
+    /// Print a task's output (stdout, stderr and its handlers' log, every
+    /// attempt); stdout goes to stdout, the rest to stderr.
+    Logs {
+        /// The task's id.
+        task_id: String,
+        /// Follow the output live until the task ends (the exit code then
+        /// says how it ended, as `watch`).
+        #[arg(short, long)]
+        follow: bool,
+        /// Only the attempt whose lease has this fencing token (1 for the
+        /// first grant, then one more per grant).
+        #[arg(long, conflicts_with = "follow")]
+        lease: Option<u64>,
+    },
     /// Explain why a task is where it is, agent by agent.
     Explain {
         /// The task's id.
@@ -211,8 +225,8 @@ pub(super) struct SubmitArgs {
     /// A label `key=value`; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     pub(super) labels: Vec<(String, String)>,
-    /// Wait for the task to finish, printing its progress, then its result or
-    /// error; exit 0 only if it succeeded.
+    /// Wait for the task to finish, printing its progress and its output as
+    /// it comes, then its result or error; exit 0 only if it succeeded.
     #[arg(long)]
     pub(super) wait: bool,
 }

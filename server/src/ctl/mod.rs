@@ -291,7 +291,13 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
             })?;
             Ok(ExitCode::Ok)
         }
-        Command::Watch { task_id } => follow(&mut clients, &out, &task_id).await,
+        Command::Watch { task_id } => follow(&mut clients, &out, &task_id, Follow::Changes).await,
+        Command::Logs {
+            task_id,
+            follow: true,
+            ..
+        } => follow(&mut clients, &out, &task_id, Follow::Output).await,
+        Command::Logs { task_id, lease, .. } => logs(&mut clients, &out, task_id, lease).await,
         Command::Explain { task_id } => {
             let reply = clients
                 .tasks
@@ -390,7 +396,7 @@ async fn submit(
     };
     out.reply(&reply, || render::task(&task, how))?;
     if args.wait {
-        return follow(clients, out, &task.task_id).await;
+        return follow(clients, out, &task.task_id, Follow::ChangesAndOutput).await;
     }
     Ok(ExitCode::Ok)
 }
@@ -457,34 +463,88 @@ async fn agents(
     Ok(ExitCode::Ok)
 }
 
-/// Streams a task's changes until it is terminal, then (for people) its
-/// result or error; the exit code says how it ended.
-async fn follow(clients: &mut Clients, out: &Printer, task_id: &str) -> Result<ExitCode, Failure> {
+/// What following a task shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Follow {
+    /// Its state changes (`watch`).
+    Changes,
+    /// Its state changes and its output (`submit --wait`).
+    ChangesAndOutput,
+    /// Its output (`logs -f`).
+    Output,
+}
+
+/// Streams a task's changes (and its output) until it is terminal, then
+/// (for people) its result or error; the exit code says how it ended.
+async fn follow(
+    clients: &mut Clients,
+    out: &Printer,
+    task_id: &str,
+    what: Follow,
+) -> Result<ExitCode, Failure> {
     let mut stream = clients
         .tasks
         .watch_task(pb::WatchTaskRequest {
             task_id: task_id.to_owned(),
+            output: what != Follow::Changes,
+            output_offset: 0,
         })
         .await?
         .into_inner();
     let mut last = pb::Task::default();
+    let mut shown = render::OutputShown::default();
     while let Some(item) = stream.next().await {
         let item = item?;
         out.reply(&item, || {
-            render::watch_line(item.event.as_ref(), item.task.as_ref().unwrap_or(&last));
+            shown.chunks(&item.output);
+            if what != Follow::Output && (item.event.is_some() || item.task.is_some()) {
+                render::watch_line(item.event.as_ref(), item.task.as_ref().unwrap_or(&last));
+            }
         })?;
         if let Some(task) = item.task {
             last = task;
         }
     }
     if out.0 == Output::Text {
-        render::outcome(&last);
+        if what == Follow::Output {
+            render::ending(&last);
+        } else {
+            render::outcome(&last);
+        }
     }
     Ok(match last.state() {
         pb::TaskState::Succeeded => ExitCode::Ok,
         pb::TaskState::Failed | pb::TaskState::Canceled => ExitCode::TaskUnsuccessful,
         _ => ExitCode::Unavailable,
     })
+}
+
+/// `switchyard logs ID`: the task's output as stored, page after page.
+async fn logs(
+    clients: &mut Clients,
+    out: &Printer,
+    task_id: String,
+    lease: Option<u64>,
+) -> Result<ExitCode, Failure> {
+    let mut shown = render::OutputShown::default();
+    let mut page_token = String::new();
+    loop {
+        let reply = clients
+            .tasks
+            .list_task_output(pb::ListTaskOutputRequest {
+                task_id: task_id.clone(),
+                page_size: 1000,
+                page_token,
+                fencing_token: lease.unwrap_or(0),
+            })
+            .await?
+            .into_inner();
+        out.reply(&reply, || shown.chunks(&reply.chunks))?;
+        if reply.next_page_token.is_empty() {
+            return Ok(ExitCode::Ok);
+        }
+        page_token = reply.next_page_token;
+    }
 }
 
 /// Prints replies: for scripts the reply itself as proto3 JSON, one

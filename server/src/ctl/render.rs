@@ -1,6 +1,7 @@
 //! How the CLI prints for people: tasks, agents and explanations as aligned
-//! tables (comfy-table), a watch as one line per event, and a finished
-//! task's result or error. JSON for scripts is [`super::json`]'s, the reply
+//! tables (comfy-table), a watch as one line per event, a task's output as
+//! it was written, and a finished task's result or error (with the last
+//! lines of a failed attempt's output). JSON for scripts is [`super::json`]'s, the reply
 //! itself.
 
 use comfy_table::{Table, presets};
@@ -106,6 +107,12 @@ pub(super) fn outcome(task: &pb::Task) {
             format!(" ({})", error.code)
         };
         println!("  error: {}{code}", error.message);
+        if !error.output_tail.is_empty() {
+            println!("  last output:");
+            for line in error.output_tail.lines() {
+                println!("    {line}");
+            }
+        }
     }
     if let Some(result) = task
         .result
@@ -248,6 +255,60 @@ pub(super) fn watch_line(event: Option<&pb::TaskEvent>, task: &pb::Task) {
         line.push_str(&format!("  — {}", e.message));
     }
     println!("{line}");
+}
+
+/// What of a task's output was printed: to tell a new attempt's output from
+/// the last one's.
+#[derive(Debug, Default)]
+pub(super) struct OutputShown {
+    /// The fencing token of the last chunk printed.
+    lease: Option<u64>,
+}
+
+impl OutputShown {
+    /// Prints `chunks` as they were written: stdout's text to stdout, the
+    /// rest to stderr; a line on stderr where a new attempt's output begins
+    /// and where output was dropped.
+    pub(super) fn chunks(&mut self, chunks: &[pb::TaskOutputChunk]) {
+        use std::io::Write;
+        let (mut stdout, mut stderr) = (std::io::stdout().lock(), std::io::stderr().lock());
+        for chunk in chunks {
+            if self.lease.is_some_and(|lease| lease != chunk.fencing_token) {
+                let _ = stdout.flush();
+                let _ = writeln!(
+                    stderr,
+                    "--- lease {} (another attempt) ---",
+                    chunk.fencing_token
+                );
+            }
+            self.lease = Some(chunk.fencing_token);
+            if chunk.dropped_bytes > 0 {
+                let _ = stdout.flush();
+                let _ = writeln!(stderr, "{}", dropped(chunk.dropped_bytes));
+            }
+            if chunk.stream() == pb::OutputStream::Stdout {
+                let _ = stdout.write_all(chunk.text.as_bytes());
+            } else {
+                let _ = stdout.flush();
+                let _ = stderr.write_all(chunk.text.as_bytes());
+            }
+        }
+        let _ = stdout.flush();
+    }
+}
+
+/// The line that marks dropped output.
+fn dropped(bytes: u64) -> String {
+    format!("[... {bytes} bytes of output dropped here (the runner's or the server's bound) ...]")
+}
+
+/// How a followed task ended, on stderr (its output went to stdout).
+pub(super) fn ending(task: &pb::Task) {
+    let mut line = format!("task {}", state_name(task.state()));
+    if let Some(error) = &task.error {
+        line.push_str(&format!(": {}", error.message));
+    }
+    eprintln!("{line}");
 }
 
 #[cfg(test)]

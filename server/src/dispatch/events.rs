@@ -1,5 +1,6 @@
 //! The store's events, from every replica: a task queued (look at the queue,
-//! perhaps when it comes due), a task changed (tell watchers), an agent
+//! perhaps when it comes due), a task changed or its output grew (tell
+//! watchers), an agent
 //! changed (reload it, if connected here), a lease ended by another
 //! replica's sweeper (free its slot, tell the agent of an expiry), a lease
 //! revoked (tell the agent why).
@@ -45,7 +46,9 @@ impl Dispatcher {
                 }
                 self.wake();
             }
-            StoreEvent::TaskChanged { task_id, .. } => self.task_changed(task_id),
+            StoreEvent::TaskChanged { task_id, .. } | StoreEvent::TaskOutput { task_id } => {
+                self.task_changed(task_id);
+            }
             StoreEvent::AgentChanged { agent_id } => self.refresh_agent(agent_id).await,
             // Another replica's sweeper ended a lease of an agent that may be
             // connected here: its slot is free again. An expired lease is

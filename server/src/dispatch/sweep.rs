@@ -4,7 +4,8 @@
 //! drain's deadline) are ended, queued tasks past their start deadline fail
 //! with the explanation as it stood, sessions silent for three heartbeat
 //! intervals are closed (the agent is OFFLINE), and every tenth sweep
-//! recounts from the store the leases of agents not picked lately.
+//! recounts from the store the leases of agents not picked lately and
+//! keeps each namespace's output within its bound.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -42,10 +43,18 @@ impl Dispatcher {
                 warn!(cause = %err, "sweep failed");
             }
             sweeps += 1;
-            if sweeps.is_multiple_of(RECOUNT_EVERY_SWEEPS)
-                && let Err(err) = self.recount_loads().await
-            {
-                warn!(cause = %err, "recounting agents' leases failed");
+            if sweeps.is_multiple_of(RECOUNT_EVERY_SWEEPS) {
+                if let Err(err) = self.recount_loads().await {
+                    warn!(cause = %err, "recounting agents' leases failed");
+                }
+                match self.shared.store.trim_output().await {
+                    Ok(0) => {}
+                    Ok(bytes) => info!(
+                        bytes,
+                        "dropped the oldest output of namespaces past their bound"
+                    ),
+                    Err(err) => warn!(cause = %err, "trimming namespaces' output failed"),
+                }
             }
         }
     }

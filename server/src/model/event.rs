@@ -46,6 +46,11 @@ pub enum StoreEvent {
         /// Its new state.
         state: TaskState,
     },
+    /// Output of a task was stored (watchers following it read on).
+    TaskOutput {
+        /// The task.
+        task_id: Uuid,
+    },
     /// An agent registered, changed its document, status or drain.
     AgentChanged {
         /// The agent.

@@ -13,6 +13,7 @@ use switchyard_core::resources::{Claim, Held};
 use uuid::Uuid;
 
 use super::names::{StoredName, display};
+use super::output::OutputChunk;
 use super::task::{NewTask, TaskRecord};
 
 /// Where a lease is in its life (`LeaseState` in task.proto).
@@ -382,6 +383,11 @@ pub enum ReportKind {
     Started,
     /// The latest progress of a running task.
     Progress(Value),
+    /// Output the handler wrote, in order. Kept apart from the other kinds
+    /// by the store (written before them in a batch), so that a quick
+    /// task's accepted, started and final report still make one whole
+    /// attempt.
+    Output(Vec<OutputChunk>),
     /// The attempt ended.
     Final(CompletionOutcome),
 }

@@ -13,6 +13,8 @@
 //!   ([`RevocationCause`]).
 //! - [`backoff`]: the waits before a task is offered again (a busy
 //!   release's, a failed attempt's [`RetryPolicy`]).
+//! - [`output`]: a task's output as runners send it and the store keeps
+//!   it, the bounds on what is kept, a failed attempt's tail.
 //! - [`agent`]: an agent's record and status, registration, heartbeats.
 //! - [`token`]: bearer token records and [`Role`]s.
 //! - [`event`]: [`StoreEvent`], the wake-ups every replica hears.
@@ -24,6 +26,7 @@ pub mod backoff;
 pub mod event;
 pub mod lease;
 pub mod names;
+pub mod output;
 pub mod task;
 pub mod token;
 
@@ -41,6 +44,7 @@ pub use lease::{
     ReportApplied, ReportKind, RevocationCause, Submission, Submitted,
 };
 pub use names::{StoredName, UnknownState};
+pub use output::{OutputBounds, OutputChunk, OutputStream, StoredChunk};
 pub use task::{
     Deadlines, FAIR_STEP_MS, Fairness, LimitUsage, MAX_CONCURRENCY_LIMIT, MAX_FAIRNESS_WEIGHT,
     NewTask, Page, ParkedPlacement, QueueCursor, QueuedReason, TaskEventRecord, TaskFilter,

@@ -1,5 +1,5 @@
-//! The task store: where agents, tasks, leases, task history and tokens
-//! live. The seam is the [`Store`] trait (one sub-trait per aggregate),
+//! The task store: where agents, tasks, leases, task history, tasks'
+//! output and tokens live. The seam is the [`Store`] trait (one sub-trait per aggregate),
 //! shared as `Arc<dyn Store>` and chosen at start-up from the database URL:
 //! PostgreSQL for many replicas on one database, SQLite as the embedded
 //! default that needs nothing installed. Both are one implementation,
@@ -15,7 +15,8 @@
 //! - [`plan`]: the decisions apart from the SQL (which grants fit, what a
 //!   final report does, whether a report comes from the lease holder).
 //! - `sql`: [`SqlStore`] and its backend seam; the shared SQL by aggregate
-//!   (`tasks`, `leases`, `reports`, `agents`, `tokens`, `history`), the row
+//!   (`tasks`, `leases`, `reports`, `agents`, `tokens`, `history`,
+//!   `output`), the row
 //!   decoding (`rows`) and the sqlx bounds it needs (`db`).
 //! - `postgres`: the PostgreSQL backend ([`PgStore`]): LISTEN/NOTIFY,
 //!   connection warm-up, and the set-based paths for submits, grants,
@@ -46,9 +47,9 @@ use crate::error::{Error, Result};
 use crate::model::{
     AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
     DEFAULT_BACKOFF_BASE_MS, DEFAULT_MAX_RELEASES, GrantOutcome, GrantRequest, LeaseRecord,
-    LeaseReport, LimitUsage, Page, ParkedPlacement, QueueCursor, ReportApplied, RevocationCause,
-    StoreEvent, Submission, Submitted, TaskEventRecord, TaskFilter, TaskRecord, TaskState,
-    TokenRecord,
+    LeaseReport, LimitUsage, OutputBounds, Page, ParkedPlacement, QueueCursor, ReportApplied,
+    RevocationCause, StoreEvent, StoredChunk, Submission, Submitted, TaskEventRecord, TaskFilter,
+    TaskRecord, TaskState, TokenRecord,
 };
 
 /// The ListTasks page token that continues after `task`.
@@ -183,10 +184,16 @@ pub trait LeaseStore: Send + Sync {
         completions: &[Completion],
         now_ms: i64,
     ) -> Result<Vec<Result<CompletionResult>>>;
-    /// Lease reports of many sessions (accepted, started, progress, final),
-    /// in one transaction: the server's group commit. Reports about one
-    /// task are applied in the order given; a refused report (stale token,
-    /// lease not held, wrong state) changes nothing and does not affect the
+    /// Lease reports of many sessions (accepted, started, progress, output,
+    /// final), in one transaction: the server's group commit. Reports about
+    /// one task are applied in the order given, but output first: a batch's
+    /// output is written before its other reports, checked against the
+    /// lease as it was before the batch (a runner sends a lease's output
+    /// before its final report). Output is kept within the store's
+    /// [`OutputBounds`] per task (the oldest dropped first), a chunk already
+    /// stored is skipped, and a failed attempt's error gets the last lines
+    /// of its output (`output_tail`). A refused report (stale token, lease
+    /// not held, wrong state) changes nothing and does not affect the
     /// others; a database failure fails the whole batch.
     async fn apply_reports(
         &self,
@@ -242,6 +249,30 @@ pub trait LeaseStore: Send + Sync {
     /// The agents on which earlier attempts of the task failed or lost
     /// their lease (expired), in id order: a retry avoids them.
     async fn failed_agents(&self, task_id: Uuid) -> Result<Vec<Uuid>>;
+}
+
+/// A task's output: written with the lease reports that carry it (see
+/// [`LeaseStore::apply_reports`]), read by byte offset, bounded per
+/// namespace.
+#[async_trait]
+pub trait OutputStore: Send + Sync {
+    /// A task's output from `from_byte` on (the chunks that start there or
+    /// later), oldest first, only the lease with `fencing_token` if given;
+    /// at most `limit` chunks.
+    async fn task_output(
+        &self,
+        task_id: Uuid,
+        from_byte: u64,
+        fencing_token: Option<u64>,
+        limit: u32,
+    ) -> Result<Vec<StoredChunk>>;
+    /// Keeps each namespace within its bound of kept output
+    /// ([`OutputBounds::per_namespace`]): the output of a namespace past it
+    /// is dropped from its oldest tasks on (each keeps its last chunk,
+    /// without text, as the mark of where its output ended) until it is a
+    /// tenth under. Answers the bytes dropped. Safe with every replica
+    /// sweeping: one trims at a time, the others skip.
+    async fn trim_output(&self) -> Result<u64>;
 }
 
 /// A document an agent reported, as the server stores it.
@@ -362,7 +393,7 @@ pub trait TokenStore: Send + Sync {
 /// The operations the server needs from its database.
 #[async_trait]
 pub trait Store:
-    TaskStore + LeaseStore + AgentStore + TokenStore + std::fmt::Debug + 'static
+    TaskStore + LeaseStore + AgentStore + TokenStore + OutputStore + std::fmt::Debug + 'static
 {
     /// Which backend this is (`sqlite` or `postgres`), for logs and metrics.
     fn backend(&self) -> &'static str;
@@ -390,6 +421,8 @@ pub struct StoreOptions {
     /// The most tasks of one namespace LEASED or RUNNING at once, enforced
     /// by grants (0: no limit).
     pub max_running_per_namespace: u64,
+    /// How much of the tasks' output is kept.
+    pub output: OutputBounds,
 }
 
 impl Default for StoreOptions {
@@ -398,6 +431,7 @@ impl Default for StoreOptions {
             backoff_base_ms: DEFAULT_BACKOFF_BASE_MS,
             max_releases: DEFAULT_MAX_RELEASES,
             max_running_per_namespace: 0,
+            output: OutputBounds::default(),
         }
     }
 }

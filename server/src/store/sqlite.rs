@@ -66,6 +66,8 @@ impl Dialect for Sqlite {
     const LOCK_LIMIT_KEY: &'static str =
         "SELECT max_running FROM concurrency_keys WHERE namespace = $1 AND key = $2";
     const LOCK_NAMESPACE: Option<&'static str> = None;
+    // One writer: the trim is alone.
+    const TRY_LOCK_OUTPUT_TRIM: &'static str = "SELECT TRUE AS locked";
 }
 
 /// The SQLite file and this process's subscribers.

@@ -5,11 +5,13 @@
 //!
 //! # Layout
 //! - this module: tasks, leases, history entries, agents and tiers.
+//! - [`output`]: a task's output, with what was dropped before each chunk.
 //! - [`session`]: what the server sends down an agent's `Connect` stream
 //!   (grants, revocations, acknowledgements, resync requests, drains).
 //! - [`placement`](mod@placement): placements between the wire and the core, with field
 //!   errors for what a submitter got wrong.
 
+pub mod output;
 pub mod placement;
 pub mod session;
 
@@ -102,6 +104,11 @@ fn task_error(error: &Value) -> pb::TaskError {
             .get("details")
             .filter(|d| d.is_object())
             .map(json_to_struct),
+        output_tail: error
+            .get("output_tail")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
     }
 }
 

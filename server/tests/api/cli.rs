@@ -1,12 +1,16 @@
 //! The `switchyard` CLI binary against a real server: submit with `--wait`
 //! while an agent runs the task, JSON output, a retry policy and deadlines
-//! from flags, explain, agents, and the exit codes scripts branch on.
+//! from flags, explain, agents, and the exit codes scripts branch on; a
+//! task's output followed with `logs -f` and `submit --wait`, printed with
+//! `logs`, and a failed attempt's last lines shown by `get`.
 
 use std::process::Stdio;
 
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
+
+use switchyard_proto::v1 as pb;
 
 use crate::common::{PROMPT, TestAgent, TestServer};
 
@@ -289,6 +293,7 @@ async fn wait_prints_the_result_or_the_error_and_tables_count_attempts_truthfull
             code: "handler_error".into(),
             retryable: true,
             details: None,
+            ..Default::default()
         }),
     });
     let (code, stdout) = wait_in_text(&server, &mut agent, Some(failed)).await;
@@ -332,4 +337,138 @@ async fn completions_and_the_manual_page_come_from_the_command_definitions() {
     assert_eq!(code, 0);
     assert!(stdout.contains(".TH switchyard"), "{stdout}");
     assert!(stdout.contains("submit"), "{stdout}");
+}
+
+/// A lease update that writes `lines` to stdout (numbered from `from`).
+fn output_update(from: u64, lines: &[(pb::OutputStream, &str)]) -> pb::lease_update::Update {
+    pb::lease_update::Update::Output(pb::TaskOutput {
+        chunks: lines
+            .iter()
+            .zip(from..)
+            .map(|((stream, text), sequence)| pb::OutputChunk {
+                stream: *stream as i32,
+                sequence,
+                text: (*text).to_owned(),
+                dropped_bytes: 0,
+            })
+            .collect(),
+    })
+}
+
+/// Reads `reader` until `needle` has appeared; what was read.
+async fn read_until(reader: &mut (impl tokio::io::AsyncRead + Unpin), needle: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    tokio::time::timeout(PROMPT, async {
+        while !String::from_utf8_lossy(&seen).contains(needle) {
+            let n = reader.read(&mut buf).await.expect("read the cli");
+            assert!(
+                n > 0,
+                "the cli ended before {needle:?}: {}",
+                String::from_utf8_lossy(&seen)
+            );
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {needle:?} in time"));
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_follows_output_live_and_prints_it_stored_and_a_failure_shows_its_last_lines() {
+    use pb::OutputStream::{Stderr, Stdout};
+    use pb::lease_update::Update;
+    let server = TestServer::start_sqlite().await;
+    let mut agent = TestAgent::start(&server, "alpha", json!({"tags": ["linux"]}), 1).await;
+    let task = crate::common::submit(&server, "build", "linux").await;
+    let grant = agent.grant().await;
+    for update in [
+        Update::Accepted(pb::LeaseAccepted {}),
+        Update::Started(pb::LeaseStarted {}),
+    ] {
+        assert_eq!(agent.update(&grant, update).await.code, 0);
+    }
+    let first = output_update(1, &[(Stdout, "first line\n"), (Stderr, "a warning\n")]);
+    assert_eq!(agent.update(&grant, first).await.code, 0);
+
+    // logs -f: what is stored, then live, until the task ends.
+    let mut follow = cli(&server);
+    follow.args(["logs", &task.task_id, "-f"]);
+    let mut child = follow.spawn().expect("spawn cli");
+    let mut stdout = child.stdout.take().expect("stdout");
+    read_until(&mut stdout, "first line\n").await;
+    let second = output_update(3, &[(Stdout, "second line\n")]);
+    assert_eq!(agent.update(&grant, second).await.code, 0);
+    read_until(&mut stdout, "second line\n").await;
+    agent.succeed(&grant, json!({})).await;
+    let out = tokio::time::timeout(PROMPT, child.wait_with_output())
+        .await
+        .expect("cli ends")
+        .expect("cli output");
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("a warning\n") && stderr.contains("task succeeded"),
+        "{stderr}"
+    );
+
+    // logs: the stored output, stdout to stdout and the rest to stderr.
+    let mut logs = cli(&server);
+    logs.args(["logs", &task.task_id]);
+    let (code, stdout, stderr) = run(logs).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, "first line\nsecond line\n");
+    assert_eq!(stderr, "a warning\n");
+
+    // submit --wait prints the output as it comes; a failed attempt's last
+    // lines are in its error, shown by get.
+    let mut submit = cli(&server);
+    submit.args([
+        "submit",
+        "build",
+        "--require",
+        "linux",
+        "--max-attempts",
+        "1",
+        "--wait",
+    ]);
+    let mut child = submit.spawn().expect("spawn cli");
+    let grant = agent.grant().await;
+    let task_id = grant.task.clone().expect("task").task_id;
+    for update in [
+        Update::Accepted(pb::LeaseAccepted {}),
+        Update::Started(pb::LeaseStarted {}),
+    ] {
+        assert_eq!(agent.update(&grant, update).await.code, 0);
+    }
+    let lines = output_update(1, &[(Stdout, "compiling\n"), (Stdout, "error: it broke\n")]);
+    assert_eq!(agent.update(&grant, lines).await.code, 0);
+    let mut stdout = child.stdout.take().expect("stdout");
+    read_until(&mut stdout, "error: it broke\n").await;
+    let failed = Update::Failed(pb::LeaseFailed {
+        error: Some(pb::TaskError {
+            message: "exit 1".into(),
+            code: "exit_code".into(),
+            ..Default::default()
+        }),
+    });
+    assert_eq!(agent.update(&grant, failed).await.code, 0);
+    let out = tokio::time::timeout(PROMPT, child.wait_with_output())
+        .await
+        .expect("cli ends")
+        .expect("cli output");
+    assert_eq!(out.status.code(), Some(1));
+    let mut get = cli(&server);
+    get.args(["get", &task_id]);
+    let (code, stdout, _) = run(get).await;
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains(
+            "error: exit 1 (exit_code)\n  last output:\n    compiling\n    error: it broke\n"
+        ),
+        "{stdout}"
+    );
+    server.stop().await;
 }

@@ -284,6 +284,7 @@ pub async fn wait_for_state(server: &TestServer, task_id: &str, state: pb::TaskS
         .await
         .watch_task(pb::WatchTaskRequest {
             task_id: task_id.into(),
+            ..Default::default()
         })
         .await
         .expect("watch")
@@ -528,6 +529,15 @@ impl TestAgent {
                 }),
             )
             .await;
+        assert_eq!(ack.code, 0, "{}", ack.message);
+    }
+
+    /// Succeeds a grant already accepted and started, with `result`.
+    pub async fn succeed(&mut self, grant: &pb::LeaseGrant, result: Value) {
+        let succeeded = pb::lease_update::Update::Succeeded(pb::LeaseSucceeded {
+            result: Some(json_to_struct(&result)),
+        });
+        let ack = self.update(grant, succeeded).await;
         assert_eq!(ack.code, 0, "{}", ack.message);
     }
 

@@ -322,6 +322,7 @@ async fn secrets_are_found_by_value_and_never_stored(backend: Backend) {
                     details: Some(json_to_struct(
                         &json!({"stderr": format!("Authorization: Bearer {GITHUB}")}),
                     )),
+                    ..Default::default()
                 }),
             }),
         )
@@ -463,6 +464,7 @@ async fn every_input_is_bounded(backend: Backend) {
                     code: "handler_error".into(),
                     retryable: false,
                     details: Some(json_to_struct(&Value::Object(details))),
+                    ..Default::default()
                 }),
             }),
         )

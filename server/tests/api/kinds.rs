@@ -261,6 +261,7 @@ async fn wait_for_any(server: &TestServer, task_id: &str) -> pb::TaskState {
         .await
         .watch_task(pb::WatchTaskRequest {
             task_id: task_id.into(),
+            ..Default::default()
         })
         .await
         .unwrap()

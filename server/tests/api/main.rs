@@ -17,6 +17,7 @@ mod kinds;
 mod limits;
 mod operators;
 mod ops;
+mod output;
 mod policy;
 mod resources;
 mod retry;

@@ -16,6 +16,7 @@ async fn watch_transcript(server: &TestServer, task_id: &str) -> Vec<pb::WatchTa
         .await
         .watch_task(pb::WatchTaskRequest {
             task_id: task_id.to_owned(),
+            ..Default::default()
         })
         .await
         .unwrap()

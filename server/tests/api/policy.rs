@@ -198,6 +198,7 @@ async fn a_retry_goes_to_another_agent_than_the_one_it_failed_on(backend: Backen
             code: "handler_error".into(),
             retryable: true,
             details: None,
+            ..Default::default()
         }),
     });
     assert_eq!(failing.update(&grant, failure.clone()).await.code, 0);

@@ -144,6 +144,7 @@ async fn resources_come_back_on_every_way_a_lease_ends(backend: Backend) {
                         code: "handler_error".into(),
                         retryable: false,
                         details: None,
+                        ..Default::default()
                     }),
                 });
                 assert_eq!(agent.update(&grant, failed).await.code, 0);

@@ -72,6 +72,7 @@ async fn a_retry_policy_is_kept_shown_and_followed(backend: Backend) {
             code: "handler_error".into(),
             retryable: true,
             details: None,
+            ..Default::default()
         }),
     });
     assert_eq!(agent.update(&grant, failure).await.code, 0);

@@ -215,6 +215,7 @@ async fn call_all(
                 .watch_task(req(
                     pb::WatchTaskRequest {
                         task_id: task_id.clone(),
+                        ..Default::default()
                     },
                     token,
                 ))

@@ -81,6 +81,7 @@ async fn what_the_server_accepts_every_runner_decodes(backend: Backend) {
         .await
         .watch_task(pb::WatchTaskRequest {
             task_id: done.task_id.clone(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -106,6 +107,7 @@ async fn what_the_server_accepts_every_runner_decodes(backend: Backend) {
                     retryable: false,
                     // The details object is level 1 of 8.
                     details: Some(json_to_struct(&json!({"x": nested(7)}))),
+                    ..Default::default()
                 }),
             }),
         )

@@ -170,7 +170,7 @@ class CapabilitySnapshot(_message.Message):
     def __init__(self, capabilities: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., provenance: _Optional[_Iterable[_Union[_capability_pb2.ProvenanceEntry, _Mapping]]] = ..., rejections: _Optional[_Iterable[_Union[_capability_pb2.Rejection, _Mapping]]] = ...) -> None: ...
 
 class LeaseUpdate(_message.Message):
-    __slots__ = ("lease_id", "task_id", "fencing_token", "accepted", "started", "progress", "succeeded", "failed", "released")
+    __slots__ = ("lease_id", "task_id", "fencing_token", "accepted", "started", "progress", "succeeded", "failed", "released", "output")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +180,7 @@ class LeaseUpdate(_message.Message):
     SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     task_id: str
     fencing_token: int
@@ -189,7 +190,26 @@ class LeaseUpdate(_message.Message):
     succeeded: LeaseSucceeded
     failed: LeaseFailed
     released: LeaseReleased
-    def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., accepted: _Optional[_Union[LeaseAccepted, _Mapping]] = ..., started: _Optional[_Union[LeaseStarted, _Mapping]] = ..., progress: _Optional[_Union[_task_pb2.TaskProgress, _Mapping]] = ..., succeeded: _Optional[_Union[LeaseSucceeded, _Mapping]] = ..., failed: _Optional[_Union[LeaseFailed, _Mapping]] = ..., released: _Optional[_Union[LeaseReleased, _Mapping]] = ...) -> None: ...
+    output: TaskOutput
+    def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., accepted: _Optional[_Union[LeaseAccepted, _Mapping]] = ..., started: _Optional[_Union[LeaseStarted, _Mapping]] = ..., progress: _Optional[_Union[_task_pb2.TaskProgress, _Mapping]] = ..., succeeded: _Optional[_Union[LeaseSucceeded, _Mapping]] = ..., failed: _Optional[_Union[LeaseFailed, _Mapping]] = ..., released: _Optional[_Union[LeaseReleased, _Mapping]] = ..., output: _Optional[_Union[TaskOutput, _Mapping]] = ...) -> None: ...
+
+class TaskOutput(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[OutputChunk]
+    def __init__(self, chunks: _Optional[_Iterable[_Union[OutputChunk, _Mapping]]] = ...) -> None: ...
+
+class OutputChunk(_message.Message):
+    __slots__ = ("stream", "sequence", "text", "dropped_bytes")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    stream: _task_pb2.OutputStream
+    sequence: int
+    text: str
+    dropped_bytes: int
+    def __init__(self, stream: _Optional[_Union[_task_pb2.OutputStream, str]] = ..., sequence: _Optional[int] = ..., text: _Optional[str] = ..., dropped_bytes: _Optional[int] = ...) -> None: ...
 
 class LeaseAccepted(_message.Message):
     __slots__ = ()

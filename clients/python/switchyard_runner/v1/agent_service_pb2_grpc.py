@@ -54,8 +54,9 @@ class AgentServiceStub(object):
     4. The server pushes LeaseGrant the moment a task and the agent meet. The
     agent acknowledges it with LeaseUpdate.accepted at once (a grant not
     acknowledged within a short window is revoked and re-matched), then
-    reports started, progress, and exactly one of succeeded, failed or
-    released (with a ReleaseCause: a task the agent cannot handle is not
+    reports started, progress, the handler's output as it is written
+    (TaskOutput: batches of lines of stdout, stderr and its log), and
+    exactly one of succeeded, failed or released (with a ReleaseCause: a task the agent cannot handle is not
     offered to it again until it changes; every release counts toward a
     per-task bound, past which the task FAILS), each carrying the lease's
     fencing token. A report with a
@@ -118,8 +119,9 @@ class AgentServiceServicer(object):
     4. The server pushes LeaseGrant the moment a task and the agent meet. The
     agent acknowledges it with LeaseUpdate.accepted at once (a grant not
     acknowledged within a short window is revoked and re-matched), then
-    reports started, progress, and exactly one of succeeded, failed or
-    released (with a ReleaseCause: a task the agent cannot handle is not
+    reports started, progress, the handler's output as it is written
+    (TaskOutput: batches of lines of stdout, stderr and its log), and
+    exactly one of succeeded, failed or released (with a ReleaseCause: a task the agent cannot handle is not
     offered to it again until it changes; every release counts toward a
     per-task bound, past which the task FAILS), each carrying the lease's
     fencing token. A report with a
@@ -202,8 +204,9 @@ class AgentService(object):
     4. The server pushes LeaseGrant the moment a task and the agent meet. The
     agent acknowledges it with LeaseUpdate.accepted at once (a grant not
     acknowledged within a short window is revoked and re-matched), then
-    reports started, progress, and exactly one of succeeded, failed or
-    released (with a ReleaseCause: a task the agent cannot handle is not
+    reports started, progress, the handler's output as it is written
+    (TaskOutput: batches of lines of stdout, stderr and its log), and
+    exactly one of succeeded, failed or released (with a ReleaseCause: a task the agent cannot handle is not
     offered to it again until it changes; every release counts toward a
     per-task bound, past which the task FAILS), each carrying the lease's
     fencing token. A report with a

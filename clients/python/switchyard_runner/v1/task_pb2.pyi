@@ -31,6 +31,13 @@ class QueuedReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     QUEUED_REASON_BACKOFF: _ClassVar[QueuedReason]
     QUEUED_REASON_CONCURRENCY_LIMIT: _ClassVar[QueuedReason]
 
+class OutputStream(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTPUT_STREAM_UNSPECIFIED: _ClassVar[OutputStream]
+    OUTPUT_STREAM_STDOUT: _ClassVar[OutputStream]
+    OUTPUT_STREAM_STDERR: _ClassVar[OutputStream]
+    OUTPUT_STREAM_LOG: _ClassVar[OutputStream]
+
 class LeaseState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LEASE_STATE_UNSPECIFIED: _ClassVar[LeaseState]
@@ -51,6 +58,10 @@ QUEUED_REASON_PARKED: QueuedReason
 QUEUED_REASON_WAITING_FOR_CAPACITY: QueuedReason
 QUEUED_REASON_BACKOFF: QueuedReason
 QUEUED_REASON_CONCURRENCY_LIMIT: QueuedReason
+OUTPUT_STREAM_UNSPECIFIED: OutputStream
+OUTPUT_STREAM_STDOUT: OutputStream
+OUTPUT_STREAM_STDERR: OutputStream
+OUTPUT_STREAM_LOG: OutputStream
 LEASE_STATE_UNSPECIFIED: LeaseState
 LEASE_STATE_GRANTED: LeaseState
 LEASE_STATE_ACTIVE: LeaseState
@@ -140,16 +151,38 @@ class RetryPolicy(_message.Message):
     def __init__(self, initial_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_backoff: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., multiplier: _Optional[float] = ..., jitter: _Optional[float] = ...) -> None: ...
 
 class TaskError(_message.Message):
-    __slots__ = ("message", "code", "retryable", "details")
+    __slots__ = ("message", "code", "retryable", "details", "output_tail")
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     RETRYABLE_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TAIL_FIELD_NUMBER: _ClassVar[int]
     message: str
     code: str
     retryable: bool
     details: _struct_pb2.Struct
-    def __init__(self, message: _Optional[str] = ..., code: _Optional[str] = ..., retryable: bool = ..., details: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    output_tail: str
+    def __init__(self, message: _Optional[str] = ..., code: _Optional[str] = ..., retryable: bool = ..., details: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., output_tail: _Optional[str] = ...) -> None: ...
+
+class TaskOutputChunk(_message.Message):
+    __slots__ = ("stream", "text", "lease_id", "fencing_token", "sequence", "offset", "dropped_bytes", "written_at")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_AT_FIELD_NUMBER: _ClassVar[int]
+    stream: OutputStream
+    text: str
+    lease_id: str
+    fencing_token: int
+    sequence: int
+    offset: int
+    dropped_bytes: int
+    written_at: _timestamp_pb2.Timestamp
+    def __init__(self, stream: _Optional[_Union[OutputStream, str]] = ..., text: _Optional[str] = ..., lease_id: _Optional[str] = ..., fencing_token: _Optional[int] = ..., sequence: _Optional[int] = ..., offset: _Optional[int] = ..., dropped_bytes: _Optional[int] = ..., written_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
     __slots__ = ("percent", "message", "reported_at")

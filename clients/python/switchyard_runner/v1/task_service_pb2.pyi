@@ -119,18 +119,24 @@ class CancelTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ...) -> None: ...
 
 class WatchTaskRequest(_message.Message):
-    __slots__ = ("task_id",)
+    __slots__ = ("task_id", "output", "output_offset")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     task_id: str
-    def __init__(self, task_id: _Optional[str] = ...) -> None: ...
+    output: bool
+    output_offset: int
+    def __init__(self, task_id: _Optional[str] = ..., output: bool = ..., output_offset: _Optional[int] = ...) -> None: ...
 
 class WatchTaskResponse(_message.Message):
-    __slots__ = ("event", "task")
+    __slots__ = ("event", "task", "output")
     EVENT_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
     event: _task_pb2.TaskEvent
     task: _task_pb2.Task
-    def __init__(self, event: _Optional[_Union[_task_pb2.TaskEvent, _Mapping]] = ..., task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ...) -> None: ...
+    output: _containers.RepeatedCompositeFieldContainer[_task_pb2.TaskOutputChunk]
+    def __init__(self, event: _Optional[_Union[_task_pb2.TaskEvent, _Mapping]] = ..., task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., output: _Optional[_Iterable[_Union[_task_pb2.TaskOutputChunk, _Mapping]]] = ...) -> None: ...
 
 class ExplainTaskRequest(_message.Message):
     __slots__ = ("task_id",)
@@ -165,3 +171,23 @@ class ListTaskEventsResponse(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[_task_pb2.TaskEvent]
     next_page_token: str
     def __init__(self, events: _Optional[_Iterable[_Union[_task_pb2.TaskEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ListTaskOutputRequest(_message.Message):
+    __slots__ = ("task_id", "page_size", "page_token", "fencing_token")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    page_size: int
+    page_token: str
+    fencing_token: int
+    def __init__(self, task_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., fencing_token: _Optional[int] = ...) -> None: ...
+
+class ListTaskOutputResponse(_message.Message):
+    __slots__ = ("chunks", "next_page_token")
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[_task_pb2.TaskOutputChunk]
+    next_page_token: str
+    def __init__(self, chunks: _Optional[_Iterable[_Union[_task_pb2.TaskOutputChunk, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -35,9 +35,11 @@ class TaskServiceStub(object):
     room gets a lease pushed down its stream; otherwise the task stays QUEUED,
     parked (no agent could run it) or waiting for capacity, until an agent
     appears, frees capacity or changes its capabilities. GetTask and ListTasks
-    read state; WatchTask streams every change until the task is terminal;
-    ExplainTask says why a task is where it is, agent by agent; CancelTask
-    stops it (at once when queued, through a revocation when leased).
+    read state; WatchTask streams every change until the task is terminal
+    (with `output`, the output its runners send too, live); ListTaskOutput
+    pages through that output; ExplainTask says why a task is where it is,
+    agent by agent; CancelTask stops it (at once when queued, through a
+    revocation when leased).
     """
 
     def __init__(self, channel):
@@ -81,6 +83,11 @@ class TaskServiceStub(object):
                 request_serializer=switchyard_dot_v1_dot_task__service__pb2.ListTaskEventsRequest.SerializeToString,
                 response_deserializer=switchyard_dot_v1_dot_task__service__pb2.ListTaskEventsResponse.FromString,
                 _registered_method=True)
+        self.ListTaskOutput = channel.unary_unary(
+                '/switchyard.v1.TaskService/ListTaskOutput',
+                request_serializer=switchyard_dot_v1_dot_task__service__pb2.ListTaskOutputRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_task__service__pb2.ListTaskOutputResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer(object):
@@ -93,9 +100,11 @@ class TaskServiceServicer(object):
     room gets a lease pushed down its stream; otherwise the task stays QUEUED,
     parked (no agent could run it) or waiting for capacity, until an agent
     appears, frees capacity or changes its capabilities. GetTask and ListTasks
-    read state; WatchTask streams every change until the task is terminal;
-    ExplainTask says why a task is where it is, agent by agent; CancelTask
-    stops it (at once when queued, through a revocation when leased).
+    read state; WatchTask streams every change until the task is terminal
+    (with `output`, the output its runners send too, live); ListTaskOutput
+    pages through that output; ExplainTask says why a task is where it is,
+    agent by agent; CancelTask stops it (at once when queued, through a
+    revocation when leased).
     """
 
     def SubmitTask(self, request, context):
@@ -128,7 +137,8 @@ class TaskServiceServicer(object):
 
     def WatchTask(self, request, context):
         """WatchTask streams the task's state changes: first the current state,
-        then each change, ending after a terminal state.
+        then each change, ending after a terminal state; with `output`, also
+        the task's output, stored and then live.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -143,6 +153,15 @@ class TaskServiceServicer(object):
 
     def ListTaskEvents(self, request, context):
         """ListTaskEvents pages through a task's append-only history.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTaskOutput(self, request, context):
+        """ListTaskOutput pages through the output a task's runners sent (stdout,
+        stderr and the handlers' logs), oldest first; WatchTask with `output`
+        follows it live.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -186,6 +205,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     request_deserializer=switchyard_dot_v1_dot_task__service__pb2.ListTaskEventsRequest.FromString,
                     response_serializer=switchyard_dot_v1_dot_task__service__pb2.ListTaskEventsResponse.SerializeToString,
             ),
+            'ListTaskOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTaskOutput,
+                    request_deserializer=switchyard_dot_v1_dot_task__service__pb2.ListTaskOutputRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_task__service__pb2.ListTaskOutputResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'switchyard.v1.TaskService', rpc_method_handlers)
@@ -204,9 +228,11 @@ class TaskService(object):
     room gets a lease pushed down its stream; otherwise the task stays QUEUED,
     parked (no agent could run it) or waiting for capacity, until an agent
     appears, frees capacity or changes its capabilities. GetTask and ListTasks
-    read state; WatchTask streams every change until the task is terminal;
-    ExplainTask says why a task is where it is, agent by agent; CancelTask
-    stops it (at once when queued, through a revocation when leased).
+    read state; WatchTask streams every change until the task is terminal
+    (with `output`, the output its runners send too, live); ListTaskOutput
+    pages through that output; ExplainTask says why a task is where it is,
+    agent by agent; CancelTask stops it (at once when queued, through a
+    revocation when leased).
     """
 
     @staticmethod
@@ -388,6 +414,33 @@ class TaskService(object):
             '/switchyard.v1.TaskService/ListTaskEvents',
             switchyard_dot_v1_dot_task__service__pb2.ListTaskEventsRequest.SerializeToString,
             switchyard_dot_v1_dot_task__service__pb2.ListTaskEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTaskOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.TaskService/ListTaskOutput',
+            switchyard_dot_v1_dot_task__service__pb2.ListTaskOutputRequest.SerializeToString,
+            switchyard_dot_v1_dot_task__service__pb2.ListTaskOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,5 +1,6 @@
-//! Lease reports: `accepted`, `started`, progress and the final report of
-//! each lease, validated (INVALID_ARGUMENT naming the field), applied in one
+//! Lease reports: `accepted`, `started`, progress, output and the final
+//! report of each lease, validated (INVALID_ARGUMENT naming the field;
+//! output cut to its bounds and scrubbed of secrets), applied in one
 //! group commit with other sessions' reports, and each acknowledged. A
 //! release that refuses the task (the agent cannot handle or decode it) is
 //! noted by the dispatcher, which offers the task to that agent no more. A slot
@@ -10,6 +11,7 @@
 //! message is cut and over-large details are dropped with a note.
 
 use serde_json::{Value, json};
+use switchyard_core::secrets;
 use switchyard_proto::v1 as pb;
 use tracing::warn;
 
@@ -17,7 +19,9 @@ use super::session::Session;
 use crate::api::convert::struct_to_json;
 use crate::api::{bounds, invalid, parse_id};
 use crate::error::Result;
-use crate::model::{CompletionOutcome, LeaseReport, ReleaseCause, ReportKind};
+use crate::model::output::{MAX_CHUNK_BYTES, MAX_CHUNKS_PER_REPORT};
+use crate::model::{CompletionOutcome, LeaseReport, OutputChunk, ReleaseCause, ReportKind};
+use crate::wire::output::stored_stream;
 
 impl Session {
     /// Applies lease reports and acknowledges each.
@@ -102,6 +106,7 @@ impl Session {
                     retryable: e.retryable,
                 })
             }
+            Some(Update::Output(o)) => ReportKind::Output(output(o)?),
             Some(Update::Released(r)) => ReportKind::Final(CompletionOutcome::Released {
                 cause: release_cause(r.cause),
                 reason: bounds::cut(&r.reason, bounds::MAX_REASON_BYTES),
@@ -136,6 +141,63 @@ impl Session {
         }
         Ok(ReportKind::Final(CompletionOutcome::Succeeded { result }))
     }
+}
+
+/// An output report's chunks, checked (INVALID_ARGUMENT naming the field
+/// that is wrong), each text cut to its last [`MAX_CHUNK_BYTES`] (what is
+/// cut counted as dropped before it) and scrubbed of secrets.
+fn output(report: pb::TaskOutput) -> Result<Vec<OutputChunk>> {
+    const FIELD: &str = "lease_update.output.chunks";
+    if report.chunks.is_empty() {
+        return Err(invalid(FIELD, "empty"));
+    }
+    if report.chunks.len() > MAX_CHUNKS_PER_REPORT {
+        return Err(invalid(
+            FIELD,
+            &format!("at most {MAX_CHUNKS_PER_REPORT} chunks per report"),
+        ));
+    }
+    let mut last = 0;
+    let mut chunks = Vec::with_capacity(report.chunks.len());
+    for (i, chunk) in report.chunks.into_iter().enumerate() {
+        let stream = pb::OutputStream::try_from(chunk.stream)
+            .ok()
+            .and_then(stored_stream)
+            .ok_or_else(|| {
+                invalid(
+                    &format!("{FIELD}[{i}].stream"),
+                    "must be stdout, stderr or log",
+                )
+            })?;
+        if chunk.sequence <= last {
+            return Err(invalid(
+                &format!("{FIELD}[{i}].sequence"),
+                "must be above 0 and above the chunk before it",
+            ));
+        }
+        last = chunk.sequence;
+        let (text, cut) = last_bytes(chunk.text, MAX_CHUNK_BYTES);
+        chunks.push(OutputChunk {
+            stream,
+            sequence: chunk.sequence,
+            text: secrets::redact_text(&text),
+            dropped_bytes: chunk.dropped_bytes.saturating_add(cut),
+        });
+    }
+    Ok(chunks)
+}
+
+/// The last `max` bytes of `text` (from a character boundary), and how many
+/// bytes went.
+fn last_bytes(text: String, max: usize) -> (String, u64) {
+    if text.len() <= max {
+        return (text, 0);
+    }
+    let mut from = text.len() - max;
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    (text[from..].to_owned(), from as u64)
 }
 
 /// A release's cause; unset or unknown (a newer agent) is OTHER.

@@ -12,11 +12,13 @@
 //! New pool connections are warmed before their first use.
 //!
 //! # Layout
-//! - `submit`, `grant`, `settle`, `heartbeat`: the set-based paths.
+//! - `submit`, `grant`, `settle`, `heartbeat`, `output`: the set-based
+//!   paths.
 //! - `warm`: connection warm-up.
 
 mod grant;
 mod heartbeat;
+mod output;
 mod settle;
 mod submit;
 mod warm;
@@ -105,6 +107,8 @@ impl Dialect for Postgres {
     const LOCK_NAMESPACE: Option<&'static str> = Some(
         "SELECT pg_advisory_xact_lock(hashtextextended('switchyard.running.' || $1::text, 0))",
     );
+    const TRY_LOCK_OUTPUT_TRIM: &'static str = "SELECT \
+        pg_try_advisory_xact_lock(hashtextextended('switchyard.output_trim', 0)) AS locked";
 }
 
 /// The database, the listener that hears every replica, and the notifier

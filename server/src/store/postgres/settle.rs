@@ -2,7 +2,8 @@
 //! order and written in one statement, and *whole fresh attempts*
 //! (`accepted`, `started` and a final report of a lease just granted,
 //! reported together as a quick task's agent does) written in one statement
-//! for the whole batch; the rest of a report batch goes row by row.
+//! for the whole batch; the rest of a report batch goes row by row. A
+//! batch's output is written first (`super::output`).
 
 use std::collections::HashMap;
 
@@ -18,7 +19,7 @@ use crate::model::{
 use crate::store::StoreOptions;
 use crate::store::plan::{CompletionPlan, SettledAttempt, db, plan_completion, plan_whole_attempt};
 use crate::store::sql::rows::{self, LEASE_COLUMNS};
-use crate::store::sql::{Write, reports};
+use crate::store::sql::{Write, output, reports};
 
 /// Every named lease (`$1`: lease ids).
 pub(super) const LEASES_WITH_OUTCOME: &str =
@@ -372,8 +373,9 @@ async fn write_completions(
 
 /// `LeaseStore::apply_reports` in `w`: every task of the batch locked in id
 /// order (the one-by-one path then finds its rows already held: one lock
-/// order for the batch), the whole fresh attempts applied in one statement,
-/// and the rest one by one.
+/// order for the batch), its output written (set-based, against the tasks
+/// as locked), the whole fresh attempts applied in one statement, and the
+/// rest one by one; a failed attempt's error takes its output's tail.
 pub(super) async fn apply_reports(
     w: &mut Write<Postgres>,
     reports: &[LeaseReport],
@@ -381,7 +383,19 @@ pub(super) async fn apply_reports(
     now_ms: i64,
 ) -> Result<Vec<Result<ReportApplied>>> {
     let mut results: Vec<Option<Result<ReportApplied>>> = reports.iter().map(|_| None).collect();
-    let whole = whole_attempts(w, reports, options, now_ms, &mut results).await?;
+    let task_ids: Vec<Uuid> = reports.iter().map(|r| r.task_id).collect();
+    let tasks = locked_tasks(
+        w,
+        WHOLE_ATTEMPT_TASKS,
+        &task_ids,
+        "locking tasks to apply reports",
+    )
+    .await?;
+    for (i, answer) in super::output::apply(w, reports, &tasks, &options.output, now_ms).await? {
+        results[i] = Some(answer);
+    }
+    let reports = output::with_failure_tails::<Postgres>(w.conn(), reports).await?;
+    let whole = whole_attempts(w, &reports, &tasks, options, now_ms, &mut results).await?;
     let rest: Vec<usize> = (0..reports.len())
         .filter(|&i| results[i].is_none())
         .collect();
@@ -409,7 +423,10 @@ pub(super) async fn apply_reports(
 fn whole_attempt_candidates(reports: &[LeaseReport]) -> Vec<[usize; 3]> {
     let mut by_task: HashMap<Uuid, Vec<usize>> = HashMap::new();
     for (i, r) in reports.iter().enumerate() {
-        by_task.entry(r.task_id).or_default().push(i);
+        // Output was written already, apart.
+        if !matches!(r.kind, ReportKind::Output(_)) {
+            by_task.entry(r.task_id).or_default().push(i);
+        }
     }
     by_task
         .values()
@@ -428,28 +445,22 @@ fn whole_attempt_candidates(reports: &[LeaseReport]) -> Vec<[usize; 3]> {
         .collect()
 }
 
-/// The set-based part of [`apply_reports`]: locks every task of the batch,
-/// and applies each *whole fresh attempt* (a task whose only reports are
-/// `accepted`, `started` and a final report of the lease it was just
-/// granted) in one statement for all of them. Fills those reports' results
-/// and returns how many attempts it applied; every other report is left
-/// `None` for the one-by-one path. Settling reads none of a task's
-/// documents: the records here hold nulls and no labels in their place.
+/// The set-based part of [`apply_reports`]: with every task of the batch
+/// locked (`tasks`), applies each *whole fresh attempt* (a task whose only
+/// reports but output are `accepted`, `started` and a final report of the
+/// lease it was just granted) in one statement for all of them. Fills those
+/// reports' results and returns how many attempts it applied; every other
+/// report is left `None` for the one-by-one path. Settling reads none of a
+/// task's documents: the records here hold nulls and no labels in their
+/// place.
 async fn whole_attempts(
     w: &mut Write<Postgres>,
     reports: &[LeaseReport],
+    tasks: &HashMap<Uuid, TaskRecord>,
     options: &StoreOptions,
     now_ms: i64,
     results: &mut [Option<Result<ReportApplied>>],
 ) -> Result<usize> {
-    let task_ids: Vec<Uuid> = reports.iter().map(|r| r.task_id).collect();
-    let tasks = locked_tasks(
-        w,
-        WHOLE_ATTEMPT_TASKS,
-        &task_ids,
-        "locking tasks to apply reports",
-    )
-    .await?;
     let candidates = whole_attempt_candidates(reports);
     if candidates.is_empty() {
         return Ok(0);

@@ -25,7 +25,9 @@
 //! - `rows`: column lists and decoding of records.
 //! - `tasks`, `leases`, `reports`, `agents`, `tokens`, `history`: the
 //!   shared SQL of each aggregate; `limits`: concurrency limits, checked
-//!   where grants are written; `fair`: fair share's ranks and clock.
+//!   where grants are written; `fair`: fair share's ranks and clock;
+//!   `output`: tasks' output, written with the lease reports, read in
+//!   pages, bounded per task and per namespace.
 
 pub(crate) mod agents;
 pub(crate) mod db;
@@ -33,6 +35,7 @@ pub(crate) mod fair;
 pub(crate) mod history;
 pub(crate) mod leases;
 pub(crate) mod limits;
+pub(crate) mod output;
 pub(crate) mod reports;
 pub(crate) mod rows;
 pub(crate) mod tasks;
@@ -48,12 +51,15 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use self::db::{BoxFuture, SqlDb, StatementExt};
-use super::{AgentStore, LeaseStore, ReportedDocument, Store, StoreOptions, TaskStore, TokenStore};
+use super::{
+    AgentStore, LeaseStore, OutputStore, ReportedDocument, Store, StoreOptions, TaskStore,
+    TokenStore,
+};
 use crate::error::Result;
 use crate::model::{
     AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
     GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, LimitUsage, Page, ParkedPlacement,
-    QueueCursor, ReportApplied, RevocationCause, StoreEvent, Submission, Submitted,
+    QueueCursor, ReportApplied, RevocationCause, StoreEvent, StoredChunk, Submission, Submitted,
     TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
 };
 
@@ -85,6 +91,9 @@ pub trait Dialect: SqlDb {
     /// Locks a namespace's limit of running tasks (namespace `$1`) for the
     /// rest of the transaction; `None` where one writer needs no lock.
     const LOCK_NAMESPACE: Option<&'static str>;
+    /// Takes the output trim's lock for the rest of the transaction if no
+    /// other transaction holds it: one row, `locked`, true if taken.
+    const TRY_LOCK_OUTPUT_TRIM: &'static str;
 }
 
 /// A write transaction and the events to announce once it commits.
@@ -195,7 +204,7 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
         options: &StoreOptions,
         now_ms: i64,
     ) -> Result<Vec<Result<ReportApplied>>> {
-        reports::apply_rows(w, reports, options, now_ms).await
+        reports::apply_all(w, reports, options, now_ms).await
     }
     /// Heartbeats inside `w` (see [`AgentStore::heartbeats`]).
     async fn heartbeats(
@@ -486,6 +495,45 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
     async fn failed_agents(&self, task_id: Uuid) -> Result<Vec<Uuid>> {
         self.read(|c, _| Box::pin(leases::failed_agents::<B::Db>(c, task_id)))
             .await
+    }
+}
+
+#[async_trait]
+impl<B: Backend> OutputStore for SqlStore<B> {
+    async fn task_output(
+        &self,
+        task_id: Uuid,
+        from_byte: u64,
+        fencing_token: Option<u64>,
+        limit: u32,
+    ) -> Result<Vec<StoredChunk>> {
+        self.read(|c, _| {
+            Box::pin(output::page::<B::Db>(
+                c,
+                task_id,
+                from_byte,
+                fencing_token,
+                limit,
+            ))
+        })
+        .await
+    }
+
+    async fn trim_output(&self) -> Result<u64> {
+        /// Namespaces trimmed in one sweep at most.
+        const STEPS: usize = 16;
+        let bounds = self.options.output;
+        let mut dropped = 0;
+        for _ in 0..STEPS {
+            let (step, over) = self
+                .write(|w, _| Box::pin(output::trim_step(w, &bounds)))
+                .await?;
+            dropped += step;
+            if !over {
+                break;
+            }
+        }
+        Ok(dropped)
     }
 }
 

@@ -1,6 +1,8 @@
 //! Lease reports, row by row (every report of a backend without a set-based
 //! way, and the reports such a backend leaves over): `accepted`, `started`,
-//! progress, and final reports that end the lease and settle the task. A
+//! progress, and final reports that end the lease and settle the task; a
+//! batch's output goes first (`output`), and a failed attempt's error takes
+//! the tail of its output. A
 //! whole fresh attempt reported at once (accepted, started, perhaps its end,
 //! as a quick task's agent sends them) is applied in one pass.
 
@@ -10,7 +12,7 @@ use uuid::Uuid;
 use super::db::{SqlDb, StatementExt, query};
 use super::history::{self, Entry};
 use super::tasks::{self, Settlement};
-use super::{Dialect, Write, leases};
+use super::{Dialect, Write, leases, output};
 use crate::error::{Error, Result};
 use crate::model::{
     Completion, CompletionOutcome, CompletionResult, LeaseRecord, LeaseReport, LeaseState,
@@ -337,12 +339,44 @@ async fn apply_one<DB: Dialect>(
         ReportKind::Accepted => accept(w, r, now_ms).await.map(|()| not_ended),
         ReportKind::Started => start(w, r, now_ms).await.map(|()| not_ended),
         ReportKind::Progress(value) => progress(w, r, value, now_ms).await.map(|()| not_ended),
+        // Written apart, before the rest of the batch (`apply_all`).
+        ReportKind::Output(_) => Ok(not_ended),
         ReportKind::Final(outcome) => complete_one(w, &r.completion(outcome), options, now_ms)
             .await
             .map(|c| ReportApplied {
                 ended: !c.duplicate,
             }),
     }
+}
+
+/// Lease reports of many sessions (see `LeaseStore::apply_reports`): the
+/// output reports first ([`output::apply_rows`]), then the rest row by row
+/// ([`apply_rows`]), a failed attempt's error carrying its output's tail.
+pub(crate) async fn apply_all<DB: Dialect>(
+    w: &mut Write<DB>,
+    reports: &[LeaseReport],
+    options: &StoreOptions,
+    now_ms: i64,
+) -> Result<Vec<Result<ReportApplied>>> {
+    let answers = output::apply_rows(w, reports, &options.output, now_ms).await?;
+    if answers.is_empty() {
+        let reports = output::with_failure_tails::<DB>(w.conn(), reports).await?;
+        return apply_rows(w, &reports, options, now_ms).await;
+    }
+    let mut results = InOrder::new(reports.len());
+    for (i, answer) in answers {
+        results.set(i, answer)?;
+    }
+    let rest: Vec<usize> = (0..reports.len())
+        .filter(|&i| results.0[i].is_none())
+        .collect();
+    let others: Vec<LeaseReport> = rest.iter().map(|&i| reports[i].clone()).collect();
+    let others = output::with_failure_tails::<DB>(w.conn(), &others).await?;
+    let applied = apply_rows(w, &others, options, now_ms).await?;
+    for (i, answer) in rest.into_iter().zip(applied) {
+        results.set(i, answer)?;
+    }
+    Ok(results.into_results("applying lease reports"))
 }
 
 /// Lease reports of many sessions row by row, in task id order (a stable

@@ -12,8 +12,8 @@ use super::db::{Cols, SqlDb};
 use crate::error::{Error, Result};
 use crate::model::{
     AgentRecord, AgentStatus, Deadlines, Fairness, LeaseEnd, LeaseRecord, LeaseState,
-    NameContention, RetryPolicy, Role, StoredName, TaskEventRecord, TaskRecord, TaskState,
-    TokenRecord,
+    NameContention, OutputStream, RetryPolicy, Role, StoredChunk, StoredName, TaskEventRecord,
+    TaskRecord, TaskState, TokenRecord,
 };
 use crate::store::plan::{to_u32, to_u64};
 use switchyard_core::resources::Claim;
@@ -45,6 +45,10 @@ pub(crate) const AGENT_COLUMNS: &str = "id, namespace, name, document, provenanc
 /// The columns that read a [`TaskEventRecord`].
 pub(crate) const EVENT_COLUMNS: &str =
     "task_id, sequence, kind, state, message, agent_id, lease_id, occurred_at_ms";
+
+/// The columns that read a [`StoredChunk`].
+pub(crate) const OUTPUT_COLUMNS: &str =
+    "task_id, at_byte, end_byte, lease_id, fencing_token, sequence, stream, text, written_at_ms";
 
 /// The columns that read a [`TokenRecord`].
 pub(crate) const TOKEN_COLUMNS: &str = "hash, name, namespace, role, created_at_ms, expires_at_ms, revoked_at_ms, last_used_at_ms, agent_names";
@@ -238,6 +242,23 @@ pub(crate) fn event<DB: SqlDb>(row: &DB::Row) -> Result<TaskEventRecord> {
         agent_id: cols.get("agent_id")?,
         lease_id: cols.get("lease_id")?,
         occurred_at_ms: cols.get("occurred_at_ms")?,
+    })
+}
+
+/// A piece of a task's output, from [`OUTPUT_COLUMNS`].
+pub(crate) fn chunk<DB: SqlDb>(row: &DB::Row) -> Result<StoredChunk> {
+    const CONTEXT: &str = "reading a task output row";
+    let cols = Cols::<DB>::new(row, CONTEXT);
+    Ok(StoredChunk {
+        task_id: cols.get("task_id")?,
+        lease_id: cols.get("lease_id")?,
+        fencing_token: to_u64(cols.get("fencing_token")?),
+        sequence: to_u64(cols.get("sequence")?),
+        stream: stored::<OutputStream>(&cols.get::<String>("stream")?, CONTEXT)?,
+        text: cols.get("text")?,
+        at_byte: to_u64(cols.get("at_byte")?),
+        end_byte: to_u64(cols.get("end_byte")?),
+        written_at_ms: cols.get("written_at_ms")?,
     })
 }
 

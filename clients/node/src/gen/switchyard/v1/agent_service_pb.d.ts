@@ -7,7 +7,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
 import type { CapabilityDiff, ProvenanceEntry, Rejection } from "./capability_pb.js";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import type { AgentStatus } from "./agent_pb.js";
-import type { Task, TaskError, TaskProgress } from "./task_pb.js";
+import type { OutputStream, Task, TaskError, TaskProgress } from "./task_pb.js";
 import type { AssignedResources } from "./placement_pb.js";
 
 /**
@@ -496,6 +496,18 @@ export declare type LeaseUpdate = Message<"switchyard.v1.LeaseUpdate"> & {
      */
     value: LeaseReleased;
     case: "released";
+  } | {
+    /**
+     * Output the handler wrote (standard output and error, its own log),
+     * sent while the lease is held and before its final report. Stored
+     * with the task, bounded, and redacted; a chunk the server already
+     * holds (resent after a reconnect) is acknowledged and not stored
+     * again. Refused, like every report, from a lease that is not held.
+     *
+     * @generated from field: switchyard.v1.TaskOutput output = 10;
+     */
+    value: TaskOutput;
+    case: "output";
   } | { case: undefined; value?: undefined };
 };
 
@@ -504,6 +516,74 @@ export declare type LeaseUpdate = Message<"switchyard.v1.LeaseUpdate"> & {
  * Use `create(LeaseUpdateSchema)` to create a new message.
  */
 export declare const LeaseUpdateSchema: GenMessage<LeaseUpdate>;
+
+/**
+ * TaskOutput is a batch of one lease's output, in the order it was written.
+ * A runner batches what a handler writes (lines, a few times a second) so
+ * that a chatty process does not become one message per line.
+ *
+ * @generated from message switchyard.v1.TaskOutput
+ */
+export declare type TaskOutput = Message<"switchyard.v1.TaskOutput"> & {
+  /**
+   * The chunks, their sequences increasing; at most 1,024 chunks.
+   *
+   * @generated from field: repeated switchyard.v1.OutputChunk chunks = 1;
+   */
+  chunks: OutputChunk[];
+};
+
+/**
+ * Describes the message switchyard.v1.TaskOutput.
+ * Use `create(TaskOutputSchema)` to create a new message.
+ */
+export declare const TaskOutputSchema: GenMessage<TaskOutput>;
+
+/**
+ * OutputChunk is a piece of a lease's output as the runner sends it.
+ *
+ * @generated from message switchyard.v1.OutputChunk
+ */
+export declare type OutputChunk = Message<"switchyard.v1.OutputChunk"> & {
+  /**
+   * Where it was written; required.
+   *
+   * @generated from field: switchyard.v1.OutputStream stream = 1;
+   */
+  stream: OutputStream;
+
+  /**
+   * Numbers the lease's chunks from 1, increasing (a gap is where the
+   * runner dropped a chunk it could not deliver); the server keeps a chunk
+   * only if its sequence is past the last it stored for the lease.
+   *
+   * @generated from field: uint64 sequence = 2;
+   */
+  sequence: bigint;
+
+  /**
+   * The text, whole lines where the runner could cut there (bytes that are
+   * not UTF-8 are replaced by U+FFFD). At most 64 KiB are kept: of a
+   * longer text the server keeps the end and counts the rest as dropped.
+   *
+   * @generated from field: string text = 3;
+   */
+  text: string;
+
+  /**
+   * Bytes of output the runner dropped just before this chunk (its bounds
+   * per task: a total, and a rate), so readers see where and how much.
+   *
+   * @generated from field: uint64 dropped_bytes = 4;
+   */
+  droppedBytes: bigint;
+};
+
+/**
+ * Describes the message switchyard.v1.OutputChunk.
+ * Use `create(OutputChunkSchema)` to create a new message.
+ */
+export declare const OutputChunkSchema: GenMessage<OutputChunk>;
 
 /**
  * LeaseAccepted acknowledges a grant.
@@ -1070,8 +1150,9 @@ export declare const RevocationReasonSchema: GenEnum<RevocationReason>;
  * 4. The server pushes LeaseGrant the moment a task and the agent meet. The
  *    agent acknowledges it with LeaseUpdate.accepted at once (a grant not
  *    acknowledged within a short window is revoked and re-matched), then
- *    reports started, progress, and exactly one of succeeded, failed or
- *    released (with a ReleaseCause: a task the agent cannot handle is not
+ *    reports started, progress, the handler's output as it is written
+ *    (TaskOutput: batches of lines of stdout, stderr and its log), and
+ *    exactly one of succeeded, failed or released (with a ReleaseCause: a task the agent cannot handle is not
  *    offered to it again until it changes; every release counts toward a
  *    per-task bound, past which the task FAILS), each carrying the lease's
  *    fencing token. A report with a

@@ -320,6 +320,15 @@ export declare type TaskError = Message<"switchyard.v1.TaskError"> & {
    * @generated from field: google.protobuf.Struct details = 4;
    */
   details?: JsonObject | undefined;
+
+  /**
+   * The attempt's last lines of output as the server stored them (at most
+   * 20 lines and 4 KiB, every stream interleaved as written), set by the
+   * server when the attempt failed; empty if it wrote none.
+   *
+   * @generated from field: string output_tail = 5;
+   */
+  outputTail: string;
 };
 
 /**
@@ -327,6 +336,86 @@ export declare type TaskError = Message<"switchyard.v1.TaskError"> & {
  * Use `create(TaskErrorSchema)` to create a new message.
  */
 export declare const TaskErrorSchema: GenMessage<TaskError>;
+
+/**
+ * TaskOutputChunk is a piece of a task's output as the server keeps it.
+ * A task's chunks are ordered by `offset`, attempt after attempt; the
+ * server keeps at most a bounded number of bytes per task and per
+ * namespace, dropping the oldest first, and says so on the chunk after a
+ * gap (`dropped_bytes`).
+ *
+ * @generated from message switchyard.v1.TaskOutputChunk
+ */
+export declare type TaskOutputChunk = Message<"switchyard.v1.TaskOutputChunk"> & {
+  /**
+   * Where it was written.
+   *
+   * @generated from field: switchyard.v1.OutputStream stream = 1;
+   */
+  stream: OutputStream;
+
+  /**
+   * The text, redacted of secrets by their shape (line by line, as the
+   * runner batched it).
+   *
+   * @generated from field: string text = 2;
+   */
+  text: string;
+
+  /**
+   * The lease (attempt) that wrote it.
+   *
+   * @generated from field: string lease_id = 3;
+   */
+  leaseId: string;
+
+  /**
+   * That lease's fencing token: one per grant of the task, increasing, so
+   * a change of token is a new attempt.
+   *
+   * @generated from field: uint64 fencing_token = 4;
+   */
+  fencingToken: bigint;
+
+  /**
+   * The runner's number of the chunk within its lease.
+   *
+   * @generated from field: uint64 sequence = 5;
+   */
+  sequence: bigint;
+
+  /**
+   * Where the chunk starts in the task's output: the bytes stored before
+   * it, from the first attempt on, dropped ones included. Reading on from
+   * `offset` plus the bytes of `text` (its UTF-8 length) continues after
+   * it.
+   *
+   * @generated from field: uint64 offset = 6;
+   */
+  offset: bigint;
+
+  /**
+   * Bytes of output dropped just before this chunk: by the runner (its
+   * bounds on what one task may send) or by the server (its bounds on what
+   * it keeps, the oldest first). A chunk with no text marks a drop alone.
+   *
+   * @generated from field: uint64 dropped_bytes = 7;
+   */
+  droppedBytes: bigint;
+
+  /**
+   * When the server stored it.
+   *
+   * @generated from field: google.protobuf.Timestamp written_at = 8;
+   */
+  writtenAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message switchyard.v1.TaskOutputChunk.
+ * Use `create(TaskOutputChunkSchema)` to create a new message.
+ */
+export declare const TaskOutputChunkSchema: GenMessage<TaskOutputChunk>;
 
 /**
  * TaskProgress is the latest progress a running agent reported.
@@ -608,6 +697,46 @@ export enum QueuedReason {
  * Describes the enum switchyard.v1.QueuedReason.
  */
 export declare const QueuedReasonSchema: GenEnum<QueuedReason>;
+
+/**
+ * OutputStream says where a piece of a task's output was written.
+ *
+ * @generated from enum switchyard.v1.OutputStream
+ */
+export enum OutputStream {
+  /**
+   * Not set.
+   *
+   * @generated from enum value: OUTPUT_STREAM_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The handler's (or its process's) standard output.
+   *
+   * @generated from enum value: OUTPUT_STREAM_STDOUT = 1;
+   */
+  STDOUT = 1,
+
+  /**
+   * Its standard error.
+   *
+   * @generated from enum value: OUTPUT_STREAM_STDERR = 2;
+   */
+  STDERR = 2,
+
+  /**
+   * The handler's own log: `ctx.log(...)`, Python's `logging`.
+   *
+   * @generated from enum value: OUTPUT_STREAM_LOG = 3;
+   */
+  LOG = 3,
+}
+
+/**
+ * Describes the enum switchyard.v1.OutputStream.
+ */
+export declare const OutputStreamSchema: GenEnum<OutputStream>;
 
 /**
  * LeaseState is where a lease is in its life.

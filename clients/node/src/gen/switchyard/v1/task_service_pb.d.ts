@@ -6,7 +6,7 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 import type { AgentVerdict, Placement } from "./placement_pb.js";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
-import type { RetryPolicy, Task, TaskEvent, TaskState } from "./task_pb.js";
+import type { RetryPolicy, Task, TaskEvent, TaskOutputChunk, TaskState } from "./task_pb.js";
 
 /**
  * Describes the file switchyard/v1/task_service.proto.
@@ -389,6 +389,24 @@ export declare type WatchTaskRequest = Message<"switchyard.v1.WatchTaskRequest">
    * @generated from field: string task_id = 1;
    */
   taskId: string;
+
+  /**
+   * Also stream the task's output: what is stored first, then each piece
+   * as the server stores it, until the task ends (its final state is sent
+   * after its last output).
+   *
+   * @generated from field: bool output = 2;
+   */
+  output: boolean;
+
+  /**
+   * With `output`: start at this offset of the task's output (0: from the
+   * beginning); a chunk's `offset` plus its text's UTF-8 length resumes
+   * after it, so a watch that broke off continues without repeating.
+   *
+   * @generated from field: uint64 output_offset = 3;
+   */
+  outputOffset: bigint;
 };
 
 /**
@@ -398,13 +416,15 @@ export declare type WatchTaskRequest = Message<"switchyard.v1.WatchTaskRequest">
 export declare const WatchTaskRequestSchema: GenMessage<WatchTaskRequest>;
 
 /**
- * WatchTaskResponse is one state change.
+ * WatchTaskResponse is one state change, or (with `output`) a piece of the
+ * task's output.
  *
  * @generated from message switchyard.v1.WatchTaskResponse
  */
 export declare type WatchTaskResponse = Message<"switchyard.v1.WatchTaskResponse"> & {
   /**
-   * The event that changed the task.
+   * The event that changed the task; unset on a message that carries only
+   * output, or the task alone.
    *
    * @generated from field: switchyard.v1.TaskEvent event = 1;
    */
@@ -414,11 +434,19 @@ export declare type WatchTaskResponse = Message<"switchyard.v1.WatchTaskResponse
    * The task as of the event: its state is the event's; the result, error,
    * progress and queued reason are set only on the latest event, which
    * carries the task as it is (a history replayed to a late watcher shows
-   * each step, not the end repeated).
+   * each step, not the end repeated). Unset on a message that carries only
+   * output.
    *
    * @generated from field: switchyard.v1.Task task = 2;
    */
   task?: Task | undefined;
+
+  /**
+   * With `output`: output stored since the last message, in order.
+   *
+   * @generated from field: repeated switchyard.v1.TaskOutputChunk output = 3;
+   */
+  output: TaskOutputChunk[];
 };
 
 /**
@@ -544,6 +572,77 @@ export declare type ListTaskEventsResponse = Message<"switchyard.v1.ListTaskEven
 export declare const ListTaskEventsResponseSchema: GenMessage<ListTaskEventsResponse>;
 
 /**
+ * ListTaskOutputRequest names a task and a page of its output.
+ *
+ * @generated from message switchyard.v1.ListTaskOutputRequest
+ */
+export declare type ListTaskOutputRequest = Message<"switchyard.v1.ListTaskOutputRequest"> & {
+  /**
+   * The task's id.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * At most this many chunks (default 100, max 1000); a page also stops
+   * short of 1 MiB.
+   *
+   * @generated from field: int32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * The `next_page_token` of the previous page.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+
+  /**
+   * Only the output of the lease with this fencing token (one attempt);
+   * 0: every attempt's.
+   *
+   * @generated from field: uint64 fencing_token = 4;
+   */
+  fencingToken: bigint;
+};
+
+/**
+ * Describes the message switchyard.v1.ListTaskOutputRequest.
+ * Use `create(ListTaskOutputRequestSchema)` to create a new message.
+ */
+export declare const ListTaskOutputRequestSchema: GenMessage<ListTaskOutputRequest>;
+
+/**
+ * ListTaskOutputResponse is one page of a task's output.
+ *
+ * @generated from message switchyard.v1.ListTaskOutputResponse
+ */
+export declare type ListTaskOutputResponse = Message<"switchyard.v1.ListTaskOutputResponse"> & {
+  /**
+   * The chunks, oldest first.
+   *
+   * @generated from field: repeated switchyard.v1.TaskOutputChunk chunks = 1;
+   */
+  chunks: TaskOutputChunk[];
+
+  /**
+   * Pass as `page_token` for the next page; empty on the last page (of a
+   * task still running, more may come: WatchTask follows it).
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message switchyard.v1.ListTaskOutputResponse.
+ * Use `create(ListTaskOutputResponseSchema)` to create a new message.
+ */
+export declare const ListTaskOutputResponseSchema: GenMessage<ListTaskOutputResponse>;
+
+/**
  * TaskService is what submitters and operators call to put work in and
  * follow it. Authenticated with a submitter or operator token; every call
  * sees only the token's namespace.
@@ -553,9 +652,11 @@ export declare const ListTaskEventsResponseSchema: GenMessage<ListTaskEventsResp
  * room gets a lease pushed down its stream; otherwise the task stays QUEUED,
  * parked (no agent could run it) or waiting for capacity, until an agent
  * appears, frees capacity or changes its capabilities. GetTask and ListTasks
- * read state; WatchTask streams every change until the task is terminal;
- * ExplainTask says why a task is where it is, agent by agent; CancelTask
- * stops it (at once when queued, through a revocation when leased).
+ * read state; WatchTask streams every change until the task is terminal
+ * (with `output`, the output its runners send too, live); ListTaskOutput
+ * pages through that output; ExplainTask says why a task is where it is,
+ * agent by agent; CancelTask stops it (at once when queued, through a
+ * revocation when leased).
  *
  * @generated from service switchyard.v1.TaskService
  */
@@ -602,7 +703,8 @@ export declare const TaskService: GenService<{
   },
   /**
    * WatchTask streams the task's state changes: first the current state,
-   * then each change, ending after a terminal state.
+   * then each change, ending after a terminal state; with `output`, also
+   * the task's output, stored and then live.
    *
    * @generated from rpc switchyard.v1.TaskService.WatchTask
    */
@@ -630,6 +732,18 @@ export declare const TaskService: GenService<{
     methodKind: "unary";
     input: typeof ListTaskEventsRequestSchema;
     output: typeof ListTaskEventsResponseSchema;
+  },
+  /**
+   * ListTaskOutput pages through the output a task's runners sent (stdout,
+   * stderr and the handlers' logs), oldest first; WatchTask with `output`
+   * follows it live.
+   *
+   * @generated from rpc switchyard.v1.TaskService.ListTaskOutput
+   */
+  listTaskOutput: {
+    methodKind: "unary";
+    input: typeof ListTaskOutputRequestSchema;
+    output: typeof ListTaskOutputResponseSchema;
   },
 }>;
 

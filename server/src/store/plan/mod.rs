@@ -3,6 +3,10 @@
 //! (`plan_completion`), whether a report comes from the lease's holder
 //! (`check_holder`), and the small conversions the rows need. Both
 //! backends, row by row or set-based, decide through these, so they agree.
+//!
+//! [`output`] holds the decisions about a task's output.
+
+pub(crate) mod output;
 
 use std::collections::{HashMap, HashSet};
 
