@@ -44,6 +44,7 @@ from switchyard_runner.core.pack import (
     resolve_params,
     unhealthy_reasons,
 )
+from switchyard_runner.output import LOG
 
 Handler = Callable[["TaskContext"], Union[Awaitable[Any], Any]]
 """A task handler: ``async def handle(task: TaskContext) -> dict``."""
@@ -168,11 +169,22 @@ class TaskContext:
     """Set when the server revokes the lease or the runner gives up on it (the handler's asyncio
     task is also cancelled; a threaded handler should poll this)."""
     _progress: Callable[[float, str], None] | None = None
+    _output: Any = None
 
     def progress(self, percent: float, message: str = "") -> None:
         """Reports progress (0 to 100, negative if unknown) to the server; best effort."""
         if self._progress is not None:
             self._progress(percent, message)
+
+    def log(self, message: str, *args: Any) -> None:
+        """A line of the handler's own log (the task's ``log`` output stream), kept with the task
+        and followed live by ``switchyard logs -f``; ``args`` are ``%``-formatted into ``message``
+        as ``logging`` does. ``print`` and ``logging`` in the handler reach the task too (see
+        :mod:`switchyard_runner.output`)."""
+        if self._output is None:
+            return
+        text = message % args if args else str(message)
+        self._output.write(LOG, text if text.endswith("\n") else text + "\n")
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ capability document, run what it is leased, and report (the Rust agent's ``sessi
 The session flow is the one ``AgentService``'s comment describes. Each session registers, sends
 Hello (with the leases still held, so running handlers keep running across a reconnect), then
 one loop handles everything from one inbox: server messages, heartbeat ticks, handler outcomes,
-progress, and shutdown. When the stream breaks the runner reconnects with jittered exponential
-backoff and re-sends final reports not yet acknowledged (the server takes a repeated final report
-idempotently). ``stop()`` (SIGTERM under :meth:`Runner.run_forever`) drains: a DRAINING heartbeat,
+progress, output, and shutdown. When the stream breaks the runner reconnects with jittered exponential
+backoff and re-sends output and final reports not yet acknowledged (the server skips output it
+stored and takes a repeated final report idempotently). What a handler writes (``ctx.log``,
+``print``, ``logging``) goes up as it is written, batched and bounded, before the lease's final
+report (see :mod:`switchyard_runner.output`). ``stop()`` (SIGTERM under :meth:`Runner.run_forever`) drains: a DRAINING heartbeat,
 new grants are released, running handlers get the grace period to finish, the rest are
 cancelled and released, and :meth:`Runner.run` returns.
 
@@ -24,6 +26,7 @@ REVOCATION_ACKNOWLEDGED after the server revoked a lease to cancel it, and a han
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import inspect
 import logging
@@ -46,6 +49,7 @@ from switchyard_runner.core.json_util import json_equal
 from switchyard_runner.core.pack import Advertised, PackRejection
 from switchyard_runner.handlers import Handler, HandlerPack, Handlers, Release, ReleaseCause, Resources, TaskContext, TaskFailure
 from switchyard_runner.identity import RUNNER, agent_dir, default_agent_name
+from switchyard_runner.output import OutputBuffer, OutputLimits, current_output, install_capture
 from switchyard_runner.v1 import agent_pb2, agent_service_pb2 as pb, agent_service_pb2_grpc, capability_pb2, task_pb2
 
 log = logging.getLogger(__name__)
@@ -95,6 +99,9 @@ class RunnerConfig:
     """Longest reconnect delay in seconds."""
     params: Callable[[str], str | None] = field(default=os.environ.get, repr=False)
     """Looks up pack parameter values by name (default: the environment). Values are never sent."""
+    output: OutputLimits = field(default_factory=OutputLimits)
+    """How much of each task's output (``ctx.log``, ``print``, ``logging``) is sent, and how it is
+    batched; ``SWITCHYARD_OUTPUT_MAX_BYTES`` and ``SWITCHYARD_OUTPUT_BYTES_PER_SEC`` set the bounds."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> RunnerConfig:
@@ -118,6 +125,13 @@ class RunnerConfig:
             "script_timeout": float(env("SWITCHYARD_SCRIPT_TIMEOUT_SECS", config.script_timeout)),
             "grace_period": float(env("SWITCHYARD_GRACE_SECS", config.grace_period)),
         }
+        rate = int(env("SWITCHYARD_OUTPUT_BYTES_PER_SEC", config.output.bytes_per_sec))
+        values["output"] = replace(
+            config.output,
+            max_bytes=int(env("SWITCHYARD_OUTPUT_MAX_BYTES", config.output.max_bytes)),
+            bytes_per_sec=max(1, rate),
+            burst_bytes=max(1, rate),
+        )
         values.update(overrides)
         return replace(config, **values)
 
@@ -175,6 +189,12 @@ class Runner:
         """Set while a session is welcomed; cleared when it ends."""
         self._running: dict[str, _Running] = {}
         self._unacked_finals: dict[str, pb.LeaseUpdate] = {}
+        # Output reports not yet acknowledged, oldest first, by a number of their own: resent after
+        # a reconnect, before the finals (the server skips what it stored already).
+        self._unacked_output: collections.OrderedDict[int, pb.LeaseUpdate] = collections.OrderedDict()
+        self._unacked_output_bytes = 0
+        self._next_output = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: asyncio.Queue | None = None
         self._session_id = 0
         self._draining = False
@@ -270,6 +290,8 @@ class Runner:
 
     async def run(self) -> None:
         """Runs the runner until :meth:`stop` and the drain finish."""
+        self._loop = asyncio.get_running_loop()
+        install_capture()
         self._inbox = asyncio.Queue()
         self._wake = asyncio.Event()
         self._update_provides()
@@ -326,8 +348,30 @@ class Runner:
         await asyncio.wait_for(self.connected.wait(), timeout)
 
     def _post(self, event: tuple) -> None:
-        if self._inbox is not None:
-            self._inbox.put_nowait(event)
+        """Queues ``event`` for the session loop, from any thread; events keep their order (a
+        lease's output before its final report)."""
+        inbox, loop = self._inbox, self._loop
+        if inbox is None or loop is None:
+            return
+        try:
+            loop.call_soon_threadsafe(inbox.put_nowait, event)
+        except RuntimeError:  # the loop is closed: the runner is gone
+            pass
+
+    def _keep_output(self, update: pb.LeaseUpdate) -> int:
+        """Keeps an output report until it is acknowledged (the oldest go past 16 MiB); its number."""
+        self._next_output += 1
+        self._unacked_output[self._next_output] = update
+        self._unacked_output_bytes += _output_bytes(update)
+        while self._unacked_output_bytes > _UNACKED_OUTPUT_BYTES and self._unacked_output:
+            _, oldest = self._unacked_output.popitem(last=False)
+            self._unacked_output_bytes -= _output_bytes(oldest)
+        return self._next_output
+
+    def _output_acknowledged(self, number: int) -> None:
+        update = self._unacked_output.pop(number, None)
+        if update is not None:
+            self._unacked_output_bytes -= _output_bytes(update)
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -469,7 +513,11 @@ class Runner:
             log.info("registered as %s (epoch %d)", reg.agent_id, reg.session_epoch)
 
             final_seqs: dict[int, str] = {}
+            output_seqs: dict[int, int] = {}
             sent_finals: set[str] = set()
+            # Output first: a lease's output comes before its final report.
+            for number, update in list(self._unacked_output.items()):
+                output_seqs[send(lease_update=update)] = number
             for lease_id, update in list(self._unacked_finals.items()):
                 final_seqs[send(lease_update=update)] = lease_id
                 sent_finals.add(lease_id)
@@ -508,6 +556,11 @@ class Runner:
                                 generation = ack.capability_generation
                                 sent_doc = pending_doc[1]
                             pending_doc = None
+                        number = output_seqs.pop(ack.sequence, None)
+                        if number is not None:
+                            if ack.code != 0:
+                                log.debug("output refused (%d): %s", ack.code, ack.message)
+                            self._output_acknowledged(number)
                         lease_id = final_seqs.pop(ack.sequence, None)
                         if lease_id is not None:
                             if ack.code != 0:
@@ -566,6 +619,15 @@ class Runner:
                                 progress=task_pb2.TaskProgress(percent=percent, message=text),
                             )
                         )
+                elif what == "output":
+                    lease_id, task_id, fencing_token, chunks = event[2:]
+                    update = pb.LeaseUpdate(
+                        lease_id=lease_id,
+                        task_id=task_id,
+                        fencing_token=fencing_token,
+                        output=pb.TaskOutput(chunks=chunks),
+                    )
+                    output_seqs[send(lease_update=update)] = self._keep_output(update)
                 elif what == "final":
                     lease_id = event[2]
                     update = self._unacked_finals.get(lease_id)
@@ -657,6 +719,8 @@ class Runner:
     def _context(self, grant: pb.LeaseGrant) -> TaskContext:
         """The handler's view of a grant; raises if the task cannot be decoded."""
         task, lease_id = grant.task, grant.lease_id
+        ids = (lease_id, task.task_id, grant.fencing_token)
+        output = OutputBuffer(self.config.output, lambda chunks: self._post(("output", None, *ids, chunks)))
         return TaskContext(
             task_id=task.task_id,
             kind=task.kind,
@@ -666,6 +730,7 @@ class Runner:
             task=task,
             resources=Resources.of(grant.resources if grant.HasField("resources") else None),
             _progress=lambda percent, text: self._post(("progress", None, lease_id, float(percent), text)),
+            _output=output,
         )
 
     def _revoke(self, revocation: pb.LeaseRevocation) -> None:
@@ -688,6 +753,11 @@ class Runner:
 
     async def _work(self, lease_id: str, running: _Running, handler: Handler | None) -> None:
         outcome: tuple[str, Any]
+        output: OutputBuffer = running.context._output
+        # This task's context: print and logging in the handler (and in threads and tasks it
+        # starts) reach its output.
+        current_output.set(output)
+        flusher = asyncio.create_task(self._flush_output(output))
         try:
             if handler is None:
                 raise TaskFailure(f"no handler for kind {running.context.kind}")
@@ -707,7 +777,15 @@ class Runner:
         except Exception as err:  # a handler's exception is a failed attempt, never a crash
             log.info("handler for %s raised %s", lease_id, type(err).__name__, exc_info=True)
             outcome = ("failed", TaskFailure(str(err) or type(err).__name__, code="handler_error", retryable=True))
+        flusher.cancel()
+        # The last of the output goes before the final report.
+        output.flush(last=True)
         self._finish(lease_id, running, outcome)
+
+    @staticmethod
+    async def _flush_output(output: OutputBuffer) -> None:
+        while output.flush():
+            await asyncio.sleep(output.limits.flush_every)
 
     def _finish(self, lease_id: str, running: _Running, outcome: tuple[str, Any]) -> None:
         if self._running.get(lease_id) is not running:
@@ -736,6 +814,14 @@ class Runner:
             update = _failed(ids, value)
         self._unacked_finals[lease_id] = update
         self._post(("final", None, lease_id))
+
+
+_UNACKED_OUTPUT_BYTES = 16 * 1024 * 1024
+"""The most bytes of output kept for resending after a reconnect."""
+
+
+def _output_bytes(update: pb.LeaseUpdate) -> int:
+    return sum(len(c.text) for c in update.output.chunks)
 
 
 def _released(cause: ReleaseCause, reason: str) -> pb.LeaseReleased:

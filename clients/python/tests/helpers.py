@@ -151,6 +151,19 @@ class Client:
             if not token:
                 return events
 
+    async def output(self, task_id: str) -> list[task_pb2.TaskOutputChunk]:
+        """The task's output, oldest first (ListTaskOutput, every page)."""
+        chunks: list[task_pb2.TaskOutputChunk] = []
+        token = ""
+        while True:
+            reply = await self.tasks.ListTaskOutput(
+                task_service_pb2.ListTaskOutputRequest(task_id=task_id, page_token=token), timeout=5
+            )
+            chunks.extend(reply.chunks)
+            token = reply.next_page_token
+            if not token:
+                return chunks
+
     async def leased_to(self, task_id: str) -> list[str]:
         """The agent of every grant of the task (its ``leased`` events), oldest first."""
         return [e.agent_id for e in await self.history(task_id) if e.kind == "leased"]

@@ -251,3 +251,39 @@ async def test_stop_drains_running_handlers(server_address: str, client: Client)
     await asyncio.wait_for(job, 10)
     done = await client.wait_for(task.task_id, SUCCEEDED)
     assert done.result["finished"] is True
+
+
+async def test_print_logging_and_ctx_log_are_the_tasks_output(server_address: str, client: Client) -> None:
+    import logging
+    import sys
+
+    runner = make_runner(server_address)
+
+    @runner.handler("chatty")
+    async def chatty(task: TaskContext) -> dict:
+        print("hello from print")
+        print("a warning on stderr", file=sys.stderr)
+        logging.getLogger("app").warning("careful: %s", "disk almost full")
+        task.log("step %d of %d done", 1, 2)
+        return {}
+
+    @runner.handler("threaded")
+    def threaded(task: TaskContext) -> dict:  # a plain function runs in a thread
+        for n in range(1, 26):
+            print(f"thread line {n}")
+        raise RuntimeError("boom")
+
+    async with running(runner):
+        task = await client.submit("chatty")
+        await client.wait_for(task.task_id, SUCCEEDED)
+        seen = [(c.stream, c.text) for c in await client.output(task.task_id)]
+        assert seen == [
+            (task_pb2.OUTPUT_STREAM_STDOUT, "hello from print\n"),
+            (task_pb2.OUTPUT_STREAM_STDERR, "a warning on stderr\n"),
+            (task_pb2.OUTPUT_STREAM_LOG, "WARNING app: careful: disk almost full\nstep 1 of 2 done\n"),
+        ]
+        failing = await client.submit("threaded", max_attempts=1)
+        failed = await client.wait_for(failing.task_id, (task_pb2.TASK_STATE_FAILED,))
+        assert failed.error.output_tail.splitlines() == [f"thread line {n}" for n in range(6, 26)]
+        text = "".join(c.text for c in await client.output(failing.task_id))
+        assert text == "".join(f"thread line {n}\n" for n in range(1, 26))
