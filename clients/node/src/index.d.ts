@@ -68,6 +68,8 @@ export interface RunnerOptions {
   backoff?: { initialMs?: number; maxMs?: number };
   /** Where the runner logs; default warnings and errors to stderr. */
   logger?: Logger;
+  /** How much of each task's output is sent, and how it is batched. */
+  output?: OutputLimits;
 }
 
 export interface Logger {
@@ -100,7 +102,33 @@ export interface TaskContext {
   progress(percent: number, message?: string): void;
   /** What the lease holds: pass `resources.env()` to a process the handler starts. */
   resources: AssignedResources;
-  log: Logger;
+  /**
+   * The handler's own log, kept with the task (its `log` output stream) and followed live by
+   * `switchyard logs -f`: `ctx.log("step %d done", 1)`, or `ctx.log.info(...)` and the other
+   * levels, which prefix the level. `console` output in the handler reaches the task too.
+   */
+  log: TaskLog;
+}
+
+/** `ctx.log`: one line of the task's log per call (`util.format` of the arguments). */
+export interface TaskLog extends Logger {
+  (...args: unknown[]): void;
+}
+
+/** How much of each task's output the runner sends, and how it batches it. */
+export interface OutputLimits {
+  /** Most bytes sent per task (the tail sent at its end aside); default 8 MiB or `$SWITCHYARD_OUTPUT_MAX_BYTES`. */
+  maxBytes?: number;
+  /** Bytes per second sent per task, on average; default 1 MiB or `$SWITCHYARD_OUTPUT_BYTES_PER_SEC`. */
+  bytesPerSec?: number;
+  /** Bytes a task may send at once before the rate holds it back; default a second's worth. */
+  burstBytes?: number;
+  /** The newest output kept while over a bound; default 64 KiB. */
+  tailBytes?: number;
+  /** How often pending output is sent; default 250 ms. */
+  flushEveryMs?: number;
+  /** Pending output that is sent at once; default 64 KiB. */
+  batchBytes?: number;
 }
 
 /** What a lease holds on the runner: its slots and, for a task with a resource request, the amounts and the GPUs assigned to it alone. */

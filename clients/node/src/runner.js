@@ -11,8 +11,10 @@
 // REVOCATION_ACKNOWLEDGED; a handler may hand its task back by throwing `Release`. Every release
 // counts toward the server's per-task bound. When the stream breaks it reconnects with jittered
 // exponential backoff and resumes the leases it still holds (running handlers keep running);
-// final reports not yet acknowledged are sent again. `stop()` (and SIGTERM) drains: a DRAINING
-// heartbeat, nothing new accepted, running handlers get a grace period, the rest are released.
+// output and final reports not yet acknowledged are sent again. `stop()` (and SIGTERM) drains: a
+// DRAINING heartbeat, nothing new accepted, running handlers get a grace period, the rest are
+// released. What a handler writes (`ctx.log`, `console`) goes up as it is written, batched and
+// bounded, before its lease's final report (`output.js`).
 import { EventEmitter } from "node:events";
 import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
@@ -25,6 +27,7 @@ import { AgentStatus } from "./gen/switchyard/v1/agent_pb.js";
 import { PatchOp, Tier } from "./gen/switchyard/v1/capability_pb.js";
 import { Capabilities } from "./capabilities.js";
 import { agentDir, defaultAgentName, RUNNER } from "./identity.js";
+import { currentOutput, DEFAULT_OUTPUT_LIMITS, installCapture, OutputBuffer, taskLog } from "./output.js";
 import {
   advertise,
   clone,
@@ -161,6 +164,14 @@ export function assignedResources(assigned) {
   return Object.freeze(r);
 }
 
+/** The most bytes of output kept for re-sending after a reconnect. */
+const UNACKED_OUTPUT_BYTES = 16 * 1024 * 1024;
+
+/** The bytes of text an output report carries. */
+function outputBytes(report) {
+  return report.update.value.chunks.reduce((n, c) => n + Buffer.byteLength(c.text, "utf8"), 0);
+}
+
 function sleep(ms, signal) {
   return new Promise((resolveSleep) => {
     if (signal?.aborted) return resolveSleep();
@@ -233,6 +244,15 @@ export class Runner extends EventEmitter {
     this.certFile = o.certFile ?? process.env.SWITCHYARD_TLS_CERT;
     this.keyFile = o.keyFile ?? process.env.SWITCHYARD_TLS_KEY;
     this.graceMs = o.graceMs ?? 30_000;
+    /** How much of each task's output (`ctx.log`, `console`) is sent, and how it is batched. */
+    const rate = Number(process.env.SWITCHYARD_OUTPUT_BYTES_PER_SEC ?? DEFAULT_OUTPUT_LIMITS.bytesPerSec);
+    this.outputLimits = {
+      ...DEFAULT_OUTPUT_LIMITS,
+      maxBytes: Number(process.env.SWITCHYARD_OUTPUT_MAX_BYTES ?? DEFAULT_OUTPUT_LIMITS.maxBytes),
+      bytesPerSec: Math.max(1, rate),
+      burstBytes: Math.max(1, rate),
+      ...(o.output ?? {}),
+    };
     this.refreshMs = o.refreshMs ?? 30_000;
     this.backoff = { initialMs: 250, maxMs: 30_000, ...(o.backoff ?? {}) };
     this.log = o.logger ?? quietLogger;
@@ -258,6 +278,11 @@ export class Runner extends EventEmitter {
     this.running = new Map();
     /** Final reports not yet acknowledged, by lease id (re-sent after a reconnect). */
     this.unackedFinals = new Map();
+    /**
+     * Output reports not yet acknowledged, oldest first, by a number of their own: re-sent after a
+     * reconnect, before the finals (the server skips what it stored already).
+     */
+    this.unackedOutput = new Map();
     /** True once stop() began: take nothing new. */
     this.draining = false;
     /** The agent id the server gave us. */
@@ -287,6 +312,8 @@ export class Runner extends EventEmitter {
   #graceTimer = null;
   #hardDeadline = 0;
   #refreshing = Promise.resolve(false);
+  #nextOutput = 0;
+  #unackedOutputBytes = 0;
 
   /**
    * Registers a handler for one task kind (a pack of its own whose id is the kind). With
@@ -402,6 +429,7 @@ export class Runner extends EventEmitter {
       process.on("SIGTERM", onSignal);
       process.on("SIGINT", onSignal);
     }
+    installCapture();
     await this.capabilities();
     const refresher = setInterval(() => void this.refreshCapabilities().catch(() => {}), this.refreshMs);
     refresher.unref();
@@ -468,6 +496,8 @@ export class Runner extends EventEmitter {
 
   #releaseAll(reason) {
     for (const [leaseId, r] of this.running) {
+      clearInterval(r.flusher);
+      r.output.flush(true);
       r.abort.abort(new Error(reason));
       this.running.delete(leaseId);
       this.#final(leaseId, r, released(ReleaseCause.DRAINING, reason));
@@ -544,6 +574,8 @@ export class Runner extends EventEmitter {
       sentKinds: [],
       /** Final reports in flight: sequence → lease id. */
       finalSeqs: new Map(),
+      /** Output reports in flight: sequence → their number. */
+      outputSeqs: new Map(),
       finish: () => {},
       send: (message) => {
         s.sequence += 1n;
@@ -588,7 +620,11 @@ export class Runner extends EventEmitter {
       });
       const stream = client.connect(outbox, { headers: this.#headers(), signal: abort.signal });
       this.#session = s;
-      // Re-send final reports the previous session did not see acknowledged.
+      // Re-send output and final reports the previous session did not see acknowledged: output
+      // first, as a lease's output comes before its final report.
+      for (const [number, report] of this.unackedOutput) {
+        s.outputSeqs.set(s.send({ case: "leaseUpdate", value: report }), number);
+      }
       for (const [leaseId, update] of this.unackedFinals) {
         s.finalSeqs.set(s.send({ case: "leaseUpdate", value: update }), leaseId);
       }
@@ -713,6 +749,12 @@ export class Runner extends EventEmitter {
           }
           s.pendingDoc = null;
         }
+        const number = s.outputSeqs.get(ack.sequence);
+        if (number !== undefined) {
+          s.outputSeqs.delete(ack.sequence);
+          if (ack.code !== 0) this.log.debug(`output refused (${ack.code}: ${ack.message})`);
+          this.#outputAcknowledged(number);
+        }
         const leaseId = s.finalSeqs.get(ack.sequence);
         if (leaseId !== undefined) {
           s.finalSeqs.delete(ack.sequence);
@@ -797,16 +839,19 @@ export class Runner extends EventEmitter {
   #start(grant, task, input) {
     const fn = this.byKind.get(task.kind);
     const abort = new AbortController();
-    const entry = { taskId: task.taskId, fencingToken: grant.fencingToken, abort, canceled: false };
-    this.running.set(grant.leaseId, entry);
     const leaseId = grant.leaseId;
+    const entry = { taskId: task.taskId, fencingToken: grant.fencingToken, abort, canceled: false };
+    entry.output = new OutputBuffer(this.outputLimits, (chunks) => this.#output(leaseId, entry, chunks));
+    entry.flusher = setInterval(() => entry.output.flush(), this.outputLimits.flushEveryMs);
+    entry.flusher.unref();
+    this.running.set(grant.leaseId, entry);
     const ctx = {
       leaseId,
       taskId: task.taskId,
       fencingToken: grant.fencingToken,
       signal: abort.signal,
       resources: assignedResources(grant.resources),
-      log: this.log,
+      log: taskLog(entry.output),
       progress: (percent, message = "") => {
         const s = this.#session;
         if (!s || this.running.get(leaseId) !== entry) return;
@@ -822,8 +867,9 @@ export class Runner extends EventEmitter {
       },
     };
     this.emit("lease", { leaseId, taskId: task.taskId, kind: task.kind });
-    Promise.resolve()
-      .then(() => fn(input, ctx))
+    // The handler's async context: `console` in it (and in what it starts) reaches its output.
+    currentOutput
+      .run(entry.output, () => Promise.resolve().then(() => fn(input, ctx)))
       .then(
         (result) => this.#done(leaseId, entry, { ok: true, result }),
         (error) => this.#done(leaseId, entry, { ok: false, error }),
@@ -831,7 +877,13 @@ export class Runner extends EventEmitter {
   }
 
   #done(leaseId, entry, outcome) {
-    if (this.running.get(leaseId) !== entry) return; // revoked meanwhile: nothing to report
+    clearInterval(entry.flusher);
+    if (this.running.get(leaseId) !== entry) {
+      entry.output.closed = true; // revoked meanwhile: nothing to report
+      return;
+    }
+    // The last of the output goes before the final report.
+    entry.output.flush(true);
     this.running.delete(leaseId);
     let update;
     if (entry.canceled) {
@@ -864,6 +916,33 @@ export class Runner extends EventEmitter {
     }
     this.#final(leaseId, entry, update);
     this.#checkDrained();
+  }
+
+  /** A batch of a lease's output: kept until acknowledged (the oldest go past 16 MiB), and sent. */
+  #output(leaseId, entry, chunks) {
+    const report = {
+      leaseId,
+      taskId: entry.taskId,
+      fencingToken: entry.fencingToken,
+      update: { case: "output", value: { chunks } },
+    };
+    const number = ++this.#nextOutput;
+    this.unackedOutput.set(number, report);
+    this.#unackedOutputBytes += outputBytes(report);
+    for (const [oldest, kept] of this.unackedOutput) {
+      if (this.#unackedOutputBytes <= UNACKED_OUTPUT_BYTES) break;
+      this.unackedOutput.delete(oldest);
+      this.#unackedOutputBytes -= outputBytes(kept);
+    }
+    const s = this.#session;
+    if (s) s.outputSeqs.set(s.send({ case: "leaseUpdate", value: report }), number);
+  }
+
+  #outputAcknowledged(number) {
+    const report = this.unackedOutput.get(number);
+    if (report === undefined) return;
+    this.unackedOutput.delete(number);
+    this.#unackedOutputBytes -= outputBytes(report);
   }
 
   #final(leaseId, entry, update) {
