@@ -60,6 +60,9 @@ fn every_vector_file_is_covered() {
             // (agent-rs/src/identity.rs and the Python and Node runners'
             // tests).
             "naming.json",
+            // output.json is a task's output as every runner sends it
+            // (tests/crosslang/test_same_output.py, against a real server).
+            "output.json",
             "packs.json",
             "placement.json",
             "redaction.json",
