@@ -232,7 +232,8 @@ impl Leaving {
 
 /// Runs one agent's session until `stop` turns true (then leaves as
 /// `leave` says) or the stream ends. Says when the Welcome arrived through
-/// `welcomed`.
+/// `welcomed`. Each task writes `output_lines` lines of output (one output
+/// report, as a runner batches a quick task's lines) before its result.
 pub async fn run(
     channel: Channel,
     agent: Registered,
@@ -240,6 +241,7 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
     welcomed: tokio::sync::oneshot::Sender<()>,
     leave: Leave,
+    output_lines: u32,
 ) -> anyhow::Result<()> {
     let Registered {
         index,
@@ -378,11 +380,23 @@ pub async fn run(
                             g.entry(task.task_id.clone()).or_insert(now);
                         }
                         running += 1;
-                        for update in [
-                            Update::Accepted(pb::LeaseAccepted {}),
-                            Update::Started(pb::LeaseStarted {}),
-                            Update::Succeeded(pb::LeaseSucceeded { result: None }),
-                        ] {
+                        let output = (output_lines > 0).then(|| Update::Output(pb::TaskOutput {
+                            chunks: vec![pb::OutputChunk {
+                                stream: pb::OutputStream::Stdout as i32,
+                                sequence: 1,
+                                text: (1..=output_lines)
+                                    .map(|n| format!("task {} line {n}: compiling module {n}\n", task.task_id))
+                                    .collect(),
+                                dropped_bytes: 0,
+                            }],
+                        }));
+                        let updates = [
+                            Some(Update::Accepted(pb::LeaseAccepted {})),
+                            Some(Update::Started(pb::LeaseStarted {})),
+                            output,
+                            Some(Update::Succeeded(pb::LeaseSucceeded { result: None })),
+                        ];
+                        for update in updates.into_iter().flatten() {
                             let last = matches!(update, Update::Succeeded(_));
                             session.send(Up::LeaseUpdate(pb::LeaseUpdate {
                                 lease_id: grant.lease_id.clone(),

@@ -188,6 +188,10 @@ struct Cli {
     /// How long each churning agent stays connected.
     #[arg(long, env = "SWITCHYARD_BENCH_CHURN_LIFE_SECS", default_value_t = 10.0)]
     churn_life_secs: f64,
+    /// Lines of output each task writes (sent in one output report before
+    /// its result, as a runner batches a quick task's lines); 0: none.
+    #[arg(long, env = "SWITCHYARD_BENCH_OUTPUT_LINES", default_value_t = 0)]
+    output_lines: u32,
     /// After the run, connect this many agents that can run every parked
     /// task, and measure how fast they drain them.
     #[arg(long, env = "SWITCHYARD_BENCH_DRAIN_PARKED", default_value_t = 0)]
@@ -291,7 +295,7 @@ async fn connect_fleet(
     for i in 0..cli.agents {
         let ch = channels[i % channels.len()].clone();
         let permit = limit.clone().acquire_owned().await?;
-        let (run_id, capacity) = (run_id.to_owned(), cli.capacity);
+        let (run_id, capacity, output_lines) = (run_id.to_owned(), cli.capacity, cli.output_lines);
         let (counters, stop) = (counters.clone(), stop_rx.clone());
         let (welcomed_tx, welcomed_rx) = tokio::sync::oneshot::channel();
         sessions.spawn(async move {
@@ -303,6 +307,7 @@ async fn connect_fleet(
                 stop,
                 welcomed_tx,
                 agent::Leave::HangUp,
+                output_lines,
             )
             .await
         });

@@ -210,6 +210,7 @@ impl Churn {
                         stop_rx,
                         welcomed_tx,
                         Leave::Drain,
+                        0,
                     ));
                     let welcomed = welcomed_rx.await.is_ok();
                     tokio::select! {
@@ -292,7 +293,16 @@ pub async fn drain(
             let registered =
                 agent::register_as(ch.clone(), &run_id, index, document, capacity).await?;
             let (welcomed_tx, _welcomed_rx) = tokio::sync::oneshot::channel();
-            agent::run(ch, registered, counters, stop, welcomed_tx, Leave::HangUp).await
+            agent::run(
+                ch,
+                registered,
+                counters,
+                stop,
+                welcomed_tx,
+                Leave::HangUp,
+                0,
+            )
+            .await
         });
     }
     let deadline = tokio::time::Instant::now() + timeout;

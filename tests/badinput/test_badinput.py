@@ -217,6 +217,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         replica.stop()
 
 
+ZERO_ID = "00000000-0000-0000-0000-000000000000"
+"""A well-formed id no lease or task has."""
+
+
 def snapshot(s: Server) -> dict:
     """Everything stored that a bad request might touch, minus liveness times."""
     listed = s.tasks.ListTasks(task_service_pb2.ListTasksRequest(page_size=1000), timeout=5)
@@ -463,6 +467,25 @@ CASES: list[Case] = [
     ("lease update with a bad lease id", stream(lease_update=agent_service_pb2.LeaseUpdate(
         lease_id="nope", task_id="nope", accepted=agent_service_pb2.LeaseAccepted())),
      INVALID, ["lease_update.lease_id"]),
+    # Output: checked before anything is looked up, naming the chunk.
+    ("output with no chunks", stream(lease_update=agent_service_pb2.LeaseUpdate(
+        lease_id=ZERO_ID, task_id=ZERO_ID, output=agent_service_pb2.TaskOutput())),
+     INVALID, ["lease_update.output.chunks", "empty"]),
+    ("output chunk without a stream", stream(lease_update=agent_service_pb2.LeaseUpdate(
+        lease_id=ZERO_ID, task_id=ZERO_ID, output=agent_service_pb2.TaskOutput(chunks=[
+            agent_service_pb2.OutputChunk(sequence=1, text="x\n")]))),
+     INVALID, ["lease_update.output.chunks[0].stream"]),
+    ("output chunks out of order", stream(lease_update=agent_service_pb2.LeaseUpdate(
+        lease_id=ZERO_ID, task_id=ZERO_ID, output=agent_service_pb2.TaskOutput(chunks=[
+            agent_service_pb2.OutputChunk(stream=task_pb2.OUTPUT_STREAM_STDOUT, sequence=2, text="a"),
+            agent_service_pb2.OutputChunk(stream=task_pb2.OUTPUT_STREAM_STDOUT, sequence=1, text="b")]))),
+     INVALID, ["lease_update.output.chunks[1].sequence"]),
+    ("ListTaskOutput page token forged", unary(lambda s: s.tasks.ListTaskOutput(
+        task_service_pb2.ListTaskOutputRequest(task_id=s.any_task_id, page_token="Zm9v"), timeout=5)),
+     INVALID, ["page_token"]),
+    ("WatchTask offset without output", unary(lambda s: list(s.tasks.WatchTask(
+        task_service_pb2.WatchTaskRequest(task_id=s.any_task_id, output_offset=5), timeout=5))),
+     INVALID, ["output_offset"]),
     # Ids, names, numbers.
     ("task id not a UUID", unary(lambda s: s.tasks.GetTask(task_service_pb2.GetTaskRequest(task_id="../etc"),
                                                             timeout=5)), INVALID, ["task_id"]),

