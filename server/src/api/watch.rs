@@ -48,8 +48,10 @@ const OUTPUT_PAGE: u32 = 1_000;
 impl Watch {
     /// Follows `record` (read after `changes` subscribed) in a task of its
     /// own; the stream of what it sends.
+    ///
     /// With `output` (an offset to read the task's output from), the
-    /// output too.
+    /// output too: what is stored first, then what arrives, the final
+    /// state sent after the last output.
     pub(super) fn start(
         api: Api,
         record: TaskRecord,

@@ -27,7 +27,8 @@
 //!   shared SQL of each aggregate; `limits`: concurrency limits, checked
 //!   where grants are written; `fair`: fair share's ranks and clock;
 //!   `output`: tasks' output, written with the lease reports, read in
-//!   pages, bounded per task and per namespace.
+//!   pages, bounded per task and per namespace (and its
+//!   [`OutputStore`](super::OutputStore) implementation).
 
 pub(crate) mod agents;
 pub(crate) mod db;
@@ -51,15 +52,12 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use self::db::{BoxFuture, SqlDb, StatementExt};
-use super::{
-    AgentStore, LeaseStore, OutputStore, ReportedDocument, Store, StoreOptions, TaskStore,
-    TokenStore,
-};
+use super::{AgentStore, LeaseStore, ReportedDocument, Store, StoreOptions, TaskStore, TokenStore};
 use crate::error::Result;
 use crate::model::{
     AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
     GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, LimitUsage, Page, ParkedPlacement,
-    QueueCursor, ReportApplied, RevocationCause, StoreEvent, StoredChunk, Submission, Submitted,
+    QueueCursor, ReportApplied, RevocationCause, StoreEvent, Submission, Submitted,
     TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
 };
 
@@ -495,45 +493,6 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
     async fn failed_agents(&self, task_id: Uuid) -> Result<Vec<Uuid>> {
         self.read(|c, _| Box::pin(leases::failed_agents::<B::Db>(c, task_id)))
             .await
-    }
-}
-
-#[async_trait]
-impl<B: Backend> OutputStore for SqlStore<B> {
-    async fn task_output(
-        &self,
-        task_id: Uuid,
-        from_byte: u64,
-        fencing_token: Option<u64>,
-        limit: u32,
-    ) -> Result<Vec<StoredChunk>> {
-        self.read(|c, _| {
-            Box::pin(output::page::<B::Db>(
-                c,
-                task_id,
-                from_byte,
-                fencing_token,
-                limit,
-            ))
-        })
-        .await
-    }
-
-    async fn trim_output(&self) -> Result<u64> {
-        /// Namespaces trimmed in one sweep at most.
-        const STEPS: usize = 16;
-        let bounds = self.options.output;
-        let mut dropped = 0;
-        for _ in 0..STEPS {
-            let (step, over) = self
-                .write(|w, _| Box::pin(output::trim_step(w, &bounds)))
-                .await?;
-            dropped += step;
-            if !over {
-                break;
-            }
-        }
-        Ok(dropped)
     }
 }
 

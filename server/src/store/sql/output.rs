@@ -3,7 +3,8 @@
 //! based, deciding the same way), the per-task bound kept by dropping the
 //! oldest rows, the namespace's kept bytes counted in shards, pages read by
 //! byte offset, the tail a failed attempt's error carries, and the
-//! namespace's bound kept by the sweeper.
+//! namespace's bound kept by the sweeper; and [`SqlStore`]'s
+//! [`OutputStore`], which reads pages and runs the sweeper's trim.
 //!
 //! Output reports are taken out of a report batch and written first, with
 //! their tasks locked (in id order, like every report), so that the rest
@@ -13,20 +14,51 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+use async_trait::async_trait;
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::db::{SqlDb, StatementExt, query};
 use super::rows::{self, OUTPUT_COLUMNS};
-use super::{Dialect, Write, tasks};
+use super::{Backend, Dialect, SqlStore, Write, tasks};
 use crate::error::{Error, Result};
 use crate::model::output::{TAIL_LINES, output_tail};
 use crate::model::{
     CompletionOutcome, LeaseReport, OutputBounds, ReportApplied, ReportKind, StoreEvent,
     StoredChunk,
 };
+use crate::store::OutputStore;
 use crate::store::plan::output::{OutputMark, TaskOutputWrite, outputs_by_task, plan_output};
 use crate::store::plan::{db, to_i64, to_u64};
+
+#[async_trait]
+impl<B: Backend> OutputStore for SqlStore<B> {
+    async fn task_output(
+        &self,
+        task_id: Uuid,
+        from_byte: u64,
+        fencing_token: Option<u64>,
+        limit: u32,
+    ) -> Result<Vec<StoredChunk>> {
+        self.read(|c, _| Box::pin(page::<B::Db>(c, task_id, from_byte, fencing_token, limit)))
+            .await
+    }
+
+    async fn trim_output(&self) -> Result<u64> {
+        /// Namespaces trimmed in one sweep at most.
+        const STEPS: usize = 16;
+        let bounds = self.options.output;
+        let mut dropped = 0;
+        for _ in 0..STEPS {
+            let (step, over) = self.write(|w, _| Box::pin(trim_step(w, &bounds))).await?;
+            dropped += step;
+            if !over {
+                break;
+            }
+        }
+        Ok(dropped)
+    }
+}
 
 /// The shards a namespace's kept bytes are counted in.
 pub(crate) const USAGE_SHARDS: u128 = 16;
