@@ -260,6 +260,13 @@ pub struct ServerConfig {
     #[arg(long, env = "SWITCHYARD_METRICS_LISTEN", global = true)]
     pub metrics_listen: Option<SocketAddr>,
 
+    /// Address for the web console over HTTP (its page, and the task and
+    /// admin services over gRPC-Web, with the same tokens); off if unset.
+    /// Plain HTTP: keep it on loopback (e.g. `127.0.0.1:8080`) or behind a
+    /// proxy that terminates TLS.
+    #[arg(long, env = "SWITCHYARD_CONSOLE_LISTEN", global = true)]
+    pub console_listen: Option<SocketAddr>,
+
     /// Largest gRPC message accepted, in bytes.
     #[arg(long, env = "SWITCHYARD_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024, global = true)]
     pub max_message_bytes: usize,
@@ -418,6 +425,7 @@ impl ServerConfig {
             tls_key: None,
             tls_client_ca: None,
             metrics_listen: None,
+            console_listen: None,
             max_message_bytes: 4 * 1024 * 1024,
             request_timeout_ms: 30_000,
             concurrency_per_connection: 256,

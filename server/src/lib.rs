@@ -17,6 +17,7 @@
 //! - [`server`]: builds the router (services, health, reflection) and serves until shutdown.
 //! - [`reflection`]: who may use server reflection (`--reflection public|authenticated|off`).
 //! - [`metrics`]: the Prometheus recorder and its HTTP endpoint.
+//! - [`console`]: the web console (its page and gRPC-Web), on a port of its own.
 //! - [`telemetry`]: tracing set-up (text or JSON logs).
 //! - [`ctl`]: the `switchyard` operator CLI, a plain gRPC client.
 //!
@@ -27,6 +28,7 @@ pub mod auth;
 pub mod batch;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod ctl;
 pub mod dispatch;
 pub mod error;

@@ -76,6 +76,9 @@ async fn run() -> anyhow::Result<()> {
             // Tests and scripts read this line to learn an ephemeral port.
             let mut stdout = std::io::stdout().lock();
             writeln!(stdout, "switchyard-server listening on {addr}")?;
+            if let Some(console) = prepared.console_addr() {
+                writeln!(stdout, "switchyard-server console on http://{console}/")?;
+            }
             stdout.flush()?;
             drop(stdout);
             tracing::info!(%addr, database = %store::redact_url(&cli.config.database_url), "serving");

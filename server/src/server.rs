@@ -145,6 +145,8 @@ pub struct Prepared {
     router: tonic::transport::server::Router,
     health: HealthReporter,
     metrics: Option<TcpListener>,
+    /// The web console's listener and router, with `--console-listen`.
+    console: Option<(TcpListener, axum::Router)>,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -181,6 +183,24 @@ pub async fn prepare(config: ServerConfig, clock: Clock) -> Result<Prepared> {
         ),
         None => None,
     };
+    let console = match config.console_listen {
+        Some(addr) => {
+            if !addr.ip().is_loopback() && !api.tokens.enabled() && !config.insecure {
+                return Err(Error::Config(format!(
+                    "refusing to serve the console on {addr} without tokens: configure tokens, \
+                     keep --console-listen on loopback, or pass --insecure"
+                )));
+            }
+            let listener = crate::console::bind(addr)
+                .await
+                .map_err(|e| Error::Config(format!("binding the console address {addr}: {e}")))?;
+            Some((
+                listener,
+                crate::console::router(api.clone(), config.max_message_bytes),
+            ))
+        }
+        None => None,
+    };
     let (health, health_service) = tonic_health::server::health_reporter();
     let router = router(&config, api, health_service)?;
     Ok(Prepared {
@@ -190,10 +210,19 @@ pub async fn prepare(config: ServerConfig, clock: Clock) -> Result<Prepared> {
         router,
         health,
         metrics,
+        console,
     })
 }
 
 impl Prepared {
+    /// Where the console listens, with `--console-listen` (its port, if
+    /// the address asked for any).
+    pub fn console_addr(&self) -> Option<std::net::SocketAddr> {
+        self.console
+            .as_ref()
+            .and_then(|(listener, _)| listener.local_addr().ok())
+    }
+
     /// Serves gRPC on `listener` until `shutdown` completes.
     pub async fn serve(
         self,
@@ -207,10 +236,14 @@ impl Prepared {
             router,
             health,
             metrics,
+            console,
         } = self;
         let mut workers = dispatcher.spawn();
         if let Some(listener) = metrics {
             workers.push(tokio::spawn(crate::metrics::serve(listener)));
+        }
+        if let Some((listener, router)) = console {
+            workers.push(tokio::spawn(crate::console::serve(listener, router)));
         }
         let _ = crate::metrics::handle();
         workers.push(tokio::spawn(count_tasks(store.clone())));

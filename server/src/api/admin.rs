@@ -1,6 +1,7 @@
 //! `AgentAdminService`: operators see the fleet (documents with the tier
-//! of every value, leases) and steer it (drain, undrain, operator tier),
-//! and ask what-if questions without changing anything.
+//! of every value, leases; live, through `WatchAgents`) and steer it
+//! (drain, undrain, operator tier), and ask what-if questions without
+//! changing anything.
 
 use switchyard_core::kinds::{HandledKinds, check_kind};
 use switchyard_core::matcher;
@@ -11,6 +12,7 @@ use tonic::{Request, Response, Status};
 use tracing::{info, instrument};
 
 use super::convert::struct_to_json;
+use super::live::{FleetWatch, LiveStream};
 use super::task::verdicts;
 use super::{AdminApi, duration_within, invalid, namespace, page_size, parse_id};
 use crate::auth::Need;
@@ -174,6 +176,32 @@ impl AgentAdminService for AdminApi {
         Ok(Response::new(pb::SetAgentOverridesResponse {
             agent: Some(wire::agent(&record, true)),
         }))
+    }
+
+    async fn watch_agents(
+        &self,
+        request: Request<pb::WatchAgentsRequest>,
+    ) -> Result<Response<LiveStream<pb::WatchAgentsResponse>>, Status> {
+        let caller = self.0.caller(&request).await?;
+        let req = request.into_inner();
+        let ns = namespace("namespace", &req.namespace)?;
+        caller.require(Need::Fleet, &ns)?;
+        let selector = if req.selector.trim().is_empty() {
+            None
+        } else {
+            super::bounds::check_len("selector", &req.selector, super::bounds::MAX_SELECTOR_BYTES)?;
+            let parsed = switchyard_core::selector::parse(&req.selector)
+                .map_err(|err| invalid("selector", &err.to_string()))?;
+            Some(
+                core_placement::compile(&parsed)
+                    .map_err(|err| invalid("selector", &err.message))?,
+            )
+        };
+        Ok(Response::new(FleetWatch::start(
+            self.0.clone(),
+            ns,
+            selector,
+        )))
     }
 
     async fn simulate_placement(

@@ -7,6 +7,8 @@
 //! # Layout
 //! - [`task`]: `TaskService` (submit, get, list, cancel, explain, history).
 //! - `watch`: `WatchTask`, following a task's history as it happens.
+//! - `live`: `WatchAgents` and `WatchQueue`, the fleet and the queue
+//!   summary followed live (the console's pages).
 //! - [`agent`]: `AgentService` (registration and the `Connect` session).
 //! - [`admin`]: `AgentAdminService` (fleet view and steering, simulation).
 //! - [`bounds`]: the limits of every sized or nested input, and the
@@ -16,6 +18,7 @@
 pub mod admin;
 pub mod agent;
 pub mod bounds;
+mod live;
 pub mod status;
 pub mod task;
 mod watch;

@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 use tracing::instrument;
 
 use super::convert::{struct_to_json, timestamp_ms};
+use super::live::{LiveStream, QueueWatch};
 use super::watch::{Watch, WatchStream};
 use super::{Api, TaskApi, duration_within, invalid, namespace, page_size, parse_id};
 use crate::auth::{Caller, Need};
@@ -365,6 +366,29 @@ impl TaskService for TaskApi {
         let changes = api.dispatcher.watch_tasks();
         let record = api.task_for(&caller, id).await?;
         Ok(Response::new(Watch::start(api, record, changes, output)))
+    }
+
+    async fn get_queue_summary(
+        &self,
+        request: Request<pb::GetQueueSummaryRequest>,
+    ) -> Result<Response<pb::GetQueueSummaryResponse>, Status> {
+        let caller = self.0.caller(&request).await?;
+        let ns = namespace("namespace", &request.get_ref().namespace)?;
+        caller.require(Need::Tasks, &ns)?;
+        let summary = self.0.dispatcher.queue_summary(&ns).await?;
+        Ok(Response::new(pb::GetQueueSummaryResponse {
+            summary: Some(wire::queue::summary(&summary, self.0.now_ms())),
+        }))
+    }
+
+    async fn watch_queue(
+        &self,
+        request: Request<pb::WatchQueueRequest>,
+    ) -> Result<Response<LiveStream<pb::WatchQueueResponse>>, Status> {
+        let caller = self.0.caller(&request).await?;
+        let ns = namespace("namespace", &request.get_ref().namespace)?;
+        caller.require(Need::Tasks, &ns)?;
+        Ok(Response::new(QueueWatch::start(self.0.clone(), ns)))
     }
 
     async fn list_task_output(

@@ -37,6 +37,7 @@ impl Dispatcher {
                 not_before_ms,
                 ..
             } => {
+                self.queue_moved();
                 match (priority, rank) {
                     (Some(p), Some(c)) => self.note_queued_at(p, c, task_id),
                     _ => self.note_queued(),
@@ -91,6 +92,9 @@ impl Dispatcher {
     /// a snapshot replaced its document), and tells its session to reload
     /// before its next diff.
     pub async fn refresh_agent(&self, agent_id: Uuid) {
+        // Followers of the fleet read it from the store, wherever the agent
+        // is connected.
+        self.fleet_moved();
         if !self.mark_changed(agent_id) {
             return;
         }

@@ -1,7 +1,8 @@
 //! What matching says about a stored task against the whole fleet (from
 //! the store, so agents connected to other replicas count too): the
-//! explanation ExplainTask shows, a queued task's reason, and what a task
-//! past its start deadline fails with.
+//! explanation ExplainTask shows, a queued task's reason, what a task
+//! past its start deadline fails with, and the queue summarised by groups
+//! of one kind and placement (GetQueueSummary, WatchQueue).
 
 use std::collections::BTreeMap;
 
@@ -11,7 +12,12 @@ use switchyard_core::resources::Held;
 
 use super::Dispatcher;
 use crate::error::{Error, Result};
-use crate::model::{Page, TaskRecord};
+use crate::model::{Page, QueueGroup, QueueSummary, QueuedReason, TaskRecord, TaskState};
+
+/// Groups of a queue summary listed (and explained) at most: an
+/// explanation evaluates every agent, so a summary costs this many passes
+/// over the fleet.
+pub const SUMMARY_GROUPS: u32 = 100;
 
 impl Dispatcher {
     /// Every agent of `namespace` as the matcher sees it (from the store, so
@@ -121,16 +127,106 @@ impl Dispatcher {
     }
 }
 
+impl Dispatcher {
+    /// What `namespace`'s queue holds and why it waits: live tasks by
+    /// state, and its queued tasks by kind and placement, each group
+    /// explained against the whole fleet (read once). A group's due tasks
+    /// count under its reason, those not yet due as BACKOFF; concurrency
+    /// limits are not read (a group an agent could take now has no reason).
+    pub async fn queue_summary(&self, namespace: &str) -> Result<QueueSummary> {
+        let now = self.now_ms();
+        let store = &self.shared.store;
+        let states: Vec<(TaskState, u64)> = store
+            .count_tasks()
+            .await?
+            .into_iter()
+            .filter(|(ns, _, n)| ns == namespace && *n > 0)
+            .map(|(_, state, n)| (state, n))
+            .collect();
+        let (rows, total) = store.queue_groups(namespace, now, SUMMARY_GROUPS).await?;
+        let (fleet, _) = self.fleet(namespace).await?;
+        let none = BTreeMap::new();
+        let no_failures = std::collections::BTreeSet::new();
+        // By reason, in the contract's order.
+        let order = [
+            QueuedReason::Parked,
+            QueuedReason::WaitingForCapacity,
+            QueuedReason::Backoff,
+        ];
+        let mut counts = [0u64; 3];
+        let mut count = |reason: QueuedReason, n: u64| {
+            if let Some(i) = order.iter().position(|r| *r == reason) {
+                counts[i] += n;
+            }
+        };
+        let mut groups = Vec::with_capacity(rows.len());
+        for row in rows {
+            let compiled = compile_stored(&row.placement, &row.kind)?;
+            let claimed;
+            let views: &[AgentView] = if compiled.claims_beyond_slots() {
+                let mut views = fleet.clone();
+                self.add_claims(&compiled, &mut views).await?;
+                claimed = views;
+                &claimed
+            } else {
+                &fleet
+            };
+            let explained = matcher::explain_task(&compiled, namespace, views, &none, &no_failures);
+            let reason = match explained.outcome {
+                matcher::Outcome::Placeable => None,
+                ref outcome => Some(QueuedReason::of(outcome)),
+            };
+            let not_yet_due = row.not_yet_due.min(row.tasks);
+            if let Some(reason) = reason {
+                count(reason, row.tasks - not_yet_due);
+            }
+            count(QueuedReason::Backoff, not_yet_due);
+            let capable = explained
+                .verdicts
+                .iter()
+                .filter(|v| v.satisfies_placement())
+                .count();
+            let eligible = explained.verdicts.iter().filter(|v| v.eligible).count();
+            groups.push(QueueGroup {
+                row,
+                reason,
+                explanation: explained.summary,
+                capable_agents: u32::try_from(capable).unwrap_or(u32::MAX),
+                eligible_agents: u32::try_from(eligible).unwrap_or(u32::MAX),
+            });
+        }
+        let taking_work = fleet.iter().filter(|a| a.status.takes_work()).count();
+        Ok(QueueSummary {
+            namespace: namespace.to_owned(),
+            states,
+            reasons: order
+                .into_iter()
+                .zip(counts)
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+            more_groups: total.saturating_sub(groups.len() as u64),
+            groups,
+            agents_taking_work: u32::try_from(taking_work).unwrap_or(u32::MAX),
+            agents_registered: u32::try_from(fleet.len()).unwrap_or(u32::MAX),
+        })
+    }
+}
+
 /// A stored task's placement, compiled for its kind (it compiled when it
 /// was submitted; a failure now is corrupt data).
 pub(crate) fn stored_placement(record: &TaskRecord) -> Result<core_placement::CompiledPlacement> {
+    compile_stored(&record.placement, &record.kind)
+}
+
+/// A stored placement compiled for `kind`.
+fn compile_stored(placement: &serde_json::Value, kind: &str) -> Result<CompiledPlacement> {
     let corrupt = |detail: String| Error::Corrupt {
         context: "reading a task's placement",
         detail,
     };
     let placement: Placement =
-        serde_json::from_value(record.placement.clone()).map_err(|e| corrupt(e.to_string()))?;
+        serde_json::from_value(placement.clone()).map_err(|e| corrupt(e.to_string()))?;
     core_placement::compile(&placement)
-        .map(|c| c.with_kind(&record.kind))
+        .map(|c| c.with_kind(kind))
         .map_err(|e| corrupt(e.to_string()))
 }

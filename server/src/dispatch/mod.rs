@@ -166,6 +166,14 @@ struct Shared {
     clear_at: AtomicU64,
     /// The id the next attached session gets.
     next_session: AtomicU64,
+    /// Counts changes to the fleet seen here (a session attached or
+    /// detached, an agent's view or load changed, another replica's agent
+    /// changed), so live views (WatchAgents, WatchQueue) look again only
+    /// when something moved.
+    fleet_pulse: tokio::sync::watch::Sender<u64>,
+    /// Counts changes to the queue seen here (a task queued or changed, on
+    /// any replica), likewise.
+    queue_pulse: tokio::sync::watch::Sender<u64>,
 }
 
 impl Dispatcher {
@@ -188,6 +196,8 @@ impl Dispatcher {
                 queued_signals: AtomicU64::new(0),
                 clear_at: AtomicU64::new(u64::MAX),
                 next_session: AtomicU64::new(1),
+                fleet_pulse: tokio::sync::watch::channel(0).0,
+                queue_pulse: tokio::sync::watch::channel(0).0,
             }),
         }
     }
@@ -345,6 +355,33 @@ impl Dispatcher {
     /// Tells watchers that `task_id` changed.
     fn task_changed(&self, task_id: Uuid) {
         let _ = self.shared.task_changes.send(task_id);
+        self.queue_moved();
+    }
+
+    /// Changes to the fleet seen here: the value moves on each (no more
+    /// than that; a follower reads the store for what changed).
+    pub fn follow_fleet(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.fleet_pulse.subscribe()
+    }
+
+    /// Changes to the queue seen here, likewise.
+    pub fn follow_queue(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.queue_pulse.subscribe()
+    }
+
+    /// Notes a change to the fleet for its followers (a counter bumped;
+    /// nothing is read).
+    fn fleet_moved(&self) {
+        self.shared
+            .fleet_pulse
+            .send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Notes a change to the queue for its followers.
+    fn queue_moved(&self) {
+        self.shared
+            .queue_pulse
+            .send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Completes when the server starts shutting down (streams end then).

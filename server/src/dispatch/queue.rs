@@ -253,6 +253,7 @@ impl Dispatcher {
     /// again (so no submit overtakes them), and any task that waits gets a
     /// round.
     pub(super) fn changed_agent(&self, unparked: bool) {
+        self.fleet_moved();
         if unparked {
             self.note_queued();
         }

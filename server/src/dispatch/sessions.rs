@@ -123,6 +123,8 @@ impl Dispatcher {
         state.index.remove(agent_id.into());
         // Its next registration lifts its refusals in the store too.
         state.refused.lift(agent_id.into());
+        drop(state);
+        self.fleet_moved();
         true
     }
 
@@ -180,6 +182,7 @@ impl Dispatcher {
             debug!(lease = %lease.id, agent = %lease.agent_id, "grant not queued to the agent stream");
         }
         self.task_changed(task.id);
+        self.fleet_moved();
     }
 
     /// Tells the agent holding `lease` to stop, if it is connected here.
@@ -309,6 +312,7 @@ impl Dispatcher {
             }
         }
         drop(state);
+        self.fleet_moved();
         if !self.queue_clear() {
             self.wake();
         }

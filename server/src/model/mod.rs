@@ -15,6 +15,8 @@
 //!   release's, a failed attempt's [`RetryPolicy`]).
 //! - [`output`]: a task's output as runners send it and the store keeps
 //!   it, the bounds on what is kept, a failed attempt's tail.
+//! - [`queue`]: a namespace's queue summarised for people (groups of
+//!   queued tasks by kind and placement).
 //! - [`agent`]: an agent's record and status, registration, heartbeats.
 //! - [`token`]: bearer token records and [`Role`]s.
 //! - [`event`]: [`StoreEvent`], the wake-ups every replica hears.
@@ -27,6 +29,7 @@ pub mod event;
 pub mod lease;
 pub mod names;
 pub mod output;
+pub mod queue;
 pub mod task;
 pub mod token;
 
@@ -45,6 +48,7 @@ pub use lease::{
 };
 pub use names::{StoredName, UnknownState};
 pub use output::{OutputBounds, OutputChunk, OutputStream, StoredChunk};
+pub use queue::{QueueGroup, QueueGroupRow, QueueSummary};
 pub use task::{
     Deadlines, FAIR_STEP_MS, Fairness, LimitUsage, MAX_CONCURRENCY_LIMIT, MAX_FAIRNESS_WEIGHT,
     NewTask, Page, ParkedPlacement, QueueCursor, QueuedReason, TaskEventRecord, TaskFilter,

@@ -47,9 +47,9 @@ use crate::error::{Error, Result};
 use crate::model::{
     AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
     DEFAULT_BACKOFF_BASE_MS, DEFAULT_MAX_RELEASES, GrantOutcome, GrantRequest, LeaseRecord,
-    LeaseReport, LimitUsage, OutputBounds, Page, ParkedPlacement, QueueCursor, ReportApplied,
-    RevocationCause, StoreEvent, StoredChunk, Submission, Submitted, TaskEventRecord, TaskFilter,
-    TaskRecord, TaskState, TokenRecord,
+    LeaseReport, LimitUsage, OutputBounds, Page, ParkedPlacement, QueueCursor, QueueGroupRow,
+    ReportApplied, RevocationCause, StoreEvent, StoredChunk, Submission, Submitted,
+    TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
 };
 
 /// The ListTasks page token that continues after `task`.
@@ -156,6 +156,16 @@ pub trait TaskStore: Send + Sync {
     async fn count_tasks(&self) -> Result<Vec<(String, TaskState, u64)>>;
     /// Queued tasks of a namespace (for its cap).
     async fn queued_in_namespace(&self, namespace: &str) -> Result<u64>;
+    /// A namespace's queued tasks grouped by kind and placement, at most
+    /// `limit` groups, the largest first (a task not due at `now_ms` counts
+    /// as not yet due); with the number of groups in all. Costs one pass
+    /// over the queued tasks of the namespace.
+    async fn queue_groups(
+        &self,
+        namespace: &str,
+        now_ms: i64,
+        limit: u32,
+    ) -> Result<(Vec<QueueGroupRow>, u64)>;
 }
 
 /// Leases: granted, acknowledged, renewed, reported on, swept.

@@ -6,6 +6,7 @@
 //! # Layout
 //! - this module: tasks, leases, history entries, agents and tiers.
 //! - [`output`]: a task's output, with what was dropped before each chunk.
+//! - [`queue`]: a namespace's queue summary.
 //! - [`session`]: what the server sends down an agent's `Connect` stream
 //!   (grants, revocations, acknowledgements, resync requests, drains).
 //! - [`placement`](mod@placement): placements between the wire and the core, with field
@@ -13,6 +14,7 @@
 
 pub mod output;
 pub mod placement;
+pub mod queue;
 pub mod session;
 
 pub use switchyard_proto::convert;

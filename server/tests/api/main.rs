@@ -8,6 +8,7 @@
 
 mod cli;
 mod common;
+mod console;
 mod deadlines;
 mod explain;
 mod fairness;

@@ -306,6 +306,46 @@ async fn call_all(
                 .await,
         ),
     ));
+    out.push((
+        "GetQueueSummary",
+        code(
+            tasks
+                .get_queue_summary(req(
+                    pb::GetQueueSummaryRequest {
+                        namespace: "alpha".into(),
+                    },
+                    token,
+                ))
+                .await,
+        ),
+    ));
+    out.push((
+        "WatchQueue",
+        code(
+            tasks
+                .watch_queue(req(
+                    pb::WatchQueueRequest {
+                        namespace: "alpha".into(),
+                    },
+                    token,
+                ))
+                .await,
+        ),
+    ));
+    out.push((
+        "WatchAgents",
+        code(
+            admin
+                .watch_agents(req(
+                    pb::WatchAgentsRequest {
+                        namespace: "alpha".into(),
+                        selector: String::new(),
+                    },
+                    token,
+                ))
+                .await,
+        ),
+    ));
     // Last: cancel (it changes the task).
     out.push((
         "CancelTask",
@@ -350,17 +390,20 @@ async fn auth_matrix(backend: Backend) {
         "DrainAgent",
         "UndrainAgent",
         "SimulatePlacement",
+        "GetQueueSummary",
+        "WatchQueue",
+        "WatchAgents",
         "CancelTask",
     ];
-    let cases: Vec<(&str, Option<&str>, [Code; 15])> = vec![
-        ("no token", None, [NoAuth; 15]),
-        ("unknown token", Some("sy_not_a_token"), [NoAuth; 15]),
+    let cases: Vec<(&str, Option<&str>, [Code; 18])> = vec![
+        ("no token", None, [NoAuth; 18]),
+        ("unknown token", Some("sy_not_a_token"), [NoAuth; 18]),
         (
             "agent of alpha",
             Some(AGENT_A),
             [
                 Allowed, Stale, Denied, Denied, Denied, Denied, Denied, Denied, Denied, Denied,
-                Denied, Denied, Denied, Denied, Denied,
+                Denied, Denied, Denied, Denied, Denied, Denied, Denied, Denied,
             ],
         ),
         (
@@ -368,7 +411,7 @@ async fn auth_matrix(backend: Backend) {
             Some(SUBMITTER_A),
             [
                 Denied, Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Denied,
-                Denied, Denied, Denied, Denied, Denied, Allowed,
+                Denied, Denied, Denied, Denied, Denied, Allowed, Allowed, Denied, Allowed,
             ],
         ),
         (
@@ -376,7 +419,7 @@ async fn auth_matrix(backend: Backend) {
             Some(OPERATOR_A),
             [
                 Denied, Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed,
-                Allowed, Allowed, Allowed, Allowed, Allowed, Allowed,
+                Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed,
             ],
         ),
         // Another namespace: named namespaces are refused, ids are invisible.
@@ -385,7 +428,7 @@ async fn auth_matrix(backend: Backend) {
             Some(OPERATOR_B),
             [
                 Denied, NotFound, Denied, NotFound, Denied, NotFound, NotFound, NotFound, Denied,
-                NotFound, NotFound, NotFound, NotFound, Denied, NotFound,
+                NotFound, NotFound, NotFound, NotFound, Denied, Denied, Denied, Denied, NotFound,
             ],
         ),
     ];

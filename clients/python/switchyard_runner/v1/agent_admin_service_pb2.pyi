@@ -116,3 +116,21 @@ class SimulatePlacementResponse(_message.Message):
     policy: _placement_pb2.PlacementPolicy
     ranking: str
     def __init__(self, summary: _Optional[str] = ..., verdicts: _Optional[_Iterable[_Union[_placement_pb2.AgentVerdict, _Mapping]]] = ..., placeable_tasks: _Optional[_Iterable[_Union[_task_pb2.Task, _Mapping]]] = ..., policy: _Optional[_Union[_placement_pb2.PlacementPolicy, str]] = ..., ranking: _Optional[str] = ...) -> None: ...
+
+class WatchAgentsRequest(_message.Message):
+    __slots__ = ("namespace", "selector")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    selector: str
+    def __init__(self, namespace: _Optional[str] = ..., selector: _Optional[str] = ...) -> None: ...
+
+class WatchAgentsResponse(_message.Message):
+    __slots__ = ("agents", "removed_agent_ids", "synced")
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    SYNCED_FIELD_NUMBER: _ClassVar[int]
+    agents: _containers.RepeatedCompositeFieldContainer[_agent_pb2.Agent]
+    removed_agent_ids: _containers.RepeatedScalarFieldContainer[str]
+    synced: bool
+    def __init__(self, agents: _Optional[_Iterable[_Union[_agent_pb2.Agent, _Mapping]]] = ..., removed_agent_ids: _Optional[_Iterable[str]] = ..., synced: bool = ...) -> None: ...

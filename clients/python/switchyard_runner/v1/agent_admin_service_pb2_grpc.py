@@ -36,7 +36,8 @@ class AgentAdminServiceStub(object):
     UndrainAgent lifts that. SetAgentOverrides sets the operator tier, merged
     over everything the agent reports, and re-matches queued tasks at once.
     SimulatePlacement answers "who would take this?" and "what would this
-    document unpark?" without changing anything.
+    document unpark?" without changing anything. WatchAgents follows the
+    fleet live: every agent once, then each agent that changed.
     """
 
     def __init__(self, channel):
@@ -75,6 +76,11 @@ class AgentAdminServiceStub(object):
                 request_serializer=switchyard_dot_v1_dot_agent__admin__service__pb2.SimulatePlacementRequest.SerializeToString,
                 response_deserializer=switchyard_dot_v1_dot_agent__admin__service__pb2.SimulatePlacementResponse.FromString,
                 _registered_method=True)
+        self.WatchAgents = channel.unary_stream(
+                '/switchyard.v1.AgentAdminService/WatchAgents',
+                request_serializer=switchyard_dot_v1_dot_agent__admin__service__pb2.WatchAgentsRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_agent__admin__service__pb2.WatchAgentsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentAdminServiceServicer(object):
@@ -88,7 +94,8 @@ class AgentAdminServiceServicer(object):
     UndrainAgent lifts that. SetAgentOverrides sets the operator tier, merged
     over everything the agent reports, and re-matches queued tasks at once.
     SimulatePlacement answers "who would take this?" and "what would this
-    document unpark?" without changing anything.
+    document unpark?" without changing anything. WatchAgents follows the
+    fleet live: every agent once, then each agent that changed.
     """
 
     def ListAgents(self, request, context):
@@ -134,6 +141,16 @@ class AgentAdminServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchAgents(self, request, context):
+        """WatchAgents streams the namespace's agents (those a selector picks):
+        first all of them, then each agent whose status, load, drain, document
+        or last heartbeat changed (at most one message a second), and the ids of
+        those gone, until the caller closes the stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -167,6 +184,11 @@ def add_AgentAdminServiceServicer_to_server(servicer, server):
                     request_deserializer=switchyard_dot_v1_dot_agent__admin__service__pb2.SimulatePlacementRequest.FromString,
                     response_serializer=switchyard_dot_v1_dot_agent__admin__service__pb2.SimulatePlacementResponse.SerializeToString,
             ),
+            'WatchAgents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchAgents,
+                    request_deserializer=switchyard_dot_v1_dot_agent__admin__service__pb2.WatchAgentsRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_agent__admin__service__pb2.WatchAgentsResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'switchyard.v1.AgentAdminService', rpc_method_handlers)
@@ -186,7 +208,8 @@ class AgentAdminService(object):
     UndrainAgent lifts that. SetAgentOverrides sets the operator tier, merged
     over everything the agent reports, and re-matches queued tasks at once.
     SimulatePlacement answers "who would take this?" and "what would this
-    document unpark?" without changing anything.
+    document unpark?" without changing anything. WatchAgents follows the
+    fleet live: every agent once, then each agent that changed.
     """
 
     @staticmethod
@@ -341,6 +364,33 @@ class AgentAdminService(object):
             '/switchyard.v1.AgentAdminService/SimulatePlacement',
             switchyard_dot_v1_dot_agent__admin__service__pb2.SimulatePlacementRequest.SerializeToString,
             switchyard_dot_v1_dot_agent__admin__service__pb2.SimulatePlacementResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/switchyard.v1.AgentAdminService/WatchAgents',
+            switchyard_dot_v1_dot_agent__admin__service__pb2.WatchAgentsRequest.SerializeToString,
+            switchyard_dot_v1_dot_agent__admin__service__pb2.WatchAgentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

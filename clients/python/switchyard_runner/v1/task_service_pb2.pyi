@@ -191,3 +191,85 @@ class ListTaskOutputResponse(_message.Message):
     chunks: _containers.RepeatedCompositeFieldContainer[_task_pb2.TaskOutputChunk]
     next_page_token: str
     def __init__(self, chunks: _Optional[_Iterable[_Union[_task_pb2.TaskOutputChunk, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetQueueSummaryRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class GetQueueSummaryResponse(_message.Message):
+    __slots__ = ("summary",)
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    summary: QueueSummary
+    def __init__(self, summary: _Optional[_Union[QueueSummary, _Mapping]] = ...) -> None: ...
+
+class WatchQueueRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class WatchQueueResponse(_message.Message):
+    __slots__ = ("summary",)
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    summary: QueueSummary
+    def __init__(self, summary: _Optional[_Union[QueueSummary, _Mapping]] = ...) -> None: ...
+
+class QueueSummary(_message.Message):
+    __slots__ = ("namespace", "states", "queued_reasons", "groups", "more_groups", "computed_at", "agents_taking_work", "agents_registered")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_REASONS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    MORE_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_AT_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_TAKING_WORK_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    states: _containers.RepeatedCompositeFieldContainer[TaskStateCount]
+    queued_reasons: _containers.RepeatedCompositeFieldContainer[QueuedReasonCount]
+    groups: _containers.RepeatedCompositeFieldContainer[QueueGroup]
+    more_groups: int
+    computed_at: _timestamp_pb2.Timestamp
+    agents_taking_work: int
+    agents_registered: int
+    def __init__(self, namespace: _Optional[str] = ..., states: _Optional[_Iterable[_Union[TaskStateCount, _Mapping]]] = ..., queued_reasons: _Optional[_Iterable[_Union[QueuedReasonCount, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[QueueGroup, _Mapping]]] = ..., more_groups: _Optional[int] = ..., computed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., agents_taking_work: _Optional[int] = ..., agents_registered: _Optional[int] = ...) -> None: ...
+
+class TaskStateCount(_message.Message):
+    __slots__ = ("state", "count")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    state: _task_pb2.TaskState
+    count: int
+    def __init__(self, state: _Optional[_Union[_task_pb2.TaskState, str]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class QueuedReasonCount(_message.Message):
+    __slots__ = ("reason", "count")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    reason: _task_pb2.QueuedReason
+    count: int
+    def __init__(self, reason: _Optional[_Union[_task_pb2.QueuedReason, str]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class QueueGroup(_message.Message):
+    __slots__ = ("kind", "placement", "tasks", "not_yet_due", "oldest_submitted_at", "reason", "explanation", "capable_agents", "eligible_agents")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    NOT_YET_DUE_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    CAPABLE_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    ELIGIBLE_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    placement: _placement_pb2.Placement
+    tasks: int
+    not_yet_due: int
+    oldest_submitted_at: _timestamp_pb2.Timestamp
+    reason: _task_pb2.QueuedReason
+    explanation: str
+    capable_agents: int
+    eligible_agents: int
+    def __init__(self, kind: _Optional[str] = ..., placement: _Optional[_Union[_placement_pb2.Placement, _Mapping]] = ..., tasks: _Optional[int] = ..., not_yet_due: _Optional[int] = ..., oldest_submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[_Union[_task_pb2.QueuedReason, str]] = ..., explanation: _Optional[str] = ..., capable_agents: _Optional[int] = ..., eligible_agents: _Optional[int] = ...) -> None: ...

@@ -39,7 +39,9 @@ class TaskServiceStub(object):
     (with `output`, the output its runners send too, live); ListTaskOutput
     pages through that output; ExplainTask says why a task is where it is,
     agent by agent; CancelTask stops it (at once when queued, through a
-    revocation when leased).
+    revocation when leased). GetQueueSummary says what the namespace's queue
+    holds and why it waits, by placement; WatchQueue sends that summary again
+    whenever it changes.
     """
 
     def __init__(self, channel):
@@ -88,6 +90,16 @@ class TaskServiceStub(object):
                 request_serializer=switchyard_dot_v1_dot_task__service__pb2.ListTaskOutputRequest.SerializeToString,
                 response_deserializer=switchyard_dot_v1_dot_task__service__pb2.ListTaskOutputResponse.FromString,
                 _registered_method=True)
+        self.GetQueueSummary = channel.unary_unary(
+                '/switchyard.v1.TaskService/GetQueueSummary',
+                request_serializer=switchyard_dot_v1_dot_task__service__pb2.GetQueueSummaryRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_task__service__pb2.GetQueueSummaryResponse.FromString,
+                _registered_method=True)
+        self.WatchQueue = channel.unary_stream(
+                '/switchyard.v1.TaskService/WatchQueue',
+                request_serializer=switchyard_dot_v1_dot_task__service__pb2.WatchQueueRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_task__service__pb2.WatchQueueResponse.FromString,
+                _registered_method=True)
 
 
 class TaskServiceServicer(object):
@@ -104,7 +116,9 @@ class TaskServiceServicer(object):
     (with `output`, the output its runners send too, live); ListTaskOutput
     pages through that output; ExplainTask says why a task is where it is,
     agent by agent; CancelTask stops it (at once when queued, through a
-    revocation when leased).
+    revocation when leased). GetQueueSummary says what the namespace's queue
+    holds and why it waits, by placement; WatchQueue sends that summary again
+    whenever it changes.
     """
 
     def SubmitTask(self, request, context):
@@ -167,6 +181,24 @@ class TaskServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetQueueSummary(self, request, context):
+        """GetQueueSummary counts the namespace's live tasks by state and queued
+        reason, and groups its queued tasks by kind and placement, each group
+        with what matching says about it against the whole fleet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchQueue(self, request, context):
+        """WatchQueue streams the queue summary: first as it is, then again each
+        time the queue or the fleet changed (at most one a second), until the
+        caller closes the stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -210,6 +242,16 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     request_deserializer=switchyard_dot_v1_dot_task__service__pb2.ListTaskOutputRequest.FromString,
                     response_serializer=switchyard_dot_v1_dot_task__service__pb2.ListTaskOutputResponse.SerializeToString,
             ),
+            'GetQueueSummary': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueueSummary,
+                    request_deserializer=switchyard_dot_v1_dot_task__service__pb2.GetQueueSummaryRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_task__service__pb2.GetQueueSummaryResponse.SerializeToString,
+            ),
+            'WatchQueue': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchQueue,
+                    request_deserializer=switchyard_dot_v1_dot_task__service__pb2.WatchQueueRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_task__service__pb2.WatchQueueResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'switchyard.v1.TaskService', rpc_method_handlers)
@@ -232,7 +274,9 @@ class TaskService(object):
     (with `output`, the output its runners send too, live); ListTaskOutput
     pages through that output; ExplainTask says why a task is where it is,
     agent by agent; CancelTask stops it (at once when queued, through a
-    revocation when leased).
+    revocation when leased). GetQueueSummary says what the namespace's queue
+    holds and why it waits, by placement; WatchQueue sends that summary again
+    whenever it changes.
     """
 
     @staticmethod
@@ -441,6 +485,60 @@ class TaskService(object):
             '/switchyard.v1.TaskService/ListTaskOutput',
             switchyard_dot_v1_dot_task__service__pb2.ListTaskOutputRequest.SerializeToString,
             switchyard_dot_v1_dot_task__service__pb2.ListTaskOutputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueueSummary(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.TaskService/GetQueueSummary',
+            switchyard_dot_v1_dot_task__service__pb2.GetQueueSummaryRequest.SerializeToString,
+            switchyard_dot_v1_dot_task__service__pb2.GetQueueSummaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/switchyard.v1.TaskService/WatchQueue',
+            switchyard_dot_v1_dot_task__service__pb2.WatchQueueRequest.SerializeToString,
+            switchyard_dot_v1_dot_task__service__pb2.WatchQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,7 +57,7 @@ use crate::error::Result;
 use crate::model::{
     AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
     GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, LimitUsage, Page, ParkedPlacement,
-    QueueCursor, ReportApplied, RevocationCause, StoreEvent, Submission, Submitted,
+    QueueCursor, QueueGroupRow, ReportApplied, RevocationCause, StoreEvent, Submission, Submitted,
     TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
 };
 
@@ -371,6 +371,16 @@ impl<B: Backend> TaskStore for SqlStore<B> {
 
     async fn queued_in_namespace(&self, namespace: &str) -> Result<u64> {
         self.read(|c, _| Box::pin(tasks::count_queued::<B::Db>(c, namespace)))
+            .await
+    }
+
+    async fn queue_groups(
+        &self,
+        namespace: &str,
+        now_ms: i64,
+        limit: u32,
+    ) -> Result<(Vec<QueueGroupRow>, u64)> {
+        self.read(|c, _| Box::pin(tasks::queue_groups::<B::Db>(c, namespace, now_ms, limit)))
             .await
     }
 }

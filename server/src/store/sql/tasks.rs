@@ -1,6 +1,8 @@
 //! Tasks: submitted (one by one, for a backend without a set-based submit),
-//! read, listed newest first, walked in queue order, canceled, counted.
+//! read, listed newest first, walked in queue order, canceled, counted,
+//! and the queue grouped by kind and placement.
 
+use serde_json::Value;
 use uuid::Uuid;
 
 use super::db::{SqlDb, StatementExt, built, placeholders, query};
@@ -10,7 +12,7 @@ use super::{Dialect, Write, fair, leases};
 use crate::error::{Error, Result};
 use crate::model::{
     GrantOutcome, GrantRequest, LeaseRecord, NewTask, Page, ParkedPlacement, QueueCursor,
-    StoreEvent, Submission, Submitted, TaskFilter, TaskRecord, TaskState,
+    QueueGroupRow, StoreEvent, Submission, Submitted, TaskFilter, TaskRecord, TaskState,
 };
 use crate::store::StoreOptions;
 use crate::store::plan::{db, parse_task_cursor, task_cursor, to_u64};
@@ -527,6 +529,49 @@ pub(crate) async fn count_queued<DB: SqlDb>(
         )),
         None => Ok(0),
     }
+}
+
+/// One pass over a namespace's queued tasks (the queue's partial index):
+/// groups by kind and placement, the largest first, each row carrying the
+/// number of groups in all.
+const QUEUE_GROUPS: &str = "SELECT kind, placement, COUNT(*) AS n, \
+    SUM(CASE WHEN not_before_ms > $2 THEN 1 ELSE 0 END) AS later, \
+    MIN(created_at_ms) AS oldest, COUNT(*) OVER () AS groups \
+    FROM tasks WHERE namespace = $1 AND state = 'queued' \
+    GROUP BY kind, placement ORDER BY n DESC, oldest LIMIT $3";
+
+/// A namespace's queued tasks by kind and placement (at most `limit`
+/// groups), with the number of groups in all.
+pub(crate) async fn queue_groups<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    namespace: &str,
+    now_ms: i64,
+    limit: u32,
+) -> Result<(Vec<QueueGroupRow>, u64)> {
+    const CONTEXT: &str = "reading a queue group";
+    let rows = query::<DB>(QUEUE_GROUPS)
+        .text(namespace)
+        .arg(now_ms)
+        .arg(i64::from(limit))
+        .all(conn)
+        .await
+        .map_err(db("grouping a namespace's queue"))?;
+    let mut total = 0;
+    let groups = rows
+        .iter()
+        .map(|row| {
+            let cols = super::db::Cols::<DB>::new(row, CONTEXT);
+            total = to_u64(cols.get("groups")?);
+            Ok(QueueGroupRow {
+                kind: cols.get("kind")?,
+                placement: cols.get::<sqlx::types::Json<Value>>("placement")?.0,
+                tasks: to_u64(cols.get("n")?),
+                not_yet_due: to_u64(cols.get("later")?),
+                oldest_submitted_ms: cols.get("oldest")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((groups, total))
 }
 
 const SETTLE: &str = "UPDATE tasks SET state = $2, attempts = $3, releases = $4, \

@@ -376,6 +376,73 @@ export declare type SimulatePlacementResponse = Message<"switchyard.v1.SimulateP
 export declare const SimulatePlacementResponseSchema: GenMessage<SimulatePlacementResponse>;
 
 /**
+ * WatchAgentsRequest picks the agents to follow.
+ *
+ * @generated from message switchyard.v1.WatchAgentsRequest
+ */
+export declare type WatchAgentsRequest = Message<"switchyard.v1.WatchAgentsRequest"> & {
+  /**
+   * The namespace; `default` if empty.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Only agents whose document satisfies this selector's hard constraints
+   * (the placement selector's syntax, e.g. `docker, os.family = linux`);
+   * all if empty.
+   *
+   * @generated from field: string selector = 2;
+   */
+  selector: string;
+};
+
+/**
+ * Describes the message switchyard.v1.WatchAgentsRequest.
+ * Use `create(WatchAgentsRequestSchema)` to create a new message.
+ */
+export declare const WatchAgentsRequestSchema: GenMessage<WatchAgentsRequest>;
+
+/**
+ * WatchAgentsResponse is a change to the set of agents followed.
+ *
+ * @generated from message switchyard.v1.WatchAgentsResponse
+ */
+export declare type WatchAgentsResponse = Message<"switchyard.v1.WatchAgentsResponse"> & {
+  /**
+   * Agents new to the watch or changed since they were last sent, without
+   * documents (as ListAgents).
+   *
+   * @generated from field: repeated switchyard.v1.Agent agents = 1;
+   */
+  agents: Agent[];
+
+  /**
+   * Ids of agents sent before that are gone (deleted, or no longer picked
+   * by the selector).
+   *
+   * @generated from field: repeated string removed_agent_ids = 2;
+   */
+  removedAgentIds: string[];
+
+  /**
+   * True on the message that completes the first listing: every agent
+   * picked has been sent once (the first listing comes in messages of at
+   * most 500 agents).
+   *
+   * @generated from field: bool synced = 3;
+   */
+  synced: boolean;
+};
+
+/**
+ * Describes the message switchyard.v1.WatchAgentsResponse.
+ * Use `create(WatchAgentsResponseSchema)` to create a new message.
+ */
+export declare const WatchAgentsResponseSchema: GenMessage<WatchAgentsResponse>;
+
+/**
  * AgentAdminService is what operators call to see and steer the fleet.
  * Authenticated with an operator token; every call sees only the token's
  * namespace.
@@ -386,7 +453,8 @@ export declare const SimulatePlacementResponseSchema: GenMessage<SimulatePlaceme
  * UndrainAgent lifts that. SetAgentOverrides sets the operator tier, merged
  * over everything the agent reports, and re-matches queued tasks at once.
  * SimulatePlacement answers "who would take this?" and "what would this
- * document unpark?" without changing anything.
+ * document unpark?" without changing anything. WatchAgents follows the
+ * fleet live: every agent once, then each agent that changed.
  *
  * @generated from service switchyard.v1.AgentAdminService
  */
@@ -451,6 +519,19 @@ export declare const AgentAdminService: GenService<{
     methodKind: "unary";
     input: typeof SimulatePlacementRequestSchema;
     output: typeof SimulatePlacementResponseSchema;
+  },
+  /**
+   * WatchAgents streams the namespace's agents (those a selector picks):
+   * first all of them, then each agent whose status, load, drain, document
+   * or last heartbeat changed (at most one message a second), and the ids of
+   * those gone, until the caller closes the stream.
+   *
+   * @generated from rpc switchyard.v1.AgentAdminService.WatchAgents
+   */
+  watchAgents: {
+    methodKind: "server_streaming";
+    input: typeof WatchAgentsRequestSchema;
+    output: typeof WatchAgentsResponseSchema;
   },
 }>;
 

@@ -6,7 +6,7 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 import type { AgentVerdict, Placement } from "./placement_pb.js";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
-import type { RetryPolicy, Task, TaskEvent, TaskOutputChunk, TaskState } from "./task_pb.js";
+import type { QueuedReason, RetryPolicy, Task, TaskEvent, TaskOutputChunk, TaskState } from "./task_pb.js";
 
 /**
  * Describes the file switchyard/v1/task_service.proto.
@@ -643,6 +643,294 @@ export declare type ListTaskOutputResponse = Message<"switchyard.v1.ListTaskOutp
 export declare const ListTaskOutputResponseSchema: GenMessage<ListTaskOutputResponse>;
 
 /**
+ * GetQueueSummaryRequest names the namespace whose queue to summarise.
+ *
+ * @generated from message switchyard.v1.GetQueueSummaryRequest
+ */
+export declare type GetQueueSummaryRequest = Message<"switchyard.v1.GetQueueSummaryRequest"> & {
+  /**
+   * The namespace; `default` if empty. Must be the token's namespace.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+};
+
+/**
+ * Describes the message switchyard.v1.GetQueueSummaryRequest.
+ * Use `create(GetQueueSummaryRequestSchema)` to create a new message.
+ */
+export declare const GetQueueSummaryRequestSchema: GenMessage<GetQueueSummaryRequest>;
+
+/**
+ * GetQueueSummaryResponse is the queue as it is now.
+ *
+ * @generated from message switchyard.v1.GetQueueSummaryResponse
+ */
+export declare type GetQueueSummaryResponse = Message<"switchyard.v1.GetQueueSummaryResponse"> & {
+  /**
+   * The summary.
+   *
+   * @generated from field: switchyard.v1.QueueSummary summary = 1;
+   */
+  summary?: QueueSummary | undefined;
+};
+
+/**
+ * Describes the message switchyard.v1.GetQueueSummaryResponse.
+ * Use `create(GetQueueSummaryResponseSchema)` to create a new message.
+ */
+export declare const GetQueueSummaryResponseSchema: GenMessage<GetQueueSummaryResponse>;
+
+/**
+ * WatchQueueRequest names the namespace whose queue to follow.
+ *
+ * @generated from message switchyard.v1.WatchQueueRequest
+ */
+export declare type WatchQueueRequest = Message<"switchyard.v1.WatchQueueRequest"> & {
+  /**
+   * The namespace; `default` if empty. Must be the token's namespace.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+};
+
+/**
+ * Describes the message switchyard.v1.WatchQueueRequest.
+ * Use `create(WatchQueueRequestSchema)` to create a new message.
+ */
+export declare const WatchQueueRequestSchema: GenMessage<WatchQueueRequest>;
+
+/**
+ * WatchQueueResponse is the queue summary, whole, as of one moment.
+ *
+ * @generated from message switchyard.v1.WatchQueueResponse
+ */
+export declare type WatchQueueResponse = Message<"switchyard.v1.WatchQueueResponse"> & {
+  /**
+   * The summary; each message replaces the previous one.
+   *
+   * @generated from field: switchyard.v1.QueueSummary summary = 1;
+   */
+  summary?: QueueSummary | undefined;
+};
+
+/**
+ * Describes the message switchyard.v1.WatchQueueResponse.
+ * Use `create(WatchQueueResponseSchema)` to create a new message.
+ */
+export declare const WatchQueueResponseSchema: GenMessage<WatchQueueResponse>;
+
+/**
+ * QueueSummary is what a namespace's queue holds and why it waits.
+ *
+ * @generated from message switchyard.v1.QueueSummary
+ */
+export declare type QueueSummary = Message<"switchyard.v1.QueueSummary"> & {
+  /**
+   * The namespace.
+   *
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * Live tasks (queued, leased, running) by state; states with none are
+   * left out. Finished tasks are not counted (they are kept forever).
+   *
+   * @generated from field: repeated switchyard.v1.TaskStateCount states = 2;
+   */
+  states: TaskStateCount[];
+
+  /**
+   * Queued tasks by reason: a group's tasks count under its reason, except
+   * those backing off (BACKOFF) until their `not_before`.
+   *
+   * @generated from field: repeated switchyard.v1.QueuedReasonCount queued_reasons = 3;
+   */
+  queuedReasons: QueuedReasonCount[];
+
+  /**
+   * Queued tasks grouped by kind and placement, the largest groups first.
+   *
+   * @generated from field: repeated switchyard.v1.QueueGroup groups = 4;
+   */
+  groups: QueueGroup[];
+
+  /**
+   * Groups beyond those listed (at most 100 are).
+   *
+   * @generated from field: uint32 more_groups = 5;
+   */
+  moreGroups: number;
+
+  /**
+   * When the summary was made.
+   *
+   * @generated from field: google.protobuf.Timestamp computed_at = 6;
+   */
+  computedAt?: Timestamp | undefined;
+
+  /**
+   * Agents of the namespace that take work now (connected, READY or
+   * DEGRADED, not drained): what the groups were matched against.
+   *
+   * @generated from field: uint32 agents_taking_work = 7;
+   */
+  agentsTakingWork: number;
+
+  /**
+   * All registered agents of the namespace, online or not.
+   *
+   * @generated from field: uint32 agents_registered = 8;
+   */
+  agentsRegistered: number;
+};
+
+/**
+ * Describes the message switchyard.v1.QueueSummary.
+ * Use `create(QueueSummarySchema)` to create a new message.
+ */
+export declare const QueueSummarySchema: GenMessage<QueueSummary>;
+
+/**
+ * TaskStateCount is how many tasks are in one state.
+ *
+ * @generated from message switchyard.v1.TaskStateCount
+ */
+export declare type TaskStateCount = Message<"switchyard.v1.TaskStateCount"> & {
+  /**
+   * The state.
+   *
+   * @generated from field: switchyard.v1.TaskState state = 1;
+   */
+  state: TaskState;
+
+  /**
+   * How many.
+   *
+   * @generated from field: uint64 count = 2;
+   */
+  count: bigint;
+};
+
+/**
+ * Describes the message switchyard.v1.TaskStateCount.
+ * Use `create(TaskStateCountSchema)` to create a new message.
+ */
+export declare const TaskStateCountSchema: GenMessage<TaskStateCount>;
+
+/**
+ * QueuedReasonCount is how many queued tasks wait for one reason.
+ *
+ * @generated from message switchyard.v1.QueuedReasonCount
+ */
+export declare type QueuedReasonCount = Message<"switchyard.v1.QueuedReasonCount"> & {
+  /**
+   * The reason.
+   *
+   * @generated from field: switchyard.v1.QueuedReason reason = 1;
+   */
+  reason: QueuedReason;
+
+  /**
+   * How many.
+   *
+   * @generated from field: uint64 count = 2;
+   */
+  count: bigint;
+};
+
+/**
+ * Describes the message switchyard.v1.QueuedReasonCount.
+ * Use `create(QueuedReasonCountSchema)` to create a new message.
+ */
+export declare const QueuedReasonCountSchema: GenMessage<QueuedReasonCount>;
+
+/**
+ * QueueGroup is the queued tasks of one kind and placement: they wait for
+ * the same agents, for the same reasons.
+ *
+ * @generated from message switchyard.v1.QueueGroup
+ */
+export declare type QueueGroup = Message<"switchyard.v1.QueueGroup"> & {
+  /**
+   * The tasks' kind.
+   *
+   * @generated from field: string kind = 1;
+   */
+  kind: string;
+
+  /**
+   * Their placement (as stored: the namespace's default policy applied).
+   *
+   * @generated from field: switchyard.v1.Placement placement = 2;
+   */
+  placement?: Placement | undefined;
+
+  /**
+   * How many are queued.
+   *
+   * @generated from field: uint64 tasks = 3;
+   */
+  tasks: bigint;
+
+  /**
+   * Of those, how many are backing off after a failed attempt or were
+   * submitted to start later (`not_before` still ahead).
+   *
+   * @generated from field: uint64 not_yet_due = 4;
+   */
+  notYetDue: bigint;
+
+  /**
+   * When the oldest of them was submitted: how long the group has waited.
+   *
+   * @generated from field: google.protobuf.Timestamp oldest_submitted_at = 5;
+   */
+  oldestSubmittedAt?: Timestamp | undefined;
+
+  /**
+   * Why the group's due tasks wait: PARKED (no agent of the fleet could run
+   * them), WAITING_FOR_CAPACITY (capable agents are full, draining or
+   * offline), or UNSPECIFIED when an agent could take one now (it is about
+   * to be granted, or a concurrency limit holds it back).
+   *
+   * @generated from field: switchyard.v1.QueuedReason reason = 6;
+   */
+  reason: QueuedReason;
+
+  /**
+   * What matching says, as ExplainTask's summary, e.g. `0/12 agents
+   * eligible: 7 missing tag docker, 5 at capacity`.
+   *
+   * @generated from field: string explanation = 7;
+   */
+  explanation: string;
+
+  /**
+   * Agents that satisfy the placement (room or not).
+   *
+   * @generated from field: uint32 capable_agents = 8;
+   */
+  capableAgents: number;
+
+  /**
+   * Agents that satisfy the placement and have room now.
+   *
+   * @generated from field: uint32 eligible_agents = 9;
+   */
+  eligibleAgents: number;
+};
+
+/**
+ * Describes the message switchyard.v1.QueueGroup.
+ * Use `create(QueueGroupSchema)` to create a new message.
+ */
+export declare const QueueGroupSchema: GenMessage<QueueGroup>;
+
+/**
  * TaskService is what submitters and operators call to put work in and
  * follow it. Authenticated with a submitter or operator token; every call
  * sees only the token's namespace.
@@ -656,7 +944,9 @@ export declare const ListTaskOutputResponseSchema: GenMessage<ListTaskOutputResp
  * (with `output`, the output its runners send too, live); ListTaskOutput
  * pages through that output; ExplainTask says why a task is where it is,
  * agent by agent; CancelTask stops it (at once when queued, through a
- * revocation when leased).
+ * revocation when leased). GetQueueSummary says what the namespace's queue
+ * holds and why it waits, by placement; WatchQueue sends that summary again
+ * whenever it changes.
  *
  * @generated from service switchyard.v1.TaskService
  */
@@ -744,6 +1034,30 @@ export declare const TaskService: GenService<{
     methodKind: "unary";
     input: typeof ListTaskOutputRequestSchema;
     output: typeof ListTaskOutputResponseSchema;
+  },
+  /**
+   * GetQueueSummary counts the namespace's live tasks by state and queued
+   * reason, and groups its queued tasks by kind and placement, each group
+   * with what matching says about it against the whole fleet.
+   *
+   * @generated from rpc switchyard.v1.TaskService.GetQueueSummary
+   */
+  getQueueSummary: {
+    methodKind: "unary";
+    input: typeof GetQueueSummaryRequestSchema;
+    output: typeof GetQueueSummaryResponseSchema;
+  },
+  /**
+   * WatchQueue streams the queue summary: first as it is, then again each
+   * time the queue or the fleet changed (at most one a second), until the
+   * caller closes the stream.
+   *
+   * @generated from rpc switchyard.v1.TaskService.WatchQueue
+   */
+  watchQueue: {
+    methodKind: "server_streaming";
+    input: typeof WatchQueueRequestSchema;
+    output: typeof WatchQueueResponseSchema;
   },
 }>;
 
