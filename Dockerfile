@@ -47,5 +47,6 @@ ENV SWITCHYARD_LISTEN=0.0.0.0:50051 \
     SWITCHYARD_LOG_FORMAT=json
 # 50051: gRPC (agents, submitters, operators, health, reflection).
 # 9090: Prometheus metrics (--metrics-listen).
-EXPOSE 50051 9090
+# 8080: the web console, when SWITCHYARD_CONSOLE_LISTEN=0.0.0.0:8080 (the chart's console.port).
+EXPOSE 50051 9090 8080
 ENTRYPOINT ["/usr/local/bin/switchyard-server"]

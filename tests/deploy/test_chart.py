@@ -307,6 +307,20 @@ def test_inline_tokens_and_insecure_reach_the_config():
     assert {p["name"] for p in one(docs, "Service")["spec"]["ports"]} == {"grpc"}
 
 
+def test_the_console_is_off_by_default_and_one_value_turns_it_on():
+    config = one(manifests(render({})), "ConfigMap")["data"]
+    assert "SWITCHYARD_CONSOLE_LISTEN" not in config
+    docs = manifests(render({"console": {"enabled": True, "port": 8088}}))
+    assert one(docs, "ConfigMap")["data"]["SWITCHYARD_CONSOLE_LISTEN"] == "0.0.0.0:8088"
+    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "console", "containerPort": 8088, "protocol": "TCP"} in container["ports"]
+    ports = {p["name"]: p for p in one(docs, "Service")["spec"]["ports"]}
+    assert ports["console"]["port"] == 8088 and ports["console"]["targetPort"] == "console"
+    notes = render({"console": {"enabled": True, "port": 8088}})["switchyard/templates/NOTES.txt"]
+    assert "port-forward svc/demo-switchyard 8088:8088" in notes
+    assert "console" not in render()["switchyard/templates/NOTES.txt"]
+
+
 def test_notes_show_grpcurl_commands():
     notes = render()["switchyard/templates/NOTES.txt"]
     assert "kubectl -n switchyard port-forward svc/demo-switchyard 50051:50051" in notes

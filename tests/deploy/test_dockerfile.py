@@ -43,7 +43,7 @@ def test_the_image_is_built_as_the_deployment_expects():
     runtime = text.split(stages[-1], 1)[1]
     (user,) = re.findall(r"^USER (\S+)$", runtime, re.M)
     assert not user.startswith(("0", "root"))
-    assert re.search(r"^EXPOSE 50051 9090$", runtime, re.M)
+    assert re.search(r"^EXPOSE 50051 9090 8080$", runtime, re.M)
     assert 'ENTRYPOINT ["/usr/local/bin/switchyard-server"]' in runtime
     (copy,) = re.findall(r"^COPY --from=builder (.+) /usr/local/bin/$", runtime, re.M)
     assert sorted(copy.split()) == ["/out/switchyard", "/out/switchyard-agent", "/out/switchyard-server"]
