@@ -1,9 +1,10 @@
 //! Builds the gRPC router and serves it: the three switchyard.v1 services,
 //! the standard health service (NOT_SERVING while the store is unreachable),
 //! and server reflection in both v1 and v1alpha (grpcurl 1.8 speaks only
-//! v1alpha). Also starts the dispatcher, the metrics endpoint, and on
-//! shutdown stops granting, tells agents to reconnect elsewhere, lets
-//! in-flight requests finish within the grace period, and closes the store.
+//! v1alpha). Also starts the dispatcher, the metrics endpoint and the web
+//! console (with `--console-listen`), and on shutdown stops granting, tells
+//! agents to reconnect elsewhere, lets in-flight requests finish within the
+//! grace period, and closes the store.
 
 use std::collections::HashSet;
 use std::future::Future;

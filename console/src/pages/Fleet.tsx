@@ -1,7 +1,7 @@
 // The fleet: every agent of the namespace (those a selector picks), with
 // status and why, load and capacity, labels, kinds and last heartbeat,
 // followed live through WatchAgents.
-import { useMemo, useState } from "react";
+import { useMemo, useRef, useState } from "react";
 
 import { admin, ago, namespace, statusName, when, AgentStatus, type Agent } from "../api";
 import { useNow, useStream } from "../live";
@@ -16,20 +16,34 @@ export function FleetPage() {
   const [agents, setAgents] = useState<Map<string, Agent>>(new Map());
   const [synced, setSynced] = useState(false);
   const now = useNow();
+  // The first listing comes in several messages: gathered here and shown
+  // once whole, instead of drawing the table once per message.
+  const pending = useRef<Map<string, Agent> | null>(null);
   const error = useStream(
     (signal) => {
+      pending.current = new Map();
       setAgents(new Map());
       setSynced(false);
       return admin.watchAgents({ namespace: namespace(), selector: applied }, { signal });
     },
     (m) => {
+      if (pending.current) {
+        for (const a of m.agents) pending.current.set(a.agentId, a);
+        for (const id of m.removedAgentIds) pending.current.delete(id);
+        if (m.synced) {
+          setAgents(pending.current);
+          pending.current = null;
+          setSynced(true);
+        }
+        return;
+      }
+      if (m.agents.length === 0 && m.removedAgentIds.length === 0) return;
       setAgents((prev) => {
         const next = new Map(prev);
         for (const a of m.agents) next.set(a.agentId, a);
         for (const id of m.removedAgentIds) next.delete(id);
         return next;
       });
-      if (m.synced) setSynced(true);
     },
     [applied],
   );

@@ -59,9 +59,11 @@ export function QueuePage() {
                 <b>{String(r.count)}</b> {reasonName(r.reason)}
               </span>
             ))}
-            <span className="count">
-              <b>{summary.agentsTakingWork}</b> of {summary.agentsRegistered} agents taking work
-            </span>
+            {summary.explained && (
+              <span className="count">
+                <b>{summary.agentsTakingWork}</b> of {summary.agentsRegistered} agents taking work
+              </span>
+            )}
           </div>
           <h2>Waiting, by placement</h2>
           {summary.groups.length === 0 ? (
@@ -73,7 +75,11 @@ export function QueuePage() {
               </thead>
               <tbody>
                 {summary.groups.map((g, i) => (
-                  <tr key={i} data-testid="queue-group" data-reason={reasonName(g.reason)}>
+                  <tr
+                    key={i}
+                    data-testid="queue-group"
+                    data-reason={summary.explained ? reasonName(g.reason) : "matching"}
+                  >
                     <td><code>{g.kind}</code></td>
                     <td><code>{placementText(g.placement)}</code></td>
                     <td>
@@ -82,13 +88,19 @@ export function QueuePage() {
                     </td>
                     <td title={when(g.oldestSubmittedAt)?.toISOString()}>{ago(when(g.oldestSubmittedAt), now)}</td>
                     <td>
-                      <span className={`badge ${g.reason === QueuedReason.PARKED ? "parked" : "waiting"}`}>
-                        {g.reason === QueuedReason.UNSPECIFIED ? "being placed" : reasonName(g.reason)}
-                      </span>
+                      {summary.explained ? (
+                        <span className={`badge ${g.reason === QueuedReason.PARKED ? "parked" : "waiting"}`}>
+                          {g.reason === QueuedReason.UNSPECIFIED ? "being placed" : reasonName(g.reason)}
+                        </span>
+                      ) : (
+                        <span className="note">matching…</span>
+                      )}
                     </td>
                     <td className="explanation">
                       {g.explanation}
-                      <div className="note">{g.capableAgents} capable, {g.eligibleAgents} with room</div>
+                      {summary.explained && (
+                        <div className="note">{g.capableAgents} capable, {g.eligibleAgents} with room</div>
+                      )}
                     </td>
                   </tr>
                 ))}

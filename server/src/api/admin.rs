@@ -17,7 +17,7 @@ use super::task::verdicts;
 use super::{AdminApi, duration_within, invalid, namespace, page_size, parse_id};
 use crate::auth::Need;
 use crate::error::Result;
-use crate::model::{Page, TaskState};
+use crate::model::{AgentParts, Page, TaskState};
 use crate::wire;
 
 /// The longest drain deadline an operator may set.
@@ -53,7 +53,11 @@ impl AgentAdminService for AdminApi {
             size: page_size("page_size", req.page_size)?,
             after: (!req.page_token.is_empty()).then_some(req.page_token),
         };
-        let (agents, next) = self.0.store.list_agents(&ns, &statuses, &page).await?;
+        let (agents, next) = self
+            .0
+            .store
+            .list_agents(&ns, &statuses, &page, AgentParts::Listing)
+            .await?;
         let mut wire_agents: Vec<pb::Agent> =
             agents.iter().map(|a| wire::agent(a, false)).collect();
         let kept = super::bounds::fitting(&wire_agents);

@@ -9,6 +9,13 @@
 //! more often than their last read allows: a follower waits at least
 //! [`PACE`] times as long as its read took, and at least [`MIN_GAP`], so
 //! an open console costs the store a bounded share however busy the fleet.
+//!
+//! A look that finds nothing new still sends a message when nothing was
+//! sent for [`RECHECK`] (an empty WatchAgents message, the summary again):
+//! over HTTP/1.1 (the console's gRPC-Web) a caller that left is noticed
+//! only when the server writes, and a follower nobody reads would look on
+//! for ever. WatchQueue's first look sends the groups counted before it
+//! matches them against the fleet, which takes a while for a large one.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -24,7 +31,7 @@ use uuid::Uuid;
 
 use super::Api;
 use crate::error::Result;
-use crate::model::Page;
+use crate::model::{AgentParts, Page};
 use crate::wire;
 
 /// The shortest wait between two looks.
@@ -34,7 +41,7 @@ const PACE: u32 = 20;
 /// How long a follower waits for a pulse before it looks anyway.
 const RECHECK: Duration = Duration::from_secs(5);
 /// Agents in one WatchAgents message at most.
-const AGENTS_PER_MESSAGE: usize = 500;
+const AGENTS_PER_MESSAGE: usize = 2_000;
 
 /// A follower's stream.
 pub(super) type LiveStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send>>;
@@ -79,6 +86,8 @@ pub(super) struct FleetWatch {
     tx: mpsc::Sender<std::result::Result<pb::WatchAgentsResponse, Status>>,
     /// What was last sent of each agent, to send only what changed.
     sent: HashMap<Uuid, pb::Agent>,
+    /// When a message was last sent.
+    last_sent: Instant,
 }
 
 impl FleetWatch {
@@ -95,6 +104,7 @@ impl FleetWatch {
             selector,
             tx,
             sent: HashMap::new(),
+            last_sent: Instant::now(),
         };
         tokio::spawn(watch.run());
         Box::pin(ReceiverStream::new(rx))
@@ -106,6 +116,9 @@ impl FleetWatch {
         let mut first = true;
         loop {
             pulse.mark_unchanged();
+            if self.tx.is_closed() {
+                return;
+            }
             let started = Instant::now();
             let sent = match self.look(first).await {
                 Ok(sent) => sent,
@@ -130,6 +143,12 @@ impl FleetWatch {
     /// the caller left.
     async fn look(&mut self, first: bool) -> Result<bool> {
         let mut current: HashMap<Uuid, pb::Agent> = HashMap::new();
+        // Documents only to test a selector against: they are most of a row.
+        let parts = if self.selector.is_some() {
+            AgentParts::Matching
+        } else {
+            AgentParts::Listing
+        };
         let mut page = Page {
             size: 1000,
             after: None,
@@ -138,7 +157,7 @@ impl FleetWatch {
             let (agents, next) = self
                 .api
                 .store
-                .list_agents(&self.namespace, &[], &page)
+                .list_agents(&self.namespace, &[], &page, parts)
                 .await?;
             for agent in &agents {
                 if self
@@ -167,9 +186,11 @@ impl FleetWatch {
             .map(Uuid::to_string)
             .collect();
         self.sent = current;
-        if !first && changed.is_empty() && removed.is_empty() {
+        if !first && changed.is_empty() && removed.is_empty() && self.last_sent.elapsed() < RECHECK
+        {
             return Ok(true);
         }
+        self.last_sent = Instant::now();
         let mut batches: Vec<Vec<pb::Agent>> = changed
             .chunks(AGENTS_PER_MESSAGE)
             .map(<[pb::Agent]>::to_vec)
@@ -204,6 +225,8 @@ pub(super) struct QueueWatch {
     tx: mpsc::Sender<std::result::Result<pb::WatchQueueResponse, Status>>,
     /// The summary last sent (without its time), to send only a change.
     sent: Option<pb::QueueSummary>,
+    /// When it was sent.
+    last_sent: Instant,
 }
 
 impl QueueWatch {
@@ -215,6 +238,7 @@ impl QueueWatch {
             namespace,
             tx,
             sent: None,
+            last_sent: Instant::now(),
         };
         tokio::spawn(watch.run());
         Box::pin(ReceiverStream::new(rx))
@@ -224,33 +248,22 @@ impl QueueWatch {
         // A parked group waits on the fleet: either moving is a reason to look.
         let mut queue = self.api.dispatcher.follow_queue();
         let mut fleet = self.api.dispatcher.follow_fleet();
+        // First the groups as counted, at once; matching follows.
+        if !self.send_summary(false).await.unwrap_or(false) {
+            return;
+        }
         loop {
             queue.mark_unchanged();
             fleet.mark_unchanged();
-            let started = Instant::now();
-            let summary = match self.api.dispatcher.queue_summary(&self.namespace).await {
-                Ok(summary) => wire::queue::summary(&summary, self.api.now_ms()),
-                Err(err) => {
-                    let _ = self.tx.send(Err(err.into())).await;
-                    return;
-                }
-            };
-            let took = started.elapsed();
-            let unchanged = self.sent.as_ref().is_some_and(|sent| {
-                sent == &pb::QueueSummary {
-                    computed_at: sent.computed_at,
-                    ..summary.clone()
-                }
-            });
-            if !unchanged {
-                self.sent = Some(summary.clone());
-                let message = pb::WatchQueueResponse {
-                    summary: Some(summary),
-                };
-                if self.tx.send(Ok(message)).await.is_err() {
-                    return;
-                }
+            if self.tx.is_closed() {
+                return;
             }
+            let started = Instant::now();
+            match self.send_summary(true).await {
+                Some(true) => {}
+                _ => return,
+            }
+            let took = started.elapsed();
             if !next_look(
                 &self.api,
                 &mut queue,
@@ -264,5 +277,39 @@ impl QueueWatch {
                 return;
             }
         }
+    }
+
+    /// Makes the summary (matched against the fleet with `explain`) and
+    /// sends it if it changed, or if nothing was sent for [`RECHECK`].
+    /// `Some(false)` when the caller left, `None` on an error (sent to the
+    /// caller).
+    async fn send_summary(&mut self, explain: bool) -> Option<bool> {
+        let summary = match self
+            .api
+            .dispatcher
+            .queue_summary(&self.namespace, explain)
+            .await
+        {
+            Ok(summary) => wire::queue::summary(&summary, self.api.now_ms()),
+            Err(err) => {
+                let _ = self.tx.send(Err(err.into())).await;
+                return None;
+            }
+        };
+        let unchanged = self.sent.as_ref().is_some_and(|sent| {
+            sent == &pb::QueueSummary {
+                computed_at: sent.computed_at,
+                ..summary.clone()
+            }
+        });
+        if unchanged && self.last_sent.elapsed() < RECHECK {
+            return Some(true);
+        }
+        self.sent = Some(summary.clone());
+        self.last_sent = Instant::now();
+        let message = pb::WatchQueueResponse {
+            summary: Some(summary),
+        };
+        Some(self.tx.send(Ok(message)).await.is_ok())
     }
 }

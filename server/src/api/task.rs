@@ -375,7 +375,7 @@ impl TaskService for TaskApi {
         let caller = self.0.caller(&request).await?;
         let ns = namespace("namespace", &request.get_ref().namespace)?;
         caller.require(Need::Tasks, &ns)?;
-        let summary = self.0.dispatcher.queue_summary(&ns).await?;
+        let summary = self.0.dispatcher.queue_summary(&ns, true).await?;
         Ok(Response::new(pb::GetQueueSummaryResponse {
             summary: Some(wire::queue::summary(&summary, self.0.now_ms())),
         }))

@@ -12,7 +12,9 @@ use switchyard_core::resources::Held;
 
 use super::Dispatcher;
 use crate::error::{Error, Result};
-use crate::model::{Page, QueueGroup, QueueSummary, QueuedReason, TaskRecord, TaskState};
+use crate::model::{
+    AgentParts, AgentRecord, Page, QueueGroup, QueueSummary, QueuedReason, TaskRecord, TaskState,
+};
 
 /// Groups of a queue summary listed (and explained) at most: an
 /// explanation evaluates every agent, so a summary costs this many passes
@@ -21,28 +23,61 @@ pub const SUMMARY_GROUPS: u32 = 100;
 
 impl Dispatcher {
     /// Every agent of `namespace` as the matcher sees it (from the store, so
-    /// agents connected to other replicas count too), with agent names by id.
+    /// agents connected to other replicas count too), with agent names by
+    /// id. The store is listed without documents; an agent connected here
+    /// is taken from the index (its view there is as current as the store's,
+    /// and its document is not read and parsed again), the others' documents
+    /// are read by id.
     pub async fn fleet(
         &self,
         namespace: &str,
     ) -> Result<(Vec<AgentView>, BTreeMap<AgentId, String>)> {
-        let mut views = Vec::new();
+        // In the listing's order (by name), those read later left empty.
+        let mut views: Vec<Option<AgentView>> = Vec::new();
         let mut names = BTreeMap::new();
+        let mut elsewhere = Vec::new();
         let mut page = Page {
             size: 1000,
             after: None,
         };
         loop {
-            let (agents, next) = self.shared.store.list_agents(namespace, &[], &page).await?;
-            for agent in &agents {
-                names.insert(agent.id.into(), agent.name.clone());
-                views.push(agent.view());
+            let (agents, next) = self
+                .shared
+                .store
+                .list_agents(namespace, &[], &page, AgentParts::Listing)
+                .await?;
+            {
+                let state = self.state();
+                for agent in &agents {
+                    names.insert(agent.id.into(), agent.name.clone());
+                    let view = state.index.get(agent.id.into()).cloned();
+                    if view.is_none() {
+                        elsewhere.push((views.len(), agent.id));
+                    }
+                    views.push(view);
+                }
             }
             match next {
                 Some(token) => page.after = Some(token),
-                None => return Ok((views, names)),
+                None => break,
             }
         }
+        if !elsewhere.is_empty() {
+            let ids: Vec<uuid::Uuid> = elsewhere.iter().map(|(_, id)| *id).collect();
+            let mut read: std::collections::HashMap<uuid::Uuid, AgentRecord> = self
+                .shared
+                .store
+                .agents_by_ids(&ids, AgentParts::Matching)
+                .await?
+                .into_iter()
+                .map(|a| (a.id, a))
+                .collect();
+            for (at, id) in elsewhere {
+                views[at] = read.remove(&id).map(AgentRecord::into_view);
+            }
+        }
+        // An agent deleted between the two reads is left out.
+        Ok((views.into_iter().flatten().collect(), names))
     }
 
     /// [`Dispatcher::fleet`] as matching `placement` sees it: for a
@@ -133,7 +168,9 @@ impl Dispatcher {
     /// explained against the whole fleet (read once). A group's due tasks
     /// count under its reason, those not yet due as BACKOFF; concurrency
     /// limits are not read (a group an agent could take now has no reason).
-    pub async fn queue_summary(&self, namespace: &str) -> Result<QueueSummary> {
+    /// Without `explain`, the groups are counted only (the fleet is not
+    /// read): what a first look can show at once.
+    pub async fn queue_summary(&self, namespace: &str, explain: bool) -> Result<QueueSummary> {
         let now = self.now_ms();
         let store = &self.shared.store;
         let states: Vec<(TaskState, u64)> = store
@@ -144,6 +181,32 @@ impl Dispatcher {
             .map(|(_, state, n)| (state, n))
             .collect();
         let (rows, total) = store.queue_groups(namespace, now, SUMMARY_GROUPS).await?;
+        if !explain {
+            let not_yet_due: u64 = rows.iter().map(|r| r.not_yet_due.min(r.tasks)).sum();
+            return Ok(QueueSummary {
+                namespace: namespace.to_owned(),
+                states,
+                reasons: if not_yet_due > 0 {
+                    vec![(QueuedReason::Backoff, not_yet_due)]
+                } else {
+                    Vec::new()
+                },
+                more_groups: total.saturating_sub(rows.len() as u64),
+                groups: rows
+                    .into_iter()
+                    .map(|row| QueueGroup {
+                        row,
+                        reason: None,
+                        explanation: String::new(),
+                        capable_agents: 0,
+                        eligible_agents: 0,
+                    })
+                    .collect(),
+                agents_taking_work: 0,
+                agents_registered: 0,
+                explained: false,
+            });
+        }
         let (fleet, _) = self.fleet(namespace).await?;
         let none = BTreeMap::new();
         let no_failures = std::collections::BTreeSet::new();
@@ -208,6 +271,7 @@ impl Dispatcher {
             groups,
             agents_taking_work: u32::try_from(taking_work).unwrap_or(u32::MAX),
             agents_registered: u32::try_from(fleet.len()).unwrap_or(u32::MAX),
+            explained: true,
         })
     }
 }

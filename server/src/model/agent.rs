@@ -23,6 +23,19 @@ impl StoredName for AgentStatus {
     ];
 }
 
+/// How much of each agent a listing reads: the JSON documents are most of
+/// a row's bytes, and a listing of thousands of agents seldom needs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentParts {
+    /// Everything but the documents: `document`, `provenance`, `reported`
+    /// and `operator_overrides` are `null` (what ListAgents shows).
+    Listing,
+    /// The listing and the merged `document` (what matching needs).
+    Matching,
+    /// The whole record.
+    Full,
+}
+
 /// A registered agent as the server sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentRecord {
@@ -125,6 +138,24 @@ impl AgentRecord {
             AgentStatus::Draining
         } else {
             self.status
+        }
+    }
+
+    /// [`AgentRecord::view`], moving the document instead of copying it
+    /// (a fleet read for matching builds thousands).
+    pub fn into_view(self) -> AgentView {
+        let kinds = Arc::new(self.kinds());
+        let status = self.effective_status();
+        AgentView {
+            held: Default::default(),
+            agent_id: self.id.into(),
+            namespace: self.namespace,
+            status,
+            capacity: self.capacity,
+            active_leases: self.active_leases,
+            last_granted_at_ms: None,
+            document: Arc::new(self.document),
+            kinds,
         }
     }
 

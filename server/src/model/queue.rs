@@ -55,4 +55,8 @@ pub struct QueueSummary {
     pub agents_taking_work: u32,
     /// Agents registered in the namespace.
     pub agents_registered: u32,
+    /// Whether the groups were matched against the fleet (reason,
+    /// explanation, capable and eligible agents); when not, those are
+    /// empty and the queued reasons count only what is not yet due.
+    pub explained: bool,
 }

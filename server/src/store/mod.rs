@@ -45,10 +45,10 @@ pub use sqlite::{SqliteBackend, SqliteStore};
 
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
-    DEFAULT_BACKOFF_BASE_MS, DEFAULT_MAX_RELEASES, GrantOutcome, GrantRequest, LeaseRecord,
-    LeaseReport, LimitUsage, OutputBounds, Page, ParkedPlacement, QueueCursor, QueueGroupRow,
-    ReportApplied, RevocationCause, StoreEvent, StoredChunk, Submission, Submitted,
+    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion,
+    CompletionResult, DEFAULT_BACKOFF_BASE_MS, DEFAULT_MAX_RELEASES, GrantOutcome, GrantRequest,
+    LeaseRecord, LeaseReport, LimitUsage, OutputBounds, Page, ParkedPlacement, QueueCursor,
+    QueueGroupRow, ReportApplied, RevocationCause, StoreEvent, StoredChunk, Submission, Submitted,
     TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
 };
 
@@ -316,7 +316,11 @@ pub trait AgentStore: Send + Sync {
         namespace: &str,
         statuses: &[AgentStatus],
         page: &Page,
+        parts: AgentParts,
     ) -> Result<(Vec<AgentRecord>, Option<String>)>;
+    /// `parts` of the agents with these ids (those that exist), in no
+    /// order.
+    async fn agents_by_ids(&self, ids: &[Uuid], parts: AgentParts) -> Result<Vec<AgentRecord>>;
     /// Registered agents of a namespace (for its cap).
     async fn agents_in_namespace(&self, namespace: &str) -> Result<u64>;
     /// Replaces the agent's document (a snapshot) if its generation is

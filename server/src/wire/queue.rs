@@ -50,5 +50,6 @@ pub fn summary(summary: &QueueSummary, computed_at_ms: i64) -> pb::QueueSummary 
         computed_at: Some(timestamp(computed_at_ms)),
         agents_taking_work: summary.agents_taking_work,
         agents_registered: summary.agents_registered,
+        explained: summary.explained,
     }
 }

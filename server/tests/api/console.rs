@@ -133,12 +133,18 @@ async fn watch_queue_follows_the_queue_and_the_fleet(backend: Backend) {
         .await
         .unwrap()
         .into_inner();
+    // First the groups as counted (none), then matched against the fleet.
     let first = next(&mut stream).await.summary.unwrap();
-    assert!(first.groups.is_empty(), "{first:?}");
+    assert!(first.groups.is_empty() && !first.explained, "{first:?}");
+    let explained = next(&mut stream).await.summary.unwrap();
+    assert!(
+        explained.groups.is_empty() && explained.explained,
+        "{explained:?}"
+    );
     let task = crate::common::submit(&server, "render", "gpu").await;
     let parked = loop {
         let s = next(&mut stream).await.summary.unwrap();
-        if !s.groups.is_empty() {
+        if !s.groups.is_empty() && s.explained {
             break s;
         }
     };
@@ -204,6 +210,16 @@ async fn watch_agents_lists_the_fleet_then_each_change(backend: Backend) {
                 a.status_reasons.iter().any(|r| r.contains("maintenance")),
                 "{a:?}"
             );
+            break;
+        }
+    }
+
+    // Nothing changes: the watch still sends (an empty message), which is
+    // how a caller that left over HTTP/1.1 is noticed.
+    loop {
+        let m = next(&mut stream).await;
+        if m.agents.is_empty() && m.removed_agent_ids.is_empty() {
+            assert!(!m.synced);
             break;
         }
     }

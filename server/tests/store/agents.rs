@@ -3,8 +3,8 @@
 
 use serde_json::json;
 use switchyard_server::error::Error;
-use switchyard_server::model::AgentStatus;
 use switchyard_server::model::Page;
+use switchyard_server::model::{AgentParts, AgentStatus};
 use switchyard_server::store::ReportedDocument;
 use uuid::Uuid;
 
@@ -177,6 +177,7 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
                 size: 2,
                 after: None,
             },
+            AgentParts::Full,
         )
         .await
         .unwrap();
@@ -192,6 +193,7 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
                 size: 2,
                 after: next,
             },
+            AgentParts::Full,
         )
         .await
         .unwrap();
@@ -208,6 +210,7 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
                 size: 10,
                 after: None,
             },
+            AgentParts::Listing,
         )
         .await
         .unwrap();
@@ -215,4 +218,31 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
         page.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
         ["a"]
     );
+    // A listing leaves the documents out and keeps the rest; matching reads
+    // the merged document only.
+    let full = store.get_agent(page[0].id).await.unwrap();
+    assert_ne!(full.document, serde_json::Value::Null);
+    assert_eq!(page[0].document, serde_json::Value::Null);
+    assert_eq!(page[0].provenance, serde_json::Value::Null);
+    let page_rejections = page[0].rejections.clone();
+    assert_eq!(
+        (
+            page[0].status,
+            page[0].capacity,
+            &page[0].labels,
+            page[0].generation
+        ),
+        (full.status, full.capacity, &full.labels, full.generation)
+    );
+    let page = Page {
+        size: 10,
+        after: None,
+    };
+    let (matching, _) = store
+        .list_agents("ns", &[AgentStatus::Degraded], &page, AgentParts::Matching)
+        .await
+        .unwrap();
+    assert_eq!(matching[0].document, full.document);
+    assert_eq!(matching[0].reported, serde_json::Value::Null);
+    assert_eq!(page_rejections, full.rejections);
 }

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use sqlx::Connection;
 use switchyard_server::error::Result;
 use switchyard_server::model::{
-    AgentRecord, AgentRegistration, Beat, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport,
-    NewTask, Page, ReportKind, Submission, TaskRecord,
+    AgentParts, AgentRecord, AgentRegistration, Beat, GrantOutcome, GrantRequest, LeaseRecord,
+    LeaseReport, NewTask, Page, ReportKind, Submission, TaskRecord,
 };
 use switchyard_server::store::{self, Store, StoreOptions};
 use uuid::Uuid;
@@ -328,7 +328,9 @@ impl TestStore for dyn Store {
             after: None,
         };
         loop {
-            let (agents, next) = self.list_agents(namespace, &[], &page).await?;
+            let (agents, next) = self
+                .list_agents(namespace, &[], &page, AgentParts::Full)
+                .await?;
             all.extend(agents);
             match next {
                 Some(after) => page.after = Some(after),

@@ -351,7 +351,12 @@ async fn kinds_are_stored_at_registration_and_by_heartbeat(fx: &mut Fixture) {
     assert!(!stored.kinds().handles("deploy"));
     let store_dyn: &dyn Store = store;
     let listed = store_dyn
-        .list_agents("ns", &[], &switchyard_server::model::Page::default())
+        .list_agents(
+            "ns",
+            &[],
+            &switchyard_server::model::Page::default(),
+            switchyard_server::model::AgentParts::Full,
+        )
         .await
         .unwrap()
         .0;

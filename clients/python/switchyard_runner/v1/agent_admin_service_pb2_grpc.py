@@ -143,9 +143,11 @@ class AgentAdminServiceServicer(object):
 
     def WatchAgents(self, request, context):
         """WatchAgents streams the namespace's agents (those a selector picks):
-        first all of them, then each agent whose status, load, drain, document
-        or last heartbeat changed (at most one message a second), and the ids of
-        those gone, until the caller closes the stream.
+        first all of them, then each agent whose status, load, drain, labels or
+        last heartbeat changed, and the ids of those gone, paced by what a
+        listing costs; a message with neither at least every 5 seconds (so
+        proxies and the server see the caller is still there), until the caller
+        closes the stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -217,7 +217,7 @@ class WatchQueueResponse(_message.Message):
     def __init__(self, summary: _Optional[_Union[QueueSummary, _Mapping]] = ...) -> None: ...
 
 class QueueSummary(_message.Message):
-    __slots__ = ("namespace", "states", "queued_reasons", "groups", "more_groups", "computed_at", "agents_taking_work", "agents_registered")
+    __slots__ = ("namespace", "states", "queued_reasons", "groups", "more_groups", "computed_at", "agents_taking_work", "agents_registered", "explained")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     STATES_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REASONS_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +226,7 @@ class QueueSummary(_message.Message):
     COMPUTED_AT_FIELD_NUMBER: _ClassVar[int]
     AGENTS_TAKING_WORK_FIELD_NUMBER: _ClassVar[int]
     AGENTS_REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    EXPLAINED_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     states: _containers.RepeatedCompositeFieldContainer[TaskStateCount]
     queued_reasons: _containers.RepeatedCompositeFieldContainer[QueuedReasonCount]
@@ -234,7 +235,8 @@ class QueueSummary(_message.Message):
     computed_at: _timestamp_pb2.Timestamp
     agents_taking_work: int
     agents_registered: int
-    def __init__(self, namespace: _Optional[str] = ..., states: _Optional[_Iterable[_Union[TaskStateCount, _Mapping]]] = ..., queued_reasons: _Optional[_Iterable[_Union[QueuedReasonCount, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[QueueGroup, _Mapping]]] = ..., more_groups: _Optional[int] = ..., computed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., agents_taking_work: _Optional[int] = ..., agents_registered: _Optional[int] = ...) -> None: ...
+    explained: bool
+    def __init__(self, namespace: _Optional[str] = ..., states: _Optional[_Iterable[_Union[TaskStateCount, _Mapping]]] = ..., queued_reasons: _Optional[_Iterable[_Union[QueuedReasonCount, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[QueueGroup, _Mapping]]] = ..., more_groups: _Optional[int] = ..., computed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., agents_taking_work: _Optional[int] = ..., agents_registered: _Optional[int] = ..., explained: bool = ...) -> None: ...
 
 class TaskStateCount(_message.Message):
     __slots__ = ("state", "count")

@@ -191,9 +191,11 @@ class TaskServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def WatchQueue(self, request, context):
-        """WatchQueue streams the queue summary: first as it is, then again each
-        time the queue or the fleet changed (at most one a second), until the
-        caller closes the stream.
+        """WatchQueue streams the queue summary: first as it is (its groups perhaps
+        not yet explained, then explained), then again each time the queue or
+        the fleet changed, paced by what a summary costs, and at least every 5
+        seconds (so proxies and the server see the caller is still there),
+        until the caller closes the stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -11,8 +11,8 @@ use super::rows::{self, AGENT_COLUMNS};
 use super::{Write, leases, tasks};
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, DocumentWrite, NameContention,
-    Page, StoreEvent, StoredName,
+    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, DocumentWrite,
+    NameContention, Page, StoreEvent, StoredName,
 };
 use crate::store::ReportedDocument;
 use crate::store::plan::{db, to_i64, to_u64};
@@ -121,9 +121,11 @@ pub(crate) async fn list<DB: SqlDb>(
     namespace: &str,
     statuses: &[AgentStatus],
     page: &Page,
+    parts: AgentParts,
 ) -> Result<(Vec<AgentRecord>, Option<String>)> {
     let size = page.size.clamp(1, 1_000);
-    let mut sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE namespace = $1");
+    let columns = rows::agent_columns(parts);
+    let mut sql = format!("SELECT {columns} FROM agents WHERE namespace = $1");
     let mut next_arg = 2;
     if !statuses.is_empty() {
         sql += &format!(
@@ -149,7 +151,10 @@ pub(crate) async fn list<DB: SqlDb>(
         .all(conn)
         .await
         .map_err(db("listing agents"))?;
-    let mut agents = rows::all::<DB, _>(&rows, rows::agent::<DB>)?;
+    let mut agents = rows
+        .iter()
+        .map(|row| rows::agent_parts::<DB>(row, parts))
+        .collect::<Result<Vec<_>>>()?;
     let next = if agents.len() > size as usize {
         agents.truncate(size as usize);
         agents.last().map(|a| a.name.clone())
@@ -157,6 +162,37 @@ pub(crate) async fn list<DB: SqlDb>(
         None
     };
     Ok((agents, next))
+}
+
+/// Agents read by id at once, at most.
+const BY_IDS_CHUNK: usize = 500;
+
+/// `parts` of the agents with these ids (those that exist), in no order.
+pub(crate) async fn by_ids<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    ids: &[Uuid],
+    parts: AgentParts,
+) -> Result<Vec<AgentRecord>> {
+    let mut agents = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(BY_IDS_CHUNK) {
+        let sql = format!(
+            "SELECT {} FROM agents WHERE id IN ({})",
+            rows::agent_columns(parts),
+            placeholders(1, chunk.len())
+        );
+        let mut statement = built::<DB>(sql);
+        for id in chunk {
+            statement = statement.arg(*id);
+        }
+        let rows = statement
+            .all(conn)
+            .await
+            .map_err(db("reading agents by id"))?;
+        for row in &rows {
+            agents.push(rows::agent_parts::<DB>(row, parts)?);
+        }
+    }
+    Ok(agents)
 }
 
 const COUNT: &str = "SELECT COUNT(*) AS n FROM agents WHERE namespace = $1";

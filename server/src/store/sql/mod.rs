@@ -55,10 +55,10 @@ use self::db::{BoxFuture, SqlDb, StatementExt};
 use super::{AgentStore, LeaseStore, ReportedDocument, Store, StoreOptions, TaskStore, TokenStore};
 use crate::error::Result;
 use crate::model::{
-    AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion, CompletionResult,
-    GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, LimitUsage, Page, ParkedPlacement,
-    QueueCursor, QueueGroupRow, ReportApplied, RevocationCause, StoreEvent, Submission, Submitted,
-    TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
+    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion,
+    CompletionResult, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, LimitUsage, Page,
+    ParkedPlacement, QueueCursor, QueueGroupRow, ReportApplied, RevocationCause, StoreEvent,
+    Submission, Submitted, TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
 };
 
 /// The statements that differ between the two databases, each written out
@@ -527,8 +527,14 @@ impl<B: Backend> AgentStore for SqlStore<B> {
         namespace: &str,
         statuses: &[AgentStatus],
         page: &Page,
+        parts: AgentParts,
     ) -> Result<(Vec<AgentRecord>, Option<String>)> {
-        self.read(|c, _| Box::pin(agents::list::<B::Db>(c, namespace, statuses, page)))
+        self.read(|c, _| Box::pin(agents::list::<B::Db>(c, namespace, statuses, page, parts)))
+            .await
+    }
+
+    async fn agents_by_ids(&self, ids: &[Uuid], parts: AgentParts) -> Result<Vec<AgentRecord>> {
+        self.read(|c, _| Box::pin(agents::by_ids::<B::Db>(c, ids, parts)))
             .await
     }
 

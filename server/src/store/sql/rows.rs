@@ -11,7 +11,7 @@ use sqlx::types::Json;
 use super::db::{Cols, SqlDb};
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentRecord, AgentStatus, Deadlines, Fairness, LeaseEnd, LeaseRecord, LeaseState,
+    AgentParts, AgentRecord, AgentStatus, Deadlines, Fairness, LeaseEnd, LeaseRecord, LeaseState,
     NameContention, OutputStream, RetryPolicy, Role, StoredChunk, StoredName, TaskEventRecord,
     TaskRecord, TaskState, TokenRecord,
 };
@@ -33,14 +33,29 @@ pub(crate) const TASK_SELECT: &str = "SELECT t.id, t.namespace, t.kind, t.payloa
 pub(crate) const LEASE_COLUMNS: &str = "id, task_id, agent_id, fencing_token, state, granted_at_ms, acked, expires_at_ms, outcome, \
     slots, claim";
 
-/// The columns that read an [`AgentRecord`] (its load is the slots its live
-/// leases hold).
-pub(crate) const AGENT_COLUMNS: &str = "id, namespace, name, document, provenance, rejections, \
-    reported, operator_overrides, generation, status, status_reasons, capacity, \
+/// The columns of an [`AgentRecord`] apart from its JSON documents (what
+/// was rejected building them is kept: it is short, and listings show it;
+/// its load is the slots its live leases hold).
+const AGENT_LISTING_COLUMNS: &str = "id, namespace, name, generation, status, status_reasons, capacity, \
     (SELECT CAST(COALESCE(SUM(l.slots), 0) AS BIGINT) FROM leases l WHERE l.agent_id = agents.id \
     AND l.state IN ('granted', 'active')) AS active_leases, drained, drain_deadline_ms, labels, runner, \
     handled_kinds, session_epoch, last_seen_at_ms, registered_at_ms, takeovers, \
-    last_takeover_at_ms, replaced_runner";
+    last_takeover_at_ms, replaced_runner, rejections";
+
+/// The columns that read a whole [`AgentRecord`].
+pub(crate) const AGENT_COLUMNS: &str = const_format::concatcp!(
+    AGENT_LISTING_COLUMNS,
+    ", document, provenance, reported, operator_overrides"
+);
+
+/// The columns that read `parts` of an [`AgentRecord`].
+pub(crate) fn agent_columns(parts: AgentParts) -> &'static str {
+    match parts {
+        AgentParts::Listing => AGENT_LISTING_COLUMNS,
+        AgentParts::Matching => const_format::concatcp!(AGENT_LISTING_COLUMNS, ", document"),
+        AgentParts::Full => AGENT_COLUMNS,
+    }
+}
 
 /// The columns that read a [`TaskEventRecord`].
 pub(crate) const EVENT_COLUMNS: &str =
@@ -197,17 +212,31 @@ pub(crate) fn claim_text(claim: &Claim) -> Option<String> {
 
 /// An agent, from [`AGENT_COLUMNS`].
 pub(crate) fn agent<DB: SqlDb>(row: &DB::Row) -> Result<AgentRecord> {
+    agent_parts::<DB>(row, AgentParts::Full)
+}
+
+/// `parts` of an agent, from [`agent_columns`]`(parts)`; the documents not
+/// read are `null`.
+pub(crate) fn agent_parts<DB: SqlDb>(row: &DB::Row, parts: AgentParts) -> Result<AgentRecord> {
     const CONTEXT: &str = "reading an agent row";
     let cols = Cols::<DB>::new(row, CONTEXT);
+    let full = parts == AgentParts::Full;
+    let read = |column: &str, wanted: bool| -> Result<Value> {
+        if wanted {
+            json(&cols, column)
+        } else {
+            Ok(Value::Null)
+        }
+    };
     Ok(AgentRecord {
         id: cols.get("id")?,
         namespace: cols.get("namespace")?,
         name: cols.get("name")?,
-        document: json(&cols, "document")?,
-        provenance: json(&cols, "provenance")?,
+        document: read("document", parts != AgentParts::Listing)?,
+        provenance: read("provenance", full)?,
         rejections: json(&cols, "rejections")?,
-        reported: json(&cols, "reported")?,
-        operator_overrides: json(&cols, "operator_overrides")?,
+        reported: read("reported", full)?,
+        operator_overrides: read("operator_overrides", full)?,
         generation: to_u64(cols.get("generation")?),
         status: stored::<AgentStatus>(&cols.get::<String>("status")?, CONTEXT)?,
         status_reasons: cols.get::<Json<Vec<String>>>("status_reasons")?.0,

@@ -429,7 +429,7 @@ export declare type WatchAgentsResponse = Message<"switchyard.v1.WatchAgentsResp
   /**
    * True on the message that completes the first listing: every agent
    * picked has been sent once (the first listing comes in messages of at
-   * most 500 agents).
+   * most 2,000 agents).
    *
    * @generated from field: bool synced = 3;
    */
@@ -522,9 +522,11 @@ export declare const AgentAdminService: GenService<{
   },
   /**
    * WatchAgents streams the namespace's agents (those a selector picks):
-   * first all of them, then each agent whose status, load, drain, document
-   * or last heartbeat changed (at most one message a second), and the ids of
-   * those gone, until the caller closes the stream.
+   * first all of them, then each agent whose status, load, drain, labels or
+   * last heartbeat changed, and the ids of those gone, paced by what a
+   * listing costs; a message with neither at least every 5 seconds (so
+   * proxies and the server see the caller is still there), until the caller
+   * closes the stream.
    *
    * @generated from rpc switchyard.v1.AgentAdminService.WatchAgents
    */

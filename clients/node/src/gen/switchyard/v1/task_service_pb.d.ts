@@ -786,6 +786,16 @@ export declare type QueueSummary = Message<"switchyard.v1.QueueSummary"> & {
    * @generated from field: uint32 agents_registered = 8;
    */
   agentsRegistered: number;
+
+  /**
+   * Whether the groups carry what matching says (reason, explanation,
+   * capable and eligible agents). WatchQueue's first message may come
+   * before matching ran, its groups counted but not explained (a large
+   * fleet takes a while to match); the next message explains them.
+   *
+   * @generated from field: bool explained = 9;
+   */
+  explained: boolean;
 };
 
 /**
@@ -1048,9 +1058,11 @@ export declare const TaskService: GenService<{
     output: typeof GetQueueSummaryResponseSchema;
   },
   /**
-   * WatchQueue streams the queue summary: first as it is, then again each
-   * time the queue or the fleet changed (at most one a second), until the
-   * caller closes the stream.
+   * WatchQueue streams the queue summary: first as it is (its groups perhaps
+   * not yet explained, then explained), then again each time the queue or
+   * the fleet changed, paced by what a summary costs, and at least every 5
+   * seconds (so proxies and the server see the caller is still there),
+   * until the caller closes the stream.
    *
    * @generated from rpc switchyard.v1.TaskService.WatchQueue
    */
