@@ -51,17 +51,18 @@ export function QueuePage() {
             {summary.states.length === 0 && <span className="note">nothing queued or running</span>}
             {summary.states.map((s) => (
               <span key={s.state} className={`count state-${stateName(s.state)}`}>
-                <b>{String(s.count)}</b> {stateName(s.state)}
+                <b>{s.count.toLocaleString("en")}</b> {stateName(s.state)}
               </span>
             ))}
             {summary.queuedReasons.map((r) => (
               <span key={r.reason} className={`count reason-${reasonName(r.reason).replaceAll(" ", "-")}`}>
-                <b>{String(r.count)}</b> {reasonName(r.reason)}
+                <b>{r.count.toLocaleString("en")}</b> {reasonName(r.reason)}
               </span>
             ))}
             {summary.explained && (
               <span className="count">
-                <b>{summary.agentsTakingWork}</b> of {summary.agentsRegistered} agents taking work
+                <b>{summary.agentsTakingWork.toLocaleString("en")}</b> of {summary.agentsRegistered.toLocaleString("en")} agents
+                taking work
               </span>
             )}
           </div>
@@ -83,8 +84,8 @@ export function QueuePage() {
                     <td><code>{g.kind}</code></td>
                     <td><code>{placementText(g.placement)}</code></td>
                     <td>
-                      {String(g.tasks)}
-                      {g.notYetDue > 0n && <div className="note">{String(g.notYetDue)} not yet due</div>}
+                      {g.tasks.toLocaleString("en")}
+                      {g.notYetDue > 0n && <div className="note">{g.notYetDue.toLocaleString("en")} not yet due</div>}
                     </td>
                     <td title={when(g.oldestSubmittedAt)?.toISOString()}>{ago(when(g.oldestSubmittedAt), now)}</td>
                     <td>
