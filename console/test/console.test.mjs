@@ -4,7 +4,8 @@
 // an agent that connects while it is open; a parked task's group and its
 // reason appear on the queue page, then go when an agent that fits
 // connects and runs it; an operator drains an agent from its page; a
-// submitter's token sees the queue but not the agents. Each page is saved
+// submitter's token sees the queue but not the agents; a task's page shows
+// its timeline and the output its runner sent. Each page is saved
 // as a screenshot in $CONSOLE_SCREENSHOTS (default target/console-screenshots).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -187,11 +188,20 @@ test("a parked task's group and reason appear on the queue page, and go once an 
   });
   const group = page.locator('[data-testid="queue-group"][data-reason="parked"]').filter({ hasText: "render" });
   await group.waitFor({ timeout: SHOWN });
-  // The only agent so far fails it: it handles other kinds and lacks the tag.
-  assert.match(await group.innerText(), /0\/1 agents eligible: 1 not handling kind render/);
+  // No agent so far can take it (those of other tests handle other kinds).
+  assert.match(await group.innerText(), /0\/\d+ agents eligible/);
+  assert.match(await group.innerText(), /0 capable, 0 with room/);
   await shoot(page, "queue");
 
-  await startRunner("gpu", { tags: ["gpu-console"], kinds: ["render"] });
+  await startRunner("gpu", {
+    tags: ["gpu-console"],
+    kinds: ["render"],
+    onTask: async (input, ctx) => {
+      console.log("rendering frame 1 of 1");
+      ctx.log.warn("low on VRAM");
+      return { frames: 1 };
+    },
+  });
   await page.getByTestId("no-groups").waitFor({ timeout: SHOWN });
   const { task: done } = await grpc.submitter.tasks.getTask({ taskId: task.taskId });
   assert.ok(done.state >= 2, `the task was leased (state ${done.state})`);
@@ -200,6 +210,10 @@ test("a parked task's group and reason appear on the queue page, and go once an 
   await page.goto(`${server.console}/tasks/${task.taskId}`);
   await page.getByTestId("task-state").filter({ hasText: "succeeded" }).waitFor({ timeout: SHOWN });
   assert.match(await page.getByTestId("timeline").innerText(), /leased/);
+  // Its output, as the runner sent it.
+  const output = page.getByTestId("output");
+  await output.filter({ hasText: "low on VRAM" }).waitFor({ timeout: SHOWN });
+  assert.match(await output.innerText(), /rendering frame 1 of 1/);
   await shoot(page, "task");
 });
 
