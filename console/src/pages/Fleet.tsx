@@ -16,8 +16,9 @@ export function FleetPage() {
   const [agents, setAgents] = useState<Map<string, Agent>>(new Map());
   const [synced, setSynced] = useState(false);
   const now = useNow();
-  // The first listing comes in several messages: gathered here and shown
-  // once whole, instead of drawing the table once per message.
+  // The first listing comes in several messages, in name order: the first
+  // is drawn at once (it holds the rows the table shows), the rest gathered
+  // here and drawn once whole, instead of once per message.
   const pending = useRef<Map<string, Agent> | null>(null);
   const error = useStream(
     (signal) => {
@@ -28,12 +29,15 @@ export function FleetPage() {
     },
     (m) => {
       if (pending.current) {
+        const firstMessage = pending.current.size === 0;
         for (const a of m.agents) pending.current.set(a.agentId, a);
         for (const id of m.removedAgentIds) pending.current.delete(id);
         if (m.synced) {
           setAgents(pending.current);
           pending.current = null;
           setSynced(true);
+        } else if (firstMessage) {
+          setAgents(new Map(pending.current));
         }
         return;
       }
@@ -81,7 +85,7 @@ export function FleetPage() {
       </form>
       {error && <p className="error" role="alert">{error}</p>}
       <p className="summary" data-testid="fleet-summary">
-        {synced ? `${agents.size} agents` : "loading…"}
+        {synced ? `${agents.size} agents` : `loading… ${agents.size} so far`}
         {[...counts.entries()].map(([s, n]) => (
           <span key={s} className={`badge ${s}`}>{n} {s}</span>
         ))}

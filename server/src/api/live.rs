@@ -138,9 +138,10 @@ impl FleetWatch {
         }
     }
 
-    /// Reads the fleet and sends what changed since the last look (on the
-    /// first, everything, the last message marked `synced`). False when
-    /// the caller left.
+    /// Reads the fleet and sends what changed since the last look. The
+    /// first look sends every agent, page by page as the store is read (in
+    /// name order, so a page can draw the first agents at once), the last
+    /// message marked `synced`. False when the caller left.
     async fn look(&mut self, first: bool) -> Result<bool> {
         let mut current: HashMap<Uuid, pb::Agent> = HashMap::new();
         // Documents only to test a selector against: they are most of a row.
@@ -153,6 +154,7 @@ impl FleetWatch {
             size: 1000,
             after: None,
         };
+        let mut fresh: Vec<pb::Agent> = Vec::new();
         loop {
             let (agents, next) = self
                 .api
@@ -165,13 +167,29 @@ impl FleetWatch {
                     .as_ref()
                     .is_none_or(|s| s.satisfied_by(&agent.document))
                 {
-                    current.insert(agent.id, wire::agent(agent, false));
+                    let wire = wire::agent(agent, false);
+                    if first {
+                        fresh.push(wire.clone());
+                    }
+                    current.insert(agent.id, wire);
                 }
             }
             match next {
                 Some(token) => page.after = Some(token),
                 None => break,
             }
+            if first
+                && !fresh.is_empty()
+                && !self
+                    .send(std::mem::take(&mut fresh), Vec::new(), false)
+                    .await
+            {
+                return Ok(false);
+            }
+        }
+        if first {
+            self.sent = current;
+            return Ok(self.send(fresh, Vec::new(), true).await);
         }
         let mut changed: Vec<pb::Agent> = current
             .iter()
@@ -186,12 +204,18 @@ impl FleetWatch {
             .map(Uuid::to_string)
             .collect();
         self.sent = current;
-        if !first && changed.is_empty() && removed.is_empty() && self.last_sent.elapsed() < RECHECK
-        {
+        if changed.is_empty() && removed.is_empty() && self.last_sent.elapsed() < RECHECK {
             return Ok(true);
         }
+        Ok(self.send(changed, removed, false).await)
+    }
+
+    /// Sends `agents` (in messages of at most [`AGENTS_PER_MESSAGE`]) and
+    /// `removed` (with the last), the last marked `synced` if asked. False
+    /// when the caller left.
+    async fn send(&mut self, agents: Vec<pb::Agent>, removed: Vec<String>, synced: bool) -> bool {
         self.last_sent = Instant::now();
-        let mut batches: Vec<Vec<pb::Agent>> = changed
+        let mut batches: Vec<Vec<pb::Agent>> = agents
             .chunks(AGENTS_PER_MESSAGE)
             .map(<[pb::Agent]>::to_vec)
             .collect();
@@ -208,13 +232,13 @@ impl FleetWatch {
                 } else {
                     Vec::new()
                 },
-                synced: first && i == last,
+                synced: synced && i == last,
             };
             if self.tx.send(Ok(message)).await.is_err() {
-                return Ok(false);
+                return false;
             }
         }
-        Ok(true)
+        true
     }
 }
 
