@@ -8,7 +8,7 @@ import { useNow, useStream } from "../live";
 import { Link } from "../nav";
 
 /** Rows drawn at most: a selector narrows a larger fleet. */
-const SHOWN = 500;
+const SHOWN = 200;
 
 export function FleetPage() {
   const [selector, setSelector] = useState("");
