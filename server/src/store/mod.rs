@@ -321,6 +321,9 @@ pub trait AgentStore: Send + Sync {
     /// `parts` of the agents with these ids (those that exist), in no
     /// order.
     async fn agents_by_ids(&self, ids: &[Uuid], parts: AgentParts) -> Result<Vec<AgentRecord>>;
+    /// The ids of a namespace's agents, by name (all of them at once: an
+    /// id is all a caller that has the agents' views at hand needs).
+    async fn agent_ids(&self, namespace: &str) -> Result<Vec<Uuid>>;
     /// Registered agents of a namespace (for its cap).
     async fn agents_in_namespace(&self, namespace: &str) -> Result<u64>;
     /// Replaces the agent's document (a snapshot) if its generation is

@@ -1,5 +1,6 @@
 //! Agent registration (upsert, epochs, generations), document
-//! compare-and-set, operator overrides, status, drain, last seen, listing.
+//! compare-and-set, operator overrides, status, drain, last seen, listing
+//! (by pages, and every id at once).
 
 use serde_json::json;
 use switchyard_server::error::Error;
@@ -202,6 +203,9 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
         ["c"]
     );
     assert_eq!(next, None);
+    // Every id of the namespace at once, in the same (name) order.
+    assert_eq!(store.agent_ids("ns").await.unwrap(), [a.id, b.id, c.id]);
+    assert!(store.agent_ids("elsewhere").await.unwrap().is_empty());
     let (page, _) = store
         .list_agents(
             "ns",

@@ -195,6 +195,23 @@ pub(crate) async fn by_ids<DB: SqlDb>(
     Ok(agents)
 }
 
+const IDS: &str = "SELECT id FROM agents WHERE namespace = $1 ORDER BY name";
+
+/// The ids of a namespace's agents, by name.
+pub(crate) async fn ids<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    namespace: &str,
+) -> Result<Vec<Uuid>> {
+    let rows = query::<DB>(IDS)
+        .text(namespace)
+        .all(conn)
+        .await
+        .map_err(db("listing a namespace's agent ids"))?;
+    rows.iter()
+        .map(|row| Cols::<DB>::new(row, "reading an agent id").get("id"))
+        .collect()
+}
+
 const COUNT: &str = "SELECT COUNT(*) AS n FROM agents WHERE namespace = $1";
 
 /// Registered agents of a namespace.

@@ -538,6 +538,11 @@ impl<B: Backend> AgentStore for SqlStore<B> {
             .await
     }
 
+    async fn agent_ids(&self, namespace: &str) -> Result<Vec<Uuid>> {
+        self.read(|c, _| Box::pin(agents::ids::<B::Db>(c, namespace)))
+            .await
+    }
+
     async fn agents_in_namespace(&self, namespace: &str) -> Result<u64> {
         self.read(|c, _| Box::pin(agents::count::<B::Db>(c, namespace)))
             .await
