@@ -14,8 +14,10 @@
 //! sent for [`RECHECK`] (an empty WatchAgents message, the summary again):
 //! over HTTP/1.1 (the console's gRPC-Web) a caller that left is noticed
 //! only when the server writes, and a follower nobody reads would look on
-//! for ever. WatchQueue's first look sends the groups counted before it
-//! matches them against the fleet, which takes a while for a large one.
+//! for ever. WatchQueue's first look sends the summary made a moment ago
+//! for another caller if nothing moved since, else the groups counted at
+//! once, then matched against the fleet (which takes a while for a large
+//! one) from that same count.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -31,7 +33,7 @@ use uuid::Uuid;
 
 use super::Api;
 use crate::error::Result;
-use crate::model::{AgentParts, Page};
+use crate::model::{AgentParts, Page, QueueSummary};
 use crate::wire;
 
 /// The shortest wait between two looks.
@@ -272,18 +274,41 @@ impl QueueWatch {
         // A parked group waits on the fleet: either moving is a reason to look.
         let mut queue = self.api.dispatcher.follow_queue();
         let mut fleet = self.api.dispatcher.follow_fleet();
-        // First the groups as counted, at once; matching follows.
-        if !self.send_summary(false).await.unwrap_or(false) {
-            return;
+        // First what is at hand: the summary made a moment ago for another
+        // caller if it still holds, else the groups as counted, at once
+        // (matching them against the fleet follows).
+        let mut counted = None;
+        if self.api.dispatcher.fresh_summary(&self.namespace).is_none() {
+            let count = match self.api.dispatcher.count_queue(&self.namespace).await {
+                Ok(count) => count,
+                Err(err) => {
+                    let _ = self.send_summary(Err(err)).await;
+                    return;
+                }
+            };
+            if !self
+                .send_summary(Ok(count.summary()))
+                .await
+                .unwrap_or(false)
+            {
+                return;
+            }
+            counted = Some(count);
         }
         loop {
-            queue.mark_unchanged();
-            fleet.mark_unchanged();
+            if counted.is_none() {
+                queue.mark_unchanged();
+                fleet.mark_unchanged();
+            }
             if self.tx.is_closed() {
                 return;
             }
             let started = Instant::now();
-            match self.send_summary(true).await {
+            let summary = match counted.take() {
+                Some(count) => self.api.dispatcher.explain_queue(count).await,
+                None => self.api.dispatcher.followed_summary(&self.namespace).await,
+            };
+            match self.send_summary(summary).await {
                 Some(true) => {}
                 _ => return,
             }
@@ -303,18 +328,12 @@ impl QueueWatch {
         }
     }
 
-    /// Makes the summary (matched against the fleet with `explain`) and
-    /// sends it if it changed, or if nothing was sent for [`RECHECK`].
-    /// `Some(false)` when the caller left, `None` on an error (sent to the
-    /// caller).
-    async fn send_summary(&mut self, explain: bool) -> Option<bool> {
-        let summary = match self
-            .api
-            .dispatcher
-            .queue_summary(&self.namespace, explain)
-            .await
-        {
-            Ok(summary) => wire::queue::summary(&summary, self.api.now_ms()),
+    /// Sends `summary` if it changed, or if nothing was sent for
+    /// [`RECHECK`]. `Some(false)` when the caller left, `None` on an error
+    /// (sent to the caller).
+    async fn send_summary(&mut self, summary: Result<QueueSummary>) -> Option<bool> {
+        let summary = match summary {
+            Ok(summary) => wire::queue::summary(&summary),
             Err(err) => {
                 let _ = self.tx.send(Err(err.into())).await;
                 return None;

@@ -377,7 +377,7 @@ impl TaskService for TaskApi {
         caller.require(Need::Tasks, &ns)?;
         let summary = self.0.dispatcher.queue_summary(&ns, true).await?;
         Ok(Response::new(pb::GetQueueSummaryResponse {
-            summary: Some(wire::queue::summary(&summary, self.0.now_ms())),
+            summary: Some(wire::queue::summary(&summary)),
         }))
     }
 

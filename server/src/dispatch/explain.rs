@@ -13,7 +13,8 @@ use switchyard_core::resources::Held;
 use super::Dispatcher;
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentParts, AgentRecord, Page, QueueGroup, QueueSummary, QueuedReason, TaskRecord, TaskState,
+    AgentParts, AgentRecord, Page, QueueGroup, QueueGroupRow, QueueSummary, QueuedReason,
+    TaskRecord, TaskState,
 };
 
 /// Groups of a queue summary listed (and explained) at most: an
@@ -24,18 +25,14 @@ pub const SUMMARY_GROUPS: u32 = 100;
 impl Dispatcher {
     /// Every agent of `namespace` as the matcher sees it (from the store, so
     /// agents connected to other replicas count too), with agent names by
-    /// id. The store is listed without documents; an agent connected here
-    /// is taken from the index (its view there is as current as the store's,
-    /// and its document is not read and parsed again), the others' documents
-    /// are read by id.
+    /// id. The store is listed without documents; the views are
+    /// [`Dispatcher::views_of`] those agents.
     pub async fn fleet(
         &self,
         namespace: &str,
     ) -> Result<(Vec<AgentView>, BTreeMap<AgentId, String>)> {
-        // In the listing's order (by name), those read later left empty.
-        let mut views: Vec<Option<AgentView>> = Vec::new();
+        let mut ids = Vec::new();
         let mut names = BTreeMap::new();
-        let mut elsewhere = Vec::new();
         let mut page = Page {
             size: 1000,
             after: None,
@@ -46,22 +43,45 @@ impl Dispatcher {
                 .store
                 .list_agents(namespace, &[], &page, AgentParts::Listing)
                 .await?;
-            {
-                let state = self.state();
-                for agent in &agents {
-                    names.insert(agent.id.into(), agent.name.clone());
-                    let view = state.index.get(agent.id.into()).cloned();
-                    if view.is_none() {
-                        elsewhere.push((views.len(), agent.id));
-                    }
-                    views.push(view);
-                }
+            for agent in agents {
+                ids.push(agent.id);
+                names.insert(agent.id.into(), agent.name);
             }
             match next {
                 Some(token) => page.after = Some(token),
                 None => break,
             }
         }
+        Ok((self.views_of(ids).await?, names))
+    }
+
+    /// [`Dispatcher::fleet`] without the names: the store is read for the
+    /// agents' ids alone (one statement however large the fleet).
+    pub async fn fleet_views(&self, namespace: &str) -> Result<Vec<AgentView>> {
+        let ids = self.shared.store.agent_ids(namespace).await?;
+        self.views_of(ids).await
+    }
+
+    /// The matcher's views of the agents `ids`, in that order: an agent
+    /// connected here is taken from the index (its view there is as current
+    /// as the store's, and its document is not read and parsed again), the
+    /// others' documents are read by id. An agent deleted meanwhile is left
+    /// out.
+    async fn views_of(&self, ids: Vec<uuid::Uuid>) -> Result<Vec<AgentView>> {
+        let mut elsewhere = Vec::new();
+        let mut views: Vec<Option<AgentView>> = {
+            let state = self.state();
+            ids.iter()
+                .enumerate()
+                .map(|(at, id)| {
+                    let view = state.index.get((*id).into()).cloned();
+                    if view.is_none() {
+                        elsewhere.push((at, *id));
+                    }
+                    view
+                })
+                .collect()
+        };
         if !elsewhere.is_empty() {
             let ids: Vec<uuid::Uuid> = elsewhere.iter().map(|(_, id)| *id).collect();
             let mut read: std::collections::HashMap<uuid::Uuid, AgentRecord> = self
@@ -76,8 +96,7 @@ impl Dispatcher {
                 views[at] = read.remove(&id).map(AgentRecord::into_view);
             }
         }
-        // An agent deleted between the two reads is left out.
-        Ok((views.into_iter().flatten().collect(), names))
+        Ok(views.into_iter().flatten().collect())
     }
 
     /// [`Dispatcher::fleet`] as matching `placement` sees it: for a
@@ -162,6 +181,36 @@ impl Dispatcher {
     }
 }
 
+/// How long an explained queue summary is shown again to followers of the
+/// queue if nothing moved since it was made, in milliseconds: no task
+/// queued or changed and no agent changed, here or (as the store tells)
+/// on another replica. It bounds what time alone changes (tasks coming
+/// due) and a change the dispatcher hears of only after a reader.
+pub const SUMMARY_REUSE_MS: i64 = 2_000;
+
+/// A namespace's queue as counted, before it is explained: what
+/// [`Dispatcher::count_queue`] read, and when.
+#[derive(Debug, Clone)]
+pub struct QueueCount {
+    namespace: String,
+    /// The pulses (queue, fleet) before the store was read.
+    pulses: (u64, u64),
+    /// The clock then, in milliseconds.
+    at_ms: i64,
+    states: Vec<(TaskState, u64)>,
+    rows: Vec<QueueGroupRow>,
+    /// Groups in all (`rows` are the first [`SUMMARY_GROUPS`]).
+    total: u64,
+}
+
+/// The last explained summary of a namespace, and what it was made from.
+#[derive(Debug, Clone)]
+pub(super) struct MadeSummary {
+    pulses: (u64, u64),
+    at_ms: i64,
+    summary: QueueSummary,
+}
+
 impl Dispatcher {
     /// What `namespace`'s queue holds and why it waits: live tasks by
     /// state, and its queued tasks by kind and placement, each group
@@ -169,9 +218,57 @@ impl Dispatcher {
     /// count under its reason, those not yet due as BACKOFF; concurrency
     /// limits are not read (a group an agent could take now has no reason).
     /// Without `explain`, the groups are counted only (the fleet is not
-    /// read): what a first look can show at once.
+    /// read): what a first look can show at once. Always read afresh (a
+    /// caller sees what it just did).
     pub async fn queue_summary(&self, namespace: &str, explain: bool) -> Result<QueueSummary> {
+        let count = self.count_queue(namespace).await?;
+        if explain {
+            self.explain_queue(count).await
+        } else {
+            Ok(count.summary())
+        }
+    }
+
+    /// The explained summary for a follower of the queue (WatchQueue): made
+    /// once for all of them while nothing moves, the one made less than
+    /// [`SUMMARY_REUSE_MS`] ago shown again if no pulse moved since (on a
+    /// large fleet it takes a pass over every agent per group, and every
+    /// open console asks for it). A follower subscribes to the pulses
+    /// before it asks, so a change this summary misses wakes it.
+    pub async fn followed_summary(&self, namespace: &str) -> Result<QueueSummary> {
+        match self.fresh_summary(namespace) {
+            Some(made) => Ok(made),
+            None => self.queue_summary(namespace, true).await,
+        }
+    }
+
+    /// The explained summary of `namespace` made last, if it is still
+    /// fresh (see [`Dispatcher::followed_summary`]).
+    pub fn fresh_summary(&self, namespace: &str) -> Option<QueueSummary> {
+        let pulses = self.pulses();
         let now = self.now_ms();
+        let made = self.shared.summaries.lock().ok()?;
+        let made = made.get(namespace)?;
+        let age = now - made.at_ms;
+        (made.pulses == pulses && (0..SUMMARY_REUSE_MS).contains(&age))
+            .then(|| made.summary.clone())
+    }
+
+    /// The pulses of the queue and the fleet now.
+    fn pulses(&self) -> (u64, u64) {
+        (
+            *self.shared.queue_pulse.borrow(),
+            *self.shared.fleet_pulse.borrow(),
+        )
+    }
+
+    /// Counts `namespace`'s queue: its live tasks by state and its queued
+    /// tasks by kind and placement (the first [`SUMMARY_GROUPS`] groups).
+    pub async fn count_queue(&self, namespace: &str) -> Result<QueueCount> {
+        // Before reading: a change while the store is read makes what is
+        // made of it stale.
+        let pulses = self.pulses();
+        let at_ms = self.now_ms();
         let store = &self.shared.store;
         let states: Vec<(TaskState, u64)> = store
             .count_tasks()
@@ -180,51 +277,28 @@ impl Dispatcher {
             .filter(|(ns, _, n)| ns == namespace && *n > 0)
             .map(|(_, state, n)| (state, n))
             .collect();
-        let (rows, total) = store.queue_groups(namespace, now, SUMMARY_GROUPS).await?;
-        if !explain {
-            let not_yet_due: u64 = rows.iter().map(|r| r.not_yet_due.min(r.tasks)).sum();
-            return Ok(QueueSummary {
-                namespace: namespace.to_owned(),
-                states,
-                reasons: if not_yet_due > 0 {
-                    vec![(QueuedReason::Backoff, not_yet_due)]
-                } else {
-                    Vec::new()
-                },
-                more_groups: total.saturating_sub(rows.len() as u64),
-                groups: rows
-                    .into_iter()
-                    .map(|row| QueueGroup {
-                        row,
-                        reason: None,
-                        explanation: String::new(),
-                        capable_agents: 0,
-                        eligible_agents: 0,
-                    })
-                    .collect(),
-                agents_taking_work: 0,
-                agents_registered: 0,
-                explained: false,
-            });
-        }
-        let (fleet, _) = self.fleet(namespace).await?;
+        let (rows, total) = store.queue_groups(namespace, at_ms, SUMMARY_GROUPS).await?;
+        Ok(QueueCount {
+            namespace: namespace.to_owned(),
+            pulses,
+            at_ms,
+            states,
+            rows,
+            total,
+        })
+    }
+
+    /// Explains a counted queue: each group matched against the whole
+    /// fleet (read once), its reason, and which constraint fails on how
+    /// many agents. The summary is kept for other callers.
+    pub async fn explain_queue(&self, count: QueueCount) -> Result<QueueSummary> {
+        let fleet = self.fleet_views(&count.namespace).await?;
         let none = BTreeMap::new();
         let no_failures = std::collections::BTreeSet::new();
-        // By reason, in the contract's order.
-        let order = [
-            QueuedReason::Parked,
-            QueuedReason::WaitingForCapacity,
-            QueuedReason::Backoff,
-        ];
-        let mut counts = [0u64; 3];
-        let mut count = |reason: QueuedReason, n: u64| {
-            if let Some(i) = order.iter().position(|r| *r == reason) {
-                counts[i] += n;
-            }
-        };
-        let mut groups = Vec::with_capacity(rows.len());
-        for row in rows {
-            let compiled = compile_stored(&row.placement, &row.kind)?;
+        let mut summary = count.summary();
+        let mut reasons = ReasonCounts::default();
+        for group in &mut summary.groups {
+            let compiled = compile_stored(&group.row.placement, &group.row.kind)?;
             let claimed;
             let views: &[AgentView] = if compiled.claims_beyond_slots() {
                 let mut views = fleet.clone();
@@ -234,45 +308,106 @@ impl Dispatcher {
             } else {
                 &fleet
             };
-            let explained = matcher::explain_task(&compiled, namespace, views, &none, &no_failures);
-            let reason = match explained.outcome {
+            let explained =
+                matcher::explain_task(&compiled, &count.namespace, views, &none, &no_failures);
+            group.reason = match explained.outcome {
                 matcher::Outcome::Placeable => None,
                 ref outcome => Some(QueuedReason::of(outcome)),
             };
-            let not_yet_due = row.not_yet_due.min(row.tasks);
-            if let Some(reason) = reason {
-                count(reason, row.tasks - not_yet_due);
+            let not_yet_due = group.row.not_yet_due.min(group.row.tasks);
+            if let Some(reason) = group.reason {
+                reasons.add(reason, group.row.tasks - not_yet_due);
             }
-            count(QueuedReason::Backoff, not_yet_due);
+            reasons.add(QueuedReason::Backoff, not_yet_due);
             let capable = explained
                 .verdicts
                 .iter()
                 .filter(|v| v.satisfies_placement())
                 .count();
             let eligible = explained.verdicts.iter().filter(|v| v.eligible).count();
-            groups.push(QueueGroup {
-                row,
-                reason,
-                explanation: explained.summary,
-                capable_agents: u32::try_from(capable).unwrap_or(u32::MAX),
-                eligible_agents: u32::try_from(eligible).unwrap_or(u32::MAX),
-            });
+            group.explanation = explained.summary;
+            group.capable_agents = u32::try_from(capable).unwrap_or(u32::MAX);
+            group.eligible_agents = u32::try_from(eligible).unwrap_or(u32::MAX);
         }
         let taking_work = fleet.iter().filter(|a| a.status.takes_work()).count();
-        Ok(QueueSummary {
-            namespace: namespace.to_owned(),
-            states,
-            reasons: order
-                .into_iter()
-                .zip(counts)
-                .filter(|(_, n)| *n > 0)
+        summary.reasons = reasons.listed();
+        summary.agents_taking_work = u32::try_from(taking_work).unwrap_or(u32::MAX);
+        summary.agents_registered = u32::try_from(fleet.len()).unwrap_or(u32::MAX);
+        summary.explained = true;
+        if let Ok(mut made) = self.shared.summaries.lock() {
+            let newer = made
+                .get(&count.namespace)
+                .is_none_or(|m| m.at_ms <= count.at_ms);
+            if newer {
+                made.insert(
+                    count.namespace,
+                    MadeSummary {
+                        pulses: count.pulses,
+                        at_ms: count.at_ms,
+                        summary: summary.clone(),
+                    },
+                );
+            }
+        }
+        Ok(summary)
+    }
+}
+
+impl QueueCount {
+    /// The summary as counted: groups without reasons, and the tasks not
+    /// yet due as BACKOFF.
+    pub fn summary(&self) -> QueueSummary {
+        let not_yet_due: u64 = self.rows.iter().map(|r| r.not_yet_due.min(r.tasks)).sum();
+        let mut reasons = ReasonCounts::default();
+        reasons.add(QueuedReason::Backoff, not_yet_due);
+        QueueSummary {
+            namespace: self.namespace.clone(),
+            states: self.states.clone(),
+            reasons: reasons.listed(),
+            more_groups: self.total.saturating_sub(self.rows.len() as u64),
+            groups: self
+                .rows
+                .iter()
+                .map(|row| QueueGroup {
+                    row: row.clone(),
+                    reason: None,
+                    explanation: String::new(),
+                    capable_agents: 0,
+                    eligible_agents: 0,
+                })
                 .collect(),
-            more_groups: total.saturating_sub(groups.len() as u64),
-            groups,
-            agents_taking_work: u32::try_from(taking_work).unwrap_or(u32::MAX),
-            agents_registered: u32::try_from(fleet.len()).unwrap_or(u32::MAX),
-            explained: true,
-        })
+            agents_taking_work: 0,
+            agents_registered: 0,
+            explained: false,
+            made_at_ms: self.at_ms,
+        }
+    }
+}
+
+/// Queued tasks by reason, listed in the contract's order.
+#[derive(Default)]
+struct ReasonCounts([u64; 3]);
+
+impl ReasonCounts {
+    const ORDER: [QueuedReason; 3] = [
+        QueuedReason::Parked,
+        QueuedReason::WaitingForCapacity,
+        QueuedReason::Backoff,
+    ];
+
+    fn add(&mut self, reason: QueuedReason, n: u64) {
+        if let Some(i) = Self::ORDER.iter().position(|r| *r == reason) {
+            self.0[i] += n;
+        }
+    }
+
+    /// The reasons with tasks, and how many.
+    fn listed(&self) -> Vec<(QueuedReason, u64)> {
+        Self::ORDER
+            .into_iter()
+            .zip(self.0)
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 }
 

@@ -51,6 +51,7 @@ use switchyard_core::placement::CompiledPlacement;
 use tokio::sync::{Notify, broadcast};
 use uuid::Uuid;
 
+pub use self::explain::QueueCount;
 use self::queue::QueueState;
 pub use self::sessions::{SessionId, SessionSender};
 pub use self::submit::SubmitOutcome;
@@ -174,6 +175,9 @@ struct Shared {
     /// Counts changes to the queue seen here (a task queued or changed, on
     /// any replica), likewise.
     queue_pulse: tokio::sync::watch::Sender<u64>,
+    /// The explained queue summary made last, by namespace, shown again
+    /// while nothing moved (see [`Dispatcher::queue_summary`]).
+    summaries: Mutex<HashMap<String, explain::MadeSummary>>,
 }
 
 impl Dispatcher {
@@ -198,6 +202,7 @@ impl Dispatcher {
                 next_session: AtomicU64::new(1),
                 fleet_pulse: tokio::sync::watch::channel(0).0,
                 queue_pulse: tokio::sync::watch::channel(0).0,
+                summaries: Mutex::new(HashMap::new()),
             }),
         }
     }

@@ -230,7 +230,48 @@ on_both_stores!(
     a_lapsed_lease_is_expired_revoked_and_granted_again,
     a_submit_is_leased_on_the_way_in_only_when_nothing_waits,
     a_refused_task_waits_on_its_own_until_an_agent_that_did_not_refuse_it_connects,
+    followers_of_the_queue_share_one_summary_while_nothing_moves,
 );
+
+/// The queue's one group: its tasks and whether matching found an agent.
+fn only_group(summary: &crate::model::QueueSummary) -> (u64, Option<QueuedReason>) {
+    assert!(summary.explained, "{summary:?}");
+    assert_eq!(summary.groups.len(), 1, "{summary:?}");
+    (summary.groups[0].row.tasks, summary.groups[0].reason)
+}
+
+/// WatchQueue's followers get one explained summary while no pulse moves
+/// and it is younger than SUMMARY_REUSE_MS (a task stored behind the
+/// dispatcher's back, unheard of, is not read); it is made again once an
+/// agent attaches or that time has passed, and a caller asking for the
+/// summary itself (GetQueueSummary) always reads afresh.
+async fn followers_of_the_queue_share_one_summary_while_nothing_moves(fx: &Fixture) {
+    use super::explain::SUMMARY_REUSE_MS;
+    let followed = || fx.dispatcher.followed_summary("default");
+    fx.queue("gpu", 0, None).await;
+    let first = followed().await.expect("summary");
+    assert_eq!(only_group(&first), (1, Some(QueuedReason::Parked)));
+
+    fx.queue("gpu", 0, None).await;
+    fx.clock.advance(SUMMARY_REUSE_MS - 1);
+    assert_eq!(followed().await.expect("summary"), first);
+    let asked = fx
+        .dispatcher
+        .queue_summary("default", true)
+        .await
+        .expect("summary");
+    assert_eq!(only_group(&asked), (2, Some(QueuedReason::Parked)));
+
+    fx.queue("gpu", 0, None).await;
+    let _agent = fx.connect("gpu-1", &["gpu"], 1).await;
+    let after_attach = followed().await.expect("summary");
+    assert_eq!(only_group(&after_attach), (3, None));
+
+    fx.queue("gpu", 0, None).await;
+    assert_eq!(followed().await.expect("summary"), after_attach);
+    fx.clock.advance(SUMMARY_REUSE_MS);
+    assert_eq!(only_group(&followed().await.expect("summary")), (4, None));
+}
 
 async fn a_round_fills_free_slots_in_priority_order(fx: &Fixture) {
     let mut agent = fx.connect("a", &["linux"], 2).await;

@@ -59,4 +59,6 @@ pub struct QueueSummary {
     /// explanation, capable and eligible agents); when not, those are
     /// empty and the queued reasons count only what is not yet due.
     pub explained: bool,
+    /// When it was made (the store read for it), in milliseconds.
+    pub made_at_ms: i64,
 }

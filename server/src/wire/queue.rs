@@ -8,8 +8,8 @@ use super::convert::timestamp;
 use super::{placement, queued_reason, task_state};
 use crate::model::QueueSummary;
 
-/// `summary`, made at `computed_at_ms`, as the wire message.
-pub fn summary(summary: &QueueSummary, computed_at_ms: i64) -> pb::QueueSummary {
+/// `summary` as the wire message.
+pub fn summary(summary: &QueueSummary) -> pb::QueueSummary {
     pb::QueueSummary {
         namespace: summary.namespace.clone(),
         states: summary
@@ -47,7 +47,7 @@ pub fn summary(summary: &QueueSummary, computed_at_ms: i64) -> pb::QueueSummary 
             })
             .collect(),
         more_groups: u32::try_from(summary.more_groups).unwrap_or(u32::MAX),
-        computed_at: Some(timestamp(computed_at_ms)),
+        computed_at: Some(timestamp(summary.made_at_ms)),
         agents_taking_work: summary.agents_taking_work,
         agents_registered: summary.agents_registered,
         explained: summary.explained,
