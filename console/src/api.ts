@@ -45,9 +45,49 @@ const bearer: Interceptor = (next) => async (req) => {
   return next(req);
 };
 
+/** The stream public/early.js started before this script ran. */
+interface Early {
+  url: string;
+  body: Uint8Array;
+  authorization: string;
+  abort: () => void;
+  taken: boolean;
+  /** Set when the page's call took the response over (and so did not ask again). */
+  handedOver?: boolean;
+  response: Promise<Response>;
+}
+
+function sameBytes(a: Uint8Array, b: unknown): boolean {
+  if (!(b instanceof Uint8Array) || a.length !== b.length) return false;
+  return a.every((byte, i) => byte === b[i]);
+}
+
+/**
+ * `fetch`, except that the page's first call to the stream early.js
+ * started takes that stream over — when it is the same request (the same
+ * message, the same token); a different first call aborts it.
+ */
+const fetchOrTakeEarly: typeof fetch = (input, init) => {
+  const early = (window as { __switchyardEarly?: Early }).__switchyardEarly;
+  if (early && !early.taken && String(input) === early.url) {
+    early.taken = true;
+    const authorization = new Headers(init?.headers).get("authorization") ?? "";
+    if (sameBytes(early.body, init?.body) && authorization === early.authorization) {
+      const signal = init?.signal;
+      if (signal?.aborted) early.abort();
+      else signal?.addEventListener("abort", () => early.abort(), { once: true });
+      early.handedOver = true;
+      return early.response;
+    }
+    early.abort();
+  }
+  return fetch(input, init);
+};
+
 const transport = createGrpcWebTransport({
   baseUrl: window.location.origin,
   interceptors: [bearer],
+  fetch: fetchOrTakeEarly,
 });
 
 export const tasks = createClient(TaskService, transport);

@@ -5,7 +5,8 @@
 // reason appear on the queue page, then go when an agent that fits
 // connects and runs it; an operator drains an agent from its page; a
 // submitter's token sees the queue but not the agents; a task's page shows
-// its timeline and the output its runner sent. Each page is saved
+// its timeline and the output its runner sent; the fleet and queue pages'
+// first stream is the one early.js started (asked once). Each page is saved
 // as a screenshot in $CONSOLE_SCREENSHOTS (default target/console-screenshots).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -282,4 +283,36 @@ test("without a token the page asks for one and shows nothing", async () => {
   await alert.waitFor({ timeout: SHOWN });
   assert.match(await alert.innerText(), /No valid token/);
   assert.equal(await page.getByTestId("queue-counts").count(), 0);
+});
+
+test("the page's first stream is the one early.js started before the script loaded, with this tab's namespace and token", async () => {
+  for (const [path, method, shown] of [
+    ["/queue", "/switchyard.v1.TaskService/WatchQueue", "queue-counts"],
+    ["/", "/switchyard.v1.AgentAdminService/WatchAgents", "fleet-summary"],
+  ]) {
+    const page = await pageAs("operator");
+    const asked = [];
+    page.on("request", (r) => {
+      if (r.url().endsWith(method)) asked.push(r.postDataBuffer());
+    });
+    await page.goto(`${server.console}${path}`);
+    await page.getByTestId(shown).waitFor({ timeout: SHOWN });
+    assert.equal(await page.evaluate(() => window.__switchyardEarly?.handedOver), true, path);
+    // Asked once: the page took the early stream over instead of asking again.
+    assert.equal(asked.length, 1, `${method} asked ${asked.length} times on ${path}`);
+    assert.equal(await page.getByRole("alert").count(), 0);
+
+    // A namespace chosen in this tab reaches the early request too: this
+    // token's namespace is "default", so the server refuses "elsewhere".
+    await page.locator('input[name="namespace"]').fill("elsewhere");
+    await page.getByRole("button", { name: "use" }).click();
+    asked.length = 0;
+    await page.reload();
+    const alert = page.getByRole("alert");
+    await alert.waitFor({ timeout: SHOWN });
+    assert.match(await alert.innerText(), /Not allowed/);
+    assert.equal(await page.evaluate(() => window.__switchyardEarly?.handedOver), true, `${path} after the reload`);
+    // (The page asks again after the refusal, so count only what was asked.)
+    assert.ok(asked.length >= 1 && asked.every((body) => body.includes(Buffer.from("elsewhere"))), "every request names the tab's namespace");
+  }
 });
