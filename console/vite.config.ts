@@ -8,7 +8,20 @@ import react from "@vitejs/plugin-react";
 export default defineConfig({
   plugins: [react()],
   base: "/",
-  resolve: { dedupe: ["@bufbuild/protobuf", "@connectrpc/connect"] },
+  resolve: {
+    dedupe: ["@bufbuild/protobuf", "@connectrpc/connect"],
+    // The pages are written against React's API (and type-checked against
+    // its types) and run on Preact's compatibility layer: the same hooks
+    // and DOM, about 180 KB less script for the browser to parse before
+    // the first page shows.
+    alias: [
+      { find: /^react$/, replacement: "preact/compat" },
+      { find: /^react\/jsx-runtime$/, replacement: "preact/compat/jsx-runtime" },
+      { find: /^react\/jsx-dev-runtime$/, replacement: "preact/compat/jsx-runtime" },
+      { find: /^react-dom$/, replacement: "preact/compat" },
+      { find: /^react-dom\/client$/, replacement: "preact/compat/client" },
+    ],
+  },
   build: {
     outDir: "dist",
     emptyOutDir: true,
