@@ -338,6 +338,23 @@ fn bench_select(c: &mut Criterion) {
                 b.iter(|| matcher::explain(black_box(&typical), "default", &agents))
             });
         }
+        if n == 10_000 {
+            // What a queue summary does per group: the whole fleet explained
+            // for a placement no agent satisfies (as `switchyard-bench
+            // --parked` makes them: a tag none has, more memory than any has).
+            for (name, text) in [
+                ("tag", "bench-parked-0"),
+                ("memory", "memory.total>=1048577"),
+            ] {
+                let parked = placement(text).with_kind("exec");
+                c.bench_function(&format!("explain_parked_{name}_{n}"), |b| {
+                    b.iter(|| matcher::explain(black_box(&parked), "default", &agents))
+                });
+            }
+            c.bench_function(&format!("explain_typical_{n}"), |b| {
+                b.iter(|| matcher::explain(black_box(&typical), "default", &agents))
+            });
+        }
     }
 }
 

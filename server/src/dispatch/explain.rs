@@ -293,24 +293,39 @@ impl Dispatcher {
     /// many agents. The summary is kept for other callers.
     pub async fn explain_queue(&self, count: QueueCount) -> Result<QueueSummary> {
         let fleet = self.fleet_views(&count.namespace).await?;
-        let none = BTreeMap::new();
-        let no_failures = std::collections::BTreeSet::new();
         let mut summary = count.summary();
-        let mut reasons = ReasonCounts::default();
-        for group in &mut summary.groups {
+        // Each group's placement, and for one that claims more than a slot
+        // the fleet with what the busy agents' leases hold (read here: the
+        // matching itself reads nothing).
+        let mut work = Vec::with_capacity(summary.groups.len());
+        for group in &summary.groups {
             let compiled = compile_stored(&group.row.placement, &group.row.kind)?;
-            let claimed;
-            let views: &[AgentView] = if compiled.claims_beyond_slots() {
+            let claimed = if compiled.claims_beyond_slots() {
                 let mut views = fleet.clone();
                 self.add_claims(&compiled, &mut views).await?;
-                claimed = views;
-                &claimed
+                Some(views)
             } else {
-                &fleet
+                None
             };
-            let explained =
-                matcher::explain_task(&compiled, &count.namespace, views, &none, &no_failures);
-            group.reason = match explained.outcome {
+            work.push((compiled, claimed));
+        }
+        // A pass over the whole fleet per group (16 groups over 10,000
+        // agents: about 0.3 s of one core): off the async workers, so that
+        // sessions and grants on them do not wait, and spread over the cores.
+        let namespace = count.namespace.clone();
+        let fleet = std::sync::Arc::new(fleet);
+        let matched = {
+            let fleet = std::sync::Arc::clone(&fleet);
+            match tokio::task::spawn_blocking(move || match_groups(&work, &namespace, &fleet)).await
+            {
+                Ok(matched) => matched,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => return Err(Error::Unavailable("the server is shutting down".into())),
+            }
+        };
+        let mut reasons = ReasonCounts::default();
+        for (group, matched) in summary.groups.iter_mut().zip(matched) {
+            group.reason = match matched.outcome {
                 matcher::Outcome::Placeable => None,
                 ref outcome => Some(QueuedReason::of(outcome)),
             };
@@ -319,15 +334,9 @@ impl Dispatcher {
                 reasons.add(reason, group.row.tasks - not_yet_due);
             }
             reasons.add(QueuedReason::Backoff, not_yet_due);
-            let capable = explained
-                .verdicts
-                .iter()
-                .filter(|v| v.satisfies_placement())
-                .count();
-            let eligible = explained.verdicts.iter().filter(|v| v.eligible).count();
-            group.explanation = explained.summary;
-            group.capable_agents = u32::try_from(capable).unwrap_or(u32::MAX);
-            group.eligible_agents = u32::try_from(eligible).unwrap_or(u32::MAX);
+            group.explanation = matched.summary;
+            group.capable_agents = u32::try_from(matched.capable).unwrap_or(u32::MAX);
+            group.eligible_agents = u32::try_from(matched.eligible).unwrap_or(u32::MAX);
         }
         let taking_work = fleet.iter().filter(|a| a.status.takes_work()).count();
         summary.reasons = reasons.listed();
@@ -351,6 +360,61 @@ impl Dispatcher {
         }
         Ok(summary)
     }
+}
+
+/// What matching says about one group of the queue.
+struct GroupMatch {
+    outcome: matcher::Outcome,
+    /// The explanation's summary line.
+    summary: String,
+    /// Agents that satisfy the placement, now or once they have room.
+    capable: usize,
+    /// Agents that could take a task of the group now.
+    eligible: usize,
+}
+
+/// Matches each group (its placement, and the views it is matched against
+/// when they are not `fleet`'s) against the fleet, the groups split over
+/// as many threads as the host has cores; the results in the groups' order.
+fn match_groups(
+    work: &[(CompiledPlacement, Option<Vec<AgentView>>)],
+    namespace: &str,
+    fleet: &[AgentView],
+) -> Vec<GroupMatch> {
+    let none = BTreeMap::new();
+    let no_failures = std::collections::BTreeSet::new();
+    let one = |(compiled, claimed): &(CompiledPlacement, Option<Vec<AgentView>>)| {
+        let views = claimed.as_deref().unwrap_or(fleet);
+        let explained = matcher::explain_task(compiled, namespace, views, &none, &no_failures);
+        GroupMatch {
+            capable: explained
+                .verdicts
+                .iter()
+                .filter(|v| v.satisfies_placement())
+                .count(),
+            eligible: explained.verdicts.iter().filter(|v| v.eligible).count(),
+            outcome: explained.outcome,
+            summary: explained.summary,
+        }
+    };
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    if threads < 2 || work.len() < 2 {
+        return work.iter().map(one).collect();
+    }
+    let per_thread = work.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = work
+            .chunks(per_thread)
+            .map(|part| scope.spawn(|| part.iter().map(one).collect::<Vec<_>>()))
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|part| {
+                part.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
 }
 
 impl QueueCount {
@@ -428,4 +492,54 @@ fn compile_stored(placement: &serde_json::Value, kind: &str) -> Result<CompiledP
     core_placement::compile(&placement)
         .map(|c| c.with_kind(kind))
         .map_err(|e| corrupt(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+    use switchyard_core::kinds::HandledKinds;
+    use switchyard_core::matcher::AgentStatus;
+    use switchyard_core::selector;
+
+    use super::*;
+
+    fn agent(i: usize) -> AgentView {
+        AgentView {
+            agent_id: AgentId::from_name(&format!("agent-{i}")),
+            namespace: "default".into(),
+            status: AgentStatus::Ready,
+            capacity: 1,
+            active_leases: i.is_multiple_of(3).into(),
+            last_granted_at_ms: None,
+            document: Arc::new(json!({"tags": [format!("t{}", i % 7), format!("u{}", i % 5)]})),
+            kinds: Arc::new(HandledKinds::every()),
+            held: Default::default(),
+        }
+    }
+
+    #[test]
+    fn groups_matched_on_several_threads_come_back_in_their_order() {
+        let fleet: Vec<AgentView> = (0..60).map(agent).collect();
+        // More groups than threads, each failing on a different count of agents.
+        let work: Vec<(CompiledPlacement, Option<Vec<AgentView>>)> = (0..9)
+            .map(|k| {
+                let text = format!("t{k}");
+                let compiled = core_placement::compile(&selector::parse(&text).unwrap()).unwrap();
+                (compiled, None)
+            })
+            .collect();
+        let matched = match_groups(&work, "default", &fleet);
+        assert_eq!(matched.len(), work.len());
+        for ((compiled, _), got) in work.iter().zip(&matched) {
+            let alone = matcher::explain(compiled, "default", &fleet);
+            assert_eq!(got.summary, alone.summary);
+            assert_eq!(got.outcome, alone.outcome);
+            let capable = alone.verdicts.iter().filter(|v| v.satisfies_placement());
+            assert_eq!(got.capable, capable.count());
+        }
+        // The groups differ, so an answer out of order would not match.
+        assert_ne!(matched[0].summary, matched[8].summary);
+    }
 }
