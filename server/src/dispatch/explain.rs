@@ -314,12 +314,18 @@ impl Dispatcher {
         }
         // A pass over the whole fleet per group (16 groups over 10,000
         // agents: about 0.3 s of one core): off the async workers, so that
-        // sessions and grants on them do not wait, and spread over the cores.
+        // sessions and grants on them do not wait, and on a host of four
+        // cores or more spread over half of them.
         let namespace = count.namespace.clone();
         let fleet = std::sync::Arc::new(fleet);
         let matched = {
             let fleet = std::sync::Arc::clone(&fleet);
-            match tokio::task::spawn_blocking(move || match_groups(&work, &namespace, &fleet)).await
+            // Half the cores at most: dispatch, sessions and the store keep the rest.
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get() / 2);
+            match tokio::task::spawn_blocking(move || {
+                match_groups(&work, &namespace, &fleet, threads)
+            })
+            .await
             {
                 Ok(matched) => matched,
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
@@ -378,11 +384,12 @@ struct GroupMatch {
 
 /// Matches each group (its placement, and the views it is matched against
 /// when they are not `fleet`'s) against the fleet, the groups split over
-/// as many threads as the host has cores; the results in the groups' order.
+/// up to `threads` threads; the results in the groups' order.
 fn match_groups(
     work: &[(CompiledPlacement, Option<Vec<AgentView>>)],
     namespace: &str,
     fleet: &[AgentView],
+    threads: usize,
 ) -> Vec<GroupMatch> {
     let none = BTreeMap::new();
     let no_failures = std::collections::BTreeSet::new();
@@ -400,7 +407,6 @@ fn match_groups(
             summary: explained.summary,
         }
     };
-    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     if threads < 2 || work.len() < 2 {
         return work.iter().map(one).collect();
     }
@@ -533,7 +539,7 @@ mod tests {
                 (compiled, None)
             })
             .collect();
-        let matched = match_groups(&work, "default", &fleet);
+        let matched = match_groups(&work, "default", &fleet, 3);
         assert_eq!(matched.len(), work.len());
         for ((compiled, _), got) in work.iter().zip(&matched) {
             let alone = matcher::explain(compiled, "default", &fleet);
