@@ -316,21 +316,19 @@ impl Dispatcher {
         // agents: about 0.3 s of one core): off the async workers, so that
         // sessions and grants on them do not wait, and on a host of four
         // cores or more spread over half of them.
+        let taking_work = fleet.iter().filter(|a| a.status.takes_work()).count();
+        let registered = fleet.len();
         let namespace = count.namespace.clone();
-        let fleet = std::sync::Arc::new(fleet);
-        let matched = {
-            let fleet = std::sync::Arc::clone(&fleet);
-            // Half the cores at most: dispatch, sessions and the store keep the rest.
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get() / 2);
-            match tokio::task::spawn_blocking(move || {
-                match_groups(&work, &namespace, &fleet, threads)
-            })
-            .await
-            {
-                Ok(matched) => matched,
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                Err(_) => return Err(Error::Unavailable("the server is shutting down".into())),
-            }
+        // Half the cores at most: dispatch, sessions and the store keep the rest.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get() / 2);
+        let matched = match tokio::task::spawn_blocking(move || {
+            match_groups(&work, &namespace, &fleet, threads)
+        })
+        .await
+        {
+            Ok(matched) => matched,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => return Err(Error::Unavailable("the server is shutting down".into())),
         };
         let mut reasons = ReasonCounts::default();
         for (group, matched) in summary.groups.iter_mut().zip(matched) {
@@ -347,10 +345,9 @@ impl Dispatcher {
             group.capable_agents = u32::try_from(matched.capable).unwrap_or(u32::MAX);
             group.eligible_agents = u32::try_from(matched.eligible).unwrap_or(u32::MAX);
         }
-        let taking_work = fleet.iter().filter(|a| a.status.takes_work()).count();
         summary.reasons = reasons.listed();
         summary.agents_taking_work = u32::try_from(taking_work).unwrap_or(u32::MAX);
-        summary.agents_registered = u32::try_from(fleet.len()).unwrap_or(u32::MAX);
+        summary.agents_registered = u32::try_from(registered).unwrap_or(u32::MAX);
         summary.explained = true;
         if let Ok(mut made) = self.shared.summaries.lock() {
             let newer = made
