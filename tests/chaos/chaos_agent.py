@@ -11,12 +11,17 @@ port) and moves to the next one.
 
 Everything it sees is appended to ``--log`` as JSON lines, flushed line by
 line, for the invariant checker: ``start``, ``registered``, ``welcome``,
-``grant`` (lease, task, fencing token, the document generation and tags the
-agent had reported when the grant arrived, and how many leases it then held),
+``grant`` (lease, task, fencing token, the document generation, tags,
+document and handled kinds the agent had reported when the grant arrived,
+and how many leases it then held),
 ``report`` (a final report sent) and ``report_ack`` (the server's answer),
 ``revoked``. A line cut short by SIGKILL is ignored by the reader.
 
+A successful report's result names the agent, the lease and its fencing
+token, so the checker can tell which attempt a stored result came from.
+
 Usage: python chaos_agent.py --name N --tags a,b --capacity 2
+       [--document JSON] [--kinds chaos,chaos.batch]
        --addresses-file F --log L [--hold-ms 150]
 """
 
@@ -77,6 +82,9 @@ class Agent:
         self.name = args.name
         self.tags = [t for t in args.tags.split(",") if t]
         self.capacity = args.capacity
+        self.document = json.loads(args.document) if args.document else {"tags": self.tags}
+        self.document["tags"] = self.tags
+        self.kinds = [k for k in args.kinds.split(",") if k] or ["*"]
         self.hold_s = args.hold_ms / 1000
         self.addresses_file = pathlib.Path(args.addresses_file)
         self.log = Log(args.log)
@@ -136,7 +144,7 @@ class Agent:
         else:
             lease.final_kind = "succeeded"
             lease.final = agent_service_pb2.LeaseUpdate(
-                **base, succeeded=agent_service_pb2.LeaseSucceeded(result=struct({"by": self.name}))
+                **base, succeeded=agent_service_pb2.LeaseSucceeded(result=struct({"by": self.name, "lease": lease.lease_id, "token": lease.token}))
             )
         self.send_final(lease)
 
@@ -192,10 +200,10 @@ class Agent:
             reg = stub.RegisterAgent(
                 agent_service_pb2.RegisterAgentRequest(
                     name=self.name,
-                    capabilities=struct({"tags": self.tags, "chaos": {"agent": self.name}}),
+                    capabilities=struct(self.document),
                     capacity=self.capacity,
                     runner="switchyard-chaos-tests (python)",
-                    handled_kinds=["*"],
+                    handled_kinds=self.kinds,
                 ),
                 timeout=2,
             )
@@ -285,8 +293,8 @@ class Agent:
             holding = len(self.held)
         self.log.write(
             "grant", address=address, agent_id=self.agent_id, lease=lease.lease_id, task=lease.task_id,
-            token=lease.token, generation=self.generation, tags=self.tags, holding=holding,
-            capacity=self.capacity,
+            token=lease.token, generation=self.generation, tags=self.tags, document=self.document,
+            kinds=self.kinds, holding=holding, capacity=self.capacity,
         )
         self.update(lease, "accepted", accepted=agent_service_pb2.LeaseAccepted())
         threading.Thread(target=self.work, args=(lease,), daemon=True).start()
@@ -322,6 +330,8 @@ def main() -> None:
     parser.add_argument("--name", required=True)
     parser.add_argument("--tags", default="")
     parser.add_argument("--capacity", type=int, default=2)
+    parser.add_argument("--document", default="", help="the capability document (JSON); its tags are --tags")
+    parser.add_argument("--kinds", default="*", help="the kinds it handles, comma-separated")
     parser.add_argument("--addresses-file", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--hold-ms", type=int, default=150)

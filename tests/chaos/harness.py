@@ -8,6 +8,8 @@ The replicas and the fresh database come from ``tests/deploy/replicas.py``.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import pathlib
 import random
@@ -21,6 +23,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 
 import grpc
+from google.protobuf import struct_pb2
 
 from replicas import FreshDatabase, Replica, log, struct  # noqa: F401 - re-exported for the tests
 from switchyard_runner.v1 import placement_pb2, task_service_pb2
@@ -185,9 +188,32 @@ class Cluster:
 
 @dataclass
 class AgentSpec:
+    """One agent of the suite's fleet: what it reports and what it runs.
+    Its document holds its tags, ``os``, ``chaos.cores`` and its taints, and
+    it handles ``kinds`` only, so a task's placement can fail it on every
+    kind of hard constraint the suite uses (kind, taint, tag, requirement,
+    slots)."""
+
     name: str
     tags: list[str]
     capacity: int
+    cores: int = 2
+    kinds: list[str] = field(default_factory=lambda: ["*"])
+    taints: list[str] = field(default_factory=list)
+
+    def document(self) -> dict:
+        doc: dict = {
+            "tags": list(self.tags),
+            "os": "windows" if "windows" in self.tags else "linux",
+            "chaos": {"agent": self.name, "cores": self.cores},
+        }
+        if self.taints:
+            doc["taints"] = list(self.taints)
+        return doc
+
+    def shape(self) -> dict:
+        """What the invariant checker holds placements to."""
+        return {"document": self.document(), "kinds": list(self.kinds), "capacity": self.capacity}
 
 
 class AgentProcess:
@@ -222,7 +248,7 @@ class AgentProcess:
 
     def start(self) -> None:
         if self.killed and not self.same_name:
-            self.spec = AgentSpec(f"{self.base_name}-r{self.kills}", self.spec.tags, self.spec.capacity)
+            self.spec = dataclasses.replace(self.spec, name=f"{self.base_name}-r{self.kills}")
             self.names.append(self.spec.name)
         self.killed = False
         self.proc = subprocess.Popen(
@@ -231,6 +257,8 @@ class AgentProcess:
                 "--name", self.spec.name,
                 "--tags", ",".join(self.spec.tags),
                 "--capacity", str(self.spec.capacity),
+                "--document", json.dumps(self.spec.document()),
+                "--kinds", ",".join(self.spec.kinds),
                 "--addresses-file", str(self.addresses_file),
                 "--log", str(self.log_path),
                 "--hold-ms", str(self.hold_ms),
@@ -285,23 +313,70 @@ class AgentProcess:
 
 @dataclass
 class Submitted:
+    """A task the submitter was told the store took, with its placement in
+    the few forms the suite uses (the checker evaluates them itself)."""
+
     key: str
     task_id: str
     required_tags: list[str]
     fail_first: bool
     concurrency_key: str = ""
+    kind: str = "chaos"
+    #: (key, operator, value): operators ``gte``, ``eq``.
+    requirements: list[tuple[str, str, object]] = field(default_factory=list)
+    tolerations: list[str] = field(default_factory=list)
+    slots: int = 1
 
 
 #: The concurrency keys some chaos tasks count against, and each one's limit.
 CONCURRENCY_KEYS = 3
 CONCURRENCY_LIMIT = 3
 
+OPERATORS = {"gte": placement_pb2.OPERATOR_GTE, "eq": placement_pb2.OPERATOR_EQ}
+
+
+def submit_request(task: Submitted, i: int, max_attempts: int) -> task_service_pb2.SubmitTaskRequest:
+    """The SubmitTask request of a task as the suite describes it."""
+    placement = placement_pb2.Placement(
+        required_tags=task.required_tags,
+        requirements=[
+            placement_pb2.Requirement(key=key, operator=OPERATORS[op], values=[_value(v)])
+            for key, op, v in task.requirements
+        ],
+        tolerations=task.tolerations,
+    )
+    if task.slots > 1:
+        placement.resources.slots = task.slots
+    return task_service_pb2.SubmitTaskRequest(
+        kind=task.kind,
+        payload=struct({"i": i, "fail_first": task.fail_first}),
+        placement=placement,
+        idempotency_key=task.key,
+        max_attempts=max_attempts,
+        labels={"suite": "chaos"},
+        concurrency_key=task.concurrency_key,
+        concurrency_limit=CONCURRENCY_LIMIT if task.concurrency_key else 0,
+    )
+
+
+def _value(v: object) -> struct_pb2.Value:
+    value = struct_pb2.Value()
+    if isinstance(v, str):
+        value.string_value = v
+    else:
+        value.number_value = float(v)  # type: ignore[arg-type]
+    return value
+
 
 @dataclass
 class Submitter:
     """Submits ``count`` tasks through whichever replica answers, each with
     an idempotency key, retrying a failed submit with the same key until the
-    store takes it. Records what it was told."""
+    store takes it. Records what it was told. Placements draw on every kind
+    of hard constraint: required tags from ``selectors``, now and then a
+    requirement on ``chaos.cores`` or ``os``, the kind ``chaos.batch`` (which
+    some agents do not handle), a toleration of the ``spot`` taint, two
+    slots."""
 
     cluster: Cluster
     selectors: list[list[str]]
@@ -320,21 +395,26 @@ class Submitter:
                 return
             tags = rng.choice(self.selectors)
             fail_first = rng.random() < 0.15
-            key = f"chaos-{run_id}-{i}"
             # One task in ten counts against one of three concurrency keys
             # (the checker holds every key to its limit).
             limited = rng.random() < 0.1
-            concurrency_key = f"chaos-limit-{i % CONCURRENCY_KEYS}" if limited else ""
-            request = task_service_pb2.SubmitTaskRequest(
-                kind="chaos",
-                payload=struct({"i": i, "fail_first": fail_first}),
-                placement=placement_pb2.Placement(required_tags=tags),
-                idempotency_key=key,
-                max_attempts=self.max_attempts,
-                labels={"suite": "chaos"},
-                concurrency_key=concurrency_key,
-                concurrency_limit=CONCURRENCY_LIMIT if limited else 0,
+            requirements: list[tuple[str, str, object]] = []
+            if rng.random() < 0.2:
+                requirements.append(("chaos.cores", "gte", 4))
+            if rng.random() < 0.1:
+                requirements.append(("os", "eq", "linux"))
+            task = Submitted(
+                key=f"chaos-{run_id}-{i}",
+                task_id="",
+                required_tags=list(tags),
+                fail_first=fail_first,
+                concurrency_key=f"chaos-limit-{i % CONCURRENCY_KEYS}" if limited else "",
+                kind="chaos.batch" if rng.random() < 0.25 else "chaos",
+                requirements=requirements,
+                tolerations=["spot"] if rng.random() < 0.3 else [],
+                slots=2 if rng.random() < 0.1 else 1,
             )
+            request = submit_request(task, i, self.max_attempts)
             deadline = time.monotonic() + 60
             while True:
                 live = self.cluster.live()
@@ -342,12 +422,12 @@ class Submitter:
                 try:
                     if replica is None:
                         raise RuntimeError("no live replica")
-                    task = replica.tasks.SubmitTask(request, timeout=3).task
+                    task.task_id = replica.tasks.SubmitTask(request, timeout=3).task.task_id
                     break
                 except (grpc.RpcError, RuntimeError, ValueError) as err:
                     self.retries += 1
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"submit {key} kept failing: {err}") from err
+                        raise RuntimeError(f"submit {task.key} kept failing: {err}") from err
                     time.sleep(0.1)
-            self.submitted.append(Submitted(key, task.task_id, list(tags), fail_first, concurrency_key))
+            self.submitted.append(task)
             time.sleep(self.pace_s)

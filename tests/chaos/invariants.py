@@ -6,23 +6,29 @@ What it checks, and how:
 - none lost: every task id a SubmitTask returned exists, one per
   idempotency key;
 - every task terminal or queued: none LEASED/RUNNING, no live lease left;
-  a QUEUED task is allowed only when no agent has the tags it requires
+  a QUEUED task is allowed only when no agent of the fleet satisfies it
   (parked, and then it must never have been leased);
 - none completed twice: at most one ``succeeded`` event and one lease
   completed with outcome ``succeeded`` per task (exactly one for a SUCCEEDED
   task), and no agent log shows two accepted success reports of one task on
   different leases;
-- no agent over capacity: per agent, the leases table's [granted_at_ms,
-  ended_at_ms) intervals never overlap more than the agent's capacity; and
-  no agent log shows it holding more leases than its capacity;
+- the winning lease decides: a task with a lease completed as succeeded is
+  SUCCEEDED, and its stored result is the one that lease reported (the
+  agents put their lease id and fencing token in every result);
+- no agent over capacity: per agent, the slots of the leases table's
+  [granted_at_ms, ended_at_ms) intervals never add up to more than the
+  agent's capacity at once; and no agent log shows it holding more leases
+  than its capacity;
 - no concurrency key over its limit: per key, the [granted_at_ms,
   ended_at_ms) intervals of its tasks' leases never overlap more than the
   key's stored limit (ends taken ``CLOCK_SLACK_MS`` early: replicas stamp
   their own clock readings);
-- no lease to an agent that failed a hard requirement: every grant an agent
-  logged names a task whose required tags are in the tags the agent had
-  reported at that moment, and every lease in the store went to an agent
-  whose registered document has those tags;
+- no lease to an agent that failed a hard constraint, of any kind the suite
+  uses (``unmet``: the kind handled, taints tolerated, required tags,
+  requirements, slots within capacity): every grant an agent logged, against
+  the document and kinds it had reported at that moment, and every lease in
+  the store, against the agent's stored document, kinds and capacity; a task
+  left queued must be one no agent of the fleet satisfies (parked);
 - every attempt accounted for: each lease ended exactly one way, recorded
   with an end time and what ended it (COMPLETED by a succeeded or failed
   report, RELEASED by the agent or as an unacknowledged grant, EXPIRED); fencing tokens are 1..n per task, the task holds n; one
@@ -71,6 +77,7 @@ class Report:
     parked: int = 0
     lost: int = 0
     double_completed: int = 0
+    undecided: int = 0
     agents: int = 0
     max_concurrency: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (max, capacity)
     placement_violations: int = 0
@@ -104,11 +111,56 @@ class Report:
         )
         return (
             f"{self.tasks} tasks: {states} ({self.parked} parked by design), {self.lost} lost, "
-            f"{self.double_completed} double-completed, {capacity}, {keys}, "
+            f"{self.double_completed} double-completed, {self.undecided} not decided by their winning lease, {capacity}, {keys}, "
             f"{self.placement_violations} placement violations, {attempts}, {references} "
             f"({self.leases} leases: {self.expired} expired, {self.failed_reports} failed reports; "
             f"{self.grants_logged} grants in agent logs)"
         )
+
+
+def lookup(document: dict, key: str) -> object:
+    """The value at a dotted path of a document, or None."""
+    value: object = document
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def unmet(task, shape: dict) -> str | None:  # task: harness.Submitted
+    """The first hard constraint of ``task``'s placement an agent of
+    ``shape`` (its ``document``, the ``kinds`` it handles, its ``capacity``)
+    fails, as the server orders them; None when it satisfies them all. Only
+    the forms the suite submits are known: a kind, tolerations, required
+    tags, ``gte`` and ``eq`` requirements, a slot count."""
+    kinds = shape.get("kinds") or ["*"]
+    kind_parents = [task.kind[:i] for i, c in enumerate(task.kind) if c == "."]
+    if not ("*" in kinds or task.kind in kinds or any(f"{p}.*" in kinds for p in kind_parents)):
+        return f"does not handle kind {task.kind}"
+    document = shape.get("document") or {}
+    taints = document.get("taints", [])
+    taints = [taints] if isinstance(taints, str) else [t for t in taints if isinstance(t, str)]
+    for taint in taints:
+        if taint not in task.tolerations:
+            return f"tainted {taint}"
+    tags = set(document.get("tags", []))
+    for tag in task.required_tags:
+        if tag not in tags:
+            return f"missing tag {tag}"
+    for key, op, wanted in task.requirements:
+        actual = lookup(document, key)
+        if op == "gte":
+            holds = isinstance(actual, (int, float)) and not isinstance(actual, bool) and actual >= wanted
+        elif op == "eq":
+            holds = actual == wanted
+        else:
+            raise ValueError(f"the checker does not know the operator {op!r}")
+        if not holds:
+            return f"{key} {op} {wanted!r}: has {actual!r}"
+    if task.slots > int(shape.get("capacity", 1)):
+        return f"needs {task.slots} slots: has {shape.get('capacity')}"
+    return None
 
 
 #: How much earlier than stamped a lease end may have committed, against a
@@ -116,22 +168,37 @@ class Report:
 CLOCK_SLACK_MS = 25
 
 
+def describe(task) -> str:
+    """A task's placement as the suite wrote it, for violation messages."""
+    parts = [f"kind {task.kind}"] + [f"tag {t}" for t in task.required_tags]
+    parts += [f"{k} {op} {v!r}" for k, op, v in task.requirements]
+    parts += [f"tolerates {t}" for t in task.tolerations]
+    if task.slots > 1:
+        parts.append(f"{task.slots} slots")
+    return ", ".join(parts)
+
+
 def check(
     database_url: str,
     submitted: list,  # harness.Submitted
     agent_logs: dict[str, pathlib.Path],
-    agent_tags: dict[str, list[str]],
+    fleet: dict[str, dict],
 ) -> Report:
+    """Every violation in the store and the agents' logs. ``fleet``: each
+    agent name the run used, with its shape (see ``unmet``)."""
     report = Report()
     tasks = {r["id"]: r for r in psql_rows(
-        database_url, "SELECT id, state, attempts, fencing_token, idempotency_key, lease_id FROM tasks")}
+        database_url,
+        "SELECT id, state, attempts, fencing_token, idempotency_key, lease_id, "
+        "COALESCE(result::text, '') AS result FROM tasks")}
     leases = psql_rows(
         database_url,
         "SELECT id, task_id, agent_id, fencing_token, state, granted_at_ms, ended_at_ms, "
-        "COALESCE(outcome, '') AS outcome FROM leases")
+        "COALESCE(outcome, '') AS outcome, slots FROM leases")
     events = psql_rows(database_url, "SELECT task_id, kind, lease_id FROM task_events")
     agents = {r["id"]: r for r in psql_rows(
-        database_url, "SELECT id, name, capacity, document::text AS document FROM agents")}
+        database_url,
+        "SELECT id, name, capacity, document::text AS document, handled_kinds::text AS kinds FROM agents")}
     report.tasks = len(submitted)
     report.agents = len(agents)
     report.leases = len(leases)
@@ -151,10 +218,8 @@ def check(
     if len({s.task_id for s in submitted}) != len(submitted):
         report.fail("lost: two idempotency keys returned the same task id")
 
-    required = {s.task_id: set(s.required_tags) for s in submitted}
-    satisfiable = {
-        tid: any(req <= set(tags) for tags in agent_tags.values()) for tid, req in required.items()
-    }
+    by_id = {s.task_id: s for s in submitted}
+    satisfiable = {s.task_id: any(unmet(s, shape) is None for shape in fleet.values()) for s in submitted}
 
     leases_by_task: dict[str, list[dict]] = defaultdict(list)
     for lease in leases:
@@ -173,7 +238,7 @@ def check(
             report.fail(f"state: task {s.task_id} is still {task['state']} after the settle phase")
         elif task["state"] == "queued":
             if satisfiable[s.task_id]:
-                report.fail(f"state: task {s.task_id} needs {sorted(required[s.task_id])}, which an agent has, "
+                report.fail(f"state: task {s.task_id} ({describe(s)}) fits an agent of the fleet "
                             "but is still queued after the settle phase")
             else:
                 report.parked += 1
@@ -207,16 +272,36 @@ def check(
         if len(lease_ids) > 1:
             report.fail(f"double: agents' logs show task {task_id} completed on {len(lease_ids)} leases")
 
+    # -- the winning lease decides the task's state and result
+    for s in submitted:
+        task = tasks.get(s.task_id)
+        if task is None:
+            continue
+        won = [l for l in leases_by_task[s.task_id] if l["outcome"] == "succeeded"]
+        if won and task["state"] != "succeeded":
+            report.undecided += 1
+            report.fail(f"decided: task {s.task_id} is {task['state']} although lease {won[0]['id']} "
+                        "completed it successfully")
+        if task["state"] != "succeeded" or len(won) != 1:
+            continue
+        result = json.loads(task["result"]) if task["result"] else None
+        lease = won[0]
+        if not isinstance(result, dict) or result.get("lease") != lease["id"] \
+                or result.get("token") != int(lease["fencing_token"]):
+            report.undecided += 1
+            report.fail(f"decided: task {s.task_id}'s stored result {result!r} is not the one its winning lease "
+                        f"{lease['id']} (token {lease['fencing_token']}) reported")
+
     # -- capacity, from the store's lease intervals and from the agents' logs
-    per_agent: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    per_agent: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
     for lease in leases:
         end = int(lease["ended_at_ms"]) if lease["ended_at_ms"] else 2**62
-        per_agent[lease["agent_id"]].append((int(lease["granted_at_ms"]), end))
+        per_agent[lease["agent_id"]].append((int(lease["granted_at_ms"]), end, int(lease["slots"])))
     for agent_id, agent in agents.items():
         points = []
-        for start, end in per_agent.get(agent_id, []):
-            points.append((start, 1))
-            points.append((end, -1))
+        for start, end, slots in per_agent.get(agent_id, []):
+            points.append((start, slots))
+            points.append((end, -slots))
         points.sort(key=lambda p: (p[0], p[1]))  # an end at the same ms frees before the next start
         now = peak = 0
         for _, delta in points:
@@ -225,7 +310,7 @@ def check(
         capacity = int(agent["capacity"])
         report.max_concurrency[agent["name"]] = (peak, capacity)
         if peak > capacity:
-            report.fail(f"capacity: agent {agent['name']} held {peak} leases at once, capacity {capacity}")
+            report.fail(f"capacity: agent {agent['name']} held {peak} slots at once, capacity {capacity}")
     for name, entries in logs.items():
         for e in entries:
             if e["event"] == "grant" and e["holding"] > e["capacity"]:
@@ -271,14 +356,17 @@ def check(
             if e["event"] != "grant":
                 continue
             report.grants_logged += 1
-            need = required.get(e["task"])
-            if need is None:
+            task = by_id.get(e["task"])
+            if task is None:
                 report.fail(f"placement: agent {name} was granted task {e['task']}, which nobody submitted")
                 continue
-            if not need <= set(e["tags"]):
+            shape = {"document": e.get("document") or {"tags": e["tags"]}, "kinds": e.get("kinds") or ["*"],
+                     "capacity": e["capacity"]}
+            why = unmet(task, shape)
+            if why is not None:
                 report.placement_violations += 1
-                report.fail(f"placement: lease {e['lease']} of task {e['task']} needs {sorted(need)}; agent "
-                            f"{name} had {e['tags']} (generation {e['generation']})")
+                report.fail(f"placement: lease {e['lease']} of task {e['task']} ({describe(task)}) went to "
+                            f"{name}, which fails it as it was then: {why} (generation {e['generation']})")
             stored = lease_ids.get(e["lease"])
             if stored is None:
                 report.fail(f"attempts: agent {name} logged grant {e['lease']}, which is not in the store")
@@ -286,12 +374,16 @@ def check(
                 report.fail(f"attempts: grant {e['lease']} logged by {name} differs from the store")
     for lease in leases:
         agent = agents.get(lease["agent_id"])
-        need = required.get(lease["task_id"], set())
-        tags = set(json.loads(agent["document"]).get("tags", [])) if agent else set()
-        if not need <= tags:
+        task = by_id.get(lease["task_id"])
+        if agent is None or task is None:
+            continue  # reported below as a dangling reference, or not the suite's
+        shape = {"document": json.loads(agent["document"]), "kinds": json.loads(agent["kinds"]),
+                 "capacity": int(agent["capacity"])}
+        why = unmet(task, shape)
+        if why is not None:
             report.placement_violations += 1
-            report.fail(f"placement: lease {lease['id']} went to {agent['name'] if agent else '?'} "
-                        f"with {sorted(tags)}; task needs {sorted(need)}")
+            report.fail(f"placement: lease {lease['id']} of task {task.task_id} ({describe(task)}) went to "
+                        f"{agent['name']}, whose stored document fails it: {why}")
 
     # -- every reference resolves (no foreign keys on PostgreSQL: migration 0003)
     for lease in leases:
