@@ -72,8 +72,10 @@ class PgProxy:
             if down:
                 _reset(client)
                 continue
+            with self._lock:
+                upstream = self.upstream
             try:
-                server = socket.create_connection(self.upstream, timeout=5)
+                server = socket.create_connection(upstream, timeout=5)
                 server.settimeout(None)
             except OSError:
                 _reset(client)
@@ -104,6 +106,15 @@ class PgProxy:
     def cut(self) -> None:
         self._drop()
         self.cuts += 1
+
+    def retarget(self, host: str, port: int) -> None:
+        """Connect new clients to ``host:port`` from now on (a failover moving
+        the address the servers know), dropping the connections to the old
+        upstream, and accept again."""
+        with self._lock:
+            self.upstream = (host, port)
+        self._drop()
+        self.restore()
 
     def _drop(self) -> int:
         with self._lock:

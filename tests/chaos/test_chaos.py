@@ -1,17 +1,20 @@
 """Faults under load, then the invariant checker.
 
-Two ``switchyard-server`` replicas on one fresh PostgreSQL database, reached
-through a TCP proxy; protocol agents (``chaos_agent.py``, one process each,
-varied tags and capacities) that fail over between the replicas; a submitter
-that puts tasks in through either replica, with placements some agents satisfy
-and some do not (and a few that none does, which must stay parked). While it
-runs, a seeded schedule SIGKILLs a replica (and starts it again on a new
-port), SIGKILLs agents mid-task (and starts them again), and cuts PostgreSQL
-off (the proxy resets every connection and refuses new ones for a few
-seconds, which the servers cannot tell from a database restart; the shared
-PostgreSQL itself is never touched). Then everything is left to settle and
-``invariants.check`` reads the store and the agents' logs. One summary line
-says what was injected and what was checked.
+Two ``switchyard-server`` replicas on a private PostgreSQL (``pgcluster``: a
+primary and a synchronous streaming standby, the suite's own, never the
+shared server), reached through a TCP proxy that plays the database's
+Service address; protocol agents (``chaos_agent.py``, one process each,
+varied documents, kinds, taints and capacities) that fail over between the
+replicas; a submitter that puts tasks in through either replica, with
+placements some agents satisfy and some do not (and a few that none does,
+which must stay parked). While it runs, a seeded schedule SIGKILLs a replica
+(and starts it again on a new port), SIGKILLs agents mid-task (and starts
+them again), restarts PostgreSQL for real (fast and immediate shutdowns, in
+turn), and fails it over (the primary stopped at once and its data thrown
+away, the standby promoted, the proxy moved to it, a new standby made).
+Then everything is left to settle and ``invariants.check`` reads the store
+(on the primary of the moment) and the agents' logs. One summary line says
+what was injected and what was checked.
 
 Reduced size by default (well under two minutes); ``--full`` or
 ``SWITCHYARD_CHAOS_FULL=1`` for the full size. Assertions are on invariants
@@ -28,7 +31,6 @@ import random
 import subprocess
 import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 import pytest
 
 from harness import AgentProcess, AgentSpec, Cluster, FreshDatabase, PgProxy, Submitter, log
+from pgcluster import PrivatePostgres
 from invariants import check, psql_rows, unmet
 from replicas import binary
 
@@ -46,17 +49,18 @@ class Size:
     tasks: int
     replica_kills: int
     agent_kills: int
-    pg_outages: int
+    pg_restarts: int
+    failovers: int
     pace_s: float
     hold_ms: int
     settle_s: float
     submit_budget_s: float
 
 
-REDUCED = Size(agents=8, tasks=400, replica_kills=3, agent_kills=6, pg_outages=1, pace_s=0.08, hold_ms=150,
-               settle_s=45, submit_budget_s=120)
-FULL = Size(agents=16, tasks=3000, replica_kills=10, agent_kills=30, pg_outages=4, pace_s=0.06, hold_ms=200,
-            settle_s=180, submit_budget_s=600)
+REDUCED = Size(agents=8, tasks=400, replica_kills=3, agent_kills=6, pg_restarts=2, failovers=1, pace_s=0.08,
+               hold_ms=150, settle_s=45, submit_budget_s=120)
+FULL = Size(agents=16, tasks=6000, replica_kills=50, agent_kills=200, pg_restarts=5, failovers=3, pace_s=0.05,
+            hold_ms=200, settle_s=240, submit_budget_s=900)
 
 # Tag sets of the agents (cycled) and the required tags of tasks. `quantum`
 # is on no agent: those tasks must stay parked and never be leased.
@@ -90,12 +94,23 @@ def database() -> Iterator[FreshDatabase]:
         yield db
 
 
-def test_faults_under_load_keep_every_invariant(database: FreshDatabase, full_size: bool, tmp_path: pathlib.Path):
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    pg = PrivatePostgres(standby=True, synchronous=True)
+    try:
+        yield pg
+    finally:
+        pg.close()
+
+
+def test_faults_under_load_keep_every_invariant(
+    private_postgres: PrivatePostgres, full_size: bool, tmp_path: pathlib.Path
+):
     size = FULL if full_size else REDUCED
     rng = random.Random(SEED)
-    upstream = urllib.parse.urlsplit(database.url)
-    proxy = PgProxy(upstream.hostname or "127.0.0.1", upstream.port or 5432)
-    cluster = Cluster(proxy.url(database.url), tmp_path, count=2)
+    pg = private_postgres
+    proxy = PgProxy("127.0.0.1", pg.primary.port)
+    cluster = Cluster(proxy.url(pg.url()), tmp_path, count=2)
     logdir = tmp_path / "agent-logs"
     logdir.mkdir()
     specs = [fleet_spec(i) for i in range(size.agents)]
@@ -122,12 +137,15 @@ def test_faults_under_load_keep_every_invariant(database: FreshDatabase, full_si
         submitting.start()
 
         # The fault schedule: shuffled, spread over the submit phase.
-        faults = ["replica"] * size.replica_kills + ["agent"] * size.agent_kills + ["postgres"] * size.pg_outages
+        faults = (["replica"] * size.replica_kills + ["agent"] * size.agent_kills
+                  + ["pg_restart"] * size.pg_restarts + ["failover"] * size.failovers)
         rng.shuffle(faults)
         spacing = size.tasks * size.pace_s / (len(faults) + 1)
-        injected = {"replica": 0, "agent": 0, "postgres": 0}
+        injected = dict.fromkeys(("replica", "agent", "pg_restart", "failover"), 0)
         time.sleep(spacing)
         for fault in faults:
+            if stop.is_set():
+                break
             if fault == "replica":
                 index = rng.randrange(len(cluster.replicas))
                 cluster.kill(index)
@@ -140,10 +158,15 @@ def test_faults_under_load_keep_every_invariant(database: FreshDatabase, full_si
                 agent.kill()
                 time.sleep(min(1.0, spacing / 2))
                 agent.start()
+            elif fault == "pg_restart":
+                pg.restart("fast" if injected["pg_restart"] % 2 == 0 else "immediate")
             else:
+                # The address the servers use points nowhere while the
+                # standby is promoted, then at it; a new standby follows.
                 proxy.cut()
-                time.sleep(3.0)
-                proxy.restore()
+                pg.kill_primary_and_promote()
+                proxy.retarget("127.0.0.1", pg.primary.port)
+                pg.add_standby()
             injected[fault] += 1
             time.sleep(spacing)
 
@@ -168,7 +191,7 @@ def test_faults_under_load_keep_every_invariant(database: FreshDatabase, full_si
         deadline = time.monotonic() + size.settle_s
         while time.monotonic() < deadline:
             rows = psql_rows(
-                database.url,
+                pg.url(),
                 "SELECT (SELECT COUNT(*) FROM tasks WHERE state IN ('leased', 'running')) + "
                 "(SELECT COUNT(*) FROM leases WHERE state IN ('granted', 'active')) AS live, "
                 "(SELECT COUNT(*) FROM tasks WHERE state = 'queued') AS queued",
@@ -186,7 +209,7 @@ def test_faults_under_load_keep_every_invariant(database: FreshDatabase, full_si
     fleet = {name: dataclasses.replace(fleet_spec(i), name=name).shape()
              for i, agent in enumerate(agents) for name in agent.names}
     report = check(
-        database.url,
+        pg.url(),
         submitter.submitted,
         {name: logdir / f"{name}.jsonl" for name in fleet},
         fleet,
@@ -194,9 +217,10 @@ def test_faults_under_load_keep_every_invariant(database: FreshDatabase, full_si
     line = (
         f"chaos: {cluster.kills} replica kills, {sum(a.kills for a in agents)} agent kills "
         f"({sum(a.mid_task_kills for a in agents)} mid-task), "
-        f"{proxy.cuts} postgres outage{'s' if proxy.cuts != 1 else ''} (TCP proxy cut all connections and "
-        f"refused new ones for 3 s; the shared PostgreSQL itself untouched); "
+        f"{pg.restarts} PostgreSQL restart(s) (fast and immediate in turn), {pg.failovers} failover(s) "
+        f"(synchronous standby promoted); "
         f"{submitter.retries} submit retries; {report.summary()}"
+        + (f"; {overran}" if overran else "")
     )
     print(line)
     log(line)
@@ -206,7 +230,8 @@ def test_faults_under_load_keep_every_invariant(database: FreshDatabase, full_si
     assert not errors, f"submitter failed: {errors[0]!r}"
     assert not overran, overran
     assert len(submitter.submitted) == size.tasks
-    assert injected == {"replica": size.replica_kills, "agent": size.agent_kills, "postgres": size.pg_outages}
+    assert injected == {"replica": size.replica_kills, "agent": size.agent_kills, "pg_restart": size.pg_restarts,
+                        "failover": size.failovers}
 
 
 def test_the_checker_reports_dangling_references(database: FreshDatabase):
