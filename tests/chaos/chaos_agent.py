@@ -21,7 +21,7 @@ A successful report's result names the agent, the lease and its fencing
 token, so the checker can tell which attempt a stored result came from.
 
 Usage: python chaos_agent.py --name N --tags a,b --capacity 2
-       [--document JSON] [--kinds chaos,chaos.batch]
+       [--document JSON] [--kinds chaos,chaos.batch] [--address-host GATEWAY]
        --addresses-file F --log L [--hold-ms 150]
 """
 
@@ -85,6 +85,7 @@ class Agent:
         self.document = json.loads(args.document) if args.document else {"tags": self.tags}
         self.document["tags"] = self.tags
         self.kinds = [k for k in args.kinds.split(",") if k] or ["*"]
+        self.address_host = args.address_host
         self.hold_s = args.hold_ms / 1000
         self.addresses_file = pathlib.Path(args.addresses_file)
         self.log = Log(args.log)
@@ -165,9 +166,13 @@ class Agent:
 
     def addresses(self) -> list[str]:
         try:
-            return [a for a in self.addresses_file.read_text().split() if a]
+            listed = [a for a in self.addresses_file.read_text().split() if a]
         except OSError:
             return []
+        if self.address_host:
+            # In a network namespace of its own: the replicas are at its gateway.
+            listed = [f"{self.address_host}:{a.rsplit(':', 1)[1]}" for a in listed]
+        return listed
 
     def run(self) -> None:
         self.log.write("start", name=self.name, tags=self.tags, capacity=self.capacity)
@@ -332,6 +337,7 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=2)
     parser.add_argument("--document", default="", help="the capability document (JSON); its tags are --tags")
     parser.add_argument("--kinds", default="*", help="the kinds it handles, comma-separated")
+    parser.add_argument("--address-host", default="", help="reach the replicas' ports at this host instead")
     parser.add_argument("--addresses-file", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--hold-ms", type=int, default=150)

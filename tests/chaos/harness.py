@@ -157,13 +157,19 @@ class Cluster:
     """Replicas on one database; the live addresses are kept in a file the
     agents re-read on every reconnect."""
 
-    def __init__(self, database_url: str, workdir: pathlib.Path, count: int) -> None:
+    def __init__(self, database_url: str, workdir: pathlib.Path, count: int, listen: str = "127.0.0.1:0") -> None:
+        """``listen="0.0.0.0:0"`` when agents in other network namespaces
+        (``netns.Host``) must reach the replicas too."""
         self.database_url = database_url
+        self.listen = listen
+        # Off loopback the server wants tokens; the suite's own namespaces are
+        # all that can reach it.
+        self.flags = SERVER_FLAGS if listen.startswith("127.") else (*SERVER_FLAGS, "--insecure")
         self.addresses_file = workdir / "addresses"
         self.replicas: list[Replica | None] = []
         self.kills = 0
         for i in range(count):
-            self.replicas.append(Replica(f"R{i}", database_url, *SERVER_FLAGS))
+            self.replicas.append(Replica(f"R{i}", database_url, *self.flags, listen=listen))
         self._publish()
 
     def _publish(self) -> None:
@@ -186,7 +192,7 @@ class Cluster:
 
     def restart(self, index: int) -> None:
         if self.replicas[index] is None:
-            self.replicas[index] = Replica(f"R{index}", self.database_url, *SERVER_FLAGS)
+            self.replicas[index] = Replica(f"R{index}", self.database_url, *self.flags, listen=self.listen)
             self._publish()
 
     def stop(self) -> None:
@@ -239,9 +245,10 @@ class AgentProcess:
 
     def __init__(
         self, spec: AgentSpec, addresses_file: pathlib.Path, logdir: pathlib.Path, hold_ms: int,
-        same_name: bool = False,
+        same_name: bool = False, host=None,  # netns.Host: run there, reaching the replicas at its gateway
     ) -> None:
         self.spec = spec
+        self.host = host
         self.base_name = spec.name
         self.same_name = same_name
         self.addresses_file = addresses_file
@@ -262,18 +269,21 @@ class AgentProcess:
             self.spec = dataclasses.replace(self.spec, name=f"{self.base_name}-r{self.kills}")
             self.names.append(self.spec.name)
         self.killed = False
+        argv = [
+            sys.executable, str(HERE / "chaos_agent.py"),
+            "--name", self.spec.name,
+            "--tags", ",".join(self.spec.tags),
+            "--capacity", str(self.spec.capacity),
+            "--document", json.dumps(self.spec.document()),
+            "--kinds", ",".join(self.spec.kinds),
+            "--addresses-file", str(self.addresses_file),
+            "--log", str(self.log_path),
+            "--hold-ms", str(self.hold_ms),
+        ]
+        if self.host is not None:
+            argv = self.host.argv([*argv, "--address-host", self.host.gateway])
         self.proc = subprocess.Popen(
-            [
-                sys.executable, str(HERE / "chaos_agent.py"),
-                "--name", self.spec.name,
-                "--tags", ",".join(self.spec.tags),
-                "--capacity", str(self.spec.capacity),
-                "--document", json.dumps(self.spec.document()),
-                "--kinds", ",".join(self.spec.kinds),
-                "--addresses-file", str(self.addresses_file),
-                "--log", str(self.log_path),
-                "--hold-ms", str(self.hold_ms),
-            ],
+            argv,
             stdout=subprocess.DEVNULL,
             stderr=None if os.environ.get("TEST_LOG") else subprocess.DEVNULL,
         )

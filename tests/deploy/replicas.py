@@ -94,11 +94,11 @@ class FreshDatabase:
 class Replica:
     """One ``switchyard-server`` process on an ephemeral loopback port."""
 
-    def __init__(self, name: str, database_url: str, *extra: str) -> None:
+    def __init__(self, name: str, database_url: str, *extra: str, listen: str = "127.0.0.1:0") -> None:
         self.name = name
         argv = [
             str(binary("SWITCHYARD_SERVER_BIN", "switchyard-server")),
-            "--listen", "127.0.0.1:0",
+            "--listen", listen,
             "--database-url", database_url,
             "--heartbeat-interval-ms", "200",
             "--sweep-interval-ms", "100",

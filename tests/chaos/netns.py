@@ -1,0 +1,128 @@
+"""Hosts with their own addresses, for partitions that are real: each
+``Host`` is a network namespace the suite creates (``ip netns``) joined to
+this one by a veth pair on a /30 of its own. A process started in it
+(``Host.argv``) reaches the replicas only through that link, at
+``Host.gateway``; ``partition`` drops its packets with nftables inside the
+namespace (both ways, or only what it sends, or only what it receives),
+``lossy`` drops a share of them at random, ``heal`` takes the rules away.
+
+Needs root, iproute2 and nftables (``available`` says what is missing). Delay
+(``tc netem``) is not used: the kernels the suite runs on here have no
+netem qdisc.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+
+from replicas import log
+
+_hosts = itertools.count()
+
+
+def available() -> str:
+    """Empty when hosts can be made; else why not."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (iproute2, nftables)"
+    probe = f"sy{os.getpid()}probe"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"ip netns add failed: {made.stderr.strip()}"
+    try:
+        table = subprocess.run(["ip", "netns", "exec", probe, "nft", "add", "table", "inet", "probe"],
+                               capture_output=True, text=True)
+        if table.returncode != 0:
+            return f"nftables does not work in a namespace: {table.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return ""
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+class Host:
+    def __init__(self, label: str) -> None:
+        n = next(_hosts)
+        pid = os.getpid()
+        self.label = label
+        self.ns = f"sy{pid}h{n}"
+        outside, inside = f"sy{pid % 100000}o{n}", f"sy{pid % 100000}i{n}"
+        base = f"10.{100 + pid % 100}.{n // 64}.{(n % 64) * 4}"
+        prefix = base.rsplit(".", 1)[0]
+        last = int(base.rsplit(".", 1)[1])
+        self.gateway = f"{prefix}.{last + 1}"
+        self.address = f"{prefix}.{last + 2}"
+        self.loss = 0
+        _ip("netns", "add", self.ns)
+        try:
+            _ip("link", "add", outside, "type", "veth", "peer", "name", inside, "netns", self.ns)
+            _ip("addr", "add", f"{self.gateway}/30", "dev", outside)
+            _ip("link", "set", outside, "up")
+            _ip("-n", self.ns, "addr", "add", f"{self.address}/30", "dev", inside)
+            _ip("-n", self.ns, "link", "set", inside, "up")
+            _ip("-n", self.ns, "link", "set", "lo", "up")
+        except subprocess.CalledProcessError:
+            self.close()
+            raise
+        self.inside = inside
+        self.partitions = 0
+        log(f"host {label}: namespace {self.ns}, {self.address} via {self.gateway}")
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """``argv`` run inside the namespace."""
+        return ["ip", "netns", "exec", self.ns, *argv]
+
+    def _rules(self, output: str, input_: str) -> None:
+        self._clear()
+        script = (
+            "table inet chaos {\n"
+            f"  chain out {{ type filter hook output priority 0; policy accept; {output}; }}\n"
+            f"  chain in {{ type filter hook input priority 0; policy accept; {input_}; }}\n"
+            "}\n"
+        )
+        subprocess.run(["ip", "netns", "exec", self.ns, "nft", "-f", "-"], input=script, check=True,
+                       capture_output=True, text=True)
+
+    def _clear(self) -> None:
+        subprocess.run(["ip", "netns", "exec", self.ns, "nft", "delete", "table", "inet", "chaos"],
+                       capture_output=True)
+
+    def partition(self, direction: str = "both") -> None:
+        """Drops every packet on the link: ``both`` ways, only what the host
+        sends (``out``), or only what reaches it (``in``)."""
+        out = f'oifname "{self.inside}" drop' if direction in ("both", "out") else ""
+        in_ = f'iifname "{self.inside}" drop' if direction in ("both", "in") else ""
+        self._rules(out, in_)
+        self.partitions += 1
+        log(f"host {self.label}: partitioned ({direction})")
+
+    def lossy(self, percent: int) -> None:
+        """From now on (partitions aside) drops ``percent`` % of the packets
+        each way, at random."""
+        self.loss = percent
+        self._apply_loss()
+        log(f"host {self.label}: {percent}% packet loss each way")
+
+    def _apply_loss(self) -> None:
+        if not self.loss:
+            self._clear()
+            return
+        rule = '{} "{}" numgen random mod 100 < {} drop'
+        self._rules(rule.format("oifname", self.inside, self.loss), rule.format("iifname", self.inside, self.loss))
+
+    def heal(self) -> None:
+        """The partition ends; the link's loss, if any, stays."""
+        self._apply_loss()
+        log(f"host {self.label}: healed")
+
+    def close(self) -> None:
+        # Deleting the namespace deletes the veth pair with it.
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
