@@ -1,6 +1,7 @@
 """pytest setup for the fault suite: the helpers here and in tests/deploy
 import as plain modules; ``--full`` (or ``SWITCHYARD_CHAOS_FULL=1``) selects
-the full size instead of the reduced one CI runs."""
+the full size instead of the reduced one CI runs; ``--soak MINUTES`` runs the
+whole mix continuously for that long."""
 
 from __future__ import annotations
 
@@ -22,6 +23,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run the fault suite at full size (more tasks, agents and faults; several minutes)",
     )
+    parser.addoption(
+        "--soak",
+        type=float,
+        default=0.0,
+        metavar="MINUTES",
+        help="run the fault suite's whole mix continuously for MINUTES and print the totals",
+    )
+
+
+@pytest.fixture
+def soak_minutes(request: pytest.FixtureRequest) -> float:
+    return float(request.config.getoption("--soak"))
 
 
 @pytest.fixture

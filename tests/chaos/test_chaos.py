@@ -16,8 +16,15 @@ Then everything is left to settle and ``invariants.check`` reads the store
 (on the primary of the moment) and the agents' logs. One summary line says
 what was injected and what was checked.
 
+Two of the agents are hosts of their own (``netns``): the schedule also
+partitions them from the replicas (both ways, one way, shorter and longer
+than the lease TTL), and one's link loses 5% of its packets all along.
+
 Reduced size by default (well under two minutes); ``--full`` or
-``SWITCHYARD_CHAOS_FULL=1`` for the full size. Assertions are on invariants
+``SWITCHYARD_CHAOS_FULL=1`` for the full size (at least 50 replica kills, 200
+agent kills, 5 PostgreSQL restarts, 3 failovers, 20 partitions);
+``--soak MINUTES`` runs the full mix continuously for that long and prints
+the totals. Assertions are on invariants
 only, never on timings: a submitter that overruns its budget is stopped, and
 the run is settled and checked before the test fails on it.
 """
@@ -38,6 +45,7 @@ from dataclasses import dataclass
 import pytest
 
 from harness import AgentProcess, AgentSpec, Cluster, FreshDatabase, PgProxy, Submitter, log
+import netns
 from pgcluster import PrivatePostgres
 from invariants import check, psql_rows, unmet
 from replicas import binary
@@ -51,16 +59,17 @@ class Size:
     agent_kills: int
     pg_restarts: int
     failovers: int
+    partitions: int
     pace_s: float
     hold_ms: int
     settle_s: float
     submit_budget_s: float
 
 
-REDUCED = Size(agents=8, tasks=400, replica_kills=3, agent_kills=6, pg_restarts=2, failovers=1, pace_s=0.08,
-               hold_ms=150, settle_s=45, submit_budget_s=120)
-FULL = Size(agents=16, tasks=6000, replica_kills=50, agent_kills=200, pg_restarts=5, failovers=3, pace_s=0.05,
-            hold_ms=200, settle_s=240, submit_budget_s=900)
+REDUCED = Size(agents=8, tasks=400, replica_kills=3, agent_kills=6, pg_restarts=2, failovers=1, partitions=2,
+               pace_s=0.08, hold_ms=150, settle_s=45, submit_budget_s=120)
+FULL = Size(agents=16, tasks=6000, replica_kills=50, agent_kills=200, pg_restarts=5, failovers=3, partitions=20,
+            pace_s=0.05, hold_ms=200, settle_s=240, submit_budget_s=900)
 
 # Tag sets of the agents (cycled) and the required tags of tasks. `quantum`
 # is on no agent: those tasks must stay parked and never be leased.
@@ -104,13 +113,23 @@ def private_postgres() -> Iterator[PrivatePostgres]:
 
 
 def test_faults_under_load_keep_every_invariant(
-    private_postgres: PrivatePostgres, full_size: bool, tmp_path: pathlib.Path
+    private_postgres: PrivatePostgres, full_size: bool, soak_minutes: float, tmp_path: pathlib.Path
 ):
-    size = FULL if full_size else REDUCED
+    size = FULL if full_size or soak_minutes else REDUCED
+    if soak_minutes:
+        # The whole mix, continuously, for the time given: as many tasks as
+        # the pace submits in it, faults drawn in FULL's proportions until
+        # the submitter is done.
+        size = dataclasses.replace(size, tasks=int(soak_minutes * 60 / size.pace_s),
+                                   submit_budget_s=soak_minutes * 60 * 1.5 + 120)
     rng = random.Random(SEED)
     pg = private_postgres
     proxy = PgProxy("127.0.0.1", pg.primary.port)
-    cluster = Cluster(proxy.url(pg.url()), tmp_path, count=2)
+    unavailable = netns.available()
+    hosts: list[netns.Host] = []
+    if unavailable:
+        log(f"chaos: no partitions: {unavailable}")
+    cluster = Cluster(proxy.url(pg.url()), tmp_path, count=2, listen="127.0.0.1:0" if unavailable else "0.0.0.0:0")
     logdir = tmp_path / "agent-logs"
     logdir.mkdir()
     specs = [fleet_spec(i) for i in range(size.agents)]
@@ -118,11 +137,22 @@ def test_faults_under_load_keep_every_invariant(
     # does (SWITCHYARD_CHAOS_SAME_NAME=0 restarts them as new agents).
     same_name = os.environ.get("SWITCHYARD_CHAOS_SAME_NAME", "1") == "1"
     agents = [AgentProcess(spec, cluster.addresses_file, logdir, size.hold_ms, same_name) for spec in specs]
+    if not unavailable:
+        # The last two agents are hosts of their own, the partitions' targets;
+        # the last one's link loses 5% of its packets each way all along.
+        for agent in agents[-2:]:
+            agent.host = netns.Host(agent.spec.name)
+            hosts.append(agent.host)
+        hosts[-1].lossy(5)
     selectors = TASK_TAGS * 10 + [PARKED_TAGS]  # 1 in 81 needs a tag no agent has
     submitter = Submitter(cluster, selectors, size.tasks, seed=SEED, pace_s=size.pace_s)
     stop = threading.Event()
     errors: list[BaseException] = []
     overran = ""
+    kinds = ("replica", "agent", "pg_restart", "failover", "partition")
+    planned = dict(zip(kinds, (size.replica_kills, size.agent_kills, size.pg_restarts, size.failovers,
+                               0 if unavailable else size.partitions), strict=True))
+    injected = dict.fromkeys(kinds, 0)
     try:
         for agent in agents:
             agent.start()
@@ -136,15 +166,21 @@ def test_faults_under_load_keep_every_invariant(
         submitting = threading.Thread(target=submit, name="submitter")
         submitting.start()
 
-        # The fault schedule: shuffled, spread over the submit phase.
-        faults = (["replica"] * size.replica_kills + ["agent"] * size.agent_kills
-                  + ["pg_restart"] * size.pg_restarts + ["failover"] * size.failovers)
+        # The fault schedule: shuffled, spread over the submit phase; in a
+        # soak, drawn one at a time for as long as the submitter runs.
+        faults = [kind for kind in kinds for _ in range(planned[kind])]
         rng.shuffle(faults)
-        spacing = size.tasks * size.pace_s / (len(faults) + 1)
-        injected = dict.fromkeys(("replica", "agent", "pg_restart", "failover"), 0)
+        spacing = size.tasks * size.pace_s / (len(faults) + 1) if not soak_minutes \
+            else FULL.tasks * FULL.pace_s / (sum(planned.values()) + 1)
         time.sleep(spacing)
-        for fault in faults:
-            if stop.is_set():
+        while not stop.is_set():
+            if soak_minutes:
+                if not submitting.is_alive():
+                    break
+                fault = rng.choices(kinds, weights=[planned[k] for k in kinds])[0]
+            elif faults:
+                fault = faults.pop()
+            else:
                 break
             if fault == "replica":
                 index = rng.randrange(len(cluster.replicas))
@@ -160,13 +196,20 @@ def test_faults_under_load_keep_every_invariant(
                 agent.start()
             elif fault == "pg_restart":
                 pg.restart("fast" if injected["pg_restart"] % 2 == 0 else "immediate")
-            else:
+            elif fault == "failover":
                 # The address the servers use points nowhere while the
                 # standby is promoted, then at it; a new standby follows.
                 proxy.cut()
                 pg.kill_primary_and_promote()
                 proxy.retarget("127.0.0.1", pg.primary.port)
                 pg.add_standby()
+            else:
+                # Both ways, then only what the host sends, then only what
+                # it receives; shorter than the lease TTL (2 s), then longer.
+                host = hosts[rng.randrange(len(hosts))]
+                host.partition(("both", "out", "in")[injected["partition"] % 3])
+                time.sleep(0.5 if injected["partition"] % 2 == 0 else 3.0)
+                host.heal()
             injected[fault] += 1
             time.sleep(spacing)
 
@@ -205,6 +248,8 @@ def test_faults_under_load_keep_every_invariant(
             agent.stop()
         cluster.stop()
         proxy.close()
+        for host in hosts:
+            host.close()
 
     fleet = {name: dataclasses.replace(fleet_spec(i), name=name).shape()
              for i, agent in enumerate(agents) for name in agent.names}
@@ -214,11 +259,15 @@ def test_faults_under_load_keep_every_invariant(
         {name: logdir / f"{name}.jsonl" for name in fleet},
         fleet,
     )
+    partitions = (f"{injected['partition']} partitions of 2 agents in network namespaces of their own "
+                  "(both ways, out, in; 0.5 s and 3 s in turn; one link losing 5% of packets throughout)"
+                  if not unavailable else f"no partitions ({unavailable})")
     line = (
-        f"chaos: {cluster.kills} replica kills, {sum(a.kills for a in agents)} agent kills "
+        f"chaos{f' (soak, {soak_minutes:g} min)' if soak_minutes else ''}: "
+        f"{cluster.kills} replica kills, {sum(a.kills for a in agents)} agent kills "
         f"({sum(a.mid_task_kills for a in agents)} mid-task), "
         f"{pg.restarts} PostgreSQL restart(s) (fast and immediate in turn), {pg.failovers} failover(s) "
-        f"(synchronous standby promoted); "
+        f"(synchronous standby promoted), {partitions}; "
         f"{submitter.retries} submit retries; {report.summary()}"
         + (f"; {overran}" if overran else "")
     )
@@ -230,8 +279,8 @@ def test_faults_under_load_keep_every_invariant(
     assert not errors, f"submitter failed: {errors[0]!r}"
     assert not overran, overran
     assert len(submitter.submitted) == size.tasks
-    assert injected == {"replica": size.replica_kills, "agent": size.agent_kills, "pg_restart": size.pg_restarts,
-                        "failover": size.failovers}
+    if not soak_minutes:
+        assert injected == planned
 
 
 def test_the_checker_reports_dangling_references(database: FreshDatabase):
