@@ -1,5 +1,7 @@
 //! Builds the gRPC router and serves it: the three switchyard.v1 services,
-//! the standard health service (NOT_SERVING while the store is unreachable),
+//! the standard health service (NOT_SERVING while the store is unreachable;
+//! past a third of the lease TTL out of reach, the agents connected here are
+//! sent to another replica),
 //! and server reflection in both v1 and v1alpha (grpcurl 1.8 speaks only
 //! v1alpha). Also starts the dispatcher, the metrics endpoint and the web
 //! console (with `--console-listen`), and on shutdown stops granting, tells
@@ -54,9 +56,20 @@ async fn set_health(health: &HealthReporter, status: ServingStatus) {
     }
 }
 
-/// Pings the store every second; health follows it.
-async fn watch_store(store: Arc<dyn Store>, health: HealthReporter) {
+/// Pings the store every second; health follows it. Once the store has
+/// been out of reach for `move_after` (a third of the lease TTL, at least a
+/// second), the agents connected here are sent to another replica: when
+/// only this replica lost the database (a partition), the others can keep
+/// their leases alive; when every replica lost it, they come back as it does.
+async fn watch_store(
+    store: Arc<dyn Store>,
+    health: HealthReporter,
+    dispatcher: Dispatcher,
+    move_after: Duration,
+) {
     let mut serving = true;
+    let mut last_reached = tokio::time::Instant::now();
+    let mut agents_sent = false;
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     loop {
         ticker.tick().await;
@@ -64,6 +77,17 @@ async fn watch_store(store: Arc<dyn Store>, health: HealthReporter) {
             tokio::time::timeout(Duration::from_secs(2), store.ping()).await,
             Ok(Ok(()))
         );
+        if ok {
+            last_reached = tokio::time::Instant::now();
+            agents_sent = false;
+        } else if !agents_sent && last_reached.elapsed() >= move_after {
+            agents_sent = true;
+            let told = dispatcher.send_agents_elsewhere("this replica cannot reach the store");
+            warn!(
+                agents = told,
+                "store out of reach: agents sent to other replicas"
+            );
+        }
         if ok != serving {
             serving = ok;
             if ok {
@@ -249,7 +273,17 @@ impl Prepared {
         let _ = crate::metrics::handle();
         workers.push(tokio::spawn(count_tasks(store.clone())));
         set_health(&health, ServingStatus::Serving).await;
-        workers.push(tokio::spawn(watch_store(store.clone(), health.clone())));
+        let move_after = Duration::from_millis(
+            u64::try_from(config.lease_ttl_ms / 3)
+                .unwrap_or(0)
+                .max(1_000),
+        );
+        workers.push(tokio::spawn(watch_store(
+            store.clone(),
+            health.clone(),
+            dispatcher.clone(),
+            move_after,
+        )));
 
         // Shutdown: stop granting and send every agent elsewhere, then give
         // in-flight requests the grace period.

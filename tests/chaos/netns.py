@@ -95,14 +95,17 @@ class Host:
         subprocess.run(["ip", "netns", "exec", self.ns, "nft", "delete", "table", "inet", "chaos"],
                        capture_output=True)
 
-    def partition(self, direction: str = "both") -> None:
+    def partition(self, direction: str = "both", port: int = 0) -> None:
         """Drops every packet on the link: ``both`` ways, only what the host
-        sends (``out``), or only what reaches it (``in``)."""
-        out = f'oifname "{self.inside}" drop' if direction in ("both", "out") else ""
-        in_ = f'iifname "{self.inside}" drop' if direction in ("both", "in") else ""
+        sends (``out``), or only what reaches it (``in``); with ``port``, only
+        its TCP traffic to and from that port on the other side."""
+        to = f" tcp dport {port}" if port else ""
+        from_ = f" tcp sport {port}" if port else ""
+        out = f'oifname "{self.inside}"{to} drop' if direction in ("both", "out") else ""
+        in_ = f'iifname "{self.inside}"{from_} drop' if direction in ("both", "in") else ""
         self._rules(out, in_)
         self.partitions += 1
-        log(f"host {self.label}: partitioned ({direction})")
+        log(f"host {self.label}: partitioned ({direction}{f', port {port}' if port else ''})")
 
     def lossy(self, percent: int) -> None:
         """From now on (partitions aside) drops ``percent`` % of the packets

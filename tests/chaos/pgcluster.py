@@ -178,7 +178,11 @@ class LinkDelay:
 
 
 class PrivatePostgres:
-    def __init__(self, standby: bool = False, synchronous: bool = True, link_delay_ms: int = 0) -> None:
+    def __init__(
+        self, standby: bool = False, synchronous: bool = True, link_delay_ms: int = 0, listen_all: bool = False
+    ) -> None:
+        """``listen_all``: reachable from the suite's network namespaces
+        (10.0.0.0/8) as well as from loopback."""
         self.root = pathlib.Path(tempfile.mkdtemp(prefix="switchyard-pg-"))
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
@@ -194,7 +198,7 @@ class PrivatePostgres:
               "-E", "UTF8", "--locale=C"])
         with open(self.primary.dir / "postgresql.conf", "a", encoding="utf-8") as conf:
             conf.write(
-                "listen_addresses = '127.0.0.1'\n"
+                f"listen_addresses = '{'*' if listen_all else '127.0.0.1'}'\n"
                 f"unix_socket_directories = '{self.root}'\n"
                 "max_connections = 300\n"
                 "wal_level = replica\n"
@@ -204,6 +208,9 @@ class PrivatePostgres:
                 "wal_keep_size = '256MB'\n"
                 "shared_buffers = '64MB'\n"
             )
+        if listen_all:
+            with open(self.primary.dir / "pg_hba.conf", "a", encoding="utf-8") as hba:
+                hba.write("host all all 10.0.0.0/8 trust\n")
         self.primary.start()
         self.primary.sql(f"CREATE DATABASE {DATABASE}")
         log(f"private postgres: primary {self.primary.name} on 127.0.0.1:{self.primary.port}")

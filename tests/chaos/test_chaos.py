@@ -68,8 +68,8 @@ class Size:
 
 REDUCED = Size(agents=8, tasks=400, replica_kills=3, agent_kills=6, pg_restarts=2, failovers=1, partitions=2,
                pace_s=0.08, hold_ms=150, settle_s=45, submit_budget_s=120)
-FULL = Size(agents=16, tasks=6000, replica_kills=50, agent_kills=200, pg_restarts=5, failovers=3, partitions=20,
-            pace_s=0.05, hold_ms=200, settle_s=240, submit_budget_s=900)
+FULL = Size(agents=16, tasks=9000, replica_kills=50, agent_kills=200, pg_restarts=5, failovers=3, partitions=20,
+            pace_s=0.05, hold_ms=200, settle_s=240, submit_budget_s=1200)
 
 # Tag sets of the agents (cycled) and the required tags of tasks. `quantum`
 # is on no agent: those tasks must stay parked and never be leased.
@@ -170,10 +170,14 @@ def test_faults_under_load_keep_every_invariant(
         # soak, drawn one at a time for as long as the submitter runs.
         faults = [kind for kind in kinds for _ in range(planned[kind])]
         rng.shuffle(faults)
+        # Each fault is due at its slot of the submit phase, however long the
+        # one before took (a late one goes at once).
         spacing = size.tasks * size.pace_s / (len(faults) + 1) if not soak_minutes \
             else FULL.tasks * FULL.pace_s / (sum(planned.values()) + 1)
-        time.sleep(spacing)
+        due = time.monotonic()
         while not stop.is_set():
+            due += spacing
+            time.sleep(max(0.0, due - time.monotonic()))
             if soak_minutes:
                 if not submitting.is_alive():
                     break
@@ -188,8 +192,13 @@ def test_faults_under_load_keep_every_invariant(
                 time.sleep(min(1.5, spacing / 2))
                 cluster.restart(index)
             elif fault == "agent":
-                # Mid-task: prefer an agent with a grant it has not finished.
+                # Mid-task: an agent with a grant it has not finished, waiting
+                # a moment for one if none has (any agent after that).
                 busy = [a for a in agents if a.alive() and a.unfinished_grants()]
+                wait_until = time.monotonic() + 2.0
+                while not busy and time.monotonic() < wait_until:
+                    time.sleep(0.05)
+                    busy = [a for a in agents if a.alive() and a.unfinished_grants()]
                 agent = busy[rng.randrange(len(busy))] if busy else agents[rng.randrange(len(agents))]
                 agent.kill()
                 time.sleep(min(1.0, spacing / 2))
@@ -211,7 +220,6 @@ def test_faults_under_load_keep_every_invariant(
                 time.sleep(0.5 if injected["partition"] % 2 == 0 else 3.0)
                 host.heal()
             injected[fault] += 1
-            time.sleep(spacing)
 
         # No assertion on timings: a submitter still going when its budget
         # runs out is stopped, the run says so and is settled and checked

@@ -9,6 +9,10 @@ on a fresh database, then the invariant checker.
   resumes cleanly: the next task only it can run, it runs.
 - Cut off for less than the TTL, mid-task: nothing is re-granted; the task
   finishes on its one lease.
+- A replica (in a namespace of its own) cut off from PostgreSQL while its
+  agents still reach it: its health says NOT_SERVING, its agents move to the
+  other replica and run what is submitted there, nothing it leased is lost;
+  healed, it serves again.
 
 Skipped, saying why, where network namespaces cannot be made (not root, no
 iproute2 or nftables); CI installs both and runs as root.
@@ -23,8 +27,12 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import netns
-from harness import AgentProcess, AgentSpec, Cluster, FreshDatabase, Submitted, submit_request
+from harness import SERVER_FLAGS, AgentProcess, AgentSpec, Cluster, FreshDatabase, Submitted, submit_request
 from invariants import check, psql_rows, read_agent_log
+from pgcluster import PrivatePostgres
+from replicas import Replica
+
+import grpc
 
 WAIT_S = 60
 
@@ -143,4 +151,77 @@ def test_a_partition_shorter_than_the_lease_ttl_regrants_nothing(
     assert [(l["state"], l["outcome"]) for l in leases_of(database.url, task)] == [("completed", "succeeded")]
     fleet = {agent.spec.name: agent.spec.shape()}
     report = check(database.url, [task], {n: logdir / f"{n}.jsonl" for n in fleet}, fleet)
+    assert report.violations == []
+
+
+def health(address: str) -> str:
+    """``grpc.health.v1.Health/Check`` for the whole server: SERVING,
+    NOT_SERVING, or the call's error code (no health stubs needed: the
+    request is empty and the answer is one enum field)."""
+    with grpc.insecure_channel(address) as channel:
+        check_ = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)
+        try:
+            answer = check_(b"", timeout=2)
+        except grpc.RpcError as err:
+            return err.code().name
+    return {b"\x08\x01": "SERVING", b"\x08\x02": "NOT_SERVING"}.get(answer, repr(answer))
+
+
+def wait_health(address: str, wanted: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while (seen := health(address)) != wanted:
+        assert time.monotonic() < deadline, f"{address} still {seen} after {WAIT_S} s, not {wanted}"
+        time.sleep(0.1)
+
+
+def test_a_replica_cut_off_from_postgres_stops_serving_and_its_agents_move(
+    host: netns.Host, tmp_path: pathlib.Path
+):
+    pg = PrivatePostgres(listen_all=True)
+    logdir = tmp_path / "logs"
+    logdir.mkdir()
+    addresses = tmp_path / "addresses"
+    replicas: list[Replica] = []
+    agents: list[AgentProcess] = []
+    tasks: list[Submitted] = []
+    try:
+        try:
+            cut = Replica("R0", f"postgres://postgres@{host.gateway}:{pg.primary.port}/switchyard", *SERVER_FLAGS,
+                          "--insecure", listen="0.0.0.0:0", wrap=host.argv, advertise=host.address)
+            other = Replica("R1", pg.url(), *SERVER_FLAGS)
+            replicas += [cut, other]
+            addresses.write_text(f"{cut.address}\n{other.address}\n")  # the agents try R0 first
+            agents += [AgentProcess(AgentSpec(f"mover-{i}", ["linux"], 1), addresses, logdir, hold_ms=100)
+                       for i in range(2)]
+            for agent in agents:
+                agent.start()
+            for agent in agents:
+                wait_log(agent, lambda e: e["event"] == "welcome" and e["address"] == cut.address, "welcome at R0")
+            cut_at = time.time()
+            host.partition("both", port=pg.primary.port)
+            wait_health(cut.address, "NOT_SERVING")
+            for agent in agents:
+                wait_log(agent, lambda e: e["event"] == "welcome" and e["address"] == other.address
+                         and e["t"] > cut_at, "welcome at R1 after the cut")
+            for i in range(6):
+                task = Submitted(f"moved-{i}", "", ["linux"], False)
+                task.task_id = other.tasks.SubmitTask(submit_request(task, i, max_attempts=5), timeout=5).task.task_id
+                tasks.append(task)
+            for task in tasks:
+                wait_state(pg.url(), task, "succeeded")
+            grants = [e for agent in agents for e in read_agent_log(agent.log_path) if e["event"] == "grant"]
+            assert sorted(e["task"] for e in grants) == sorted(t.task_id for t in tasks)
+            assert {e["address"] for e in grants} == {other.address}, "a grant came from the replica cut off"
+            host.heal()
+            wait_health(cut.address, "SERVING")
+        finally:
+            for agent in agents:
+                agent.stop()
+            for replica in replicas:
+                replica.stop()
+        fleet = {a.spec.name: a.spec.shape() for a in agents}
+        report = check(pg.url(), tasks, {n: logdir / f"{n}.jsonl" for n in fleet}, fleet)
+    finally:
+        pg.close()
     assert report.violations == []

@@ -94,7 +94,13 @@ class FreshDatabase:
 class Replica:
     """One ``switchyard-server`` process on an ephemeral loopback port."""
 
-    def __init__(self, name: str, database_url: str, *extra: str, listen: str = "127.0.0.1:0") -> None:
+    def __init__(
+        self, name: str, database_url: str, *extra: str, listen: str = "127.0.0.1:0", wrap=None,
+        advertise: str = "",
+    ) -> None:
+        """``wrap`` turns the command line into the one to run (a network
+        namespace's ``ip netns exec``); ``advertise`` is the host the others
+        reach it at, in place of the one it says it listens on."""
         self.name = name
         argv = [
             str(binary("SWITCHYARD_SERVER_BIN", "switchyard-server")),
@@ -107,7 +113,7 @@ class Replica:
         ]
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            argv,
+            wrap(argv) if wrap else argv,
             stdout=subprocess.PIPE,
             stderr=None if TEST_LOG else self._stderr,
             text=True,
@@ -119,6 +125,8 @@ class Replica:
             self.proc.kill()
             raise RuntimeError(f"replica {name} did not start: {line!r}\n{self.stderr()}")
         self.address = match.group(1)
+        if advertise:
+            self.address = f"{advertise}:{self.address.rsplit(':', 1)[1]}"
         self.channel = grpc.insecure_channel(self.address)
         self.tasks = task_service_pb2_grpc.TaskServiceStub(self.channel)
         log(f"replica {name} listening on {self.address} (pid {self.proc.pid})")

@@ -157,6 +157,22 @@ impl Dispatcher {
         }
     }
 
+    /// Tells every agent connected here to reconnect elsewhere and ends its
+    /// session, without stopping: this replica cannot reach the store (see
+    /// `server::watch_store`), and an agent that stayed would have its
+    /// heartbeats and reports go nowhere until its leases ran out, while a
+    /// replica that can reach the store would keep them. Each session ends
+    /// as if its stream had (the queued Drain is still delivered); the
+    /// number of agents told.
+    pub fn send_agents_elsewhere(&self, reason: &str) -> usize {
+        let state = self.state();
+        for session in state.sessions.values() {
+            let _ = session.tx.try_send(Box::new(down::drain(reason, 1_000)));
+            session.close.notify_one();
+        }
+        state.sessions.len()
+    }
+
     /// Sends a message to the agent if it is connected here; false if not
     /// connected or its queue is full.
     pub fn send(&self, agent_id: Uuid, message: pb::ConnectResponse) -> bool {
