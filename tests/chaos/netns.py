@@ -4,11 +4,13 @@ this one by a veth pair on a /30 of its own. A process started in it
 (``Host.argv``) reaches the replicas only through that link, at
 ``Host.gateway``; ``partition`` drops its packets with nftables inside the
 namespace (both ways, or only what it sends, or only what it receives),
-``lossy`` drops a share of them at random, ``heal`` takes the rules away.
+``lossy`` drops a share of them at random and can hold the link to a slow
+rate (``tc`` token bucket both ways: what exceeds it queues, up to 400 ms),
+``heal`` ends a partition.
 
-Needs root, iproute2 and nftables (``available`` says what is missing). Delay
-(``tc netem``) is not used: the kernels the suite runs on here have no
-netem qdisc.
+Needs root, iproute2 and nftables (``available`` says what is missing). A
+fixed delay (``tc netem``) is not used: the kernels the suite runs on here
+have no netem qdisc.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class Host:
             self.close()
             raise
         self.inside = inside
+        self.outside = outside
         self.partitions = 0
         log(f"host {label}: namespace {self.ns}, {self.address} via {self.gateway}")
 
@@ -107,12 +110,19 @@ class Host:
         self.partitions += 1
         log(f"host {self.label}: partitioned ({direction}{f', port {port}' if port else ''})")
 
-    def lossy(self, percent: int) -> None:
+    def lossy(self, percent: int, rate_kbit: int = 0) -> None:
         """From now on (partitions aside) drops ``percent`` % of the packets
-        each way, at random."""
+        each way, at random; with ``rate_kbit``, the link carries at most
+        that much each way, what exceeds it waiting in a queue of up to
+        400 ms (a token bucket filter)."""
         self.loss = percent
         self._apply_loss()
-        log(f"host {self.label}: {percent}% packet loss each way")
+        if rate_kbit:
+            tbf = ["root", "tbf", "rate", f"{rate_kbit}kbit", "burst", "4kb", "latency", "400ms"]
+            _ip("netns", "exec", self.ns, "tc", "qdisc", "add", "dev", self.inside, *tbf)
+            subprocess.run(["tc", "qdisc", "add", "dev", self.outside, *tbf], check=True, capture_output=True)
+        log(f"host {self.label}: {percent}% packet loss each way"
+            + (f", at most {rate_kbit} kbit/s each way" if rate_kbit else ""))
 
     def _apply_loss(self) -> None:
         if not self.loss:

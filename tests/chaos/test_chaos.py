@@ -18,7 +18,8 @@ what was injected and what was checked.
 
 Two of the agents are hosts of their own (``netns``): the schedule also
 partitions them from the replicas (both ways, one way, shorter and longer
-than the lease TTL), and one's link loses 5% of its packets all along.
+than the lease TTL), and one's link loses 5% of its packets and carries at
+most 256 kbit/s all along.
 
 Reduced size by default (well under two minutes); ``--full`` or
 ``SWITCHYARD_CHAOS_FULL=1`` for the full size (at least 50 replica kills, 200
@@ -139,11 +140,12 @@ def test_faults_under_load_keep_every_invariant(
     agents = [AgentProcess(spec, cluster.addresses_file, logdir, size.hold_ms, same_name) for spec in specs]
     if not unavailable:
         # The last two agents are hosts of their own, the partitions' targets;
-        # the last one's link loses 5% of its packets each way all along.
+        # the last one's link is lossy and slow all along: 5% of its packets
+        # lost each way, at most 256 kbit/s each way.
         for agent in agents[-2:]:
             agent.host = netns.Host(agent.spec.name)
             hosts.append(agent.host)
-        hosts[-1].lossy(5)
+        hosts[-1].lossy(5, rate_kbit=256)
     selectors = TASK_TAGS * 10 + [PARKED_TAGS]  # 1 in 81 needs a tag no agent has
     submitter = Submitter(cluster, selectors, size.tasks, seed=SEED, pace_s=size.pace_s)
     stop = threading.Event()
@@ -268,7 +270,8 @@ def test_faults_under_load_keep_every_invariant(
         fleet,
     )
     partitions = (f"{injected['partition']} partitions of 2 agents in network namespaces of their own "
-                  "(both ways, out, in; 0.5 s and 3 s in turn; one link losing 5% of packets throughout)"
+                  "(both ways, out, in; 0.5 s and 3 s in turn; one link losing 5% of packets and held to 256 kbit/s "
+                  "throughout)"
                   if not unavailable else f"no partitions ({unavailable})")
     line = (
         f"chaos{f' (soak, {soak_minutes:g} min)' if soak_minutes else ''}: "
