@@ -293,19 +293,27 @@ class AgentProcess:
 
     def unfinished_grants(self) -> int:
         """Grants in this agent's log with no final report yet: work in hand."""
+        return len(self._unfinished())
+
+    def newest_unfinished_grant(self) -> float:
+        """When the newest of its unfinished grants arrived (0 if none): the
+        agent least likely to finish before a kill lands."""
+        return max(self._unfinished().values(), default=0.0)
+
+    def _unfinished(self) -> dict[str, float]:
         from invariants import read_agent_log
 
         if not self.log_path.exists():
-            return 0
-        open_leases: set[str] = set()
+            return {}
+        open_leases: dict[str, float] = {}
         for e in read_agent_log(self.log_path):
             if e["event"] == "start":
                 open_leases.clear()  # a new process holds nothing
             elif e["event"] == "grant":
-                open_leases.add(e["lease"])
+                open_leases[e["lease"]] = e["t"]
             elif e["event"] in ("report", "revoked"):
-                open_leases.discard(e["lease"])
-        return len(open_leases)
+                open_leases.pop(e["lease"], None)
+        return open_leases
 
     def kill(self) -> bool:
         """SIGKILL; True if the agent had work in hand (a grant without a final report)."""

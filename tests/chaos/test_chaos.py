@@ -194,16 +194,21 @@ def test_faults_under_load_keep_every_invariant(
                 time.sleep(min(1.5, spacing / 2))
                 cluster.restart(index)
             elif fault == "agent":
-                # Mid-task: an agent with a grant it has not finished, waiting
-                # a moment for one if none has; a kill that found it had just
-                # finished is tried again (up to five kills in all).
-                for _ in range(5):
-                    busy = [a for a in agents if a.alive() and a.unfinished_grants()]
+                # Mid-task: the agent whose newest unfinished grant is the
+                # newest, waiting a moment for one if none has work in hand; a
+                # kill that found it had just finished is tried again (up to
+                # ten kills in all).
+                for _ in range(10):
+                    agent = None
                     wait_until = time.monotonic() + 2.0
-                    while not busy and time.monotonic() < wait_until:
-                        time.sleep(0.05)
-                        busy = [a for a in agents if a.alive() and a.unfinished_grants()]
-                    agent = busy[rng.randrange(len(busy))] if busy else agents[rng.randrange(len(agents))]
+                    while agent is None and time.monotonic() < wait_until:
+                        newest = max(((a.newest_unfinished_grant(), i) for i, a in enumerate(agents) if a.alive()),
+                                     default=(0.0, -1))
+                        if newest[0]:
+                            agent = agents[newest[1]]
+                        else:
+                            time.sleep(0.05)
+                    agent = agent or agents[rng.randrange(len(agents))]
                     mid_task = agent.kill()
                     time.sleep(min(1.0, spacing / 2))
                     agent.start()
