@@ -8,6 +8,7 @@ The replicas and the fresh database come from ``tests/deploy/replicas.py``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -39,10 +40,15 @@ class PgProxy:
     ``cut()`` resets every open connection and refuses new ones (accepts and
     closes them at once) until ``restore()``: from the servers' side, exactly a
     database restart.
+
+    With ``delay_s``, every byte coming back from upstream is held that long
+    before it is passed on (the other way goes at once): a distant link, as a
+    standby in another zone sees its primary. A cut drops what is in flight.
     """
 
-    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+    def __init__(self, upstream_host: str, upstream_port: int, delay_s: float = 0.0) -> None:
         self.upstream = (upstream_host, upstream_port)
+        self.delay_s = delay_s
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -84,24 +90,28 @@ class PgProxy:
                 self._conns.update((client, server))
             threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
 
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        peers = {a: b, b: a}
+    def _pump(self, client: socket.socket, server: socket.socket) -> None:
+        peers = {client: server, server: client}
+        delayed = _Delayed(client, self.delay_s) if self.delay_s else None
         try:
             while True:
-                readable, _, _ = select.select([a, b], [], [], 1.0)
+                readable, _, _ = select.select([client, server], [], [], 1.0)
                 for sock in readable:
                     data = sock.recv(65536)
                     if not data:
                         return
-                    peers[sock].sendall(data)
+                    if delayed is not None and sock is server:
+                        delayed.put(data)
+                    else:
+                        peers[sock].sendall(data)
         except (OSError, ValueError):
             return
         finally:
-            for sock in (a, b):
+            for sock in (client, server):
                 _reset(sock)
             with self._lock:
-                self._conns.discard(a)
-                self._conns.discard(b)
+                self._conns.discard(client)
+                self._conns.discard(server)
 
     def cut(self) -> None:
         self._drop()
@@ -135,6 +145,35 @@ class PgProxy:
         self._closed = True
         self._drop()
         self._listener.close()
+
+
+class _Delayed:
+    """Sends what it is given to ``sock`` ``delay_s`` after it was given, in
+    order, until the socket fails (the proxy reset it)."""
+
+    def __init__(self, sock: socket.socket, delay_s: float) -> None:
+        self._sock = sock
+        self._delay_s = delay_s
+        self._queue: collections.deque[tuple[float, bytes]] = collections.deque()
+        self._ready = threading.Condition()
+        threading.Thread(target=self._deliver, daemon=True, name="pg-proxy-delay").start()
+
+    def put(self, data: bytes) -> None:
+        with self._ready:
+            self._queue.append((time.monotonic() + self._delay_s, data))
+            self._ready.notify()
+
+    def _deliver(self) -> None:
+        try:
+            while True:
+                with self._ready:
+                    while not self._queue:
+                        self._ready.wait()
+                    due, data = self._queue.popleft()
+                time.sleep(max(0.0, due - time.monotonic()))  # the link's latency itself
+                self._sock.sendall(data)
+        except (OSError, ValueError):
+            return
 
 
 def _reset(sock: socket.socket) -> None:

@@ -76,7 +76,6 @@ class Host:
             raise
         self.inside = inside
         self.outside = outside
-        self.partitions = 0
         log(f"host {label}: namespace {self.ns}, {self.address} via {self.gateway}")
 
     def argv(self, argv: list[str]) -> list[str]:
@@ -107,7 +106,6 @@ class Host:
         out = f'oifname "{self.inside}"{to} drop' if direction in ("both", "out") else ""
         in_ = f'iifname "{self.inside}"{from_} drop' if direction in ("both", "in") else ""
         self._rules(out, in_)
-        self.partitions += 1
         log(f"host {self.label}: partitioned ({direction}{f', port {port}' if port else ''})")
 
     def lossy(self, percent: int, rate_kbit: int = 0) -> None:

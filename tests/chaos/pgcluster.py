@@ -18,8 +18,8 @@ will not run as root), from the newest ``/usr/lib/postgresql/*/bin`` (or
   (the suite's TCP proxy, as a Kubernetes Service of a managed PostgreSQL
   would).
 - ``link_delay_ms`` puts a link between the primary and each standby that
-  delays what the primary sends by that much (``LinkDelay``, a TCP relay), as
-  a standby in another zone sees it: what a failover loses without
+  delays what the primary sends by that much (the suite's ``PgProxy`` with a
+  delay), as a standby in another zone sees it: what a failover loses without
   synchronous replication is then what was committed in the last moments
   before it.
 """
@@ -27,16 +27,14 @@ will not run as root), from the newest ``/usr/lib/postgresql/*/bin`` (or
 from __future__ import annotations
 
 import os
-import collections
 import pathlib
-import select
 import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 
+from harness import PgProxy
 from replicas import log
 
 DATABASE = "switchyard"
@@ -97,86 +95,6 @@ class Node:
         ]).stdout.strip()
 
 
-class LinkDelay:
-    """A TCP relay on 127.0.0.1:<ephemeral> to ``127.0.0.1:upstream`` that
-    holds every byte coming back from upstream for ``delay_s`` before passing
-    it on (the other way is passed at once)."""
-
-    def __init__(self, upstream: int, delay_s: float) -> None:
-        self.upstream = upstream
-        self.delay_s = delay_s
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._closed = False
-        self.severed = False
-        threading.Thread(target=self._accept, daemon=True, name="link-delay").start()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-                server = socket.create_connection(("127.0.0.1", self.upstream), timeout=5)
-                server.settimeout(None)
-            except OSError:
-                if self._closed:
-                    return
-                continue
-            queue: collections.deque = collections.deque()
-            ready = threading.Condition()
-            threading.Thread(target=self._relay, args=(client, server, queue, ready), daemon=True).start()
-            threading.Thread(target=self._deliver, args=(client, queue, ready), daemon=True).start()
-
-    def _relay(self, client: socket.socket, server: socket.socket, queue: collections.deque,
-               ready: threading.Condition) -> None:
-        try:
-            while True:
-                readable, _, _ = select.select([client, server], [], [], 1.0)
-                for sock in readable:
-                    data = sock.recv(65536)
-                    if not data:
-                        raise OSError("closed")
-                    if sock is client:
-                        server.sendall(data)
-                    else:
-                        with ready:
-                            queue.append((time.monotonic() + self.delay_s, data))
-                            ready.notify()
-        except (OSError, ValueError):
-            with ready:
-                queue.append((0.0, b""))
-                ready.notify()
-            server.close()
-
-    def _deliver(self, client: socket.socket, queue: collections.deque, ready: threading.Condition) -> None:
-        try:
-            while True:
-                with ready:
-                    while not queue:
-                        ready.wait()
-                    due, data = queue.popleft()
-                if not data:
-                    return
-                pause = due - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)  # the link's latency itself
-                if self.severed:
-                    return  # what was on the wire is gone with the link
-                client.sendall(data)
-        except OSError:
-            pass
-        finally:
-            client.close()
-
-    def sever(self) -> None:
-        """The link goes dark: nothing more is delivered, in flight or not."""
-        self.severed = True
-
-    def close(self) -> None:
-        self._closed = True
-        self.sever()
-        self._listener.close()
-
-
 class PrivatePostgres:
     def __init__(
         self, standby: bool = False, synchronous: bool = True, link_delay_ms: int = 0, listen_all: bool = False
@@ -188,7 +106,7 @@ class PrivatePostgres:
             shutil.chown(self.root, "postgres", "postgres")
         self.synchronous = synchronous
         self.link_delay_ms = link_delay_ms
-        self._links: list[LinkDelay] = []
+        self._links: list[PgProxy] = []
         self.restarts = 0
         self.failovers = 0
         self._nodes = 0
@@ -236,7 +154,7 @@ class PrivatePostgres:
             # It waits for nobody once promoted; it reconnects soon after a primary restart.
             conf.write("synchronous_standby_names = ''\nwal_retrieve_retry_interval = '200ms'\n")
             if self.link_delay_ms:
-                link = LinkDelay(self.primary.port, self.link_delay_ms / 1000)
+                link = PgProxy("127.0.0.1", self.primary.port, delay_s=self.link_delay_ms / 1000)
                 self._links.append(link)
                 conf.write(f"primary_conninfo = 'host=127.0.0.1 port={link.port} user=postgres "
                            f"application_name={node.name}'\n")
@@ -271,7 +189,7 @@ class PrivatePostgres:
         assert self.standby is not None, "failover needs a standby"
         old = self.primary
         for link in self._links:
-            link.sever()  # the primary's zone goes dark with it
+            link.cut()  # the primary's zone goes dark with it, and what its links had in flight
         old.stop("immediate")
         self.standby.pg_ctl("promote")
         self.primary, self.standby = self.standby, None

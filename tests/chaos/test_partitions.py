@@ -24,6 +24,7 @@ import pathlib
 import time
 from collections.abc import Callable, Iterator
 
+import grpc
 import pytest
 
 import netns
@@ -32,11 +33,10 @@ from invariants import check, psql_rows, read_agent_log
 from pgcluster import PrivatePostgres
 from replicas import Replica
 
-import grpc
-
 WAIT_S = 60
 
-pytestmark = pytest.mark.skipif(bool(netns.available()), reason=netns.available() or "available")
+UNAVAILABLE = netns.available()
+pytestmark = pytest.mark.skipif(bool(UNAVAILABLE), reason=UNAVAILABLE or "available")
 
 
 @pytest.fixture
