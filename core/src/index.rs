@@ -355,15 +355,20 @@ struct IndexedAgent {
     /// Whether some key of the document contains `.` (its dotted paths are
     /// then ambiguous, and a partial re-index could miss a shared posting).
     dotted_keys: bool,
+    /// Held back (see [`AgentIndex::hold_back`]): its free slots are not
+    /// offered.
+    held_back: bool,
 }
 
 impl IndexedAgent {
     fn slot(&self) -> Option<RankedSlot> {
         let v = &self.view;
-        (v.status.takes_work() && v.active_leases < v.capacity).then(|| RankedSlot {
-            availability: v.availability(),
-            agent_id: v.agent_id,
-            ord: self.ord,
+        (!self.held_back && v.status.takes_work() && v.active_leases < v.capacity).then(|| {
+            RankedSlot {
+                availability: v.availability(),
+                agent_id: v.agent_id,
+                ord: self.ord,
+            }
         })
     }
 }
@@ -543,6 +548,7 @@ impl AgentIndex {
 
     /// Inserts an agent, or replaces it (document, status, namespace, load) if present.
     pub fn upsert(&mut self, view: AgentView) {
+        let held_back = self.agents.get(&view.agent_id).is_some_and(|a| a.held_back);
         self.remove(view.agent_id);
         let id = view.agent_id;
         let ord = match self.free_ordinals.pop() {
@@ -566,6 +572,7 @@ impl AgentIndex {
             view,
             ord,
             dotted_keys: postings.dotted_keys,
+            held_back,
         };
         if let Some(slot) = agent.slot() {
             ns.available.insert(slot);
@@ -686,6 +693,35 @@ impl AgentIndex {
     /// Records an agent's status. Returns false for an unknown agent.
     pub fn set_status(&mut self, agent_id: AgentId, status: AgentStatus) -> bool {
         self.update(agent_id, |v| v.status = status)
+    }
+
+    /// Holds the agent back (`true`: no selection picks it, and its free
+    /// slots are not counted, as if it were full, while it stays capable) or
+    /// lets it take work again (`false`); kept across [`AgentIndex::upsert`].
+    /// Returns false for an unknown agent.
+    pub fn hold_back(&mut self, agent_id: AgentId, held_back: bool) -> bool {
+        let Some(agent) = self.agents.get_mut(&agent_id) else {
+            return false;
+        };
+        if agent.held_back == held_back {
+            return true;
+        }
+        let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) else {
+            return false;
+        };
+        if let Some(slot) = agent.slot() {
+            ns.available.remove(&slot);
+        }
+        agent.held_back = held_back;
+        if let Some(slot) = agent.slot() {
+            ns.available.insert(slot);
+        }
+        true
+    }
+
+    /// Whether the agent is held back (see [`AgentIndex::hold_back`]).
+    pub fn is_held_back(&self, agent_id: AgentId) -> bool {
+        self.agents.get(&agent_id).is_some_and(|a| a.held_back)
     }
 
     /// Records that the lease for `task` holds `claim` on the agent (its slots counted in
@@ -1533,6 +1569,26 @@ mod tests {
         assert!(index.set_status(id("b"), AgentStatus::Draining));
         assert_eq!(best(&index, "x"), None);
         assert!(!index.update_load(id("nope"), 0, None));
+    }
+
+    #[test]
+    fn a_held_back_agent_is_capable_but_never_picked_nor_counted_free() {
+        let mut index = AgentIndex::new();
+        index.upsert(view("a", json!({"tags": ["x"]})));
+        let compiled = sel("x");
+        assert!(index.hold_back(id("a"), true));
+        assert!(index.is_held_back(id("a")));
+        assert_eq!(best(&index, "x"), None);
+        assert_eq!(index.free_slots(100), 0);
+        // Capable, so a task that needs it waits for it rather than parks.
+        assert!(index.any_capable(&compiled, "default"));
+        // A new document keeps it held back; letting it go offers it again.
+        index.upsert(view("a", json!({"tags": ["x", "y"]})));
+        assert_eq!(best(&index, "x"), None);
+        assert!(index.hold_back(id("a"), false));
+        assert_eq!(best(&index, "x"), Some(id("a")));
+        assert_eq!(index.free_slots(100), 2);
+        assert!(!index.hold_back(id("nope"), true));
     }
 
     #[test]
