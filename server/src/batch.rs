@@ -90,6 +90,12 @@ impl<I: Send + 'static, O: Send + 'static> GroupCommit<I, O> {
         Self { tx }
     }
 
+    /// How many callers' item lists wait for a batch (not yet taken into
+    /// one being committed).
+    pub fn waiting(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
     /// Submits `items` and waits for their results, in the same order. A
     /// failure of the whole batch (the database) is the `Err`
     /// ([`Error::Batch`], shared by every caller in the batch); a refusal of

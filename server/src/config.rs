@@ -159,6 +159,28 @@ pub struct ServerConfig {
     )]
     pub ack_window_ms: i64,
 
+    /// An agent with a grant it has not acknowledged for this many
+    /// milliseconds gets no more grants until it acknowledges one (longer
+    /// while the whole fleet acknowledges slower than that: the floor of
+    /// the replica's congestion control).
+    #[arg(
+        long,
+        env = "SWITCHYARD_ACK_LATE_MS",
+        default_value_t = 1_000,
+        global = true
+    )]
+    pub ack_late_ms: i64,
+
+    /// Submits waiting for the store beyond which a submit is pushed back
+    /// with RESOURCE_EXHAUSTED and a retry hint (`google.rpc.RetryInfo`).
+    #[arg(
+        long,
+        env = "SWITCHYARD_MAX_SUBMITS_WAITING",
+        default_value_t = 2_048,
+        global = true
+    )]
+    pub max_submits_waiting: usize,
+
     /// How often the sweeper expires leases, revokes unacknowledged grants
     /// and closes silent sessions, in milliseconds.
     #[arg(
@@ -413,6 +435,8 @@ impl ServerConfig {
             heartbeat_interval_ms: 5_000,
             lease_ttl_ms: 30_000,
             ack_window_ms: 5_000,
+            ack_late_ms: 1_000,
+            max_submits_waiting: 2_048,
             sweep_interval_ms: 1_000,
             dispatch_page: 256,
             dispatch_recheck_ms: 1_000,

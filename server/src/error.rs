@@ -98,6 +98,15 @@ pub enum Error {
     /// A configured limit is reached. RESOURCE_EXHAUSTED.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// The server is overloaded: the caller should try again after
+    /// `retry_after_ms`. RESOURCE_EXHAUSTED with a `RetryInfo` detail.
+    #[error("{what}; retry in {retry_after_ms} ms")]
+    Overloaded {
+        /// What is full.
+        what: String,
+        /// When to try again.
+        retry_after_ms: u64,
+    },
     /// The request conflicts with the state of things (a session epoch that
     /// is not the agent's current one). FAILED_PRECONDITION.
     #[error("{0}")]

@@ -57,6 +57,14 @@ pub const STORE_SECONDS: &str = "switchyard_store_seconds";
 pub const BATCH_ITEMS: &str = "switchyard_batch_items";
 /// Change notifications the notifier dropped (its queue was full).
 pub const NOTIFICATIONS_DROPPED: &str = "switchyard_notifications_dropped_total";
+/// How many grants from this replica may wait for their acknowledgement
+/// at once (the congestion window).
+pub const GRANT_WINDOW: &str = "switchyard_grant_window";
+/// Grants from this replica waiting for their acknowledgement.
+pub const GRANTS_IN_FLIGHT: &str = "switchyard_grants_in_flight";
+/// Submits pushed back (RESOURCE_EXHAUSTED) because too many waited for
+/// the store.
+pub const SUBMITS_PUSHED_BACK: &str = "switchyard_submits_pushed_back_total";
 /// Tasks by namespace and state.
 pub const TASKS: &str = "switchyard_tasks";
 /// Tasks this replica finished, by state (succeeded, failed, canceled).
@@ -108,6 +116,18 @@ fn describe() {
     describe_counter!(
         NOTIFICATIONS_DROPPED,
         "PostgreSQL change notifications dropped while the database was unreachable."
+    );
+    describe_counter!(
+        SUBMITS_PUSHED_BACK,
+        "Submits pushed back (RESOURCE_EXHAUSTED with a retry hint) because too many waited for the store."
+    );
+    describe_gauge!(
+        GRANT_WINDOW,
+        "How many grants from this replica may wait for their acknowledgement at once (halved when grants go unacknowledged, grown by acknowledgements)."
+    );
+    describe_gauge!(
+        GRANTS_IN_FLIGHT,
+        "Grants from this replica waiting for their acknowledgement (as of the last sweep)."
     );
     describe_gauge!(
         TASKS,

@@ -10,6 +10,7 @@
 //! | `Unauthenticated` | UNAUTHENTICATED |
 //! | `PermissionDenied` | PERMISSION_DENIED |
 //! | `ResourceExhausted` | RESOURCE_EXHAUSTED |
+//! | `Overloaded` | RESOURCE_EXHAUSTED, with a `RetryInfo` detail (when to try again) |
 //! | `Store`, `Unavailable` | UNAVAILABLE (a store failure says only what the server was doing) |
 //! | `Corrupt` | INTERNAL (only what the server was reading) |
 //! | `Batch` | whatever the error inside maps to |
@@ -53,6 +54,13 @@ impl From<&Error> for Status {
             Error::Unauthenticated(message) => Status::unauthenticated(message.as_str()),
             Error::PermissionDenied(message) => Status::permission_denied(message.as_str()),
             Error::ResourceExhausted(message) => Status::resource_exhausted(message.as_str()),
+            Error::Overloaded { retry_after_ms, .. } => Status::with_error_details(
+                Code::ResourceExhausted,
+                err.to_string(),
+                ErrorDetails::with_retry_info(Some(std::time::Duration::from_millis(
+                    *retry_after_ms,
+                ))),
+            ),
             Error::Unavailable(message) => Status::unavailable(message.as_str()),
             Error::Batch(inner) => Status::from(inner.as_ref()),
             Error::UnsupportedDatabaseUrl(_)

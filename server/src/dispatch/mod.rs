@@ -31,7 +31,11 @@
 //!   until they change.
 //! - `sweep`: expiry, unacknowledged grants, silent sessions, recounts.
 //! - `events`: the store's events from every replica.
+//! - `congestion`: how many grants may wait for their acknowledgement,
+//!   which agents are too slow to be given more, and when an
+//!   unacknowledged grant is revoked.
 
+mod congestion;
 mod events;
 mod explain;
 mod queue;
@@ -66,8 +70,14 @@ use crate::store::Store;
 pub struct DispatchSettings {
     /// How often agents heartbeat; three silent intervals make an agent OFFLINE.
     pub heartbeat_interval_ms: i64,
-    /// A grant not acknowledged within this window is revoked and re-matched.
+    /// A grant not acknowledged within this window is revoked and re-matched
+    /// (stretched while the whole fleet acknowledges slower, see
+    /// `congestion`).
     pub ack_window_ms: i64,
+    /// An agent with a grant unacknowledged for this long (or longer, while
+    /// the fleet's acknowledgements are slower) gets no more grants until it
+    /// acknowledges.
+    pub ack_late_ms: i64,
     /// How many queued tasks one dispatch round considers per store read.
     pub batch_size: u32,
     /// How often the sweeper expires leases and revokes unacknowledged grants.
@@ -84,6 +94,9 @@ pub struct DispatchSettings {
     /// The store's limit of running tasks per namespace (0: none): while
     /// set, no submit is leased on the way in.
     pub max_running_per_namespace: u64,
+    /// Submits waiting for a batch beyond which a submit is pushed back
+    /// (RESOURCE_EXHAUSTED with a retry hint).
+    pub max_submits_waiting: usize,
 }
 
 impl Default for DispatchSettings {
@@ -91,6 +104,7 @@ impl Default for DispatchSettings {
         Self {
             heartbeat_interval_ms: 5_000,
             ack_window_ms: 5_000,
+            ack_late_ms: 1_000,
             batch_size: 256,
             sweep_interval_ms: 1_000,
             recheck_ms: 1_000,
@@ -98,6 +112,7 @@ impl Default for DispatchSettings {
             heartbeat_linger_ms: 50,
             report_linger_ms: 10,
             max_running_per_namespace: 0,
+            max_submits_waiting: 2_048,
         }
     }
 }
@@ -123,6 +138,8 @@ struct State {
     queue: QueueState,
     /// The tasks agents here refused.
     refused: refusals::Refusals,
+    /// Grants waiting for their acknowledgement, and the window over them.
+    congestion: congestion::Congestion,
 }
 
 /// The dispatcher handle; cheap to clone.
@@ -296,7 +313,7 @@ impl Dispatcher {
             ));
         let (store, clock) = (self.shared.store.clone(), self.shared.clock.clone());
         let _ = self.shared.submits.set(GroupCommit::start(
-            256,
+            submit::SUBMIT_BATCH,
             in_flight,
             Linger::None,
             move |submissions: Vec<Submission>| {

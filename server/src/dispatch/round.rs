@@ -5,7 +5,9 @@
 //! priorities, and the tasks of placements known to be parked are not read
 //! at all. A retried task avoids the agents its earlier attempts failed on
 //! while another agent here could take it (read from the store once per
-//! attempt count, and cached while it waits).
+//! attempt count, and cached while it waits). A round grants no more than
+//! the congestion window has room for, and never to an agent held back for
+//! a late acknowledgement (see `congestion`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,6 +41,8 @@ struct PageOutcome {
     parked: usize,
     /// The first task of the page that is not parked.
     first_live: Option<usize>,
+    /// The congestion window filled before the page's end.
+    window_full: bool,
 }
 
 /// One round's walk down the queue.
@@ -107,6 +111,7 @@ impl Dispatcher {
         if self.stopping() || self.state().sessions.is_empty() {
             return Ok(0);
         }
+        self.hold_back_late(self.now_ms());
         let Some(mut walk) = self.start_walk() else {
             return Ok(0);
         };
@@ -168,7 +173,17 @@ impl Dispatcher {
     /// is most of the round's cost.
     async fn walk_page(&self, walk: &mut Walk) -> Result<bool> {
         let batch = self.shared.settings.batch_size;
-        let free = self.state().index.free_slots(u64::from(batch));
+        let (free, room) = {
+            let mut state = self.state();
+            let room = state.congestion.room();
+            if room == 0 {
+                // Grants in flight fill the window: acknowledgements wake
+                // the next round.
+                state.congestion.block();
+            }
+            (state.index.free_slots(u64::from(batch)), room)
+        };
+        let free = free.min(room as u64);
         if free == 0 {
             walk.full = true;
             return Ok(false);
@@ -196,7 +211,7 @@ impl Dispatcher {
             return Ok(false);
         };
         walk.cursor = Some(QueueCursor::after(last));
-        let page = self.grant_page(&tasks, walk.now).await?;
+        let page = self.grant_page(&tasks, walk.now, room).await?;
         if walk.first_live.is_none()
             && let Some(i) = page.first_live
         {
@@ -204,6 +219,12 @@ impl Dispatcher {
         }
         walk.granted += page.granted;
         walk.left += tasks.len() - page.granted - page.parked;
+        if page.window_full {
+            // The next round starts at the head, not past what this page
+            // left unread.
+            walk.full = true;
+            return Ok(false);
+        }
         if page.granted < tasks.len() {
             walk.min_page = limit.saturating_mul(2).min(batch);
         }
@@ -244,9 +265,10 @@ impl Dispatcher {
         }
     }
 
-    /// Matches one page of queued tasks and grants in one batch; remembers
-    /// the placements of tasks no agent here can run.
-    async fn grant_page(&self, tasks: &[TaskRecord], now: i64) -> Result<PageOutcome> {
+    /// Matches one page of queued tasks and grants in one batch, at most
+    /// `room` of them (the congestion window's room); remembers the
+    /// placements of tasks no agent here can run.
+    async fn grant_page(&self, tasks: &[TaskRecord], now: i64, room: usize) -> Result<PageOutcome> {
         let mut requests = Vec::new();
         let mut picked: Vec<&TaskRecord> = Vec::new();
         let mut outcome = PageOutcome::default();
@@ -265,6 +287,12 @@ impl Dispatcher {
             }
         };
         for (i, task) in tasks.iter().enumerate() {
+            if requests.len() >= room {
+                // The window is full: the rest wait for the next round.
+                outcome.first_live.get_or_insert(i);
+                outcome.window_full = true;
+                break;
+            }
             if held.get(i).copied().unwrap_or(false) {
                 outcome.first_live.get_or_insert(i);
                 continue;

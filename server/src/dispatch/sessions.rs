@@ -121,6 +121,7 @@ impl Dispatcher {
         }
         metrics::gauge!(crate::metrics::CONNECTED_AGENTS).set(state.sessions.len() as f64);
         state.index.remove(agent_id.into());
+        state.congestion.detached(agent_id);
         // Its next registration lifts its refusals in the store too.
         state.refused.lift(agent_id.into());
         drop(state);
@@ -187,11 +188,15 @@ impl Dispatcher {
     /// Pushes a granted lease down its agent's stream.
     pub fn push_grant(&self, task: &TaskRecord, lease: &LeaseRecord) {
         metrics::counter!(crate::metrics::GRANTS).increment(1);
+        let now = self.now_ms();
         {
             let mut state = self.state();
             state.placements.remove(&task.id);
             state.failed.remove(&task.id);
             state.refused.forget(task.id);
+            state
+                .congestion
+                .pushed(task.id, lease.id, lease.agent_id, now);
         }
         if !self.send(lease.agent_id, down::grant(task, lease)) {
             // Left unacknowledged: the sweeper revokes and re-matches it.
@@ -302,6 +307,38 @@ impl Dispatcher {
         self.free_slot(agent_id, task, true);
     }
 
+    /// The agent's reports on these leases (task, lease) were applied: the
+    /// grants among them still in flight are acknowledged (see
+    /// `congestion`); the agent, if held back for a late acknowledgement,
+    /// takes work again, and dispatch wakes if the window has room again.
+    pub fn acknowledged(&self, agent_id: Uuid, leases: &[(Uuid, Uuid)]) {
+        let now = self.now_ms();
+        let mut state = self.state();
+        let prompt = self.shared.settings.ack_late_ms;
+        let acked = state.congestion.acknowledged(agent_id, leases, now, prompt);
+        for agent in &acked.released {
+            state.index.hold_back((*agent).into(), false);
+        }
+        drop(state);
+        if acked.wake || !acked.released.is_empty() {
+            self.wake();
+        }
+    }
+
+    /// Holds back, in the index, the agents here with a grant in flight
+    /// for longer than the congestion state's `late_after` (looked for at
+    /// most every 50 ms).
+    pub(super) fn hold_back_late(&self, now_ms: i64) {
+        let mut state = self.state();
+        let late_after = state
+            .congestion
+            .late_after(self.shared.settings.ack_late_ms);
+        for agent in state.congestion.hold_back_late(now_ms, late_after, 50) {
+            debug!(%agent, late_after_ms = late_after, "agent held back: a grant is unacknowledged");
+            state.index.hold_back(agent.into(), true);
+        }
+    }
+
     /// Gives back a slot reserved for a grant that was not made (refused,
     /// or a submit not leased on the way in): as [`Dispatcher::lease_ended`],
     /// but no lease ended, so no concurrency limit has more room.
@@ -318,6 +355,9 @@ impl Dispatcher {
         match task {
             Some(task) => {
                 state.index.release(key, task);
+                if let Some(agent) = state.congestion.ended(task) {
+                    state.index.hold_back(agent.into(), false);
+                }
             }
             None => {
                 if let Some(view) = state.index.get(key) {

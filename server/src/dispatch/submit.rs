@@ -4,7 +4,9 @@
 //! commit, the task and its lease are stored in one group-committed
 //! transaction, and then the grant is pushed, or the reservation given back
 //! whatever went wrong; a task left queued is noted so the next round
-//! reads it.
+//! reads it. While more submits wait for the store than
+//! `--max-submits-waiting`, a submit is pushed back (RESOURCE_EXHAUSTED,
+//! with a `RetryInfo`) before anything is stored.
 
 use switchyard_core::placement::CompiledPlacement;
 use switchyard_core::resources::Claim;
@@ -13,6 +15,9 @@ use uuid::Uuid;
 
 use super::Dispatcher;
 use crate::error::{Error, Result};
+
+/// The most submits one group commit batch holds.
+pub(super) const SUBMIT_BATCH: usize = 256;
 use crate::model::{
     GrantOutcome, NewTask, QueuedReason, Submission, Submitted, TaskRecord, TaskState,
 };
@@ -38,6 +43,7 @@ impl Dispatcher {
         task: NewTask,
         placement: &CompiledPlacement,
     ) -> Result<SubmitOutcome> {
+        self.admit_submit()?;
         let now = self.now_ms();
         // The batch that commits it reads the clock after this pick, so the
         // lease is stamped after it (see the dispatch round's grants).
@@ -90,7 +96,9 @@ impl Dispatcher {
     }
 
     /// Picks and reserves an agent for a task being submitted, if one
-    /// connected here has room and nothing waits in the queue. A task with
+    /// connected here has room (and is not held back for a late
+    /// acknowledgement), the congestion window has room, and nothing waits
+    /// in the queue. A task with
     /// a resource request or a spread is left to the dispatch round, whose
     /// grant records (and checks) its claim against the agent's live
     /// leases; so is one a concurrency limit counts (its key's, or the
@@ -106,7 +114,12 @@ impl Dispatcher {
         }
         let namespace = &task.namespace;
         let now = self.now_ms();
+        self.hold_back_late(now);
         let mut state = self.state();
+        if state.congestion.room() == 0 {
+            // Grants in flight fill the window: the round grants it later.
+            return None;
+        }
         let started = std::time::Instant::now();
         let selection = state.index.select_best(placement, namespace);
         metrics::histogram!(crate::metrics::MATCH_SECONDS).record(started.elapsed().as_secs_f64());
@@ -120,6 +133,27 @@ impl Dispatcher {
             now,
         );
         Some(selection.agent_id.uuid())
+    }
+
+    /// Pushes back (RESOURCE_EXHAUSTED, with when to try again) while more
+    /// submits than `max_submits_waiting` wait for a batch: the store is
+    /// behind, and queueing more would only make every caller wait longer.
+    /// The hint is a tenth of a second per full batch ahead.
+    fn admit_submit(&self) -> Result<()> {
+        let limit = self.shared.settings.max_submits_waiting;
+        let Some(group) = self.shared.submits.get() else {
+            return Ok(());
+        };
+        let waiting = group.waiting();
+        if waiting < limit {
+            return Ok(());
+        }
+        metrics::counter!(crate::metrics::SUBMITS_PUSHED_BACK).increment(1);
+        let batches_ahead = (waiting / SUBMIT_BATCH).max(1) as u64;
+        Err(Error::Overloaded {
+            what: format!("{waiting} submits are waiting for the store (at most {limit})"),
+            retry_after_ms: 100 * batches_ahead,
+        })
     }
 
     /// Stores a submission (leasing it to its reserved agent, if any),

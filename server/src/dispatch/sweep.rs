@@ -1,5 +1,7 @@
 //! The sweep, every `sweep_interval_ms` on every replica at once: leases
-//! that ran out their TTL expire, grants nobody acknowledged are revoked,
+//! that ran out their TTL expire, grants nobody acknowledged are revoked
+//! (after the ack window, stretched while the fleet is slow; each halves
+//! the congestion window, see `congestion`),
 //! leases past a deadline (an execution timeout, a cancel's grace, a
 //! drain's deadline) are ended, queued tasks past their start deadline fail
 //! with the explanation as it stood, sessions silent for three heartbeat
@@ -72,8 +74,16 @@ impl Dispatcher {
             self.task_changed(task.id);
         }
         count_requeued(&expired);
-        let cutoff = now - self.shared.settings.ack_window_ms;
-        let unacked = self.shared.store.revoke_unacked(None, cutoff, now).await?;
+        let revoke_after = self
+            .state()
+            .congestion
+            .revoke_after(self.shared.settings.ack_window_ms);
+        let unacked = self
+            .shared
+            .store
+            .revoke_unacked(None, now - revoke_after, now)
+            .await?;
+        self.grants_lost(&unacked, now, revoke_after);
         self.unacked_revoked(&unacked, "grant not acknowledged in time");
         let overdue = self.shared.store.reclaim_overdue(now, 500).await?;
         for (lease, task, cause) in &overdue {
@@ -222,6 +232,33 @@ impl Dispatcher {
             .await?;
         self.unacked_revoked(&revoked, "agent left without acknowledging a grant");
         Ok(revoked.len())
+    }
+
+    /// Grants revoked for want of an acknowledgement within `revoke_after`:
+    /// the congestion window halves (once per period; logged), and an
+    /// agent held back that now holds nothing in flight takes work again.
+    /// Publishes the window and the grants in flight.
+    fn grants_lost(&self, revoked: &[(LeaseRecord, TaskRecord)], now: i64, revoke_after: i64) {
+        let mut state = self.state();
+        let before = state.congestion.window();
+        for (lease, _) in revoked {
+            if let Some(agent) = state.congestion.lost(lease.task_id, now, revoke_after) {
+                state.index.hold_back(agent.into(), false);
+            }
+        }
+        let (window, in_flight) = (state.congestion.window(), state.congestion.in_flight());
+        drop(state);
+        if window < before {
+            warn!(
+                window,
+                before,
+                in_flight,
+                revoke_after_ms = revoke_after,
+                "grants went unacknowledged; fewer grants may now wait for acknowledgement"
+            );
+        }
+        metrics::gauge!(crate::metrics::GRANT_WINDOW).set(window as f64);
+        metrics::gauge!(crate::metrics::GRANTS_IN_FLIGHT).set(in_flight as f64);
     }
 
     /// What follows a revocation of grants never acknowledged: the agent is

@@ -4,7 +4,8 @@
 //! finished task lets the next one run; the server's limit per namespace
 //! does the same for every task of the namespace. A limit without a key,
 //! out of range, or missing for a new key is refused naming the field, and
-//! nothing is stored.
+//! nothing is stored. Submits beyond what may wait for the store are pushed
+//! back with RESOURCE_EXHAUSTED and when to try again, storing nothing.
 
 use serde_json::json;
 use switchyard_proto::v1 as pb;
@@ -17,6 +18,7 @@ on_both_stores!(
     a_key_limit_holds_tasks_back_and_explain_says_so,
     a_namespace_limit_holds_every_task_back,
     bad_limits_are_refused_naming_the_field,
+    submits_past_what_waits_for_the_store_are_pushed_back_with_a_retry_hint,
 );
 
 fn keyed(key: &str, limit: u32) -> pb::SubmitTaskRequest {
@@ -120,5 +122,65 @@ async fn bad_limits_are_refused_naming_the_field(backend: Backend) {
         assert!(err.message().contains(field), "{field}: {}", err.message());
     }
     assert!(all_tasks(&server).await.is_empty(), "nothing stored");
+    server.stop().await;
+}
+
+/// With at most one submit allowed to wait for the store, 200 submits at
+/// once: every one is either stored or pushed back with RESOURCE_EXHAUSTED,
+/// a message saying what is full, and a `RetryInfo` saying when to try
+/// again; a pushed-back submit stored nothing. Before, every submit queued
+/// behind the store however far behind it was.
+async fn submits_past_what_waits_for_the_store_are_pushed_back_with_a_retry_hint(backend: Backend) {
+    use tonic_types::StatusExt;
+    let server = TestServer::start_with(backend, |c| c.max_submits_waiting = 1).await;
+    let client = server.tasks().await;
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let mut client = client.clone();
+        calls.spawn(async move {
+            client
+                .submit_task(pb::SubmitTaskRequest {
+                    kind: "exec".into(),
+                    idempotency_key: format!("burst-{i}"),
+                    ..Default::default()
+                })
+                .await
+        });
+    }
+    let mut stored = 0;
+    let mut pushed_back = 0;
+    while let Some(result) = calls.join_next().await {
+        let result = result.unwrap();
+        match result {
+            Ok(_) => stored += 1,
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                assert!(
+                    status.message().contains("waiting for the store"),
+                    "{}",
+                    status.message()
+                );
+                let retry = status.get_details_retry_info().expect("a RetryInfo");
+                assert!(retry.retry_delay.is_some_and(|d| !d.is_zero()));
+                pushed_back += 1;
+            }
+        }
+    }
+    assert!(
+        pushed_back > 0,
+        "none of 200 submits at once was pushed back"
+    );
+    let listed = server
+        .tasks()
+        .await
+        .list_tasks(pb::ListTasksRequest {
+            page_size: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .tasks;
+    assert_eq!(listed.len(), stored);
     server.stop().await;
 }

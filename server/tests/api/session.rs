@@ -1,6 +1,7 @@
 //! Agent sessions and dispatch end to end, over real gRPC, on both stores:
 //! register, lease, complete; parking and unparking by a capability diff;
-//! DEGRADED routing; drain; the deaf agent; reconnect and resume; session
+//! DEGRADED routing; drain; the deaf agent; the late agent held back;
+//! reconnect and resume; session
 //! supersession; stale fencing; cancel reaching a running agent; parked
 //! tasks, however many and however deep, never starving the rest.
 
@@ -167,6 +168,51 @@ async fn deaf_agent_loses_its_grant_to_a_listening_one(backend: Backend) {
     assert!(second.fencing_token > first.fencing_token);
     attentive.run_to_success(&second, json!({})).await;
     wait_for_state(&server, &task.task_id, pb::TaskState::Succeeded).await;
+    server.stop().await;
+}
+
+/// An agent that has left a grant unacknowledged for longer than
+/// `--ack-late-ms` gets no more grants, free slots or not, until it
+/// acknowledges one: a task only it can run waits (not leased on the way
+/// in, and passed over by the round that grants a later task elsewhere),
+/// and reaches it once it acknowledges. Before, a slow agent kept being
+/// handed work it could not acknowledge in time.
+async fn a_late_agent_gets_no_more_until_it_acknowledges(backend: Backend) {
+    let server = TestServer::start_with(backend, |c| {
+        c.ack_window_ms = 600_000;
+        c.ack_late_ms = 50;
+    })
+    .await;
+    let mut slow = TestAgent::start(&server, "slow", linux("20.0.0"), 4).await;
+    let mut other =
+        TestAgent::start(&server, "other", json!({"os": "macos", "tags": ["mac"]}), 1).await;
+    let first = submit(&server, "echo", "linux").await;
+    let held = slow.grant().await;
+    assert_eq!(held.task.as_ref().unwrap().task_id, first.task_id);
+    // Nothing but time makes the grant late.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let second = submit(&server, "echo", "linux").await;
+    assert_eq!(
+        second.state(),
+        pb::TaskState::Queued,
+        "leased on the way in to a late agent"
+    );
+    // A later task, for the other agent: once it is granted, a round has
+    // walked past the second task (a page's grants commit together).
+    let barrier = submit(&server, "echo", "mac").await;
+    let grant = other.grant().await;
+    assert_eq!(grant.task.as_ref().unwrap().task_id, barrier.task_id);
+    assert_eq!(
+        get_task(&server, &second.task_id).await.state(),
+        pb::TaskState::Queued,
+        "granted to an agent that had not acknowledged what it held"
+    );
+    let ack = slow
+        .update(&held, Update::Accepted(pb::LeaseAccepted {}))
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    let next = slow.grant().await;
+    assert_eq!(next.task.as_ref().unwrap().task_id, second.task_id);
     server.stop().await;
 }
 
@@ -907,6 +953,7 @@ on_both_stores!(
     degraded_capability_stops_only_what_needs_it,
     drained_agent_gets_nothing_until_undrained,
     deaf_agent_loses_its_grant_to_a_listening_one,
+    a_late_agent_gets_no_more_until_it_acknowledges,
     an_agent_gone_before_acknowledging_loses_its_grant_at_once,
     reconnect_resumes_held_leases,
     newer_session_closes_the_older,

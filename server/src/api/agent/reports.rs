@@ -1,7 +1,9 @@
 //! Lease reports: `accepted`, `started`, progress, output and the final
 //! report of each lease, validated (INVALID_ARGUMENT naming the field;
 //! output cut to its bounds and scrubbed of secrets), applied in one
-//! group commit with other sessions' reports, and each acknowledged. A
+//! group commit with other sessions' reports, and each acknowledged; an
+//! applied report acknowledges its lease's grant to the dispatcher's
+//! congestion control. A
 //! release that refuses the task (the agent cannot handle or decode it) is
 //! noted by the dispatcher, which offers the task to that agent no more. A slot
 //! a final report freed is handed back to the dispatcher only after its
@@ -31,15 +33,18 @@ impl Session {
         }
         let (sequences, reports): (Vec<u64>, Vec<LeaseReport>) = reports.into_iter().unzip();
         let refusals: Vec<Option<uuid::Uuid>> = reports.iter().map(refused_task).collect();
-        let tasks: Vec<uuid::Uuid> = reports.iter().map(|r| r.task_id).collect();
+        let leases: Vec<(uuid::Uuid, uuid::Uuid)> =
+            reports.iter().map(|r| (r.task_id, r.lease_id)).collect();
         match self.api.dispatcher.report(reports).await {
             Ok(results) => {
                 let mut ended = Vec::new();
-                for (((sequence, result), refused), task_id) in
-                    sequences.into_iter().zip(results).zip(refusals).zip(tasks)
+                let mut acknowledged = Vec::with_capacity(leases.len());
+                for (((sequence, result), refused), (task_id, lease_id)) in
+                    sequences.into_iter().zip(results).zip(refusals).zip(leases)
                 {
                     let reply = match result {
                         Ok(applied) => {
+                            acknowledged.push((task_id, lease_id));
                             if applied.ended {
                                 ended.push(task_id);
                             }
@@ -52,6 +57,9 @@ impl Session {
                     };
                     self.send(reply);
                 }
+                self.api
+                    .dispatcher
+                    .acknowledged(self.agent_id, &acknowledged);
                 for task_id in ended {
                     self.api
                         .dispatcher
