@@ -2,7 +2,10 @@
 //! (over a channel shared with other agents), heartbeats with JSON-Patch
 //! diffs of its drifting memory and load average, and does no-op work:
 //! every grant is answered at once with accepted, started and succeeded,
-//! pipelined without waiting for the acks. What it sees goes into the shared
+//! pipelined without waiting for the acks (or, with `--fleet-ack-rate`, at
+//! the fleet's next turn: the whole fleet answers at most that many grants a
+//! second, first come first served, and drops a revoked grant it has not
+//! answered yet). What it sees goes into the shared
 //! [`Counters`].
 
 use std::collections::HashSet;
@@ -73,7 +76,18 @@ pub struct Counters {
     /// durably accepted submit to its grant.
     pub submit_acked_us: Mutex<std::collections::HashMap<String, u64>>,
     pub first_grant_us: Mutex<std::collections::HashMap<String, u64>>,
+    /// With `--fleet-ack-rate`: microseconds between two grants the fleet
+    /// answers (0: every grant is answered at once), and when the next
+    /// answer may go (microseconds since `epoch`). The whole fleet shares
+    /// one queue, first come first served: a fleet that cannot keep up.
+    pub answer_every_us: AtomicU64,
+    pub next_answer_us: AtomicU64,
+    /// Completions acknowledged, by second since `epoch`.
+    pub completions_by_second: Vec<AtomicU64>,
 }
+
+/// The seconds `Counters::completions_by_second` counts.
+const COUNTED_SECONDS: usize = 3_600;
 
 impl Counters {
     pub fn new() -> Self {
@@ -97,7 +111,49 @@ impl Counters {
             latencies_us: Mutex::new(Vec::new()),
             submit_acked_us: Mutex::new(std::collections::HashMap::new()),
             first_grant_us: Mutex::new(std::collections::HashMap::new()),
+            answer_every_us: AtomicU64::new(0),
+            next_answer_us: AtomicU64::new(0),
+            completions_by_second: (0..COUNTED_SECONDS).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// When a grant received now may be answered: at once, or at the fleet's
+    /// next free turn (`--fleet-ack-rate`).
+    pub fn answer_at(&self) -> Option<u64> {
+        let every = self.answer_every_us.load(Ordering::Relaxed);
+        if every == 0 {
+            return None;
+        }
+        let now = self.now_us();
+        let turn = self
+            .next_answer_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+                Some(next.max(now) + every)
+            })
+            .unwrap_or(now);
+        Some(turn.max(now))
+    }
+
+    /// Counts a completion acknowledged now.
+    fn completed(&self) {
+        let now = self.now_us();
+        self.completions.fetch_add(1, Ordering::Relaxed);
+        self.last_completion_us.fetch_max(now, Ordering::Relaxed);
+        if let Some(second) = self.completions_by_second.get((now / 1_000_000) as usize) {
+            second.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Completions per second from the first second with one to the last.
+    pub fn completions_timeline(&self) -> Vec<u64> {
+        let counts: Vec<u64> = self
+            .completions_by_second
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let first = counts.iter().position(|&c| c > 0).unwrap_or(0);
+        let last = counts.iter().rposition(|&c| c > 0).map_or(0, |i| i + 1);
+        counts[first..last.max(first)].to_vec()
     }
 
     /// Microseconds since the epoch.
@@ -287,7 +343,13 @@ pub async fn run(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut welcomed = Some(welcomed);
     let mut beat = 0u64;
-    let mut running = 0u32;
+    // Grants are answered as they come (or queued for the fleet's turn),
+    // so a heartbeat reports none running, as it always did.
+    let running = 0u32;
+    // Grants waiting for the fleet's turn (`--fleet-ack-rate`): when, the
+    // lease, its token and the task.
+    let mut waiting: std::collections::VecDeque<(tokio::time::Instant, String, u64, String)> =
+        std::collections::VecDeque::new();
     let mut leaving: Option<Leaving> = None;
     loop {
         if leaving.is_some_and(|l| l.done(!session.succeeded.is_empty())) {
@@ -310,6 +372,12 @@ pub async fn run(
             }
             _ = tokio::time::sleep_until(leaving.map_or_else(tokio::time::Instant::now, |l| l.next_check())),
                 if leaving.is_some() => {}
+            _ = tokio::time::sleep_until(waiting.front().map_or_else(tokio::time::Instant::now, |w| w.0)),
+                if !waiting.is_empty() => {
+                if let Some((_, lease_id, token, task_id)) = waiting.pop_front() {
+                    answer(&mut session, &lease_id, token, &task_id, output_lines).await?;
+                }
+            }
             _ = ticker.tick(), if welcomed.is_none() && leaving.is_none() => {
                 beat += 1;
                 fleet::drift(&mut document, index, beat);
@@ -379,36 +447,16 @@ pub async fn run(
                         if let Ok(mut g) = counters.first_grant_us.lock() {
                             g.entry(task.task_id.clone()).or_insert(now);
                         }
-                        running += 1;
-                        let output = (output_lines > 0).then(|| Update::Output(pb::TaskOutput {
-                            chunks: vec![pb::OutputChunk {
-                                stream: pb::OutputStream::Stdout as i32,
-                                sequence: 1,
-                                text: (1..=output_lines)
-                                    .map(|n| format!("task {} line {n}: compiling module {n}\n", task.task_id))
-                                    .collect(),
-                                dropped_bytes: 0,
-                            }],
-                        }));
-                        let updates = [
-                            Some(Update::Accepted(pb::LeaseAccepted {})),
-                            Some(Update::Started(pb::LeaseStarted {})),
-                            output,
-                            Some(Update::Succeeded(pb::LeaseSucceeded { result: None })),
-                        ];
-                        for update in updates.into_iter().flatten() {
-                            let last = matches!(update, Update::Succeeded(_));
-                            session.send(Up::LeaseUpdate(pb::LeaseUpdate {
-                                lease_id: grant.lease_id.clone(),
-                                task_id: task.task_id.clone(),
-                                fencing_token: grant.fencing_token,
-                                update: Some(update),
-                            })).await?;
-                            if last {
-                                session.succeeded.insert(session.sequence);
+                        match counters.answer_at() {
+                            Some(at) => {
+                                let at = tokio::time::Instant::from_std(counters.epoch)
+                                    + Duration::from_micros(at);
+                                waiting.push_back((at, grant.lease_id.clone(), grant.fencing_token, task.task_id));
+                            }
+                            None => {
+                                answer(&mut session, &grant.lease_id, grant.fencing_token, &task.task_id, output_lines).await?;
                             }
                         }
-                        running -= 1;
                     }
                     Down::Ack(ack) => {
                         if let Some(l) = leaving.as_mut()
@@ -425,12 +473,13 @@ pub async fn run(
                         if ack.code != 0 {
                             counters.refused.fetch_add(1, Ordering::Relaxed);
                         } else if was_success {
-                            counters.completions.fetch_add(1, Ordering::Relaxed);
-                            counters.last_completion_us.fetch_max(counters.now_us(), Ordering::Relaxed);
+                            counters.completed();
                         }
                     }
-                    Down::LeaseRevocation(_) => {
+                    Down::LeaseRevocation(r) => {
                         counters.revocations.fetch_add(1, Ordering::Relaxed);
+                        // Work not started yet is dropped, as a runner would.
+                        waiting.retain(|w| w.1 != r.lease_id);
                     }
                     Down::ResyncRequest(r) => {
                         counters.resyncs.fetch_add(1, Ordering::Relaxed);
@@ -447,6 +496,50 @@ pub async fn run(
                     }
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// Answers a grant at once with accepted, started, `output_lines` lines of
+/// output (one report) and succeeded, pipelined without waiting for acks.
+async fn answer(
+    session: &mut Session,
+    lease_id: &str,
+    fencing_token: u64,
+    task_id: &str,
+    output_lines: u32,
+) -> anyhow::Result<()> {
+    let output = (output_lines > 0).then(|| {
+        Update::Output(pb::TaskOutput {
+            chunks: vec![pb::OutputChunk {
+                stream: pb::OutputStream::Stdout as i32,
+                sequence: 1,
+                text: (1..=output_lines)
+                    .map(|n| format!("task {task_id} line {n}: compiling module {n}\n"))
+                    .collect(),
+                dropped_bytes: 0,
+            }],
+        })
+    });
+    let updates = [
+        Some(Update::Accepted(pb::LeaseAccepted {})),
+        Some(Update::Started(pb::LeaseStarted {})),
+        output,
+        Some(Update::Succeeded(pb::LeaseSucceeded { result: None })),
+    ];
+    for update in updates.into_iter().flatten() {
+        let last = matches!(update, Update::Succeeded(_));
+        session
+            .send(Up::LeaseUpdate(pb::LeaseUpdate {
+                lease_id: lease_id.to_owned(),
+                task_id: task_id.to_owned(),
+                fencing_token,
+                update: Some(update),
+            }))
+            .await?;
+        if last {
+            session.succeeded.insert(session.sequence);
         }
     }
     Ok(())

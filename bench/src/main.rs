@@ -196,6 +196,13 @@ struct Cli {
     /// task, and measure how fast they drain them.
     #[arg(long, env = "SWITCHYARD_BENCH_DRAIN_PARKED", default_value_t = 0)]
     drain_parked: usize,
+    /// Overload on purpose: the whole simulated fleet answers at most this
+    /// many grants a second (one queue, first come first served; a revoked
+    /// grant not yet answered is dropped), as a fleet too slow for its
+    /// work. The report adds completions by second. 0: every grant is
+    /// answered at once.
+    #[arg(long, env = "SWITCHYARD_BENCH_FLEET_ACK_RATE", default_value_t = 0.0)]
+    fleet_ack_rate: f64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -481,6 +488,10 @@ async fn drive(
     pid: Option<u32>,
 ) -> anyhow::Result<Report> {
     let counters = Arc::new(Counters::new());
+    if cli.fleet_ack_rate > 0.0 {
+        let every = (1e6 / cli.fleet_ack_rate).round().max(1.0) as u64;
+        counters.answer_every_us.store(every, Ordering::Relaxed);
+    }
     let run_id = format!("{:x}", std::process::id() ^ (counters.now_us() as u32));
     let n_channels = if cli.channels == 0 {
         cli.agents.div_ceil(100).max(1)
@@ -823,6 +834,8 @@ async fn drive(
                 .collect();
             Percentiles::of(&mut waits)
         },
+        fleet_ack_rate: (cli.fleet_ack_rate > 0.0).then_some(cli.fleet_ack_rate),
+        completions_by_second: counters.completions_timeline(),
         revocations: counters.revocations.load(Ordering::Relaxed),
         refused: counters.refused.load(Ordering::Relaxed),
         resyncs: counters.resyncs.load(Ordering::Relaxed),

@@ -61,6 +61,11 @@ pub struct Report {
     /// counts as 0. Excludes the submit's own commit, which the latency
     /// above includes.
     pub acked_latency_ms: Percentiles,
+    /// `--fleet-ack-rate`, if set.
+    pub fleet_ack_rate: Option<f64>,
+    /// Completions acknowledged in each second of the run, from the first
+    /// second with one to the last.
+    pub completions_by_second: Vec<u64>,
     pub revocations: u64,
     pub refused: u64,
     pub resyncs: u64,
@@ -234,18 +239,27 @@ impl Report {
                 ),
             ));
         }
-        rows.extend([
-            (
-                "submit-acked->grant ms".into(),
-                format!(
-                    "p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}  (n={})",
-                    self.acked_latency_ms.p50,
-                    self.acked_latency_ms.p90,
-                    self.acked_latency_ms.p99,
-                    self.acked_latency_ms.max,
-                    self.acked_latency_ms.count
-                ),
+        rows.extend([(
+            "submit-acked->grant ms".into(),
+            format!(
+                "p50 {:.1}  p90 {:.1}  p99 {:.1}  max {:.1}  (n={})",
+                self.acked_latency_ms.p50,
+                self.acked_latency_ms.p90,
+                self.acked_latency_ms.p99,
+                self.acked_latency_ms.max,
+                self.acked_latency_ms.count
             ),
+        )]);
+        if let Some(rate) = self.fleet_ack_rate {
+            rows.push((
+                "completions by second".into(),
+                format!(
+                    "{:?} (the fleet answers at most {rate:.0}/s)",
+                    self.completions_by_second
+                ),
+            ));
+        }
+        rows.extend([
             (
                 "revoked/refused/resync/lost/failed".into(),
                 format!(
