@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
 use switchyard_core::kinds::HandledKinds;
-use switchyard_core::matcher::{AgentId, AgentView, Outcome};
+use switchyard_core::matcher::{AgentId, AgentView};
 use switchyard_core::placement::CompiledPlacement;
 use switchyard_proto::v1 as pb;
 use tokio::sync::{Notify, mpsc};
@@ -294,10 +294,13 @@ impl Dispatcher {
         self.lift_refusals(agent_id);
     }
 
-    /// What matching says about a placement against the agents connected to
-    /// this replica (in memory; no store access).
-    pub fn local_outcome(&self, placement: &CompiledPlacement, namespace: &str) -> Outcome {
-        self.state().index.explain(placement, namespace).outcome
+    /// Whether some agent connected to this replica that takes work could
+    /// run a task of `placement` (free slot or not): false exactly when
+    /// matching here would park it. In memory, walking only the agents of
+    /// the placement's narrowest required posting; never a whole
+    /// explanation, which costs every agent of the fleet.
+    pub fn capable_here(&self, placement: &CompiledPlacement, namespace: &str) -> bool {
+        self.state().index.any_capable(placement, namespace)
     }
 
     /// A lease of the agent ended (for `task`; `None` from an older

@@ -85,7 +85,15 @@ impl Dispatcher {
             if record.not_before_ms > self.now_ms() {
                 QueuedReason::Backoff
             } else {
-                QueuedReason::of(&self.local_outcome(placement, &record.namespace))
+                // Parked or waiting: whether any agent here could run it,
+                // not a whole explanation (at 30,000 agents, explaining
+                // every queued submit against each agent under the
+                // dispatcher's lock was most of the server's time).
+                if self.capable_here(placement, &record.namespace) {
+                    QueuedReason::WaitingForCapacity
+                } else {
+                    QueuedReason::Parked
+                }
             }
         });
         Ok(SubmitOutcome {
