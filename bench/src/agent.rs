@@ -343,9 +343,6 @@ pub async fn run(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut welcomed = Some(welcomed);
     let mut beat = 0u64;
-    // Grants are answered as they come (or queued for the fleet's turn),
-    // so a heartbeat reports none running, as it always did.
-    let running = 0u32;
     // Grants waiting for the fleet's turn (`--fleet-ack-rate`): when, the
     // lease, its token and the task.
     let mut waiting: std::collections::VecDeque<(tokio::time::Instant, String, u64, String)> =
@@ -364,7 +361,7 @@ pub async fn run(
                 session.send(Up::Heartbeat(pb::Heartbeat {
                     status: pb::AgentStatus::Draining as i32,
                     status_reasons: vec!["leaving".into()],
-                    load: Some(pb::AgentLoad { running_leases: running, load_average: load }),
+                    load: Some(pb::AgentLoad { running_leases: RUNNING, load_average: load }),
                     capability_diff: None,
                     handled_kinds: None,
                 })).await?;
@@ -397,7 +394,7 @@ pub async fn run(
                 let heartbeat = Up::Heartbeat(pb::Heartbeat {
                     status: pb::AgentStatus::Ready as i32,
                     status_reasons: Vec::new(),
-                    load: Some(pb::AgentLoad { running_leases: running, load_average: load }),
+                    load: Some(pb::AgentLoad { running_leases: RUNNING, load_average: load }),
                     capability_diff: diff,
                     handled_kinds: None,
                 });
@@ -547,9 +544,9 @@ async fn answer(
 
 /// The facts of a simulated agent's document that drift ([`fleet::drift`]):
 /// free and available memory and the load averages. A heartbeat's diff is
-/// made from these alone, never from the whole document: diffing and
-/// copying a hundred-leaf document on every heartbeat made the simulated
-/// fleet, not the server, the limit at 30,000 agents.
+/// made from these alone, never by diffing and copying the whole
+/// hundred-leaf document, so that a large simulated fleet costs the load
+/// generator little beside the server it measures.
 #[derive(Debug, Clone, PartialEq)]
 struct Volatile([Value; 5]);
 
@@ -586,6 +583,11 @@ impl Volatile {
         )
     }
 }
+
+/// The leases a simulated agent's heartbeat reports running: none, since a
+/// grant is answered whole as it arrives (or waits, unstarted, for the
+/// fleet's turn).
+const RUNNING: u32 = 0;
 
 /// The sending half of one session.
 struct Session {

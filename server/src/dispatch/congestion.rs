@@ -4,9 +4,9 @@
 //!
 //! A grant is *in flight* from its push until the agent's first report on
 //! the lease is applied (or the lease ends otherwise). Three rules keep an
-//! overloaded fleet from collapsing, where grants it could not acknowledge
-//! in time were revoked and re-granted, adding work exactly when there was
-//! none to spare:
+//! overloaded fleet from being handed more than it can acknowledge in time
+//! (grants revoked and granted again would add work when there is none to
+//! spare):
 //! - **A window** bounds the grants in flight (additive increase,
 //!   multiplicative decrease, as TCP's congestion window): it starts at
 //!   [`INITIAL_WINDOW`], grows by one per prompt acknowledgement (within

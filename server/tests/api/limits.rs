@@ -128,8 +128,7 @@ async fn bad_limits_are_refused_naming_the_field(backend: Backend) {
 /// With at most one submit allowed to wait for the store, 200 submits at
 /// once: every one is either stored or pushed back with RESOURCE_EXHAUSTED,
 /// a message saying what is full, and a `RetryInfo` saying when to try
-/// again; a pushed-back submit stored nothing. Before, every submit queued
-/// behind the store however far behind it was.
+/// again; a pushed-back submit stored nothing.
 async fn submits_past_what_waits_for_the_store_are_pushed_back_with_a_retry_hint(backend: Backend) {
     use tonic_types::StatusExt;
     let server = TestServer::start_with(backend, |c| c.max_submits_waiting = 1).await;

@@ -175,8 +175,7 @@ async fn deaf_agent_loses_its_grant_to_a_listening_one(backend: Backend) {
 /// `--ack-late-ms` gets no more grants, free slots or not, until it
 /// acknowledges one: a task only it can run waits (not leased on the way
 /// in, and passed over by the round that grants a later task elsewhere),
-/// and reaches it once it acknowledges. Before, a slow agent kept being
-/// handed work it could not acknowledge in time.
+/// and reaches it once it acknowledges.
 async fn a_late_agent_gets_no_more_until_it_acknowledges(backend: Backend) {
     let server = TestServer::start_with(backend, |c| {
         c.ack_window_ms = 600_000;
