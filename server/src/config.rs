@@ -167,19 +167,22 @@ pub struct ServerConfig {
         long,
         env = "SWITCHYARD_ACK_LATE_MS",
         default_value_t = 1_000,
+        value_parser = clap::value_parser!(i64).range(1..),
         global = true
     )]
     pub ack_late_ms: i64,
 
     /// Submits waiting for the store beyond which a submit is pushed back
-    /// with RESOURCE_EXHAUSTED and a retry hint (`google.rpc.RetryInfo`).
+    /// with RESOURCE_EXHAUSTED and a retry hint (`google.rpc.RetryInfo`);
+    /// 1 to 4,096 (the submits' group commit queues no more).
     #[arg(
         long,
         env = "SWITCHYARD_MAX_SUBMITS_WAITING",
         default_value_t = 2_048,
+        value_parser = clap::value_parser!(u32).range(1..=4_096),
         global = true
     )]
-    pub max_submits_waiting: usize,
+    pub max_submits_waiting: u32,
 
     /// How often the sweeper expires leases, revokes unacknowledged grants
     /// and closes silent sessions, in milliseconds.
@@ -515,4 +518,35 @@ fn parse_policy_default(text: &str) -> Result<PolicyDefault, String> {
     };
     let policy = policy.parse().map_err(|e: UnknownPolicy| e.to_string())?;
     Ok(PolicyDefault { namespace, policy })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The congestion flags refuse what would hold back every agent at once
+    /// or push back every submit, naming the flag.
+    #[test]
+    fn congestion_flags_refuse_values_that_stop_all_work() {
+        for (flag, value) in [
+            ("--ack-late-ms", "0"),
+            ("--ack-late-ms", "-5"),
+            ("--max-submits-waiting", "0"),
+            ("--max-submits-waiting", "5000"),
+        ] {
+            let arg = format!("{flag}={value}");
+            let err = Cli::try_parse_from(["switchyard-server", arg.as_str()]).unwrap_err();
+            assert!(err.to_string().contains(flag), "{arg}: {err}");
+        }
+        let ok = Cli::try_parse_from([
+            "switchyard-server",
+            "--ack-late-ms",
+            "250",
+            "--max-submits-waiting",
+            "64",
+        ])
+        .unwrap();
+        assert_eq!(ok.config.ack_late_ms, 250);
+        assert_eq!(ok.config.max_submits_waiting, 64);
+    }
 }

@@ -396,7 +396,7 @@ fn dispatch_settings(config: &ServerConfig) -> DispatchSettings {
         heartbeat_interval_ms: config.heartbeat_interval_ms,
         ack_window_ms: config.ack_window_ms,
         ack_late_ms: config.ack_late_ms,
-        max_submits_waiting: config.max_submits_waiting,
+        max_submits_waiting: config.max_submits_waiting as usize,
         sweep_interval_ms: config.sweep_interval_ms,
         batch_size: config.dispatch_page,
         recheck_ms: config.dispatch_recheck_ms,
