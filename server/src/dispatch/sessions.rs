@@ -328,11 +328,18 @@ impl Dispatcher {
         }
     }
 
-    /// Holds back the agents here with a grant in flight too long (see
-    /// [`State::hold_back_late`]).
+    /// Holds back, in the index, the agents here with a grant in flight
+    /// for longer than the congestion state's `late_after` (looked for at
+    /// most every 50 ms).
     pub(super) fn hold_back_late(&self, now_ms: i64) {
-        let floor_ms = self.shared.settings.ack_late_ms;
-        self.state().hold_back_late(now_ms, floor_ms);
+        let mut state = self.state();
+        let late_after = state
+            .congestion
+            .late_after(self.shared.settings.ack_late_ms);
+        for agent in state.congestion.hold_back_late(now_ms, late_after, 50) {
+            debug!(%agent, late_after_ms = late_after, "agent held back: a grant is unacknowledged");
+            state.index.hold_back(agent.into(), true);
+        }
     }
 
     /// Gives back a slot reserved for a grant that was not made (refused,
@@ -395,19 +402,6 @@ impl Dispatcher {
                 true
             }
             None => false,
-        }
-    }
-}
-
-impl State {
-    /// Holds back, in the index, the agents here with a grant in flight for
-    /// longer than the congestion state's `late_after` (`floor_ms` or the
-    /// fleet's slower spread), looked for at most every 50 ms.
-    pub(super) fn hold_back_late(&mut self, now_ms: i64, floor_ms: i64) {
-        let late_after = self.congestion.late_after(floor_ms);
-        for agent in self.congestion.hold_back_late(now_ms, late_after, 50) {
-            debug!(%agent, late_after_ms = late_after, "agent held back: a grant is unacknowledged");
-            self.index.hold_back(agent.into(), true);
         }
     }
 }
