@@ -432,6 +432,9 @@ async fn the_namespace_bound_drops_the_oldest_tasks_output(backend: Backend) {
     let server = TestServer::start_with(backend, |c| {
         c.output_bytes_per_task = per_task;
         c.output_bytes_per_namespace = 2 * per_task;
+        // The server's own sweeper never trims here: a trim of its that
+        // held the lock would make the test's trim below a no-op.
+        c.sweep_interval_ms = 3_600_000;
     })
     .await;
     let mut agent = TestAgent::start(&server, "a", json!({}), 3).await;
@@ -447,7 +450,7 @@ async fn the_namespace_bound_drops_the_oldest_tasks_output(backend: Backend) {
         running.push((task, grant));
     }
     // The sweeper keeps the bound every tenth sweep; trimming through a
-    // store of the same database now is the same step.
+    // store of the same database now is the same step, and the only trim.
     let bounds = OutputBounds {
         per_task,
         per_namespace: 2 * per_task,
