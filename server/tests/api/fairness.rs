@@ -72,15 +72,15 @@ async fn a_backlog_of_one_key_does_not_hold_back_another(backend: Backend) {
         agent.run_to_success(&grant, json!({})).await;
         assert!(grants <= 40, "B still waiting after {grants} grants");
     }
-    // Three keys take turns: B's first grant is among the first few (on
-    // PostgreSQL, submit batches in flight at once may give two of A's
-    // tasks one rank), and B is done within about three grants per task of
-    // its own.
+    // Three keys take turns, one task of each per rank however the
+    // submits were batched: A, B and C share the first rank, then A and B
+    // alternate, so B's first grant is among the first three and its last
+    // is at most the 21st.
     assert!(
-        first_b.unwrap() <= 5,
+        first_b.unwrap() <= 3,
         "B's first grant was grant {first_b:?}"
     );
-    assert!(grants <= 31, "B finished at grant {grants}");
+    assert!(grants <= 21, "B finished at grant {grants}");
     let waiting = server
         .tasks()
         .await

@@ -1,6 +1,7 @@
 //! PostgreSQL's submit: a batch of submits in one round trip, the function
-//! of migration 0009 called once (after one read per fairness key, if
-//! any task has one) with one array per column, autocommitted.
+//! of migration 0009 called once with one array per column, autocommitted;
+//! a batch with keyed tasks in a transaction that first takes their
+//! queues' fair locks and reads each key's place.
 
 use std::collections::HashMap;
 
@@ -182,10 +183,56 @@ pub(super) async fn submit_batch(
     submissions: &[Submission],
     now_ms: i64,
 ) -> Result<(Vec<Result<Submitted>>, Vec<StoreEvent>)> {
+    let mut conn = pool.acquire().await.map_err(db("acquiring a connection"))?;
+    if submissions.iter().all(|s| s.task.fairness.is_none()) {
+        return submit_on(&mut conn, submissions, now_ms).await;
+    }
+    // Keyed tasks' ranks are read and written under their queues' fair
+    // locks, so that batches committing at once (on this replica or
+    // another) rank one key's tasks one after the other, never two at one
+    // rank.
+    let mut tx = sqlx::Acquire::begin(&mut *conn)
+        .await
+        .map_err(db("beginning a keyed submit"))?;
+    lock_fair_queues(&mut tx, submissions).await?;
+    let submitted = submit_on(&mut tx, submissions, now_ms).await?;
+    tx.commit().await.map_err(db("committing a keyed submit"))?;
+    Ok(submitted)
+}
+
+/// Takes the fair locks of the queues (namespace and priority) of the
+/// batch's keyed tasks, in the order of their lock ids, so that two
+/// batches never wait on each other.
+const LOCK_FAIR_QUEUES: &str = "SELECT count(pg_advisory_xact_lock(k)) AS locked FROM \
+    (SELECT DISTINCT hashtextextended('switchyard.fair.' || ns || '.' || prio::text, 0) AS k \
+     FROM unnest($1::text[], $2::int4[]) AS q(ns, prio) ORDER BY k) AS queues";
+
+/// See [`LOCK_FAIR_QUEUES`].
+async fn lock_fair_queues(conn: &mut sqlx::PgConnection, submissions: &[Submission]) -> Result<()> {
+    let (namespaces, priorities): (Vec<&str>, Vec<i32>) = submissions
+        .iter()
+        .filter(|s| s.task.fairness.is_some())
+        .map(|s| (s.task.namespace.as_str(), s.task.priority))
+        .unzip();
+    sqlx::query(LOCK_FAIR_QUEUES)
+        .bind(&namespaces)
+        .bind(&priorities)
+        .execute(&mut *conn)
+        .await
+        .map_err(db("taking the fair locks"))?;
+    Ok(())
+}
+
+/// [`submit_batch`] on `conn`: one statement, and one read per fairness
+/// key before it when a task has one.
+async fn submit_on(
+    conn: &mut sqlx::PgConnection,
+    submissions: &[Submission],
+    now_ms: i64,
+) -> Result<(Vec<Result<Submitted>>, Vec<StoreEvent>)> {
     let mut out: Vec<Option<Result<Submitted>>> = Vec::with_capacity(submissions.len());
     let mut rows = SubmitRows::default();
-    let mut conn = pool.acquire().await.map_err(db("acquiring a connection"))?;
-    let offsets = fair_offsets(&mut conn, submissions, now_ms).await?;
+    let offsets = fair_offsets(conn, submissions, now_ms).await?;
     for (submission, offset) in submissions.iter().zip(offsets) {
         match tasks::check_new(&submission.task) {
             Err(err) => out.push(Some(Err(err))),
@@ -221,7 +268,7 @@ pub(super) async fn submit_batch(
             // Another submit with the same key came first (maybe in this
             // batch): answer with its task.
             None => (
-                existing(&mut conn, submission, rows.ids[row]).await?,
+                existing(conn, submission, rows.ids[row]).await?,
                 false,
                 None,
             ),
@@ -252,10 +299,8 @@ async fn existing(
 /// Each submission's offset in the queue's rank from its submit time: 0
 /// without a fairness key; with one, its key's next place in the weighted
 /// round robin (see [`crate::model::Fairness::next_rank`]), read once per
-/// key and carried on through the batch. Two replicas submitting for one
-/// key at once may give two tasks one rank: the key's share is a little
-/// more for a moment, never a task out of the queue. Reads nothing for a
-/// batch without keys.
+/// key (under the queue's fair lock, see [`LOCK_FAIR_QUEUES`]) and carried
+/// on through the batch. Reads nothing for a batch without keys.
 async fn fair_offsets(
     conn: &mut sqlx::PgConnection,
     submissions: &[Submission],
