@@ -14,7 +14,9 @@
 //! Lock order, to keep PostgreSQL free of deadlocks: grants lock agent rows
 //! (sorted by id) and then skip task rows that are locked, and after the
 //! agents the concurrency limits they count against (key rows in key
-//! order, then namespaces' advisory locks); every other transition locks
+//! order, then namespaces' advisory locks); a keyed submit on PostgreSQL
+//! takes its queues' fair advisory locks (in lock id order) before the
+//! reserved agents, and nothing else takes them; every other transition locks
 //! task rows (in task id order within a batch), then lease rows, and never
 //! agent rows or limits: an agent's load is the count of its live leases,
 //! and a limit's the count of its running tasks, so final reports and
