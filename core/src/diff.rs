@@ -195,16 +195,23 @@ pub fn apply(
 /// behind, at most now and then, and matching sees them at once.
 pub const VOLATILE: &[&str] = &["/memory/free", "/memory/available", "/loadavg"];
 
+/// Whether pointer `path` is `prefix` or below it.
+fn at_or_under(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// Whether `at` is at or under a [`VOLATILE`] path: whatever changes there
+/// is volatile.
+pub fn is_volatile(at: &Pointer) -> bool {
+    VOLATILE.iter().any(|v| at_or_under(at.as_str(), v))
+}
+
 /// Whether the change a patch made at `at` (one of [`touched`]'s pointers),
 /// turning `old` into `new`, is to [`VOLATILE`] facts only: `at` is at or
 /// under a volatile path, or is above some and nothing but volatile leaves
 /// differ below it (an agent may send `/memory` whole).
 pub fn volatile_only(old: &Value, new: &Value, at: &Pointer) -> bool {
-    /// Whether pointer `path` is `prefix` or below it.
-    fn at_or_under(path: &str, prefix: &str) -> bool {
-        path.strip_prefix(prefix)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-    }
     fn same_outside(old: Option<&Value>, new: Option<&Value>, at: &str) -> bool {
         if VOLATILE.iter().any(|v| at_or_under(at, v)) {
             return true;
@@ -236,6 +243,18 @@ mod tests {
         let mut new = old.clone();
         new["memory"]["free"] = json!(2);
         assert!(volatile_only(&old, &new, &ptr("/memory/free")));
+        for (at, volatile) in [
+            ("/memory/free", true),
+            ("/memory/available", true),
+            ("/loadavg/1min", true),
+            ("/loadavg", true),
+            ("/memory", false),
+            ("/memory/freebies", false),
+            ("/memory/total", false),
+            ("", false),
+        ] {
+            assert_eq!(is_volatile(&ptr(at)), volatile, "{at}");
+        }
         // `/memory` sent whole, only free memory differing: still volatile.
         assert!(volatile_only(&old, &new, &ptr("/memory")));
         new["loadavg"]["1min"] = json!(0.9);

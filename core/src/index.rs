@@ -70,7 +70,11 @@ use serde_json::Value;
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
+
+/// What a session's document is while [`AgentIndex::set_leaves`] changes
+/// the shared one in place.
+static NO_DOCUMENT: LazyLock<Arc<Value>> = LazyLock::new(|| Arc::new(Value::Null));
+use std::sync::{Arc, LazyLock};
 
 /// A scalar as a hashable posting key; numbers compare numerically (`1` and `1.0` are one key).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -623,6 +627,67 @@ impl AgentIndex {
         };
         agent.dotted_keys = new.dotted_keys;
         agent.view.document = document;
+        if let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) {
+            ns.repost(agent.ord, &old, &new);
+            ns.forget_spread_groups(Some(&roots));
+        }
+        true
+    }
+
+    /// Sets scalar leaves of an indexed agent's document in place: each
+    /// `(keys, value)` replaces the scalar at that path of object keys from
+    /// the top. `held` must be the very document indexed (the session's
+    /// copy, shared with the index); it gives up its reference for the
+    /// change, so that nothing is cloned when the two are the only holders,
+    /// and gets the changed document back. Only those leaves' postings are
+    /// compared. Returns false and changes nothing if the agent is not
+    /// indexed, holds another document, has a dotted key, or some path is
+    /// not a scalar of it: the caller then replaces the document whole.
+    pub fn set_leaves(
+        &mut self,
+        agent_id: AgentId,
+        held: &mut Arc<Value>,
+        leaves: &[(Vec<String>, Value)],
+    ) -> bool {
+        /// The value at `keys` (object keys from the top).
+        fn at<'v>(doc: &'v Value, keys: &[String]) -> Option<&'v Value> {
+            keys.iter()
+                .try_fold(doc, |node, key| node.as_object()?.get(key))
+        }
+        let Some(agent) = self.agents.get_mut(&agent_id) else {
+            return false;
+        };
+        let scalar = |v: &Value| !v.is_object() && !v.is_array();
+        let fits = !agent.dotted_keys
+            && Arc::ptr_eq(&agent.view.document, held)
+            && leaves.iter().all(|(keys, value)| {
+                !keys.is_empty()
+                    && scalar(value)
+                    && at(&agent.view.document, keys).is_some_and(scalar)
+            });
+        if !fits {
+            return false;
+        }
+        let mut roots: Vec<Vec<String>> = leaves.iter().map(|(keys, _)| keys.clone()).collect();
+        roots.sort();
+        roots.dedup();
+        let old = DocumentPostings::of_subtrees(&agent.view.document, &roots);
+        // The session's reference goes, so the index's is the only one left
+        // (unless a reader holds a view): `make_mut` then changes it in place.
+        *held = Arc::clone(&NO_DOCUMENT);
+        let document = Arc::make_mut(&mut agent.view.document);
+        for (keys, value) in leaves {
+            let mut node = &mut *document;
+            for key in keys {
+                node = node
+                    .as_object_mut()
+                    .and_then(|m| m.get_mut(key))
+                    .expect("checked above: every path leads to a scalar");
+            }
+            *node = value.clone();
+        }
+        let new = DocumentPostings::of_subtrees(&agent.view.document, &roots);
+        *held = Arc::clone(&agent.view.document);
         if let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) {
             ns.repost(agent.ord, &old, &new);
             ns.forget_spread_groups(Some(&roots));
@@ -1741,6 +1806,72 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn set_leaves_changes_the_shared_document_in_place_as_a_fresh_upsert_would() {
+        let start = json!({
+            "memory": {"free": 100, "total": 4096},
+            "loadavg": {"one": 0.5},
+            "tags": ["linux"],
+            "name": "a"
+        });
+        let keys = |path: &str| -> Vec<String> { path.split('/').map(str::to_owned).collect() };
+        let mut index = AgentIndex::new();
+        index.upsert(view("a", start.clone()));
+        index.upsert(view("b", json!({"memory": {"free": 3000}})));
+        let mut held = index.get(id("a")).unwrap().document.clone();
+        let address = Arc::as_ptr(&held);
+        let leaves = vec![
+            (keys("memory/free"), json!(4000)),
+            (keys("loadavg/one"), json!(1.5)),
+        ];
+        assert!(index.set_leaves(id("a"), &mut held, &leaves));
+        // Changed where it was: no clone, and the session and the index
+        // share the change.
+        assert_eq!(Arc::as_ptr(&held), address);
+        assert!(Arc::ptr_eq(&held, &index.get(id("a")).unwrap().document));
+        let mut doc = start;
+        doc["memory"]["free"] = json!(4000);
+        doc["loadavg"]["one"] = json!(1.5);
+        assert_eq!(*held, doc);
+        let mut fresh = AgentIndex::new();
+        fresh.upsert(view("a", doc.clone()));
+        fresh.upsert(view("b", json!({"memory": {"free": 3000}})));
+        let (ns_s, ns_f) = (&index.namespaces["default"], &fresh.namespaces["default"]);
+        assert_eq!(ns_s.paths, ns_f.paths);
+        assert_eq!(ns_s.values, ns_f.values);
+        assert_eq!(ns_s.partial, ns_f.partial);
+        for text in [
+            "memory.free>=3500",
+            "memory.free=100",
+            "loadavg.one>1",
+            "linux",
+        ] {
+            assert_eq!(best(&index, text), best(&fresh, text), "{text}");
+        }
+        // A reader's copy is left as it was: the change is made on a clone.
+        let reader = held.clone();
+        assert!(index.set_leaves(id("a"), &mut held, &[(keys("memory/free"), json!(1))]));
+        assert_eq!(reader["memory"]["free"], json!(4000));
+        assert_eq!(held["memory"]["free"], json!(1));
+
+        // Nothing changes where a path is not a scalar, the document is not
+        // the indexed one, or the agent is unknown.
+        for bad in [
+            vec![(keys("memory"), json!(1))],
+            vec![(keys("tags"), json!(1))],
+            vec![(keys("memory/used"), json!(1))],
+            vec![(keys("memory/free"), json!({"x": 1}))],
+            vec![(keys("memory/free"), json!(2)), (keys("name/x"), json!(1))],
+        ] {
+            let before = held.clone();
+            assert!(!index.set_leaves(id("a"), &mut held, &bad), "{bad:?}");
+            assert!(Arc::ptr_eq(&held, &before));
+        }
+        let mut other = Arc::new((*held).clone());
+        assert!(!index.set_leaves(id("a"), &mut other, &leaves));
+        assert!(!index.set_leaves(id("nobody"), &mut held, &leaves));
     }
 
     #[test]

@@ -279,6 +279,30 @@ impl Dispatcher {
         self.changed_agent(unparked);
     }
 
+    /// Sets scalar leaves of a connected agent's document in place, in the
+    /// copy `held` shares with the index (see [`AgentIndex::set_leaves`]),
+    /// and wakes dispatch as [`Dispatcher::replace_document`] does. False,
+    /// with nothing changed, where the index holds another document or a
+    /// path is not a scalar: the caller then replaces the document whole.
+    ///
+    /// [`AgentIndex::set_leaves`]: switchyard_core::index::AgentIndex::set_leaves
+    pub fn set_leaves(
+        &self,
+        agent_id: Uuid,
+        held: &mut Arc<Value>,
+        leaves: &[(Vec<String>, Value)],
+    ) -> bool {
+        let key = AgentId::from(agent_id);
+        let mut state = self.state();
+        if !state.sessions.contains_key(&agent_id) || !state.index.set_leaves(key, held, leaves) {
+            return false;
+        }
+        let unparked = state.unpark_for(key);
+        drop(state);
+        self.changed_agent(unparked);
+        true
+    }
+
     /// Records the kinds a connected agent handles from now on (written to
     /// the store): its parked placements of those kinds go back in the
     /// walk, and its refusals are lifted.

@@ -752,6 +752,37 @@ async fn volatile_diffs_match_at_once_and_are_written_behind(backend: Backend) {
     server.stop().await;
 }
 
+/// Free memory declared sensitive stays redacted however the heartbeat
+/// that changes it is applied: the number the agent sends is neither
+/// matched on nor stored.
+async fn a_volatile_number_at_a_sensitive_path_stays_redacted(backend: Backend) {
+    let server = TestServer::start(backend).await;
+    let mut secret = linux("20.1.0");
+    secret["sensitive"] = json!(["memory.free"]);
+    let mut agent = TestAgent::start(&server, "build-1", secret.clone(), 1).await;
+    secret["memory"]["free"] = json!(15000);
+    let ack = agent
+        .heartbeat(pb::AgentStatus::Ready, &[], Some(secret.clone()))
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    let task = submit(&server, "echo", "memory.free>=12000").await;
+    assert_eq!(
+        get_task(&server, &task.task_id).await.queued_reason(),
+        pb::QueuedReason::Parked
+    );
+    secret["software"]["node"]["version"] = json!("20.2.0");
+    let ack = agent
+        .heartbeat(pb::AgentStatus::Ready, &[], Some(secret))
+        .await;
+    assert_eq!(ack.code, 0, "{}", ack.message);
+    let written = stored(&server, &agent.agent_id).await;
+    let doc = switchyard_server::api::convert::struct_to_json(written.document.as_ref().unwrap())
+        .unwrap();
+    assert_eq!(doc["memory"]["free"], json!("[redacted]"));
+    assert_eq!(doc["software"]["node"]["version"], json!("20.2.0"));
+    server.stop().await;
+}
+
 /// A lease ended where the agent's replica did not take part (another store
 /// instance expires it: on SQLite nothing is announced, so the replica's
 /// recount from the store must notice; on PostgreSQL `LeaseEnded` is heard)
@@ -939,6 +970,7 @@ on_both_stores!(
     a_lease_ended_behind_the_replicas_back_frees_the_slot,
     a_delayed_task_is_granted_when_it_comes_due,
     volatile_diffs_match_at_once_and_are_written_behind,
+    a_volatile_number_at_a_sensitive_path_stays_redacted,
     submit_leases_on_the_way_in_but_never_overtakes,
     silent_agent_goes_offline_and_its_stream_closes,
     operator_overrides_unpark_and_show_their_tier,

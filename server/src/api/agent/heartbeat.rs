@@ -6,7 +6,10 @@
 //! change; they reach the index once written, and lift the agent's
 //! refusals. The matcher's index follows the committed document: a diff that changes
 //! only volatile facts (free memory, load) reaches the index at once and
-//! the store at most [`PERSIST_VOLATILE_MS`] later; any other diff reaches
+//! the store at most [`PERSIST_VOLATILE_MS`] later (one that only replaces
+//! numbers there, the common heartbeat, is set in place in the document the
+//! session shares with the index: no copy, no walk of the whole document);
+//! any other diff reaches
 //! the index once its write committed, and a write that lost its
 //! compare-and-set (an operator changed the document meanwhile) puts the
 //! stored document back in the index and asks the agent to resync.
@@ -14,9 +17,10 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use json_patch::jsonptr::PointerBuf;
+use json_patch::jsonptr::{Pointer, PointerBuf};
 use serde_json::Value;
 use switchyard_core::kinds::HandledKinds;
+use switchyard_core::limits::serialized_len;
 use switchyard_core::tier::with_operator_tier;
 use switchyard_core::{diff, redact};
 use switchyard_proto::v1 as pb;
@@ -24,7 +28,7 @@ use tracing::warn;
 
 use super::register::handled_kinds;
 use super::session::Session;
-use crate::api::convert::timestamp;
+use crate::api::convert::{timestamp, value_to_json};
 use crate::error::{Error, Result};
 use crate::model::{AgentStatus, Beat, BeatApplied, DocumentWrite};
 use crate::wire::session::resync;
@@ -96,7 +100,9 @@ impl Session {
             }
         }
         let mut resync_from = None;
-        if let Some(d) = hb.capability_diff {
+        if let Some(d) = hb.capability_diff
+            && !self.set_volatile_numbers(&d)
+        {
             match self.apply_diff(d) {
                 Ok(applied) => self.index_or_hold(applied),
                 Err(reason) => resync_from = Some(reason),
@@ -247,6 +253,61 @@ impl Session {
         Ok(())
     }
 
+    /// The common heartbeat, cheaply: a diff against the generation held
+    /// whose every operation replaces a number at a volatile path
+    /// ([`diff::VOLATILE`]) with a number, on a document no operator tier is
+    /// merged over, while no diff waits for its write. The numbers are set
+    /// in place, in the document the session shares with the index
+    /// ([`Dispatcher::set_leaves`]): no copy of the document, no walk for its
+    /// limits (numbers change neither its shape nor, beyond the bytes
+    /// counted here, its size), no redaction (a number in the document is at
+    /// no sensitive path, where redaction leaves a string) and only those
+    /// leaves re-indexed. The result is what [`Session::apply_diff`] gives.
+    /// False, with nothing changed, for any other diff: it then goes that
+    /// general way, which also explains any refusal.
+    ///
+    /// [`Dispatcher::set_leaves`]: crate::dispatch::Dispatcher::set_leaves
+    fn set_volatile_numbers(&mut self, d: &pb::CapabilityDiff) -> bool {
+        let limits = &self.api.settings.document_limits;
+        let plain = self
+            .operator_overrides
+            .as_object()
+            .is_none_or(serde_json::Map::is_empty);
+        if d.base_generation != self.generation
+            || self.unindexed.is_some()
+            || !plain
+            || d.operations.is_empty()
+            || d.operations.len() > limits.max_array_items
+        {
+            return false;
+        }
+        let mut leaves = Vec::with_capacity(d.operations.len());
+        let (mut bytes, mut patch_bytes) = (self.reported_bytes, 2);
+        for op in &d.operations {
+            let Some((keys, value, old_bytes)) = volatile_number(&self.reported, op) else {
+                return false;
+            };
+            bytes = (bytes + serialized_len(&value)).saturating_sub(old_bytes);
+            // An operation as JSON, generously: its path, a number and the
+            // punctuation around them.
+            patch_bytes += op.path.len() + 64;
+            leaves.push((keys, value));
+        }
+        if bytes > limits.max_serialized_bytes || patch_bytes > limits.max_serialized_bytes {
+            return false;
+        }
+        if !self
+            .api
+            .dispatcher
+            .set_leaves(self.agent_id, &mut self.reported, &leaves)
+        {
+            return false;
+        }
+        self.reported_bytes = bytes;
+        self.generation += 1;
+        true
+    }
+
     /// Applies a diff to the document the session holds (a new generation)
     /// and returns the merged document for the matcher and whether the
     /// diff touched only volatile facts; or why it does not apply (and the
@@ -307,6 +368,7 @@ impl Session {
                 touched: None,
             }
         };
+        self.reported_bytes = serialized_len(&next);
         self.reported = next;
         self.generation += 1;
         Ok(applied)
@@ -324,4 +386,23 @@ impl Session {
             provenance,
         }
     }
+}
+
+/// What `op` does if it replaces a number at a volatile path with a number
+/// (see `Session::set_volatile_numbers`): the path's object keys from the
+/// top, the new number, and the old one's size as JSON text.
+fn volatile_number(held: &Value, op: &pb::PatchOperation) -> Option<(Vec<String>, Value, usize)> {
+    if pb::PatchOp::try_from(op.op) != Ok(pb::PatchOp::Replace) {
+        return None;
+    }
+    let pointer = Pointer::parse(&op.path).ok()?;
+    if !diff::is_volatile(pointer) {
+        return None;
+    }
+    let value = value_to_json(op.value.as_ref()?, "value").ok()?;
+    let keys: Vec<String> = pointer.tokens().map(|t| t.decoded().into_owned()).collect();
+    let old = keys
+        .iter()
+        .try_fold(held, |node, key| node.as_object()?.get(key))?;
+    (value.is_number() && old.is_number()).then(|| (keys, value, serialized_len(old)))
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use serde_json::Value;
+use switchyard_core::limits::serialized_len;
 use switchyard_proto::v1::{self as pb, connect_request::Message as Up};
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::StreamExt;
@@ -57,6 +58,9 @@ pub(super) struct Session {
     /// The agent's own tiers at `generation` (diffs apply to it). Shared
     /// with the dispatcher's index when no operator tier is merged over it.
     pub(super) reported: Arc<Value>,
+    /// Its size as JSON text, for a diff that changes numbers only (see
+    /// `Session::set_volatile_numbers`).
+    pub(super) reported_bytes: usize,
     /// The provenance stored with it.
     pub(super) provenance: Value,
     /// The operator tier, merged over every new document.
@@ -147,6 +151,7 @@ impl Session {
             touched_at_ms: now,
             held_leases_at_connect: held,
             changed: Arc::new(AtomicBool::new(false)),
+            reported_bytes: serialized_len(&reported),
             reported,
             provenance: record.provenance.clone(),
             operator_overrides: record.operator_overrides.clone(),
@@ -288,6 +293,7 @@ impl Session {
         self.persisted = record.generation;
         self.persisted_at_ms = self.api.now_ms();
         self.reported = Arc::new(record.reported.clone());
+        self.reported_bytes = serialized_len(&self.reported);
         self.provenance = record.provenance.clone();
         self.operator_overrides = record.operator_overrides.clone();
         self.status = record.status;
