@@ -70,11 +70,11 @@ use serde_json::Value;
 use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, LazyLock};
 
 /// What a session's document is while [`AgentIndex::set_leaves`] changes
 /// the shared one in place.
 static NO_DOCUMENT: LazyLock<Arc<Value>> = LazyLock::new(|| Arc::new(Value::Null));
-use std::sync::{Arc, LazyLock};
 
 /// A scalar as a hashable posting key; numbers compare numerically (`1` and `1.0` are one key).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
