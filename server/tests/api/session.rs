@@ -682,6 +682,11 @@ async fn a_delayed_task_ahead_of_the_parked_head_is_leased_when_due(backend: Bac
 }
 
 /// The capabilities the store holds for an agent.
+/// The merged document of a stored agent, as JSON.
+fn document_of(view: &pb::CapabilityView) -> serde_json::Value {
+    switchyard_server::api::convert::struct_to_json(view.document.as_ref().unwrap()).unwrap()
+}
+
 async fn stored(server: &TestServer, agent_id: &str) -> pb::CapabilityView {
     server
         .admin()
@@ -745,8 +750,7 @@ async fn volatile_diffs_match_at_once_and_are_written_behind(backend: Backend) {
     assert_eq!(ack.code, 0, "{}", ack.message);
     let written = stored(&server, &agent.agent_id).await;
     assert_eq!(written.generation, before.generation + 3);
-    let doc = switchyard_server::api::convert::struct_to_json(written.document.as_ref().unwrap())
-        .unwrap();
+    let doc = document_of(&written);
     assert_eq!(doc["memory"]["free"], json!(15000));
     assert_eq!(doc["software"]["node"]["version"], json!("20.2.0"));
     server.stop().await;
@@ -776,8 +780,7 @@ async fn a_volatile_number_at_a_sensitive_path_stays_redacted(backend: Backend) 
         .await;
     assert_eq!(ack.code, 0, "{}", ack.message);
     let written = stored(&server, &agent.agent_id).await;
-    let doc = switchyard_server::api::convert::struct_to_json(written.document.as_ref().unwrap())
-        .unwrap();
+    let doc = document_of(&written);
     assert_eq!(doc["memory"]["free"], json!("[redacted]"));
     assert_eq!(doc["software"]["node"]["version"], json!("20.2.0"));
     server.stop().await;
