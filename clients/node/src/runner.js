@@ -611,11 +611,18 @@ export class Runner extends EventEmitter {
         value: {
           agentId: reg.agentId,
           sessionEpoch: reg.sessionEpoch,
-          heldLeases: [...this.running].map(([leaseId, r]) => ({
-            leaseId,
-            taskId: r.taskId,
-            fencingToken: r.fencingToken,
-          })),
+          // A lease whose final report waits for an acknowledgement is still held: unnamed, the
+          // server would count it lost and run its task again.
+          heldLeases: [
+            ...[...this.running].map(([leaseId, r]) => ({
+              leaseId,
+              taskId: r.taskId,
+              fencingToken: r.fencingToken,
+            })),
+            ...[...this.unackedFinals]
+              .filter(([leaseId]) => !this.running.has(leaseId))
+              .map(([leaseId, u]) => ({ leaseId, taskId: u.taskId, fencingToken: u.fencingToken })),
+          ],
         },
       });
       const stream = client.connect(outbox, { headers: this.#headers(), signal: abort.signal });

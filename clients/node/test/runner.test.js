@@ -376,7 +376,9 @@ test("the runner survives a server restart and its running lease completes", asy
     // A final report made while the server is down is sent again after the reconnect.
     const started2 = deferred();
     const gate2 = deferred();
+    let runs2 = 0;
     r.handler("long2", async () => {
+      runs2 += 1;
       started2.resolve();
       await gate2.promise;
       return { reported: "later" };
@@ -397,7 +399,10 @@ test("the runner survives a server restart and its running lease completes", asy
     const done2 = await watch(clients(current.address).tasks, second.taskId);
     assert.equal(TaskState[done2.state], "SUCCEEDED");
     assert.deepEqual(done2.result, { reported: "later" });
-    await within(reported, 10_000, "the re-sent final report's ack");
+    const [ack] = await within(reported, 10_000, "the re-sent final report's ack");
+    assert.equal(ack.code, 0, "the re-sent final report is accepted");
+    assert.equal(done2.attempts, 0, "the lease was held across the reconnect: no attempt was lost");
+    assert.equal(runs2, 1, "the task did not run again");
     assert.equal(r.unackedFinals.size, 0);
   } finally {
     await within(r.stop(), 10_000, "the runner to stop");
