@@ -445,15 +445,28 @@ impl<'s> Live<'s> {
 
     /// The leases still held, to resume.
     fn held(&self) -> Vec<pb::HeldLease> {
-        self.state
+        let running = self
+            .state
             .running
             .iter()
             .map(|(lease_id, r)| pb::HeldLease {
                 lease_id: lease_id.clone(),
                 task_id: r.task_id.clone(),
                 fencing_token: r.fencing_token,
-            })
-            .collect()
+            });
+        // A lease whose final report waits for an acknowledgement is still
+        // held: unnamed, the server would count it lost and run it again.
+        let finished = self
+            .state
+            .unacked_finals
+            .iter()
+            .filter(|(lease_id, _)| !self.state.running.contains_key(*lease_id))
+            .map(|(lease_id, u)| pb::HeldLease {
+                lease_id: lease_id.clone(),
+                task_id: u.task_id.clone(),
+                fencing_token: u.fencing_token,
+            });
+        running.chain(finished).collect()
     }
 
     /// Sends a message on the stream; its sequence number.
