@@ -344,8 +344,12 @@ impl Dispatcher {
         }
     }
 
-    /// Applies a session's heartbeat, group-committed with other sessions'.
+    /// Applies a session's heartbeat, group-committed with other sessions';
+    /// one with nothing to write goes nowhere.
     pub async fn heartbeat(&self, beat: Beat) -> Result<BeatApplied> {
+        if beat.is_empty() {
+            return Ok(BeatApplied::Renewed);
+        }
         let mut results = match self.shared.beats.get() {
             Some(group) => group.submit(vec![beat]).await?,
             None => {

@@ -235,6 +235,20 @@ pub struct Beat {
     pub lift_refusals: bool,
 }
 
+impl Beat {
+    /// Whether the beat has nothing to write: no renewal, no touch, no
+    /// change. Most heartbeats of an idle fleet are such, and cost no store
+    /// round trip.
+    pub fn is_empty(&self) -> bool {
+        !self.renew
+            && !self.touch
+            && !self.lift_refusals
+            && self.status.is_none()
+            && self.document.is_none()
+            && self.kinds.is_none()
+    }
+}
+
 /// A document the session computed from diffs, written only if the stored
 /// generation is still the one it descends from.
 #[derive(Debug, Clone, PartialEq)]

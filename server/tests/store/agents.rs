@@ -165,6 +165,16 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
         store.get_agent(c.id).await.unwrap().last_seen_at_ms,
         T0 + 5_000
     );
+    // A touch older than the last one (another replica's, late) keeps it,
+    // and a listing reads it as a lookup does.
+    store.touch_agent(c.id, T0 + 4_000).await.unwrap();
+    assert_eq!(
+        store.get_agent(c.id).await.unwrap().last_seen_at_ms,
+        T0 + 5_000
+    );
+    let listed = store.agents_of("ns").await.unwrap();
+    let seen: Vec<i64> = listed.iter().map(|a| a.last_seen_at_ms).collect();
+    assert_eq!(seen, [T0, T0, T0 + 5_000]);
     assert!(matches!(
         store.touch_agent(Uuid::now_v7(), T0).await,
         Err(Error::NotFound { .. })

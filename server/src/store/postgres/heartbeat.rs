@@ -1,6 +1,7 @@
 //! PostgreSQL's heartbeats: a batch's renewals and touches in two
-//! statements, its document writes in one compare-and-set statement, the
-//! rare status and kinds changes one by one.
+//! statements (each only when some beat needs it; touches go to the narrow
+//! `agent_liveness` rows), its document writes in one compare-and-set
+//! statement, the rare status and kinds changes one by one.
 
 use std::collections::HashMap;
 
@@ -17,10 +18,12 @@ const RENEW_MANY: &str = "UPDATE leases SET expires_at_ms = $2 + \
   (SELECT t.lease_ttl_ms FROM tasks t WHERE t.id = leases.task_id) \
   WHERE agent_id = ANY($1) AND state IN ('granted', 'active')";
 
-/// Touches the agents in `$1` (their rows locked in id order).
-const TOUCH_MANY: &str = "UPDATE agents SET last_seen_at_ms = $2 FROM \
-  (SELECT id FROM agents WHERE id = ANY($1) ORDER BY id FOR UPDATE) locked \
-  WHERE agents.id = locked.id AND agents.last_seen_at_ms < $2";
+/// Touches the agents in `$1` (sorted: their liveness rows are taken in id
+/// order), in their narrow liveness rows: the agents rows stay unlocked.
+const TOUCH_MANY: &str = "INSERT INTO agent_liveness (agent_id, last_seen_at_ms) \
+  SELECT id, $2 FROM UNNEST($1::uuid[]) AS id \
+  ON CONFLICT (agent_id) DO UPDATE SET last_seen_at_ms = excluded.last_seen_at_ms \
+  WHERE agent_liveness.last_seen_at_ms < excluded.last_seen_at_ms";
 
 /// Writes documents under their generation compare-and-set, in one
 /// statement; answers the agents written and their new generations.
@@ -45,25 +48,31 @@ fn beat_ids(beats: &[Beat], pick: fn(&Beat) -> bool) -> Vec<Uuid> {
 
 /// `AgentStore::heartbeats` in `w`: the live leases of agents holding some
 /// renewed and agents due a touch touched (two statements for the whole
-/// batch, agent rows in id order), status changes (rare) one by one, and
+/// batch, rows in id order), status changes (rare) one by one, and
 /// documents in one compare-and-set statement.
 pub(super) async fn heartbeats(
     w: &mut Write<Postgres>,
     beats: &[Beat],
     now_ms: i64,
 ) -> Result<Vec<Result<BeatApplied>>> {
-    sqlx::query(RENEW_MANY)
-        .bind(beat_ids(beats, |b| b.renew))
-        .bind(now_ms)
-        .execute(w.conn())
-        .await
-        .map_err(db("renewing leases"))?;
-    sqlx::query(TOUCH_MANY)
-        .bind(beat_ids(beats, |b| b.touch))
-        .bind(now_ms)
-        .execute(w.conn())
-        .await
-        .map_err(db("touching agents"))?;
+    let renewing = beat_ids(beats, |b| b.renew);
+    if !renewing.is_empty() {
+        sqlx::query(RENEW_MANY)
+            .bind(renewing)
+            .bind(now_ms)
+            .execute(w.conn())
+            .await
+            .map_err(db("renewing leases"))?;
+    }
+    let touching = beat_ids(beats, |b| b.touch);
+    if !touching.is_empty() {
+        sqlx::query(TOUCH_MANY)
+            .bind(touching)
+            .bind(now_ms)
+            .execute(w.conn())
+            .await
+            .map_err(db("touching agents"))?;
+    }
     for beat in beats {
         if let Some((status, reasons)) = &beat.status {
             let epoch = Some(beat.session_epoch);

@@ -299,7 +299,10 @@ async fn write_document<DB: SqlDb>(
     })
 }
 
-const TOUCH: &str = "UPDATE agents SET last_seen_at_ms = $2 WHERE id = $1 AND last_seen_at_ms < $2";
+/// Records that the agent was heard from, in its narrow liveness row.
+const TOUCH: &str = "INSERT INTO agent_liveness (agent_id, last_seen_at_ms) VALUES ($1, $2) \
+  ON CONFLICT (agent_id) DO UPDATE SET last_seen_at_ms = excluded.last_seen_at_ms \
+  WHERE agent_liveness.last_seen_at_ms < excluded.last_seen_at_ms";
 
 const SET_KINDS: &str = "UPDATE agents SET handled_kinds = $2, updated_at_ms = $3 WHERE id = $1";
 
@@ -334,20 +337,17 @@ pub(crate) async fn heartbeat_rows<DB: SqlDb>(
         if beat.renew {
             leases::renew(w, beat.agent_id, now_ms).await?;
         }
-        match &beat.status {
-            Some((status, reasons)) => {
-                let epoch = Some(beat.session_epoch);
-                set_status(w, beat.agent_id, *status, reasons, epoch, now_ms).await?;
-            }
-            None if beat.touch => {
-                query::<DB>(TOUCH)
-                    .arg(beat.agent_id)
-                    .arg(now_ms)
-                    .run(w.conn())
-                    .await
-                    .map_err(db("touching an agent"))?;
-            }
-            None => {}
+        if let Some((status, reasons)) = &beat.status {
+            let epoch = Some(beat.session_epoch);
+            set_status(w, beat.agent_id, *status, reasons, epoch, now_ms).await?;
+        }
+        if beat.touch {
+            query::<DB>(TOUCH)
+                .arg(beat.agent_id)
+                .arg(now_ms)
+                .run(w.conn())
+                .await
+                .map_err(db("touching an agent"))?;
         }
         if let Some(kinds) = &beat.kinds {
             set_kinds(w, beat.agent_id, kinds, now_ms).await?;

@@ -35,11 +35,15 @@ pub(crate) const LEASE_COLUMNS: &str = "id, task_id, agent_id, fencing_token, st
 
 /// The columns of an [`AgentRecord`] apart from its JSON documents (what
 /// was rejected building them is kept: it is short, and listings show it;
-/// its load is the slots its live leases hold).
+/// its load is the slots its live leases hold; it was last seen at the
+/// later of its registration and its session's last refresh in
+/// `agent_liveness`).
 const AGENT_LISTING_COLUMNS: &str = "id, namespace, name, generation, status, status_reasons, capacity, \
     (SELECT CAST(COALESCE(SUM(l.slots), 0) AS BIGINT) FROM leases l WHERE l.agent_id = agents.id \
     AND l.state IN ('granted', 'active')) AS active_leases, drained, drain_deadline_ms, labels, runner, \
-    handled_kinds, session_epoch, last_seen_at_ms, registered_at_ms, takeovers, \
+    handled_kinds, session_epoch, COALESCE((SELECT s.last_seen_at_ms FROM agent_liveness s \
+    WHERE s.agent_id = agents.id AND s.last_seen_at_ms > agents.last_seen_at_ms), \
+    agents.last_seen_at_ms) AS last_seen_at_ms, registered_at_ms, takeovers, \
     last_takeover_at_ms, replaced_runner, rejections";
 
 /// The columns that read a whole [`AgentRecord`].
