@@ -46,7 +46,7 @@ pub mod submit;
 mod sweep;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -184,6 +184,8 @@ struct Shared {
     clear_at: AtomicU64,
     /// The id the next attached session gets.
     next_session: AtomicU64,
+    /// Sessions attached here now (read without the state's lock).
+    connected: AtomicUsize,
     /// Counts changes to the fleet seen here (a session attached or
     /// detached, an agent's view or load changed, another replica's agent
     /// changed), so live views (WatchAgents, WatchQueue) look again only
@@ -217,6 +219,7 @@ impl Dispatcher {
                 queued_signals: AtomicU64::new(0),
                 clear_at: AtomicU64::new(u64::MAX),
                 next_session: AtomicU64::new(1),
+                connected: AtomicUsize::new(0),
                 fleet_pulse: tokio::sync::watch::channel(0).0,
                 queue_pulse: tokio::sync::watch::channel(0).0,
                 summaries: Mutex::new(HashMap::new()),

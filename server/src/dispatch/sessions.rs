@@ -91,7 +91,7 @@ impl Dispatcher {
             changed: attach.changed,
         };
         state.sessions.insert(attach.agent_id, session);
-        metrics::gauge!(crate::metrics::CONNECTED_AGENTS).set(state.sessions.len() as f64);
+        self.count_sessions(state.sessions.len());
         let agent = attach.view.agent_id;
         state.index.upsert(attach.view);
         // It registered for this session: the store lifted its refusals.
@@ -103,6 +103,18 @@ impl Dispatcher {
         drop(state);
         self.changed_agent(unparked);
         Some(id)
+    }
+
+    /// How many sessions are attached here.
+    pub fn connected_sessions(&self) -> usize {
+        self.shared.connected.load(Ordering::Relaxed)
+    }
+
+    /// Records how many sessions are attached, for the gauge and for
+    /// [`Dispatcher::connected_sessions`].
+    fn count_sessions(&self, n: usize) {
+        self.shared.connected.store(n, Ordering::Relaxed);
+        metrics::gauge!(crate::metrics::CONNECTED_AGENTS).set(n as f64);
     }
 
     /// Removes the agent's session if `session` is still the current one
@@ -119,7 +131,7 @@ impl Dispatcher {
         if let Some(session) = state.sessions.remove(&agent_id) {
             session.close.notify_one();
         }
-        metrics::gauge!(crate::metrics::CONNECTED_AGENTS).set(state.sessions.len() as f64);
+        self.count_sessions(state.sessions.len());
         state.index.remove(agent_id.into());
         state.congestion.detached(agent_id);
         // Its next registration lifts its refusals in the store too.

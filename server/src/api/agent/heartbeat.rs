@@ -1,18 +1,19 @@
 //! Heartbeats: the agent's status, and a capability diff against the
 //! generation the server holds. The diff is applied to the document the
 //! session holds; the renewal, status and document are written in one
-//! group commit with other sessions' heartbeats (no store read on the way).
-//! A heartbeat also carries the task kinds the agent handles when they
-//! change; they reach the index once written, and lift the agent's
-//! refusals. The matcher's index follows the committed document: a diff that changes
-//! only volatile facts (free memory, load) reaches the index at once and
-//! the store at most [`PERSIST_VOLATILE_MS`] later (one that only replaces
-//! numbers there, the common heartbeat, is set in place in the document the
-//! session shares with the index: no copy, no walk of the whole document);
-//! any other diff reaches
-//! the index once its write committed, and a write that lost its
-//! compare-and-set (an operator changed the document meanwhile) puts the
-//! stored document back in the index and asks the agent to resync.
+//! group commit with other sessions' heartbeats (no store read on the way;
+//! a heartbeat with nothing to write skips the store). A heartbeat also
+//! carries the task kinds the agent handles when they change; they reach
+//! the index once written, and lift the agent's refusals. The matcher's
+//! index follows the committed document: a diff that changes only volatile
+//! facts (free memory, load) reaches the index at once and the store at
+//! most [`PERSIST_VOLATILE_MS`] later, or later beside a fleet too large
+//! for that ([`VOLATILE_WRITES_PER_SEC`]). One that only replaces numbers
+//! there, the common heartbeat, is set in place in the document the session
+//! shares with the index: no copy, no walk of the whole document. Any other
+//! diff reaches the index once its write committed, and a write that lost
+//! its compare-and-set (an operator changed the document meanwhile) puts
+//! the stored document back in the index and asks the agent to resync.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -34,8 +35,22 @@ use crate::model::{AgentStatus, Beat, BeatApplied, DocumentWrite};
 use crate::wire::session::resync;
 
 /// How stale the stored copy of volatile facts may get: a heartbeat writes
-/// the document when its last write is older than this.
+/// the document when its last write is older than this, or than
+/// [`persist_volatile_every_ms`] allows beside a large fleet.
 const PERSIST_VOLATILE_MS: i64 = 60_000;
+
+/// The documents a replica writes behind a second for volatile facts alone,
+/// at most: past 6,000 sessions each one's interval stretches with their
+/// number (30,000 sessions: every 300 s), since each write is a whole
+/// document and the store's writes slow everyone's commits.
+const VOLATILE_WRITES_PER_SEC: i64 = 100;
+
+/// How often a session writes volatile facts behind when `sessions` are
+/// attached to the replica.
+fn persist_volatile_every_ms(sessions: usize) -> i64 {
+    let sessions = i64::try_from(sessions).unwrap_or(i64::MAX);
+    PERSIST_VOLATILE_MS.max(sessions.saturating_mul(1_000) / VOLATILE_WRITES_PER_SEC)
+}
 
 /// How often a session refreshes the agent's stored last-seen time.
 const TOUCH_EVERY_MS: i64 = 30_000;
@@ -152,7 +167,8 @@ impl Session {
     /// liveness is judged in memory.
     fn beat(&self, status: Option<(AgentStatus, Vec<String>)>, now: i64) -> Beat {
         let durable = status.is_some() || self.unindexed.is_some();
-        let due = now - self.persisted_at_ms >= PERSIST_VOLATILE_MS;
+        let every = persist_volatile_every_ms(self.api.dispatcher.connected_sessions());
+        let due = now - self.persisted_at_ms >= every;
         let document =
             (self.generation != self.persisted && (durable || due)).then(|| self.document_write());
         let renew = self
@@ -405,4 +421,18 @@ fn volatile_number(held: &Value, op: &pb::PatchOperation) -> Option<(Vec<String>
         .iter()
         .try_fold(held, |node, key| node.as_object()?.get(key))?;
     (value.is_number() && old.is_number()).then(|| (keys, value, serialized_len(old)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::persist_volatile_every_ms;
+
+    #[test]
+    fn volatile_writes_stretch_past_six_thousand_sessions() {
+        assert_eq!(persist_volatile_every_ms(0), 60_000);
+        assert_eq!(persist_volatile_every_ms(6_000), 60_000);
+        assert_eq!(persist_volatile_every_ms(10_000), 100_000);
+        assert_eq!(persist_volatile_every_ms(30_000), 300_000);
+        assert_eq!(persist_volatile_every_ms(usize::MAX), i64::MAX / 100);
+    }
 }
