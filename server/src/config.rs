@@ -108,7 +108,9 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
 
     /// Where tasks, leases and agents are stored: `sqlite://PATH` (embedded,
-    /// created if missing) or `postgres://USER@HOST:PORT/DB` (for several
+    /// created if missing; its WAL synced at every commit, or only at
+    /// checkpoints with `?synchronous=normal`, which a power loss may cost the
+    /// last commits) or `postgres://USER@HOST:PORT/DB` (for several
     /// replicas).
     #[arg(
         long,

@@ -1,5 +1,6 @@
-//! The embedded SQLite backend: one file, created if missing, WAL journal,
-//! foreign keys on. SQLite allows one writer at a time, so every write
+//! The embedded SQLite backend: one file, created if missing, WAL journal
+//! synced at every commit (`synchronous=full`, unless the URL asks for
+//! `normal`), foreign keys on. SQLite allows one writer at a time, so every write
 //! transaction starts with `BEGIN IMMEDIATE` (it takes the write lock up
 //! front and waits for it under `busy_timeout` instead of failing half-way);
 //! events go to this process's subscribers after each commit. Every
@@ -80,14 +81,54 @@ pub struct SqliteBackend {
     events: broadcast::Sender<StoreEvent>,
 }
 
+/// The `synchronous` setting a `sqlite://` URL asks for, and the URL
+/// without it (sqlx refuses query parameters it does not know). `full`, the
+/// default, syncs the WAL at every commit: what a submit or report was
+/// acknowledged for survives a power loss, as on PostgreSQL with
+/// `synchronous_commit = on`, and a group commit pays one sync for its whole
+/// batch. `normal` syncs only at checkpoints: a crash of the server loses
+/// nothing, a power loss or an operating system crash may lose the last
+/// commits.
+fn synchronous_of(url: &str) -> Result<(String, SqliteSynchronous)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), SqliteSynchronous::Full));
+    };
+    let mut synchronous = SqliteSynchronous::Full;
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("synchronous", value)) => {
+                synchronous = match value.to_ascii_lowercase().as_str() {
+                    "full" => SqliteSynchronous::Full,
+                    "normal" => SqliteSynchronous::Normal,
+                    _ => {
+                        return Err(Error::Config(format!(
+                            "database url: synchronous={value} is not full or normal"
+                        )));
+                    }
+                }
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, synchronous))
+}
+
 impl SqlStore<SqliteBackend> {
-    /// Opens (creating if missing) the database at `url` (`sqlite://PATH`).
+    /// Opens (creating if missing) the database at `url` (`sqlite://PATH`,
+    /// optionally `?synchronous=normal`: see [`synchronous_of`]).
     pub async fn open(url: &str, options: StoreOptions) -> Result<Self> {
-        let connect = SqliteConnectOptions::from_str(url)
+        let (url, synchronous) = synchronous_of(url)?;
+        let connect = SqliteConnectOptions::from_str(&url)
             .map_err(db("parsing the sqlite url"))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
+            .synchronous(synchronous)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(30));
         let pool = SqlitePoolOptions::new()
@@ -155,5 +196,45 @@ impl Backend for SqliteBackend {
 
     async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::sqlite::SqliteSynchronous;
+
+    use super::synchronous_of;
+
+    fn level(url: &str) -> (String, String) {
+        let (url, sync) = synchronous_of(url).unwrap();
+        let name = match sync {
+            SqliteSynchronous::Full => "full",
+            SqliteSynchronous::Normal => "normal",
+            _ => "other",
+        };
+        (url, name.to_owned())
+    }
+
+    #[test]
+    fn the_url_chooses_full_or_normal_sync_and_keeps_its_other_parameters() {
+        let pair = |u: &str, s: &str| (u.to_owned(), s.to_owned());
+        assert_eq!(level("sqlite://a.db"), pair("sqlite://a.db", "full"));
+        assert_eq!(
+            level("sqlite://a.db?synchronous=normal"),
+            pair("sqlite://a.db", "normal")
+        );
+        assert_eq!(
+            level("sqlite://a.db?synchronous=FULL"),
+            pair("sqlite://a.db", "full")
+        );
+        assert_eq!(
+            level("sqlite://a.db?mode=rwc&synchronous=normal"),
+            pair("sqlite://a.db?mode=rwc", "normal")
+        );
+        let err = synchronous_of("sqlite://a.db?synchronous=off").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "configuration: database url: synchronous=off is not full or normal"
+        );
     }
 }
