@@ -103,6 +103,29 @@ enum WorkEvent {
 /// the oldest unacknowledged batches are given up.
 const UNACKED_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
 
+/// The leases a new session names as held: those running, and those whose
+/// final report waits for an acknowledgement (unnamed, the server would
+/// count such a lease lost and run its task again).
+fn held_leases(
+    running: &HashMap<String, Running>,
+    unacked_finals: &BTreeMap<String, pb::LeaseUpdate>,
+) -> Vec<pb::HeldLease> {
+    let finished = unacked_finals
+        .iter()
+        .filter(|(id, _)| !running.contains_key(*id))
+        .map(|(id, u)| (id, &u.task_id, u.fencing_token));
+    running
+        .iter()
+        .map(|(id, r)| (id, &r.task_id, r.fencing_token))
+        .chain(finished)
+        .map(|(lease_id, task_id, fencing_token)| pb::HeldLease {
+            lease_id: lease_id.clone(),
+            task_id: task_id.clone(),
+            fencing_token,
+        })
+        .collect()
+}
+
 /// State that outlives a session.
 struct AgentState {
     config: AgentConfig,
@@ -445,28 +468,7 @@ impl<'s> Live<'s> {
 
     /// The leases still held, to resume.
     fn held(&self) -> Vec<pb::HeldLease> {
-        let running = self
-            .state
-            .running
-            .iter()
-            .map(|(lease_id, r)| pb::HeldLease {
-                lease_id: lease_id.clone(),
-                task_id: r.task_id.clone(),
-                fencing_token: r.fencing_token,
-            });
-        // A lease whose final report waits for an acknowledgement is still
-        // held: unnamed, the server would count it lost and run it again.
-        let finished = self
-            .state
-            .unacked_finals
-            .iter()
-            .filter(|(lease_id, _)| !self.state.running.contains_key(*lease_id))
-            .map(|(lease_id, u)| pb::HeldLease {
-                lease_id: lease_id.clone(),
-                task_id: u.task_id.clone(),
-                fencing_token: u.fencing_token,
-            });
-        running.chain(finished).collect()
+        held_leases(&self.state.running, &self.state.unacked_finals)
     }
 
     /// Sends a message on the stream; its sequence number.
@@ -976,4 +978,46 @@ fn start_work(state: &mut AgentState, grant: &pb::LeaseGrant, task: &pb::Task) {
         output.finish();
         let _ = work.send(WorkEvent::Done { lease_id, outcome });
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_names_running_leases_and_those_whose_final_report_waits() {
+        let running: HashMap<String, Running> = [(
+            "l1".to_owned(),
+            Running {
+                task_id: "t1".into(),
+                fencing_token: 1,
+                cancel: CancellationToken::new(),
+                canceled: false,
+            },
+        )]
+        .into();
+        let report = |lease: &str, task: &str, token: u64| pb::LeaseUpdate {
+            lease_id: lease.into(),
+            task_id: task.into(),
+            fencing_token: token,
+            update: None,
+        };
+        // l1's release waits too (a drain): it is named once.
+        let finals: BTreeMap<String, pb::LeaseUpdate> = [
+            ("l1".to_owned(), report("l1", "t1", 1)),
+            ("l2".to_owned(), report("l2", "t2", 7)),
+        ]
+        .into();
+        let held: Vec<(String, String, u64)> = held_leases(&running, &finals)
+            .into_iter()
+            .map(|h| (h.lease_id, h.task_id, h.fencing_token))
+            .collect();
+        assert_eq!(
+            held,
+            [
+                ("l1".to_owned(), "t1".to_owned(), 1),
+                ("l2".to_owned(), "t2".to_owned(), 7),
+            ]
+        );
+    }
 }
