@@ -55,24 +55,22 @@ pub(super) async fn heartbeats(
     beats: &[Beat],
     now_ms: i64,
 ) -> Result<Vec<Result<BeatApplied>>> {
-    let renewing = beat_ids(beats, |b| b.renew);
-    if !renewing.is_empty() {
-        sqlx::query(RENEW_MANY)
-            .bind(renewing)
-            .bind(now_ms)
-            .execute(w.conn())
-            .await
-            .map_err(db("renewing leases"))?;
-    }
-    let touching = beat_ids(beats, |b| b.touch);
-    if !touching.is_empty() {
-        sqlx::query(TOUCH_MANY)
-            .bind(touching)
-            .bind(now_ms)
-            .execute(w.conn())
-            .await
-            .map_err(db("touching agents"))?;
-    }
+    for_agents(
+        w,
+        RENEW_MANY,
+        beat_ids(beats, |b| b.renew),
+        now_ms,
+        "renewing leases",
+    )
+    .await?;
+    for_agents(
+        w,
+        TOUCH_MANY,
+        beat_ids(beats, |b| b.touch),
+        now_ms,
+        "touching agents",
+    )
+    .await?;
     for beat in beats {
         if let Some((status, reasons)) = &beat.status {
             let epoch = Some(beat.session_epoch);
@@ -103,6 +101,25 @@ pub(super) async fn heartbeats(
         });
     }
     Ok(results)
+}
+
+/// Runs `sql` (`$1` the agents, `$2` now) when `ids` names any.
+async fn for_agents(
+    w: &mut Write<Postgres>,
+    sql: &'static str,
+    ids: Vec<Uuid>,
+    now_ms: i64,
+    what: &'static str,
+) -> Result<()> {
+    if !ids.is_empty() {
+        sqlx::query(sql)
+            .bind(ids)
+            .bind(now_ms)
+            .execute(w.conn())
+            .await
+            .map_err(db(what))?;
+    }
+    Ok(())
 }
 
 /// Runs [`WRITE_DOCUMENTS`]; the agents written and their generations.
