@@ -182,6 +182,9 @@ struct Shared {
     /// until one does. While it equals `queued_signals`, nothing waits and
     /// a submit may be leased on the way in without overtaking anyone.
     clear_at: AtomicU64,
+    /// Set while the parked head of the queue is read again (see
+    /// [`Dispatcher::recheck_skip`]).
+    rechecking_skip: AtomicBool,
     /// The id the next attached session gets.
     next_session: AtomicU64,
     /// Sessions attached here now (read without the state's lock).
@@ -218,6 +221,7 @@ impl Dispatcher {
                 submits: OnceLock::new(),
                 queued_signals: AtomicU64::new(0),
                 clear_at: AtomicU64::new(u64::MAX),
+                rechecking_skip: AtomicBool::new(false),
                 next_session: AtomicU64::new(1),
                 connected: AtomicUsize::new(0),
                 fleet_pulse: tokio::sync::watch::channel(0).0,

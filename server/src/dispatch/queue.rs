@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use switchyard_core::matcher::{self, AgentView};
 use switchyard_core::placement::CompiledPlacement;
+use tracing::warn;
 use uuid::Uuid;
 
 use super::Dispatcher;
@@ -31,23 +32,91 @@ const MAX_DUE_TIMES: usize = 1_024;
 /// without news of a lease ending (a lost notification, say).
 const LIMIT_HOLD_MS: i64 = 1_000;
 
-/// How long a [`Skip`] holds at most.
+/// How long a [`Skip`] holds before its head is read again (off the
+/// rounds' path; see [`Dispatcher::recheck_skip`]). Longer when that read
+/// is slow: at most a tenth of the time goes to it.
 pub(super) const SKIP_TTL_MS: i64 = 5_000;
 
 /// The head of the queue up to `to` holds only tasks of parked placements
 /// (every due queued task, if `to` is `None`): a walk from the head may
 /// start at `to`. The store leaves those tasks out of every page, but it
 /// still reads each to do so, and a hundred thousand of them cost a page
-/// tens of milliseconds. Valid while nothing was queued ahead of `to`
-/// (`signals`), no parked placement was forgotten (`parked_epoch`), and
-/// for [`SKIP_TTL_MS`] at most: a delayed task ahead of `to` that came due
-/// is read within that time.
+/// tens of milliseconds (a million, seconds). Valid while nothing was
+/// queued ahead of `to` (`signals`) and no parked placement was forgotten
+/// (`parked_epoch`). Past `ttl_ms` the head is read again beside the
+/// rounds, which go on starting at `to` meanwhile: a delayed task ahead of
+/// `to` that came due unsignalled is found then.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Skip {
     pub(super) to: Option<QueueCursor>,
     pub(super) signals: u64,
     pub(super) parked_epoch: u64,
+    /// When the head up to `to` was last read.
     pub(super) made_at_ms: i64,
+    /// How long that reading holds.
+    pub(super) ttl_ms: i64,
+}
+
+/// What was queued while a walk from the head was under way: a task
+/// queued behind where the walk finds the parked head to end does not undo
+/// what the walk learned (under a steady stream of submits, every walk
+/// would otherwise start from the head again, and read every parked task).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct QueuedInWalk {
+    /// The queue signals counted when the walk began.
+    pub(super) from: u64,
+    /// Signals since then whose task's place in the queue is known.
+    pub(super) placed: u64,
+    /// The foremost of those places.
+    pub(super) foremost: Option<QueueCursor>,
+}
+
+impl QueuedInWalk {
+    /// Nothing queued yet since `from`.
+    pub(super) fn since(from: u64) -> Self {
+        Self {
+            from,
+            placed: 0,
+            foremost: None,
+        }
+    }
+
+    /// Where a skip that ended at `to` (`None`: past every due task) ends
+    /// now, as of `signals`: just before the foremost task queued since
+    /// `from`, if that is ahead of `to` (the head up to it was parked as
+    /// read); `None` if some signal since did not say where its task is.
+    pub(super) fn shorten(
+        &self,
+        signals: u64,
+        to: Option<QueueCursor>,
+    ) -> Option<Option<QueueCursor>> {
+        if signals.checked_sub(self.from) != Some(self.placed) {
+            return None;
+        }
+        Some(match self.foremost {
+            Some(first)
+                if !to.is_some_and(|to| to.reaches(first.priority, first.rank, first.task_id)) =>
+            {
+                Some(QueueCursor::before_place(
+                    first.priority,
+                    first.rank,
+                    first.task_id,
+                ))
+            }
+            _ => to,
+        })
+    }
+
+    /// A task was queued at `place`.
+    fn queued(&mut self, place: QueueCursor) {
+        self.placed += 1;
+        if self
+            .foremost
+            .is_none_or(|first| place.reaches(first.priority, first.rank, first.task_id))
+        {
+            self.foremost = Some(place);
+        }
+    }
 }
 
 /// The queue knowledge the dispatcher's lock guards.
@@ -70,6 +139,8 @@ pub(super) struct QueueState {
     /// How far the head of the queue is parked tasks only, as the last walk
     /// from the head found it.
     pub(super) skip: Option<Skip>,
+    /// What was queued since the walk from the head under way began.
+    pub(super) in_walk: Option<QueuedInWalk>,
     /// When queued tasks not yet due come due (ms, at most
     /// [`MAX_DUE_TIMES`]): the dispatcher looks at the queue again at each,
     /// as if a task had just been queued.
@@ -176,11 +247,23 @@ impl Dispatcher {
         let before = self.shared.queued_signals.fetch_add(1, Ordering::SeqCst);
         if let Some(skip) = state.queue.skip.as_mut()
             && skip.signals == before
-            && skip
+        {
+            if !skip
                 .to
                 .is_some_and(|to| to.reaches(priority, rank, task_id))
-        {
+            {
+                // Queued ahead of where rounds start: the head before it
+                // is still parked, so they start at it.
+                skip.to = Some(QueueCursor::before_place(priority, rank, task_id));
+            }
             skip.signals = before + 1;
+        }
+        if let Some(in_walk) = state.queue.in_walk.as_mut() {
+            in_walk.queued(QueueCursor {
+                priority,
+                rank,
+                task_id,
+            });
         }
     }
 
@@ -221,6 +304,76 @@ impl Dispatcher {
         if passed {
             self.note_queued();
         }
+    }
+
+    /// Starts [`Dispatcher::recheck_skip`] unless it is under way.
+    pub(super) fn spawn_recheck_skip(&self) {
+        if self.shared.rechecking_skip.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let dispatcher = self.clone();
+        tokio::spawn(async move {
+            dispatcher.recheck_skip().await;
+            dispatcher
+                .shared
+                .rechecking_skip
+                .store(false, Ordering::SeqCst);
+        });
+    }
+
+    /// Reads the head of the queue again, beside the rounds (which go on
+    /// starting past it), to check that it still holds only parked tasks
+    /// up to where they start: a task ahead of that point with no signal (a
+    /// delayed task whose due time was not kept, a notification lost) is
+    /// found here. Renews the [`Skip`], or drops it and has a round walk
+    /// from the head. The next read comes after ten times this one took,
+    /// [`SKIP_TTL_MS`] at least, so that it costs a tenth of the time.
+    pub(super) async fn recheck_skip(&self) {
+        let now = self.now_ms();
+        let (skip, parked) = {
+            let state = self.state();
+            (state.queue.skip, state.queue.parked_keys())
+        };
+        let Some(skip) = skip else {
+            return;
+        };
+        let started = std::time::Instant::now();
+        let read = self
+            .shared
+            .store
+            .queued_tasks(None, now, None, &parked, 1)
+            .await;
+        let spent = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let parked_head = match &read {
+            Ok(tasks) => match (skip.to, tasks.first()) {
+                (_, None) => true,
+                (None, Some(_)) => false,
+                (Some(to), Some(first)) => to.reaches(first.priority, first.queue_rank, first.id),
+            },
+            Err(err) => {
+                warn!(cause = %err, "cannot read the parked head of the queue again");
+                false
+            }
+        };
+        let mut state = self.state();
+        let q = &mut state.queue;
+        // Only the skip that was read for: one made since is newer.
+        let Some(current) = q.skip.as_mut().filter(|current| {
+            current.to == skip.to
+                && current.parked_epoch == skip.parked_epoch
+                && current.made_at_ms == skip.made_at_ms
+        }) else {
+            return;
+        };
+        if parked_head {
+            current.made_at_ms = now;
+            current.ttl_ms = spent.saturating_mul(10).max(SKIP_TTL_MS);
+            return;
+        }
+        q.skip = None;
+        drop(state);
+        self.note_queued();
+        self.wake();
     }
 
     /// How long until the earliest due time, if any.

@@ -20,7 +20,7 @@ use switchyard_core::placement::{self, CompiledPlacement, Placement};
 use tracing::{debug, warn};
 
 use super::Dispatcher;
-use super::queue::{SKIP_TTL_MS, Skip};
+use super::queue::{QueuedInWalk, SKIP_TTL_MS, Skip};
 use crate::error::Result;
 use crate::model::{
     GrantOutcome, GrantRefusal, GrantRequest, ParkedPlacement, QueueCursor, TaskRecord,
@@ -47,7 +47,7 @@ struct PageOutcome {
 
 /// One round's walk down the queue.
 #[derive(Debug)]
-struct Walk {
+pub(super) struct Walk {
     /// The queue signals counted when the round began.
     signals: u64,
     /// The round's time.
@@ -62,6 +62,8 @@ struct Walk {
     from_head: bool,
     /// Where a walk from the head began (the parked head skipped).
     skip_from: Option<QueueCursor>,
+    /// When the skipped head was last read, and how long that holds.
+    skip_read: Option<(i64, i64)>,
     /// Just before the first task of this walk from the head that is not
     /// parked (where the next walk from the head may start).
     first_live: Option<QueueCursor>,
@@ -77,6 +79,14 @@ struct Walk {
     /// left tasks behind, so a walk past many parked tasks soon reads whole
     /// batches and goes as deep as it did with whole batches.
     min_page: u32,
+}
+
+#[cfg(test)]
+impl Walk {
+    /// Where the walk starts reading (`None`: the head).
+    pub(super) fn starts_at(&self) -> Option<QueueCursor> {
+        self.skip_from
+    }
 }
 
 impl Dispatcher {
@@ -127,20 +137,36 @@ impl Dispatcher {
     /// Where this round starts: where the last stopped with slots free, or
     /// the head, past its parked part while that is known. `None` when
     /// every due task is known to be parked and nothing came since.
-    fn start_walk(&self) -> Option<Walk> {
+    pub(super) fn start_walk(&self) -> Option<Walk> {
         let signals = self.signals();
         let now = self.now_ms();
         let (mut cursor, epoch, skip, seen_unparked) = {
             let mut state = self.state();
             let q = &mut state.queue;
-            (q.resume.take(), q.parked_epoch, q.skip, q.unparked)
+            let resume = q.resume.take();
+            q.in_walk = resume.is_none().then(|| QueuedInWalk::since(signals));
+            (resume, q.parked_epoch, q.skip, q.unparked)
         };
         let from_head = cursor.is_none();
+        let mut skip_read = None;
+        if let (true, Some(skip)) = (from_head, skip)
+            && (skip.signals != signals || skip.parked_epoch != epoch)
+        {
+            debug!(
+                queued_since = signals.wrapping_sub(skip.signals),
+                unparked = skip.parked_epoch != epoch,
+                "the parked head of the queue is read again"
+            );
+        }
         if let (true, Some(skip)) = (from_head, skip)
             && skip.signals == signals
             && skip.parked_epoch == epoch
-            && now - skip.made_at_ms < SKIP_TTL_MS
         {
+            if now - skip.made_at_ms >= skip.ttl_ms {
+                // Read the head again beside this round, not in it.
+                self.spawn_recheck_skip();
+            }
+            skip_read = Some((skip.made_at_ms, skip.ttl_ms));
             match skip.to {
                 Some(to) => cursor = Some(to),
                 None => {
@@ -157,6 +183,7 @@ impl Dispatcher {
             seen_unparked,
             from_head,
             skip_from: cursor,
+            skip_read,
             first_live: None,
             full: false,
             walked: false,
@@ -171,7 +198,7 @@ impl Dispatcher {
     /// agents match), up to the batch size: under load a round fills a few
     /// freed slots, and reading and decoding a whole batch of tasks for them
     /// is most of the round's cost.
-    async fn walk_page(&self, walk: &mut Walk) -> Result<bool> {
+    pub(super) async fn walk_page(&self, walk: &mut Walk) -> Result<bool> {
         let batch = self.shared.settings.batch_size;
         let (free, room) = {
             let mut state = self.state();
@@ -237,7 +264,7 @@ impl Dispatcher {
 
     /// What the walk learned: whether nothing runnable waits, how far the
     /// head is parked, where the next round goes on.
-    fn finish_walk(&self, walk: &Walk) {
+    pub(super) fn finish_walk(&self, walk: &Walk) {
         if walk.walked && walk.from_head && walk.left == 0 {
             // Nothing an agent here can run was left waiting as of `signals`.
             self.mark_clear(walk.signals);
@@ -253,11 +280,34 @@ impl Dispatcher {
             };
             let mut state = self.state();
             let epoch_holds = state.queue.parked_epoch == walk.epoch;
+            // Tasks queued while the walk was under way leave what it
+            // learned true, as far as the foremost of them.
+            let queued = state.queue.in_walk.take();
+            let now_signals = self.signals();
+            let (to, signals) = match to {
+                Some(to) => match queued
+                    .filter(|q| q.from == walk.signals)
+                    .and_then(|q| q.shorten(now_signals, to))
+                {
+                    Some(to) => (Some(to), now_signals),
+                    None => (Some(to), walk.signals),
+                },
+                None => (None, walk.signals),
+            };
+            debug!(
+                ?to,
+                walked = walk.walked,
+                queued_since = now_signals - walk.signals,
+                standing = signals == now_signals,
+                "a walk from the head ended"
+            );
+            let (made_at_ms, ttl_ms) = walk.skip_read.unwrap_or((walk.now, SKIP_TTL_MS));
             state.queue.skip = to.filter(|_| epoch_holds).map(|to| Skip {
                 to,
-                signals: walk.signals,
+                signals,
                 parked_epoch: walk.epoch,
-                made_at_ms: walk.now,
+                made_at_ms,
+                ttl_ms,
             });
         }
         if !walk.walked && !walk.full {

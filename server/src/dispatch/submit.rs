@@ -78,7 +78,11 @@ impl Dispatcher {
         };
         info!(task = %record.id, created, leased, "task submitted");
         if created && !leased {
+            // What the store's event for it does on other replicas (this
+            // one does not hear it).
+            self.queue_moved();
             self.note_queued_at(record.priority, record.queue_rank, record.id);
+            self.note_due(record.not_before_ms);
             self.wake();
         }
         let queued_reason = (record.state == TaskState::Queued).then(|| {

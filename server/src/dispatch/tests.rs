@@ -20,8 +20,8 @@ use super::sessions::Attach;
 use super::{DispatchSettings, Dispatcher};
 use crate::clock::{Clock, ManualClock};
 use crate::model::{
-    AgentRegistration, Completion, CompletionOutcome, NewTask, QueuedReason, ReleaseCause,
-    Submission, TaskState,
+    AgentRegistration, Completion, CompletionOutcome, NewTask, QueueCursor, QueuedReason,
+    ReleaseCause, Submission, TaskState,
 };
 use crate::store::{self, Store};
 
@@ -226,6 +226,9 @@ macro_rules! on_both_stores {
 on_both_stores!(
     a_round_fills_free_slots_in_priority_order,
     a_parked_task_is_skipped_and_remembered_until_an_agent_can_run_it,
+    a_task_queued_during_a_walk_leaves_the_skip_standing_up_to_it,
+    a_skip_past_its_time_is_read_again_beside_the_rounds,
+    a_replica_does_not_hear_its_own_submit_queued_again,
     a_delayed_task_is_granted_once_it_comes_due,
     a_lapsed_lease_is_expired_revoked_and_granted_again,
     a_submit_is_leased_on_the_way_in_only_when_nothing_waits,
@@ -318,6 +321,129 @@ async fn a_parked_task_is_skipped_and_remembered_until_an_agent_can_run_it(fx: &
     assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
     assert_eq!(gpu.grants(), [gpu_task]);
     assert!(linux.grants().is_empty());
+}
+
+/// Under a steady stream of submits every walk has tasks queued while it is
+/// under way. Each leaves the walk's skip standing as far as the task, so
+/// the next round starts past the parked head and reads the task first
+/// (before, it read every parked task again: at a million of them, seconds
+/// per round); so does one queued ahead of the parked head once the skip is
+/// made. A signal that does not say where its task is undoes it.
+async fn a_task_queued_during_a_walk_leaves_the_skip_standing_up_to_it(fx: &Fixture) {
+    let mut linux = fx.connect("a", &["linux"], 4).await;
+    for _ in 0..3 {
+        fx.queue("gpu", 9, None).await;
+    }
+    let submit = |priority: i32| async move {
+        let submitted = fx
+            .dispatcher
+            .submit_task(task("linux", priority, None), &compiled("linux"))
+            .await
+            .expect("submit");
+        assert_eq!(submitted.task.state, TaskState::Queued);
+        submitted.task
+    };
+    // A walk reads its pages, then a task is submitted before it ends (not
+    // leased on the way in: the walk has not yet found the queue clear).
+    let queue_while_walking = |priority: i32| async move {
+        fx.dispatcher.note_queued();
+        let mut walk = fx.dispatcher.start_walk().expect("a walk");
+        while fx.dispatcher.walk_page(&mut walk).await.expect("page") {}
+        let during = submit(priority).await;
+        fx.dispatcher.finish_walk(&walk);
+        during
+    };
+    for priority in [0, 10] {
+        let during = queue_while_walking(priority).await;
+        let next = fx.dispatcher.start_walk().expect("a walk");
+        assert_eq!(next.starts_at(), Some(QueueCursor::before(&during)));
+        assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+        assert_eq!(linux.grants(), [during.id]);
+    }
+    // Queued ahead of a standing skip (on another replica: heard by the
+    // store's event): it stands, up to the task.
+    fx.dispatcher.note_queued();
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
+    let ahead = fx
+        .store
+        .get_task(fx.queue("linux", 10, None).await)
+        .await
+        .unwrap();
+    fx.dispatcher
+        .note_queued_at(ahead.priority, ahead.queue_rank, ahead.id);
+    let next = fx.dispatcher.start_walk().expect("a walk");
+    assert_eq!(next.starts_at(), Some(QueueCursor::before(&ahead)));
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(linux.grants(), [ahead.id]);
+
+    let mut walk = fx.dispatcher.start_walk().expect("a walk");
+    while fx.dispatcher.walk_page(&mut walk).await.expect("page") {}
+    fx.dispatcher.note_queued();
+    fx.dispatcher.finish_walk(&walk);
+    let next = fx.dispatcher.start_walk().expect("a walk");
+    assert_eq!(next.starts_at(), None);
+}
+
+/// The replica that took a submit notes the queued task as the submit
+/// returns; the store's event for it goes to the other replicas only. Heard
+/// here too, it came late (on PostgreSQL, a notification's round trip
+/// later): a round may have leased the task meanwhile, and the late signal
+/// said a task waited ahead of the parked head, so the next round read every
+/// parked task again. The event of the cancel that follows does come back.
+async fn a_replica_does_not_hear_its_own_submit_queued_again(fx: &Fixture) {
+    use crate::model::StoreEvent;
+    let mut events = fx.store.subscribe();
+    let submitted = fx
+        .dispatcher
+        .submit_task(task("gpu", 0, None), &compiled("gpu"))
+        .await
+        .expect("submit");
+    assert_eq!(submitted.task.state, TaskState::Queued);
+    let id = submitted.task.id;
+    fx.store
+        .cancel_task(id, "test", None, fx.now())
+        .await
+        .expect("cancel");
+    let mut heard = Vec::new();
+    loop {
+        let event = events.recv().await.expect("an event");
+        let canceled = matches!(event, StoreEvent::TaskChanged { task_id, .. } if task_id == id);
+        heard.push(event);
+        if canceled {
+            break;
+        }
+    }
+    assert!(
+        !heard
+            .iter()
+            .any(|e| matches!(e, StoreEvent::TaskQueued { task_id, .. } if *task_id == id)),
+        "{heard:?}"
+    );
+}
+
+/// A skip past its time is read again beside the rounds, which go on
+/// starting past the parked head meanwhile: while the head holds only
+/// parked tasks the skip is renewed; a task that came ahead of it with no
+/// signal (a delayed task whose due time was not kept) drops it, and the
+/// next round walks from the head and grants that task.
+async fn a_skip_past_its_time_is_read_again_beside_the_rounds(fx: &Fixture) {
+    use super::queue::SKIP_TTL_MS;
+    let mut linux = fx.connect("a", &["linux"], 4).await;
+    fx.queue("gpu", 9, None).await;
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
+    fx.clock.advance(SKIP_TTL_MS);
+    fx.dispatcher.recheck_skip().await;
+    let skip = fx.dispatcher.state().queue.skip.expect("renewed");
+    assert_eq!((skip.to, skip.made_at_ms), (None, fx.now()));
+
+    let sneaked = fx.queue("linux", 10, None).await;
+    // Not read again before its time: the round starts past the head.
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
+    fx.clock.advance(SKIP_TTL_MS);
+    fx.dispatcher.recheck_skip().await;
+    assert!(fx.dispatcher.state().queue.skip.is_none());
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(linux.grants(), [sneaked]);
 }
 
 /// Settles the lease of `task_id` with `outcome` and tells the dispatcher

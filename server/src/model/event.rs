@@ -38,6 +38,11 @@ pub enum StoreEvent {
         /// replicas.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         not_before_ms: Option<i64>,
+        /// Queued by its submit: the replica that took the submit noted it
+        /// as it returned, and does not hear it again (late, it would say a
+        /// task waits that a round may have leased since).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        submitted: bool,
     },
     /// A task changed state.
     TaskChanged {
@@ -103,12 +108,22 @@ pub struct EndedLease {
 impl StoreEvent {
     /// `task` was queued or re-queued, to come due at `not_before_ms`.
     pub fn queued(task: &TaskRecord, not_before_ms: i64) -> Self {
+        Self::task_queued(task, not_before_ms, false)
+    }
+
+    /// `task` was queued by its submit.
+    pub fn submitted(task: &TaskRecord) -> Self {
+        Self::task_queued(task, task.not_before_ms, true)
+    }
+
+    fn task_queued(task: &TaskRecord, not_before_ms: i64, submitted: bool) -> Self {
         StoreEvent::TaskQueued {
             namespace: task.namespace.clone(),
             task_id: task.id,
             priority: Some(task.priority),
             rank: Some(task.queue_rank),
             not_before_ms: Some(not_before_ms),
+            submitted,
         }
     }
 
@@ -117,7 +132,12 @@ impl StoreEvent {
     pub fn for_other_replicas(&self) -> bool {
         matches!(
             self,
-            StoreEvent::AgentChanged { .. } | StoreEvent::LeaseEnded { .. }
+            StoreEvent::AgentChanged { .. }
+                | StoreEvent::LeaseEnded { .. }
+                | StoreEvent::TaskQueued {
+                    submitted: true,
+                    ..
+                }
         )
     }
 }
@@ -147,5 +167,24 @@ mod tests {
         let text = serde_json::to_string(&new).unwrap();
         assert!(text.contains(r#""cause":"unacknowledged""#), "{text}");
         assert_eq!(serde_json::from_str::<StoreEvent>(&text).unwrap(), new);
+    }
+
+    #[test]
+    fn a_submit_is_heard_by_the_other_replicas_and_a_requeue_by_all() {
+        let queued = |submitted: Option<bool>| {
+            let flag = submitted.map_or(String::new(), |s| format!(r#","submitted":{s}"#));
+            let text = format!(
+                r#"{{"t":"task_queued","namespace":"default",
+                "task_id":"00000000-0000-0000-0000-000000000001","priority":0,"rank":5{flag}}}"#
+            );
+            serde_json::from_str::<StoreEvent>(&text).unwrap()
+        };
+        assert!(queued(Some(true)).for_other_replicas());
+        assert!(!queued(Some(false)).for_other_replicas());
+        // From a replica of the release before: heard by all, as it was.
+        assert!(!queued(None).for_other_replicas());
+        let requeue = queued(Some(false));
+        let text = serde_json::to_string(&requeue).unwrap();
+        assert!(!text.contains("submitted"), "{text}");
     }
 }

@@ -364,10 +364,15 @@ impl QueueCursor {
 
     /// The cursor just before `task`: a walk from it reads `task` first.
     pub fn before(task: &TaskRecord) -> Self {
+        Self::before_place(task.priority, task.queue_rank, task.id)
+    }
+
+    /// The cursor just before a task at this place in the queue.
+    pub fn before_place(priority: i32, rank: i64, task_id: Uuid) -> Self {
         Self {
-            priority: task.priority,
-            rank: task.queue_rank,
-            task_id: Uuid::from_u128(task.id.as_u128().saturating_sub(1)),
+            priority,
+            rank,
+            task_id: Uuid::from_u128(task_id.as_u128().saturating_sub(1)),
         }
     }
 

@@ -13,7 +13,7 @@ crate::both_backends!(subscribers_hear_queued_and_changed_tasks);
 /// Waits (bounded) for the first event `want` accepts.
 pub async fn wait_for(
     events: &mut broadcast::Receiver<StoreEvent>,
-    want: impl Fn(&StoreEvent) -> bool,
+    mut want: impl FnMut(&StoreEvent) -> bool,
 ) -> StoreEvent {
     tokio::time::timeout(Duration::from_secs(10), async {
         loop {
@@ -31,7 +31,9 @@ async fn subscribers_hear_queued_and_changed_tasks(fx: &mut Fixture) {
     let store = fx.store.as_ref();
     let mut events = store.subscribe();
     let t = submit(store, task("ns", 0, 3), T0).await;
-    let queued = wait_for(&mut events, |e| matches!(e, StoreEvent::TaskQueued { .. })).await;
+    // A submit is announced to the other replicas only (the one that took
+    // it noted it itself): it is marked so.
+    let queued = StoreEvent::submitted(&t);
     assert_eq!(
         queued,
         StoreEvent::TaskQueued {
@@ -40,8 +42,11 @@ async fn subscribers_hear_queued_and_changed_tasks(fx: &mut Fixture) {
             priority: Some(0),
             rank: Some(T0),
             not_before_ms: Some(T0),
+            submitted: true,
         }
     );
+    assert!(queued.for_other_replicas());
+    let queued = StoreEvent::queued(&t, T0);
     // As the release before announces it, the submit time under its old
     // name: read as the rank (the rank of a task without a fairness key).
     let before: StoreEvent = serde_json::from_value(serde_json::json!({
@@ -64,19 +69,28 @@ async fn subscribers_hear_queued_and_changed_tasks(fx: &mut Fixture) {
             priority: None,
             rank: None,
             not_before_ms: None,
+            submitted: false,
         }
     );
     // Agent changes are announced to other replicas only (see the race
     // tests); the replica that made one applies it itself.
     let worker = agent(store, "ns", "w1", 1).await;
     grant(store, t.id, worker.id, T0).await;
+    let mut heard = Vec::new();
     wait_for(&mut events, |e| {
+        heard.push(e.clone());
         *e == StoreEvent::TaskChanged {
             task_id: t.id,
             state: TaskState::Leased,
         }
     })
     .await;
+    assert!(
+        !heard
+            .iter()
+            .any(|e| matches!(e, StoreEvent::TaskQueued { .. })),
+        "the submit's own replica does not hear it queued: {heard:?}"
+    );
     // An expiry re-queues, due at once: announced again.
     store.expire_leases(T0 + 30_000, 10).await.unwrap();
     wait_for(&mut events, |e| {

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use serde_json::json;
 use sqlx::Connection;
-use switchyard_server::model::{EndedLease, GrantOutcome, GrantRequest, StoreEvent, TaskState};
+use switchyard_server::model::{
+    EndedLease, GrantOutcome, GrantRequest, StoreEvent, Submission, TaskState,
+};
 use switchyard_server::store::{PgStore, Store, StoreOptions, TaskStore};
 
 use crate::common::{
@@ -120,19 +122,37 @@ async fn an_event_from_one_replica_reaches_the_other() {
         priority: Some(0),
         rank: Some(T0),
         not_before_ms: Some(T0),
+        submitted: true,
     };
     assert_eq!(
         wait_for(&mut heard_by_other, |e| *e == expected).await,
         expected
     );
-    assert_eq!(
-        wait_for(&mut heard_by_self, |e| *e == expected).await,
-        expected
-    );
+    // A batch's queued tasks are announced in submit order.
+    let batch: Vec<Submission> = (0..3)
+        .map(|_| Submission {
+            task: task("ns", 0, 1),
+            agent_id: None,
+        })
+        .collect();
+    let stored = fx.store.submit_many(&batch, T0).await.unwrap();
+    let ids: Vec<_> = stored.iter().map(|r| r.as_ref().unwrap().0.id).collect();
+    let mut announced = Vec::new();
+    while announced.last() != Some(&ids[2]) {
+        let event = wait_for(&mut heard_by_other, |e| {
+            matches!(e, StoreEvent::TaskQueued { .. })
+        })
+        .await;
+        if let StoreEvent::TaskQueued { task_id, .. } = event {
+            announced.push(task_id);
+        }
+    }
+    assert_eq!(announced, ids);
     let worker = agent(other.as_ref(), "ns", "w1", 1).await;
     let expected = StoreEvent::AgentChanged {
         agent_id: worker.id,
     };
+    let expected_change = expected.clone();
     let mut heard = fx.store.subscribe();
     // Subscribed after the change: nothing replayed, but the next change is heard.
     other
@@ -140,6 +160,20 @@ async fn an_event_from_one_replica_reaches_the_other() {
         .await
         .unwrap();
     assert_eq!(wait_for(&mut heard, |e| *e == expected).await, expected);
+    // The submit's own replica noted it as the submit returned, and does not
+    // hear it again: before the agent's change, nothing about the task.
+    let mut before = Vec::new();
+    wait_for(&mut heard_by_self, |e| {
+        before.push(e.clone());
+        *e == expected_change
+    })
+    .await;
+    assert!(
+        !before
+            .iter()
+            .any(|e| matches!(e, StoreEvent::TaskQueued { task_id, .. } if *task_id == t.id)),
+        "{before:?}"
+    );
 
     // A lease ended by one replica's sweeper frees the slot on the replica
     // the agent is connected to; the sweeping replica is not told again.
@@ -162,7 +196,7 @@ async fn an_event_from_one_replica_reaches_the_other() {
         }),
     };
     assert_eq!(wait_for(&mut heard_by_other, |e| *e == ended).await, ended);
-    let later = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    let later = submit(other.as_ref(), task("ns", 0, 1), T0).await;
     let seen = wait_for(&mut heard_by_self, |e| {
         *e == ended || matches!(e, StoreEvent::TaskQueued { task_id, .. } if *task_id == later.id)
     })

@@ -419,7 +419,7 @@ fn submitted(
             state: TaskState::Leased,
         }
     } else {
-        StoreEvent::queued(&record, record.not_before_ms)
+        StoreEvent::submitted(&record)
     };
     ((record, true, grant), event)
 }

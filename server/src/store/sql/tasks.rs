@@ -160,7 +160,7 @@ pub(crate) async fn submit<DB: SqlDb>(
     let entry = Entry::of(id, "submitted", TaskState::Queued, "submitted");
     history::append(w, entry, now_ms).await?;
     let record = must_fetch::<DB>(w.conn(), id).await?;
-    w.announce(StoreEvent::queued(&record, record.not_before_ms));
+    w.announce(StoreEvent::submitted(&record));
     Ok((record, true))
 }
 
