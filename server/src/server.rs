@@ -270,7 +270,7 @@ impl Prepared {
         if let Some((listener, router)) = console {
             workers.push(tokio::spawn(crate::console::serve(listener, router)));
         }
-        let _ = crate::metrics::handle();
+        workers.push(tokio::spawn(crate::metrics::upkeep()));
         workers.push(tokio::spawn(count_tasks(store.clone())));
         set_health(&health, ServingStatus::Serving).await;
         let move_after = Duration::from_millis(
