@@ -119,6 +119,19 @@ impl QueuedInWalk {
     }
 }
 
+/// What reading the skipped head of the queue again found.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SkippedHead {
+    /// The skip read for.
+    skip: Skip,
+    /// Whether the head up to its end held only parked tasks.
+    parked_head: bool,
+    /// When it was read.
+    read_at_ms: i64,
+    /// How long the reading took.
+    spent_ms: i64,
+}
+
 /// The queue knowledge the dispatcher's lock guards.
 #[derive(Debug, Default)]
 pub(super) struct QueueState {
@@ -329,13 +342,17 @@ impl Dispatcher {
     /// from the head. The next read comes after ten times this one took,
     /// [`SKIP_TTL_MS`] at least, so that it costs a tenth of the time.
     pub(super) async fn recheck_skip(&self) {
+        if let Some(read) = self.read_skipped_head().await {
+            self.apply_skipped_head(read);
+        }
+    }
+
+    /// The reading of [`Dispatcher::recheck_skip`].
+    pub(super) async fn read_skipped_head(&self) -> Option<SkippedHead> {
         let now = self.now_ms();
         let (skip, parked) = {
             let state = self.state();
-            (state.queue.skip, state.queue.parked_keys())
-        };
-        let Some(skip) = skip else {
-            return;
+            (state.queue.skip?, state.queue.parked_keys())
         };
         let started = std::time::Instant::now();
         let read = self
@@ -343,7 +360,6 @@ impl Dispatcher {
             .store
             .queued_tasks(None, now, None, &parked, 1)
             .await;
-        let spent = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
         let parked_head = match &read {
             Ok(tasks) => match (skip.to, tasks.first()) {
                 (_, None) => true,
@@ -355,19 +371,32 @@ impl Dispatcher {
                 false
             }
         };
+        Some(SkippedHead {
+            skip,
+            parked_head,
+            read_at_ms: now,
+            spent_ms: i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
+        })
+    }
+
+    /// Renews or drops the skip as `read` found its head. The rounds may
+    /// have moved its end meanwhile (further, as they lease the tasks past
+    /// it, or back, as tasks are queued ahead of it): it is still the skip
+    /// read for while it dates from the same reading and no parked
+    /// placement was forgotten; a skip made since by a walk from the head
+    /// is newer, and left as it is.
+    pub(super) fn apply_skipped_head(&self, read: SkippedHead) {
         let mut state = self.state();
         let q = &mut state.queue;
-        // Only the skip that was read for: one made since is newer.
         let Some(current) = q.skip.as_mut().filter(|current| {
-            current.to == skip.to
-                && current.parked_epoch == skip.parked_epoch
-                && current.made_at_ms == skip.made_at_ms
+            current.parked_epoch == read.skip.parked_epoch
+                && current.made_at_ms == read.skip.made_at_ms
         }) else {
             return;
         };
-        if parked_head {
-            current.made_at_ms = now;
-            current.ttl_ms = spent.saturating_mul(10).max(SKIP_TTL_MS);
+        if read.parked_head {
+            current.made_at_ms = read.read_at_ms;
+            current.ttl_ms = read.spent_ms.saturating_mul(10).max(SKIP_TTL_MS);
             return;
         }
         q.skip = None;

@@ -436,6 +436,32 @@ async fn a_skip_past_its_time_is_read_again_beside_the_rounds(fx: &Fixture) {
     let skip = fx.dispatcher.state().queue.skip.expect("renewed");
     assert_eq!((skip.to, skip.made_at_ms), (None, fx.now()));
 
+    // A reading under way while the rounds move the skip's end (a task
+    // queued ahead of it, from another replica, moves it back; leasing that
+    // task, on) still renews it.
+    let queued = fx
+        .store
+        .get_task(fx.queue("linux", 0, None).await)
+        .await
+        .unwrap();
+    fx.dispatcher
+        .note_queued_at(queued.priority, queued.queue_rank, queued.id);
+    fx.clock.advance(SKIP_TTL_MS);
+    let rechecking = &fx.dispatcher.shared.rechecking_skip;
+    rechecking.store(true, std::sync::atomic::Ordering::SeqCst);
+    let read = fx.dispatcher.read_skipped_head().await.expect("a skip");
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(linux.grants(), [queued.id]);
+    let done = CompletionOutcome::Succeeded { result: json!({}) };
+    settle(fx, &linux, queued.id, done).await;
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
+    let moved = fx.dispatcher.state().queue.skip.expect("a skip");
+    assert_eq!(moved.to, None);
+    fx.dispatcher.apply_skipped_head(read);
+    let skip = fx.dispatcher.state().queue.skip.expect("renewed");
+    assert_eq!((skip.to, skip.made_at_ms), (None, fx.now()));
+    rechecking.store(false, std::sync::atomic::Ordering::SeqCst);
+
     let sneaked = fx.queue("linux", 10, None).await;
     // Not read again before its time: the round starts past the head.
     assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
