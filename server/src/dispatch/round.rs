@@ -149,7 +149,8 @@ impl Dispatcher {
         };
         let from_head = cursor.is_none();
         let mut skip_read = None;
-        if let (true, Some(skip)) = (from_head, skip)
+        let skip = skip.filter(|_| from_head);
+        if let Some(skip) = skip
             && (skip.signals != signals || skip.parked_epoch != epoch)
         {
             debug!(
@@ -157,11 +158,7 @@ impl Dispatcher {
                 unparked = skip.parked_epoch != epoch,
                 "the parked head of the queue is read again"
             );
-        }
-        if let (true, Some(skip)) = (from_head, skip)
-            && skip.signals == signals
-            && skip.parked_epoch == epoch
-        {
+        } else if let Some(skip) = skip {
             if now - skip.made_at_ms >= skip.ttl_ms {
                 // Read the head again beside this round, not in it.
                 self.spawn_recheck_skip();

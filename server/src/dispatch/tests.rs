@@ -142,6 +142,18 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// Stores a task as another replica's submit does, and tells the
+    /// dispatcher as that replica's store event would (with its place).
+    async fn queued_elsewhere(&self, selector: &str, priority: i32) -> crate::model::TaskRecord {
+        let id = self.queue(selector, priority, None).await;
+        let task = self.store.get_task(id).await.expect("stored");
+        self.dispatcher
+            .note_queued_at(task.priority, task.queue_rank, task.id);
+        task
+    }
+}
+
 /// A connected agent's id and stream.
 struct Agent {
     id: Uuid,
@@ -364,13 +376,7 @@ async fn a_task_queued_during_a_walk_leaves_the_skip_standing_up_to_it(fx: &Fixt
     // store's event): it stands, up to the task.
     fx.dispatcher.note_queued();
     assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
-    let ahead = fx
-        .store
-        .get_task(fx.queue("linux", 10, None).await)
-        .await
-        .unwrap();
-    fx.dispatcher
-        .note_queued_at(ahead.priority, ahead.queue_rank, ahead.id);
+    let ahead = fx.queued_elsewhere("linux", 10).await;
     let next = fx.dispatcher.start_walk().expect("a walk");
     assert_eq!(next.starts_at(), Some(QueueCursor::before(&ahead)));
     assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
@@ -439,13 +445,7 @@ async fn a_skip_past_its_time_is_read_again_beside_the_rounds(fx: &Fixture) {
     // A reading under way while the rounds move the skip's end (a task
     // queued ahead of it, from another replica, moves it back; leasing that
     // task, on) still renews it.
-    let queued = fx
-        .store
-        .get_task(fx.queue("linux", 0, None).await)
-        .await
-        .unwrap();
-    fx.dispatcher
-        .note_queued_at(queued.priority, queued.queue_rank, queued.id);
+    let queued = fx.queued_elsewhere("linux", 0).await;
     fx.clock.advance(SKIP_TTL_MS);
     let rechecking = &fx.dispatcher.shared.rechecking_skip;
     rechecking.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -27,6 +27,28 @@ pub async fn wait_for(
     .expect("event within 10 s")
 }
 
+/// Waits (bounded) for the first event `want` accepts; every event heard
+/// up to it, that one last.
+pub async fn heard_until(
+    events: &mut broadcast::Receiver<StoreEvent>,
+    want: impl Fn(&StoreEvent) -> bool,
+) -> Vec<StoreEvent> {
+    let mut heard = Vec::new();
+    wait_for(events, |e| {
+        heard.push(e.clone());
+        want(e)
+    })
+    .await;
+    heard
+}
+
+/// Whether any of `heard` says a task was queued.
+pub fn any_queued(heard: &[StoreEvent]) -> bool {
+    heard
+        .iter()
+        .any(|e| matches!(e, StoreEvent::TaskQueued { .. }))
+}
+
 async fn subscribers_hear_queued_and_changed_tasks(fx: &mut Fixture) {
     let store = fx.store.as_ref();
     let mut events = store.subscribe();
@@ -76,19 +98,13 @@ async fn subscribers_hear_queued_and_changed_tasks(fx: &mut Fixture) {
     // tests); the replica that made one applies it itself.
     let worker = agent(store, "ns", "w1", 1).await;
     grant(store, t.id, worker.id, T0).await;
-    let mut heard = Vec::new();
-    wait_for(&mut events, |e| {
-        heard.push(e.clone());
-        *e == StoreEvent::TaskChanged {
-            task_id: t.id,
-            state: TaskState::Leased,
-        }
-    })
-    .await;
+    let leased = StoreEvent::TaskChanged {
+        task_id: t.id,
+        state: TaskState::Leased,
+    };
+    let heard = heard_until(&mut events, |e| *e == leased).await;
     assert!(
-        !heard
-            .iter()
-            .any(|e| matches!(e, StoreEvent::TaskQueued { .. })),
+        !any_queued(&heard),
         "the submit's own replica does not hear it queued: {heard:?}"
     );
     // An expiry re-queues, due at once: announced again.

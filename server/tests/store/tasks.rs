@@ -204,18 +204,12 @@ async fn submit_many_answers_each_submit_in_one_commit(fx: &mut Fixture) {
     // took them notes them itself): this store's subscribers hear none of
     // them before the cancel that follows.
     store.cancel_task(plain.id, "test", None, T0).await.unwrap();
-    let mut heard = Vec::new();
-    crate::events::wait_for(&mut events, |e| {
-        heard.push(e.clone());
-        matches!(e, StoreEvent::TaskChanged { task_id, .. } if *task_id == plain.id)
-    })
+    let heard = crate::events::heard_until(
+        &mut events,
+        |e| matches!(e, StoreEvent::TaskChanged { task_id, .. } if *task_id == plain.id),
+    )
     .await;
-    assert!(
-        !heard
-            .iter()
-            .any(|e| matches!(e, StoreEvent::TaskQueued { .. })),
-        "{heard:?}"
-    );
+    assert!(!crate::events::any_queued(&heard), "{heard:?}");
 }
 
 async fn submit_get_and_history(fx: &mut Fixture) {
