@@ -13,8 +13,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::model::{
-    Completion, CompletionResult, LeaseRecord, LeaseReport, ReportApplied, ReportKind, StoreEvent,
-    TaskRecord, TaskState,
+    Completion, CompletionResult, LeaseRecord, LeaseReport, ReportApplied, ReportKind, TaskRecord,
 };
 use crate::store::StoreOptions;
 use crate::store::plan::{CompletionPlan, SettledAttempt, db, plan_completion, plan_whole_attempt};
@@ -234,17 +233,6 @@ async fn locked_tasks(
     Ok(tasks)
 }
 
-/// A settled attempt's events: re-queued (with its due time) and changed.
-fn settled_events(w: &mut Write<Postgres>, task: &TaskRecord, settled: &SettledAttempt) {
-    if settled.task_state == TaskState::Queued {
-        w.announce(StoreEvent::queued(task, settled.not_before_ms));
-    }
-    w.announce(StoreEvent::TaskChanged {
-        task_id: task.id,
-        state: settled.task_state,
-    });
-}
-
 const LOCK_TASKS_TO_COMPLETE: &str = const_format::concatcp!(
     rows::TASK_SELECT,
     "WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t"
@@ -301,7 +289,7 @@ pub(super) async fn complete(
     let settled_tasks = write_completions(w, &settle, now_ms).await?;
     for (i, lease, settled) in &settle {
         let task = &settled_tasks[&lease.task_id];
-        settled_events(w, task, settled);
+        reports::settled_events(w, task, settled);
         results[*i] = Some(Ok(CompletionResult {
             task: task.clone(),
             duplicate: false,
@@ -418,33 +406,6 @@ pub(super) async fn apply_reports(
         .collect())
 }
 
-/// The reports of each task that are exactly accepted, started and a final
-/// report of one lease, in order: candidates for a whole fresh attempt.
-fn whole_attempt_candidates(reports: &[LeaseReport]) -> Vec<[usize; 3]> {
-    let mut by_task: HashMap<Uuid, Vec<usize>> = HashMap::new();
-    for (i, r) in reports.iter().enumerate() {
-        // Output was written already, apart.
-        if !matches!(r.kind, ReportKind::Output(_)) {
-            by_task.entry(r.task_id).or_default().push(i);
-        }
-    }
-    by_task
-        .values()
-        .filter_map(|idx| {
-            let &[a, s, f] = idx.as_slice() else {
-                return None;
-            };
-            let (ra, rs, rf) = (&reports[a], &reports[s], &reports[f]);
-            (ra.kind == ReportKind::Accepted
-                && rs.kind == ReportKind::Started
-                && matches!(rf.kind, ReportKind::Final(_))
-                && ra.same_lease(rs)
-                && ra.same_lease(rf))
-            .then_some([a, s, f])
-        })
-        .collect()
-}
-
 /// The set-based part of [`apply_reports`]: with every task of the batch
 /// locked (`tasks`), applies each *whole fresh attempt* (a task whose only
 /// reports but output are `accepted`, `started` and a final report of the
@@ -461,7 +422,7 @@ async fn whole_attempts(
     now_ms: i64,
     results: &mut [Option<Result<ReportApplied>>],
 ) -> Result<usize> {
-    let candidates = whole_attempt_candidates(reports);
+    let candidates = reports::whole_attempt_candidates(reports);
     if candidates.is_empty() {
         return Ok(0);
     }
@@ -489,7 +450,7 @@ async fn whole_attempts(
     }
     write_whole_attempts(w, &settle, now_ms).await?;
     for (c, _, task, settled) in &settle {
-        settled_events(w, task, settled);
+        reports::settled_events(w, task, settled);
         results[c[0]] = Some(Ok(ReportApplied { ended: false }));
         results[c[1]] = Some(Ok(ReportApplied { ended: false }));
         results[c[2]] = Some(Ok(ReportApplied { ended: true }));

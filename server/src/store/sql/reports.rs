@@ -6,7 +6,10 @@
 //! whole fresh attempt reported at once (accepted, started, perhaps its end,
 //! as a quick task's agent sends them) is applied in one pass.
 
+use std::collections::HashMap;
+
 use serde_json::Value;
+use sqlx::Database;
 use uuid::Uuid;
 
 use super::db::{SqlDb, StatementExt, query};
@@ -424,4 +427,46 @@ pub(crate) async fn apply_rows<DB: Dialect>(
         k += 1;
     }
     Ok(results.into_results("applying lease reports"))
+}
+
+/// A settled attempt's events: re-queued (with its due time) and changed.
+pub(crate) fn settled_events<DB: Database>(
+    w: &mut Write<DB>,
+    task: &TaskRecord,
+    settled: &SettledAttempt,
+) {
+    if settled.task_state == TaskState::Queued {
+        w.announce(StoreEvent::queued(task, settled.not_before_ms));
+    }
+    w.announce(StoreEvent::TaskChanged {
+        task_id: task.id,
+        state: settled.task_state,
+    });
+}
+
+/// The reports of each task that are exactly accepted, started and a final
+/// report of one lease, in order: candidates for a whole fresh attempt.
+pub(crate) fn whole_attempt_candidates(reports: &[LeaseReport]) -> Vec<[usize; 3]> {
+    let mut by_task: HashMap<Uuid, Vec<usize>> = HashMap::new();
+    for (i, r) in reports.iter().enumerate() {
+        // Output was written already, apart.
+        if !matches!(r.kind, ReportKind::Output(_)) {
+            by_task.entry(r.task_id).or_default().push(i);
+        }
+    }
+    by_task
+        .values()
+        .filter_map(|idx| {
+            let &[a, s, f] = idx.as_slice() else {
+                return None;
+            };
+            let (ra, rs, rf) = (&reports[a], &reports[s], &reports[f]);
+            (ra.kind == ReportKind::Accepted
+                && rs.kind == ReportKind::Started
+                && matches!(rf.kind, ReportKind::Final(_))
+                && ra.same_lease(rs)
+                && ra.same_lease(rf))
+            .then_some([a, s, f])
+        })
+        .collect()
 }

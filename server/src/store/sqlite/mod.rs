@@ -1,10 +1,18 @@
 //! The embedded SQLite backend: one file, created if missing, WAL journal
 //! synced at every commit (`synchronous=full`, unless the URL asks for
-//! `normal`), foreign keys on. SQLite allows one writer at a time, so every write
-//! transaction starts with `BEGIN IMMEDIATE` (it takes the write lock up
+//! `normal`), foreign keys on. SQLite allows one writer at a time, so every
+//! write transaction starts with `BEGIN IMMEDIATE` (it takes the write lock up
 //! front and waits for it under `busy_timeout` instead of failing half-way);
-//! events go to this process's subscribers after each commit. Every
-//! transition is the shared row-by-row SQL.
+//! events go to this process's subscribers after each commit.
+//!
+//! Grants and lease reports are set-based (`grant`, `settle`): a batch's
+//! rows travel as one JSON array (`batch`), so a batch costs a handful of
+//! statements instead of several per task, each a round trip to the
+//! connection's thread. Every other transition is the shared row-by-row SQL.
+
+mod batch;
+mod grant;
+mod settle;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -23,7 +31,7 @@ use super::sql::rows::TASK_SELECT;
 use super::sql::tasks::{QUEUE_AFTER, QUEUE_BELOW, QUEUE_ORDER, QUEUE_WHERE};
 use super::sql::{Backend, Dialect, SqlStore, Write};
 use crate::error::{Error, Result};
-use crate::model::StoreEvent;
+use crate::model::{GrantOutcome, GrantRequest, LeaseReport, ReportApplied, StoreEvent};
 
 /// A store on an SQLite file.
 pub type SqliteStore = SqlStore<SqliteBackend>;
@@ -192,6 +200,26 @@ impl Backend for SqliteBackend {
 
     fn subscribe(&self) -> broadcast::Receiver<StoreEvent> {
         self.events.subscribe()
+    }
+
+    async fn grant(
+        &self,
+        w: &mut Write<Sqlite>,
+        requests: &[GrantRequest],
+        options: &StoreOptions,
+        now_ms: i64,
+    ) -> Result<Vec<GrantOutcome>> {
+        grant::grant(w, requests, options.max_running_per_namespace, now_ms).await
+    }
+
+    async fn apply_reports(
+        &self,
+        w: &mut Write<Sqlite>,
+        reports: &[LeaseReport],
+        options: &StoreOptions,
+        now_ms: i64,
+    ) -> Result<Vec<Result<ReportApplied>>> {
+        settle::apply_reports(w, reports, options, now_ms).await
     }
 
     async fn close(&self) {

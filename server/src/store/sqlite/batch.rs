@@ -1,0 +1,74 @@
+//! What SQLite's set-based statements share: a batch's rows travel as one
+//! JSON array (`json_each($1)`, ids as hex text turned back into the 16-byte
+//! blobs the tables hold with `unhex`), so each statement is prepared once
+//! and a whole batch costs one round trip to the connection's thread instead
+//! of one per row; and the history entries of a batch appended in one
+//! statement.
+
+use serde_json::{Value, json};
+use sqlx::Sqlite;
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::model::TaskState;
+use crate::store::plan::db;
+use crate::store::sql::Write;
+
+/// An id as the hex text `unhex` turns back into its blob.
+pub(super) fn hex(id: Uuid) -> String {
+    id.simple().to_string()
+}
+
+/// The ids as one JSON array of [`hex`] texts: `$1` of a statement that
+/// reads `WHERE id IN (SELECT unhex(value) FROM json_each($1))`.
+pub(super) fn ids(ids: impl IntoIterator<Item = Uuid>) -> String {
+    Value::Array(ids.into_iter().map(|id| Value::String(hex(id))).collect()).to_string()
+}
+
+/// Appends each entry (`$1`: a JSON array of [`entry`] objects) to its
+/// task's history, numbered after the task's last entry by the entry's
+/// place `n` among the batch's entries of that task (1, 2, …). SQLite reads
+/// the whole `SELECT` before it inserts, so every entry of a task counts
+/// from the same last entry.
+const APPEND: &str = "INSERT INTO task_events \
+    (task_id, sequence, kind, state, message, agent_id, lease_id, occurred_at_ms) \
+    SELECT unhex(e.value ->> 'task'), \
+    COALESCE((SELECT MAX(h.sequence) FROM task_events h \
+    WHERE h.task_id = unhex(e.value ->> 'task')), 0) + (e.value ->> 'n'), \
+    e.value ->> 'kind', e.value ->> 'state', e.value ->> 'message', \
+    unhex(e.value ->> 'agent'), unhex(e.value ->> 'lease'), $2 FROM json_each($1) e";
+
+/// A history entry of a batch: the `n`th of its task in the batch.
+pub(super) fn entry(
+    task_id: Uuid,
+    n: u32,
+    kind: &str,
+    state: TaskState,
+    message: &str,
+    agent_id: Uuid,
+    lease_id: Uuid,
+) -> Value {
+    json!({
+        "task": hex(task_id),
+        "n": n,
+        "kind": kind,
+        "state": state.as_str(),
+        "message": message,
+        "agent": hex(agent_id),
+        "lease": hex(lease_id),
+    })
+}
+
+/// Appends the entries (see [`APPEND`]); answers how many were appended.
+pub(super) async fn append(w: &mut Write<Sqlite>, entries: Vec<Value>, now_ms: i64) -> Result<u64> {
+    if entries.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query(APPEND)
+        .bind(Value::Array(entries).to_string())
+        .bind(now_ms)
+        .execute(w.conn())
+        .await
+        .map_err(db("appending task events"))?;
+    Ok(done.rows_affected())
+}

@@ -1,0 +1,272 @@
+//! SQLite's lease reports: a batch's output first (`output::apply_rows`),
+//! then every *whole fresh attempt* (`accepted`, `started` and a final
+//! report of a lease just granted, reported together as a quick task's
+//! agent does) read and written in a handful of statements for the whole
+//! batch, as PostgreSQL does in one; the rest of the batch row by row
+//! (`reports::apply_rows`).
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+use sqlx::Sqlite;
+use uuid::Uuid;
+
+use super::batch::{self, hex};
+use crate::error::{Error, Result};
+use crate::model::{LeaseRecord, LeaseReport, ReportApplied, ReportKind, TaskRecord, TaskState};
+use crate::store::StoreOptions;
+use crate::store::plan::{SettledAttempt, db, plan_whole_attempt};
+use crate::store::sql::rows::{self, LEASE_COLUMNS, TASK_SELECT};
+use crate::store::sql::{Write, output, reports};
+
+/// The named tasks (`$1`: JSON array of hex ids).
+const TASKS: &str = const_format::concatcp!(
+    TASK_SELECT,
+    "WHERE t.id IN (SELECT unhex(value) FROM json_each($1))"
+);
+
+/// The named leases (`$1`: JSON array of hex ids).
+const LEASES: &str = const_format::concatcp!(
+    "SELECT ",
+    LEASE_COLUMNS,
+    " FROM leases WHERE id IN (SELECT unhex(value) FROM json_each($1))"
+);
+
+/// The attempts' leases ended, acknowledged, each only if still just
+/// granted (`$1`: JSON array of [`attempt_row`] objects).
+const END_LEASES: &str = "UPDATE leases SET state = c.lease_state, outcome = c.outcome, \
+    acked = TRUE, ended_at_ms = $2 \
+    FROM (SELECT unhex(value ->> 'lease') AS id, value ->> 'lease_state' AS lease_state, \
+    value ->> 'outcome' AS outcome FROM json_each($1)) AS c \
+    WHERE leases.id = c.id AND leases.state = 'granted'";
+
+/// The attempts' refusals recorded (the agent cannot run the task).
+const REFUSE: &str = "INSERT INTO task_refusals (task_id, agent_id, reason, refused_at_ms) \
+    SELECT unhex(value ->> 'task'), unhex(value ->> 'agent'), value ->> 'refusal', $2 \
+    FROM json_each($1) WHERE value ->> 'refusal' IS NOT NULL \
+    ON CONFLICT (task_id, agent_id) \
+    DO UPDATE SET reason = excluded.reason, refused_at_ms = excluded.refused_at_ms";
+
+/// The attempts' tasks settled, as `tasks::settle` settles one.
+const SETTLE_TASKS: &str = "UPDATE tasks SET state = c.task_state, attempts = c.attempts, \
+    releases = c.releases, not_before_ms = c.not_before_ms, \
+    result = COALESCE(c.result, tasks.result), error = COALESCE(c.error, tasks.error), \
+    lease_id = NULL, agent_id = NULL, updated_at_ms = $2 \
+    FROM (SELECT unhex(value ->> 'task') AS id, value ->> 'task_state' AS task_state, \
+    value ->> 'attempts' AS attempts, value ->> 'releases' AS releases, \
+    value ->> 'not_before_ms' AS not_before_ms, value ->> 'result' AS result, \
+    value ->> 'error' AS error FROM json_each($1)) AS c WHERE tasks.id = c.id";
+
+/// A settled attempt as one element of the statements' array; the result
+/// and error as JSON text, stored as the row-by-row path stores them.
+fn attempt_row(lease: &LeaseRecord, s: &SettledAttempt) -> Value {
+    json!({
+        "lease": hex(lease.id),
+        "task": hex(lease.task_id),
+        "agent": hex(lease.agent_id),
+        "lease_state": s.lease_state.as_str(),
+        "outcome": s.ended_by.as_str(),
+        "task_state": s.task_state.as_str(),
+        "attempts": s.attempts,
+        "releases": s.releases,
+        "not_before_ms": s.not_before_ms,
+        "result": s.result.as_ref().map(Value::to_string),
+        "error": s.error.as_ref().map(Value::to_string),
+        "refusal": s.refusal,
+    })
+}
+
+/// `LeaseStore::apply_reports` in `w`: output, then whole fresh attempts
+/// set-based, then the rest row by row; a failed attempt's error takes its
+/// output's tail.
+pub(super) async fn apply_reports(
+    w: &mut Write<Sqlite>,
+    reports: &[LeaseReport],
+    options: &StoreOptions,
+    now_ms: i64,
+) -> Result<Vec<Result<ReportApplied>>> {
+    let mut results: Vec<Option<Result<ReportApplied>>> = reports.iter().map(|_| None).collect();
+    for (i, answer) in output::apply_rows(w, reports, &options.output, now_ms).await? {
+        results[i] = Some(answer);
+    }
+    let reports = output::with_failure_tails::<Sqlite>(w.conn(), reports).await?;
+    whole_attempts(w, &reports, options, now_ms, &mut results).await?;
+    let rest: Vec<usize> = (0..reports.len())
+        .filter(|&i| results[i].is_none())
+        .collect();
+    if !rest.is_empty() {
+        let subset: Vec<LeaseReport> = rest.iter().map(|&i| reports[i].clone()).collect();
+        let applied = reports::apply_rows(w, &subset, options, now_ms).await?;
+        for (i, result) in rest.into_iter().zip(applied) {
+            results[i] = Some(result);
+        }
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or(Err(Error::Corrupt {
+                context: "applying lease reports",
+                detail: "a report was not decided".to_owned(),
+            }))
+        })
+        .collect())
+}
+
+/// Applies each whole fresh attempt of the batch (see
+/// `reports::whole_attempt_candidates`): tasks and leases read in one
+/// statement each, each attempt planned as PostgreSQL plans it
+/// (`plan_whole_attempt`), and the leases, history, refusals and tasks
+/// written in one statement each. Fills those reports' results; every other
+/// report is left `None` for the row-by-row path.
+async fn whole_attempts(
+    w: &mut Write<Sqlite>,
+    reports: &[LeaseReport],
+    options: &StoreOptions,
+    now_ms: i64,
+    results: &mut [Option<Result<ReportApplied>>],
+) -> Result<()> {
+    let candidates = reports::whole_attempt_candidates(reports);
+    if candidates.is_empty() {
+        return Ok(());
+    }
+    let task_ids = candidates.iter().map(|c| reports[c[0]].task_id);
+    let tasks = read(w, TASKS, task_ids, rows::task::<Sqlite>, |t| t.id).await?;
+    let lease_ids = candidates.iter().map(|c| reports[c[0]].lease_id);
+    let leases = read(w, LEASES, lease_ids, rows::lease::<Sqlite>, |l| l.id).await?;
+    let mut settle: Vec<([usize; 3], LeaseRecord, TaskRecord, SettledAttempt)> = Vec::new();
+    for c in candidates {
+        let report = &reports[c[0]];
+        let ReportKind::Final(outcome) = &reports[c[2]].kind else {
+            continue;
+        };
+        let (Some(task), Some(lease)) = (tasks.get(&report.task_id), leases.get(&report.lease_id))
+        else {
+            continue;
+        };
+        let completion = report.completion(outcome);
+        if let Some((running, active, settled)) =
+            plan_whole_attempt(task, lease, &completion, options, now_ms)
+        {
+            settle.push((c, active, running, settled));
+        }
+    }
+    if settle.is_empty() {
+        return Ok(());
+    }
+    write(w, &settle, now_ms).await?;
+    for (c, _, task, settled) in &settle {
+        reports::settled_events(w, task, settled);
+        results[c[0]] = Some(Ok(ReportApplied { ended: false }));
+        results[c[1]] = Some(Ok(ReportApplied { ended: false }));
+        results[c[2]] = Some(Ok(ReportApplied { ended: true }));
+    }
+    Ok(())
+}
+
+/// The rows of `sql` for `ids` (see [`TASKS`]), decoded, by id.
+async fn read<T>(
+    w: &mut Write<Sqlite>,
+    sql: &'static str,
+    ids: impl Iterator<Item = Uuid>,
+    decode: fn(&sqlx::sqlite::SqliteRow) -> Result<T>,
+    id_of: fn(&T) -> Uuid,
+) -> Result<HashMap<Uuid, T>> {
+    let rows = sqlx::query(sql)
+        .bind(batch::ids(ids))
+        .fetch_all(w.conn())
+        .await
+        .map_err(db("reading a report batch's tasks and leases"))?;
+    let mut out = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let record = decode(row)?;
+        out.insert(id_of(&record), record);
+    }
+    Ok(out)
+}
+
+/// Writes the attempts; every one is written, or the transaction is
+/// refused (the rows were read in this transaction, and one writer holds
+/// the database).
+async fn write(
+    w: &mut Write<Sqlite>,
+    settle: &[([usize; 3], LeaseRecord, TaskRecord, SettledAttempt)],
+    now_ms: i64,
+) -> Result<()> {
+    let rows = Value::Array(
+        settle
+            .iter()
+            .map(|(_, l, _, s)| attempt_row(l, s))
+            .collect(),
+    );
+    let rows = rows.to_string();
+    let ended = run(w, END_LEASES, &rows, now_ms, "ending leases").await?;
+    let mut entries = Vec::with_capacity(settle.len() * 3);
+    for (_, lease, _, s) in settle {
+        let (task, agent, id) = (lease.task_id, lease.agent_id, lease.id);
+        let accepted = "the agent acknowledged the lease";
+        entries.push(batch::entry(
+            task,
+            1,
+            "accepted",
+            TaskState::Leased,
+            accepted,
+            agent,
+            id,
+        ));
+        let started = "the agent started the task";
+        entries.push(batch::entry(
+            task,
+            2,
+            "started",
+            TaskState::Running,
+            started,
+            agent,
+            id,
+        ));
+        entries.push(batch::entry(
+            task,
+            3,
+            s.event_kind,
+            s.task_state,
+            &s.message,
+            agent,
+            id,
+        ));
+    }
+    batch::append(w, entries, now_ms).await?;
+    if settle.iter().any(|(_, _, _, s)| s.refusal.is_some()) {
+        run(w, REFUSE, &rows, now_ms, "recording refusals").await?;
+    }
+    let settled = run(w, SETTLE_TASKS, &rows, now_ms, "settling tasks").await?;
+    if [ended, settled]
+        .iter()
+        .any(|&n| usize::try_from(n).ok() != Some(settle.len()))
+    {
+        return Err(Error::Corrupt {
+            context: "applying whole attempts",
+            detail: format!(
+                "{ended} leases ended and {settled} tasks settled of {} attempts",
+                settle.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Runs one of the statements above on the batch's rows; answers how many
+/// rows it changed.
+async fn run(
+    w: &mut Write<Sqlite>,
+    sql: &'static str,
+    rows: &str,
+    now_ms: i64,
+    context: &'static str,
+) -> Result<u64> {
+    let done = sqlx::query(sql)
+        .bind(rows)
+        .bind(now_ms)
+        .execute(w.conn())
+        .await
+        .map_err(db(context))?;
+    Ok(done.rows_affected())
+}
