@@ -112,9 +112,35 @@ pub(crate) async fn submit<DB: SqlDb>(
     task: &NewTask,
     now_ms: i64,
 ) -> Result<(TaskRecord, bool)> {
+    let id = match insert(w, task, now_ms).await? {
+        Inserted::Existing(existing) => return Ok((existing, false)),
+        Inserted::New(id) => id,
+    };
+    let entry = Entry::of(id, "submitted", TaskState::Queued, "submitted");
+    history::append(w, entry, now_ms).await?;
+    let record = must_fetch::<DB>(w.conn(), id).await?;
+    w.announce(StoreEvent::submitted(&record));
+    Ok((record, true))
+}
+
+/// What [`insert`] did with a new task.
+pub(crate) enum Inserted {
+    /// A task with its idempotency key was there already.
+    Existing(TaskRecord),
+    /// The task was inserted with this id; its history and event are the
+    /// caller's ([`submit`]).
+    New(Uuid),
+}
+
+/// Inserts a new task's row, or finds the task its idempotency key names.
+pub(crate) async fn insert<DB: SqlDb>(
+    w: &mut Write<DB>,
+    task: &NewTask,
+    now_ms: i64,
+) -> Result<Inserted> {
     check_new(task)?;
     if let Some(existing) = by_key::<DB>(w.conn(), task).await? {
-        return Ok((existing, false));
+        return Ok(Inserted::Existing(existing));
     }
     let id = Uuid::now_v7();
     let retry = task.retry.as_ref().map(rows::retry_text);
@@ -154,14 +180,10 @@ pub(crate) async fn submit<DB: SqlDb>(
     if inserted == 0 {
         // Another submit with the same key won the race.
         if let Some(existing) = by_key::<DB>(w.conn(), task).await? {
-            return Ok((existing, false));
+            return Ok(Inserted::Existing(existing));
         }
     }
-    let entry = Entry::of(id, "submitted", TaskState::Queued, "submitted");
-    history::append(w, entry, now_ms).await?;
-    let record = must_fetch::<DB>(w.conn(), id).await?;
-    w.announce(StoreEvent::submitted(&record));
-    Ok((record, true))
+    Ok(Inserted::New(id))
 }
 
 /// A batch of submits in `w`, row by row: a refused task is answered on

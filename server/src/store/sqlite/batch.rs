@@ -2,17 +2,27 @@
 //! JSON array (`json_each($1)`, ids as hex text turned back into the 16-byte
 //! blobs the tables hold with `unhex`), so each statement is prepared once
 //! and a whole batch costs one round trip to the connection's thread instead
-//! of one per row; and the history entries of a batch appended in one
-//! statement.
+//! of one per row; records read by id in one statement; and the history
+//! entries of a batch appended in one statement.
+
+use std::collections::HashMap;
 
 use serde_json::{Value, json};
 use sqlx::Sqlite;
+use sqlx::sqlite::SqliteRow;
 use uuid::Uuid;
 
 use crate::error::Result;
-use crate::model::TaskState;
+use crate::model::{TaskRecord, TaskState};
 use crate::store::plan::db;
 use crate::store::sql::Write;
+use crate::store::sql::rows::{self, TASK_SELECT};
+
+/// The named tasks (`$1`: JSON array of hex ids).
+const TASKS: &str = const_format::concatcp!(
+    TASK_SELECT,
+    "WHERE t.id IN (SELECT unhex(value) FROM json_each($1))"
+);
 
 /// An id as the hex text `unhex` turns back into its blob.
 pub(super) fn hex(id: Uuid) -> String {
@@ -38,15 +48,15 @@ const APPEND: &str = "INSERT INTO task_events \
     e.value ->> 'kind', e.value ->> 'state', e.value ->> 'message', \
     unhex(e.value ->> 'agent'), unhex(e.value ->> 'lease'), $2 FROM json_each($1) e";
 
-/// A history entry of a batch: the `n`th of its task in the batch.
+/// A history entry of a batch: the `n`th of its task in the batch, `by`
+/// the agent and lease involved, if any.
 pub(super) fn entry(
     task_id: Uuid,
     n: u32,
     kind: &str,
     state: TaskState,
     message: &str,
-    agent_id: Uuid,
-    lease_id: Uuid,
+    by: Option<(Uuid, Uuid)>,
 ) -> Value {
     json!({
         "task": hex(task_id),
@@ -54,8 +64,8 @@ pub(super) fn entry(
         "kind": kind,
         "state": state.as_str(),
         "message": message,
-        "agent": hex(agent_id),
-        "lease": hex(lease_id),
+        "agent": by.map(|(agent, _)| hex(agent)),
+        "lease": by.map(|(_, lease)| hex(lease)),
     })
 }
 
@@ -71,4 +81,34 @@ pub(super) async fn append(w: &mut Write<Sqlite>, entries: Vec<Value>, now_ms: i
         .await
         .map_err(db("appending task events"))?;
     Ok(done.rows_affected())
+}
+
+/// The rows of `sql` (a statement reading `$1`, a JSON array of hex ids)
+/// for `ids`, decoded, by id.
+pub(super) async fn read<T>(
+    w: &mut Write<Sqlite>,
+    sql: &'static str,
+    ids: impl IntoIterator<Item = Uuid>,
+    decode: fn(&SqliteRow) -> Result<T>,
+    id_of: fn(&T) -> Uuid,
+) -> Result<HashMap<Uuid, T>> {
+    let rows = sqlx::query(sql)
+        .bind(self::ids(ids))
+        .fetch_all(w.conn())
+        .await
+        .map_err(db("reading a batch's rows"))?;
+    let mut out = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let record = decode(row)?;
+        out.insert(id_of(&record), record);
+    }
+    Ok(out)
+}
+
+/// The named tasks, by id.
+pub(super) async fn tasks(
+    w: &mut Write<Sqlite>,
+    ids: impl IntoIterator<Item = Uuid>,
+) -> Result<HashMap<Uuid, TaskRecord>> {
+    read(w, TASKS, ids, rows::task::<Sqlite>, |t| t.id).await
 }

@@ -157,7 +157,12 @@ async fn write(w: &mut Write<Sqlite>, granted: &[&PlannedGrant], now_ms: i64) ->
             );
             let state = TaskState::Leased;
             batch::entry(
-                g.task_id, 1, "leased", state, &message, g.agent_id, g.lease_id,
+                g.task_id,
+                1,
+                "leased",
+                state,
+                &message,
+                Some((g.agent_id, g.lease_id)),
             )
         })
         .collect();

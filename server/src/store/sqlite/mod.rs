@@ -5,14 +5,16 @@
 //! front and waits for it under `busy_timeout` instead of failing half-way);
 //! events go to this process's subscribers after each commit.
 //!
-//! Grants and lease reports are set-based (`grant`, `settle`): a batch's
-//! rows travel as one JSON array (`batch`), so a batch costs a handful of
-//! statements instead of several per task, each a round trip to the
-//! connection's thread. Every other transition is the shared row-by-row SQL.
+//! Grants, whole fresh attempts and the history and reads of submits are
+//! set-based (`grant`, `settle`, `submit`): a batch's rows travel as one
+//! JSON array (`batch`), so a batch costs a handful of statements instead of
+//! several per task, each a round trip to the connection's thread. Every
+//! other transition is the shared row-by-row SQL.
 
 mod batch;
 mod grant;
 mod settle;
+mod submit;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -31,7 +33,9 @@ use super::sql::rows::TASK_SELECT;
 use super::sql::tasks::{QUEUE_AFTER, QUEUE_BELOW, QUEUE_ORDER, QUEUE_WHERE};
 use super::sql::{Backend, Dialect, SqlStore, Write};
 use crate::error::{Error, Result};
-use crate::model::{GrantOutcome, GrantRequest, LeaseReport, ReportApplied, StoreEvent};
+use crate::model::{
+    GrantOutcome, GrantRequest, LeaseReport, ReportApplied, StoreEvent, Submission, Submitted,
+};
 
 /// A store on an SQLite file.
 pub type SqliteStore = SqlStore<SqliteBackend>;
@@ -200,6 +204,18 @@ impl Backend for SqliteBackend {
 
     fn subscribe(&self) -> broadcast::Receiver<StoreEvent> {
         self.events.subscribe()
+    }
+
+    async fn submit_many(
+        &self,
+        submissions: &[Submission],
+        options: &StoreOptions,
+        now_ms: i64,
+    ) -> Result<Vec<Result<Submitted>>> {
+        let mut w = self.begin().await?;
+        let out = submit::submit_many(&mut w, submissions, options, now_ms).await?;
+        self.commit(w).await?;
+        Ok(out)
     }
 
     async fn grant(

@@ -5,25 +5,16 @@
 //! batch, as PostgreSQL does in one; the rest of the batch row by row
 //! (`reports::apply_rows`).
 
-use std::collections::HashMap;
-
 use serde_json::{Value, json};
 use sqlx::Sqlite;
-use uuid::Uuid;
 
 use super::batch::{self, hex};
 use crate::error::{Error, Result};
 use crate::model::{LeaseRecord, LeaseReport, ReportApplied, ReportKind, TaskRecord, TaskState};
 use crate::store::StoreOptions;
 use crate::store::plan::{SettledAttempt, db, plan_whole_attempt};
-use crate::store::sql::rows::{self, LEASE_COLUMNS, TASK_SELECT};
+use crate::store::sql::rows::{self, LEASE_COLUMNS};
 use crate::store::sql::{Write, output, reports};
-
-/// The named tasks (`$1`: JSON array of hex ids).
-const TASKS: &str = const_format::concatcp!(
-    TASK_SELECT,
-    "WHERE t.id IN (SELECT unhex(value) FROM json_each($1))"
-);
 
 /// The named leases (`$1`: JSON array of hex ids).
 const LEASES: &str = const_format::concatcp!(
@@ -130,9 +121,9 @@ async fn whole_attempts(
         return Ok(());
     }
     let task_ids = candidates.iter().map(|c| reports[c[0]].task_id);
-    let tasks = read(w, TASKS, task_ids, rows::task::<Sqlite>, |t| t.id).await?;
+    let tasks = batch::tasks(w, task_ids).await?;
     let lease_ids = candidates.iter().map(|c| reports[c[0]].lease_id);
-    let leases = read(w, LEASES, lease_ids, rows::lease::<Sqlite>, |l| l.id).await?;
+    let leases = batch::read(w, LEASES, lease_ids, rows::lease::<Sqlite>, |l| l.id).await?;
     let mut settle: Vec<([usize; 3], LeaseRecord, TaskRecord, SettledAttempt)> = Vec::new();
     for c in candidates {
         let report = &reports[c[0]];
@@ -163,27 +154,6 @@ async fn whole_attempts(
     Ok(())
 }
 
-/// The rows of `sql` for `ids` (see [`TASKS`]), decoded, by id.
-async fn read<T>(
-    w: &mut Write<Sqlite>,
-    sql: &'static str,
-    ids: impl Iterator<Item = Uuid>,
-    decode: fn(&sqlx::sqlite::SqliteRow) -> Result<T>,
-    id_of: fn(&T) -> Uuid,
-) -> Result<HashMap<Uuid, T>> {
-    let rows = sqlx::query(sql)
-        .bind(batch::ids(ids))
-        .fetch_all(w.conn())
-        .await
-        .map_err(db("reading a report batch's tasks and leases"))?;
-    let mut out = HashMap::with_capacity(rows.len());
-    for row in &rows {
-        let record = decode(row)?;
-        out.insert(id_of(&record), record);
-    }
-    Ok(out)
-}
-
 /// Writes the attempts; every one is written, or the transaction is
 /// refused (the rows were read in this transaction, and one writer holds
 /// the database).
@@ -202,7 +172,7 @@ async fn write(
     let ended = run(w, END_LEASES, &rows, now_ms, "ending leases").await?;
     let mut entries = Vec::with_capacity(settle.len() * 3);
     for (_, lease, _, s) in settle {
-        let (task, agent, id) = (lease.task_id, lease.agent_id, lease.id);
+        let (task, by) = (lease.task_id, Some((lease.agent_id, lease.id)));
         let accepted = "the agent acknowledged the lease";
         entries.push(batch::entry(
             task,
@@ -210,8 +180,7 @@ async fn write(
             "accepted",
             TaskState::Leased,
             accepted,
-            agent,
-            id,
+            by,
         ));
         let started = "the agent started the task";
         entries.push(batch::entry(
@@ -220,8 +189,7 @@ async fn write(
             "started",
             TaskState::Running,
             started,
-            agent,
-            id,
+            by,
         ));
         entries.push(batch::entry(
             task,
@@ -229,8 +197,7 @@ async fn write(
             s.event_kind,
             s.task_state,
             &s.message,
-            agent,
-            id,
+            by,
         ));
     }
     batch::append(w, entries, now_ms).await?;
