@@ -4,7 +4,9 @@
 //! batch's output goes first (`output`), and a failed attempt's error takes
 //! the tail of its output. A
 //! whole fresh attempt reported at once (accepted, started, perhaps its end,
-//! as a quick task's agent sends them) is applied in one pass.
+//! as a quick task's agent sends them) is applied in one pass. Also what the
+//! backends' set-based paths share: which reports of a batch are whole fresh
+//! attempts, and the events of a settled attempt.
 
 use std::collections::HashMap;
 
