@@ -4,8 +4,8 @@
 use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::model::{
-    Completion, CompletionOutcome, GrantOutcome, GrantRefusal, Page, ParkedPlacement, QueueCursor,
-    StoreEvent, Submission, TaskFilter, TaskState,
+    Completion, CompletionOutcome, Deadlines, GrantOutcome, GrantRefusal, Page, ParkedPlacement,
+    QueueCursor, RetryPolicy, StoreEvent, Submission, TaskFilter, TaskRecord, TaskState,
 };
 use uuid::Uuid;
 
@@ -13,6 +13,7 @@ use crate::common::{Fixture, T0, TestStore, agent, grant, submit, submit_tasks, 
 
 crate::both_backends!(
     submit_get_and_history,
+    a_task_reads_back_the_same_whichever_way_it_was_inserted,
     idempotent_submit,
     priority_then_fifo_and_not_before,
     the_queue_walk_leaves_out_parked_placements,
@@ -251,6 +252,57 @@ async fn submit_get_and_history(fx: &mut Fixture) {
         matches!(missing, Error::NotFound { what: "task", .. }),
         "{missing:?}"
     );
+}
+
+/// SQLite inserts a batch's tasks without an idempotency key in one
+/// statement and the others one by one: every field reads back the same
+/// either way (and on PostgreSQL, which inserts both alike).
+async fn a_task_reads_back_the_same_whichever_way_it_was_inserted(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let mut full = task("ns", 7, 3);
+    full.payload = json!({"cmd": "echo \"é\" \\", "n": 9_007_199_254_740_993_u64, "f": 0.5, "nested": [null, true]});
+    full.placement = json!({"required_tags": ["gpu"], "prefer": {"zone": "b"}});
+    full.retry = Some(RetryPolicy {
+        initial_backoff_ms: 250,
+        max_backoff_ms: 8_000,
+        multiplier: 1.5,
+        jitter: 0.25,
+    });
+    full.deadlines = Deadlines {
+        start_timeout_ms: Some(60_000),
+        execution_timeout_ms: Some(120_000),
+        cancel_grace_ms: Some(5_000),
+    };
+    full.concurrency_key = Some("db-migrations".to_owned());
+    full.lease_ttl_ms = 12_345;
+    full.not_before_ms = Some(T0 + 1_000);
+    full.labels
+        .insert("quote".to_owned(), "it's \"here\"".to_owned());
+    let mut keyed = full.clone();
+    keyed.idempotency_key = Some("one".to_owned());
+    let batch = [full, keyed].map(|task| Submission {
+        task,
+        agent_id: None,
+    });
+    let results = store.submit_many(&batch, T0).await.unwrap();
+    let [Ok((plain, true, None)), Ok((by_key, true, None))] = results.as_slice() else {
+        panic!("{results:?}");
+    };
+    for record in [plain, by_key] {
+        assert_eq!(&store.get_task(record.id).await.unwrap(), record);
+        let events = store.task_events(record.id, 0, 10).await.unwrap();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].kind, "submitted");
+    }
+    assert_eq!(plain.payload, batch[0].task.payload);
+    assert_eq!(plain.placement, batch[0].task.placement);
+    assert_eq!(plain.labels, batch[0].task.labels);
+    let same = TaskRecord {
+        id: plain.id,
+        idempotency_key: None,
+        ..by_key.clone()
+    };
+    assert_eq!(plain, &same);
 }
 
 async fn idempotent_submit(fx: &mut Fixture) {

@@ -1,22 +1,70 @@
-//! SQLite's submits: each task's row inserted as the shared SQL inserts it
-//! (`tasks::insert`: idempotency key, fair rank), then the new tasks'
-//! history entries appended and their records read in one statement each,
-//! and the tasks with an agent reserved on the way in leased in one
-//! set-based grant (`grant`), as `tasks::submit_rows` does row by row.
+//! SQLite's submits: the tasks with neither an idempotency key nor a
+//! fairness key inserted in one statement, the others one by one as the
+//! shared SQL inserts them (`tasks::insert`: the key's lookup, the fair
+//! rank); then the new tasks' history entries appended and their records
+//! read in one statement each, and the tasks with an agent reserved on the
+//! way in leased in one set-based grant (`grant`), as `tasks::submit_rows`
+//! does row by row.
 
 use std::collections::{HashMap, HashSet};
 
+use serde_json::{Value, json};
 use sqlx::Sqlite;
 use uuid::Uuid;
 
 use super::{batch, grant};
 use crate::error::{Error, Result};
 use crate::model::{
-    GrantOutcome, GrantRequest, StoreEvent, Submission, Submitted, TaskRecord, TaskState,
+    GrantOutcome, GrantRequest, NewTask, StoreEvent, Submission, Submitted, TaskRecord, TaskState,
 };
 use crate::store::StoreOptions;
-use crate::store::sql::Write;
+use crate::store::plan::db;
 use crate::store::sql::tasks::{self, Inserted};
+use crate::store::sql::{Write, rows};
+
+/// New tasks inserted from `$1`, a JSON array of [`plain_row`] objects,
+/// created at `$2`, as `tasks::insert` inserts a task without an
+/// idempotency key or a fairness key.
+const INSERT_PLAIN: &str = "INSERT INTO tasks (id, namespace, kind, payload, placement, priority, \
+    state, attempts, max_attempts, lease_ttl_ms, idempotency_key, not_before_ms, \
+    fencing_token, cancel_requested, labels, retry, start_timeout_ms, execution_timeout_ms, \
+    cancel_grace_ms, fairness_key, fairness_weight, fair_offset, concurrency_key, created_at_ms, \
+    updated_at_ms) \
+    SELECT unhex(value ->> 'id'), value ->> 'namespace', value ->> 'kind', value ->> 'payload', \
+    value ->> 'placement', value ->> 'priority', 'queued', 0, value ->> 'max_attempts', \
+    value ->> 'lease_ttl_ms', NULL, value ->> 'not_before_ms', 0, FALSE, value ->> 'labels', \
+    value ->> 'retry', value ->> 'start_timeout_ms', value ->> 'execution_timeout_ms', \
+    value ->> 'cancel_grace_ms', NULL, NULL, 0, value ->> 'concurrency_key', $2, $2 \
+    FROM json_each($1)";
+
+/// Whether `task` goes into [`INSERT_PLAIN`]: an idempotency key needs its
+/// lookup and conflict, a fairness key the rank read from the tasks before
+/// it.
+fn plain(task: &NewTask) -> bool {
+    task.idempotency_key.is_none() && task.fairness.is_none()
+}
+
+/// A plain task as one element of [`INSERT_PLAIN`]'s array; its documents
+/// as the JSON text the shared insert binds.
+fn plain_row(id: Uuid, task: &NewTask, now_ms: i64) -> Value {
+    json!({
+        "id": batch::hex(id),
+        "namespace": task.namespace,
+        "kind": task.kind,
+        "payload": task.payload.to_string(),
+        "placement": task.placement.to_string(),
+        "priority": task.priority,
+        "max_attempts": task.max_attempts,
+        "lease_ttl_ms": task.lease_ttl_ms,
+        "not_before_ms": task.not_before_ms.unwrap_or(now_ms),
+        "labels": serde_json::to_string(&task.labels).unwrap_or_default(),
+        "retry": task.retry.as_ref().map(rows::retry_text),
+        "start_timeout_ms": task.deadlines.start_timeout_ms,
+        "execution_timeout_ms": task.deadlines.execution_timeout_ms,
+        "cancel_grace_ms": task.deadlines.cancel_grace_ms,
+        "concurrency_key": task.concurrency_key,
+    })
+}
 
 /// What became of one submission before its record is read.
 enum Slot {
@@ -37,15 +85,30 @@ pub(super) async fn submit_many(
     now_ms: i64,
 ) -> Result<Vec<Result<Submitted>>> {
     let mut slots = Vec::with_capacity(submissions.len());
+    let mut plain_rows = Vec::new();
     for submission in submissions {
         if let Err(err) = tasks::check_new(&submission.task) {
             slots.push(Slot::Refused(err));
+            continue;
+        }
+        if plain(&submission.task) {
+            let id = Uuid::now_v7();
+            plain_rows.push(plain_row(id, &submission.task, now_ms));
+            slots.push(Slot::New(id));
             continue;
         }
         slots.push(match tasks::insert(w, &submission.task, now_ms).await? {
             Inserted::Existing(task) => Slot::Existing(task),
             Inserted::New(id) => Slot::New(id),
         });
+    }
+    if !plain_rows.is_empty() {
+        sqlx::query(INSERT_PLAIN)
+            .bind(Value::Array(plain_rows).to_string())
+            .bind(now_ms)
+            .execute(w.conn())
+            .await
+            .map_err(db("inserting tasks"))?;
     }
     let created: Vec<Uuid> = slots
         .iter()
