@@ -5,11 +5,12 @@
 //! front and waits for it under `busy_timeout` instead of failing half-way);
 //! events go to this process's subscribers after each commit.
 //!
-//! Grants, whole fresh attempts and the history and reads of submits are
-//! set-based (`grant`, `settle`, `submit`): a batch's rows travel as one
-//! JSON array (`batch`), so a batch costs a handful of statements instead of
-//! several per task, each a round trip to the connection's thread. Every
-//! other transition is the shared row-by-row SQL.
+//! Grants, whole fresh attempts and submits (but the inserts of tasks with
+//! an idempotency or fairness key) are set-based (`grant`, `settle`,
+//! `submit`): a batch's rows travel as one JSON array (`batch`), so a batch
+//! costs a handful of statements instead of several per task, each a round
+//! trip to the connection's thread. Every other transition is the shared
+//! row-by-row SQL.
 
 mod batch;
 mod grant;
