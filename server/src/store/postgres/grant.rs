@@ -182,18 +182,8 @@ pub(super) async fn grant(
     }
     // Keyed tasks granted move their fair clocks on (the rows locked last,
     // in key order).
-    let keyed: Vec<_> = plan
-        .iter()
-        .filter_map(|p| p.as_ref().ok())
-        .filter_map(|g| {
-            let t = tasks.get(&g.task_id)?;
-            t.fair_rank
-                .map(|rank| (t.namespace.clone(), t.priority, rank))
-        })
-        .collect();
-    if !keyed.is_empty() {
-        crate::store::sql::fair::advance_fair_clock::<Postgres>(w.conn(), keyed).await?;
-    }
+    let granted = plan.iter().filter_map(|p| Some(p.as_ref().ok()?.task_id));
+    crate::store::sql::fair::advance_fair_clock::<Postgres>(w.conn(), granted, &tasks).await?;
     Ok(plan
         .into_iter()
         .map(|planned| match planned {

@@ -13,12 +13,13 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::model::{
-    Completion, CompletionResult, LeaseRecord, LeaseReport, ReportApplied, ReportKind, TaskRecord,
+    Completion, CompletionResult, LeaseRecord, LeaseReport, ReportApplied, TaskRecord,
 };
 use crate::store::StoreOptions;
-use crate::store::plan::{CompletionPlan, SettledAttempt, db, plan_completion, plan_whole_attempt};
+use crate::store::plan::{CompletionPlan, SettledAttempt, db, plan_completion};
+use crate::store::sql::reports::{self, WholeAttempt};
 use crate::store::sql::rows::{self, LEASE_COLUMNS};
-use crate::store::sql::{Write, output, reports};
+use crate::store::sql::{Write, output};
 
 /// Every named lease (`$1`: lease ids).
 pub(super) const LEASES_WITH_OUTCOME: &str =
@@ -384,26 +385,8 @@ pub(super) async fn apply_reports(
     }
     let reports = output::with_failure_tails::<Postgres>(w.conn(), reports).await?;
     let whole = whole_attempts(w, &reports, &tasks, options, now_ms, &mut results).await?;
-    let rest: Vec<usize> = (0..reports.len())
-        .filter(|&i| results[i].is_none())
-        .collect();
-    if !rest.is_empty() {
-        let subset: Vec<LeaseReport> = rest.iter().map(|&i| reports[i].clone()).collect();
-        let applied = reports::apply_rows(w, &subset, options, now_ms).await?;
-        for (i, result) in rest.into_iter().zip(applied) {
-            results[i] = Some(result);
-        }
-    }
     tracing::trace!(reports = reports.len(), whole, "lease reports applied");
-    Ok(results
-        .into_iter()
-        .map(|r| {
-            r.unwrap_or(Err(Error::Corrupt {
-                context: "applying lease reports",
-                detail: "a report was not decided".to_owned(),
-            }))
-        })
-        .collect())
+    reports::apply_rest(w, &reports, results, options, now_ms).await
 }
 
 /// The set-based part of [`apply_reports`]: with every task of the batch
@@ -428,33 +411,12 @@ async fn whole_attempts(
     }
     let lease_ids: Vec<Uuid> = candidates.iter().map(|c| reports[c[0]].lease_id).collect();
     let leases = leases_by_id(w, &lease_ids, "reading leases to apply reports").await?;
-    let mut settle: Vec<([usize; 3], LeaseRecord, TaskRecord, SettledAttempt)> = Vec::new();
-    for c in candidates {
-        let report = &reports[c[0]];
-        let ReportKind::Final(outcome) = &reports[c[2]].kind else {
-            continue;
-        };
-        let (Some(task), Some(lease)) = (tasks.get(&report.task_id), leases.get(&report.lease_id))
-        else {
-            continue;
-        };
-        let completion = report.completion(outcome);
-        if let Some((running, active, settled)) =
-            plan_whole_attempt(task, lease, &completion, options, now_ms)
-        {
-            settle.push((c, active, running, settled));
-        }
-    }
+    let settle = reports::plan_whole_attempts(reports, candidates, tasks, &leases, options, now_ms);
     if settle.is_empty() {
         return Ok(0);
     }
     write_whole_attempts(w, &settle, now_ms).await?;
-    for (c, _, task, settled) in &settle {
-        reports::settled_events(w, task, settled);
-        results[c[0]] = Some(Ok(ReportApplied { ended: false }));
-        results[c[1]] = Some(Ok(ReportApplied { ended: false }));
-        results[c[2]] = Some(Ok(ReportApplied { ended: true }));
-    }
+    reports::whole_attempts_written(w, &settle, results);
     Ok(settle.len())
 }
 
@@ -462,7 +424,7 @@ async fn whole_attempts(
 /// refused.
 async fn write_whole_attempts(
     w: &mut Write<Postgres>,
-    settle: &[([usize; 3], LeaseRecord, TaskRecord, SettledAttempt)],
+    settle: &[WholeAttempt],
     now_ms: i64,
 ) -> Result<()> {
     let columns = SettledColumns::new(settle.iter().map(|(_, l, _, s)| (l, s)));

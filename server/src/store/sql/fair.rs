@@ -4,10 +4,14 @@
 //! indexes of keyed waiting tasks only; and the fair clock moved on by the
 //! grants of keyed tasks.
 
+use std::collections::{BTreeMap, HashMap};
+
+use uuid::Uuid;
+
 use super::db::{Cols, SqlDb, StatementExt, query};
 use crate::error::Result;
 use crate::model::NewTask;
-use crate::store::plan::db;
+use crate::store::plan::{GrantableTask, db};
 
 /// The rank of a key's last waiting task, of the first waiting keyed task
 /// of the namespace and priority (through the partial indexes of keyed
@@ -64,17 +68,23 @@ const ADVANCE_FAIR_CLOCK: &str = "INSERT INTO fair_clock (namespace, priority, r
     VALUES ($1, $2, $3) ON CONFLICT (namespace, priority) DO UPDATE SET rank = \
     CASE WHEN excluded.rank > fair_clock.rank THEN excluded.rank ELSE fair_clock.rank END";
 
-/// Moves the fair clocks forward to the ranks of keyed tasks just granted
-/// (namespace, priority, rank; one statement per namespace and priority,
-/// in order).
+/// Moves the fair clocks forward to the ranks of the keyed tasks among
+/// those just granted (`tasks`: the batch's tasks as read to grant them;
+/// one statement per namespace and priority, in order; none if no task
+/// granted has a fairness key).
 pub(crate) async fn advance_fair_clock<DB: SqlDb>(
     conn: &mut DB::Connection,
-    granted: impl IntoIterator<Item = (String, i32, i64)>,
+    granted: impl IntoIterator<Item = Uuid>,
+    tasks: &HashMap<Uuid, GrantableTask>,
 ) -> Result<()> {
-    let mut latest: std::collections::BTreeMap<(String, i32), i64> = Default::default();
-    for (namespace, priority, rank) in granted {
-        let at = latest.entry((namespace, priority)).or_insert(rank);
-        *at = (*at).max(rank);
+    let mut latest: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    for task in granted.into_iter().filter_map(|id| tasks.get(&id)) {
+        if let Some(rank) = task.fair_rank {
+            let at = latest
+                .entry((task.namespace.clone(), task.priority))
+                .or_insert(rank);
+            *at = (*at).max(rank);
+        }
     }
     for ((namespace, priority), rank) in latest {
         query::<DB>(ADVANCE_FAIR_CLOCK)

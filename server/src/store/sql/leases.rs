@@ -240,17 +240,11 @@ pub(crate) async fn grant_rows<DB: Dialect>(
         });
         outcomes.push(GrantOutcome::Granted(grant.lease(now_ms)));
     }
-    let keyed = outcomes.iter().filter_map(|o| match o {
-        GrantOutcome::Granted(lease) => grantable.get(&lease.task_id).and_then(|t| {
-            t.fair_rank
-                .map(|rank| (t.namespace.clone(), t.priority, rank))
-        }),
+    let granted = outcomes.iter().filter_map(|o| match o {
+        GrantOutcome::Granted(lease) => Some(lease.task_id),
         GrantOutcome::Refused(_) => None,
     });
-    let keyed: Vec<_> = keyed.collect();
-    if !keyed.is_empty() {
-        fair::advance_fair_clock::<DB>(w.conn(), keyed).await?;
-    }
+    fair::advance_fair_clock::<DB>(w.conn(), granted, &grantable).await?;
     Ok(outcomes)
 }
 

@@ -6,7 +6,8 @@
 //! whole fresh attempt reported at once (accepted, started, perhaps its end,
 //! as a quick task's agent sends them) is applied in one pass. Also what the
 //! backends' set-based paths share: which reports of a batch are whole fresh
-//! attempts, and the events of a settled attempt.
+//! attempts, how each is planned, and what follows once they are written
+//! (their events, the rest of the batch row by row).
 
 use std::collections::HashMap;
 
@@ -25,7 +26,7 @@ use crate::model::{
 };
 use crate::store::StoreOptions;
 use crate::store::plan::{
-    CompletionPlan, SettledAttempt, check_holder, db, plan_completion, started,
+    CompletionPlan, SettledAttempt, check_holder, db, plan_completion, plan_whole_attempt, started,
 };
 
 /// The task locked and the named lease read, checked to come from the
@@ -471,4 +472,84 @@ pub(crate) fn whole_attempt_candidates(reports: &[LeaseReport]) -> Vec<[usize; 3
             .then_some([a, s, f])
         })
         .collect()
+}
+
+/// A whole fresh attempt to write: its three reports' places in the batch
+/// (accepted, started, the end), the lease as the attempt ends it, the task
+/// as running, and how the attempt settles.
+pub(crate) type WholeAttempt = ([usize; 3], LeaseRecord, TaskRecord, SettledAttempt);
+
+/// Plans each candidate (see [`whole_attempt_candidates`]) against its task
+/// and lease as read for the batch (`plan_whole_attempt`); one that is not a
+/// fresh attempt of the lease's holder is left to the row-by-row path.
+pub(crate) fn plan_whole_attempts(
+    reports: &[LeaseReport],
+    candidates: Vec<[usize; 3]>,
+    tasks: &HashMap<Uuid, TaskRecord>,
+    leases: &HashMap<Uuid, LeaseRecord>,
+    options: &StoreOptions,
+    now_ms: i64,
+) -> Vec<WholeAttempt> {
+    let mut settle = Vec::new();
+    for c in candidates {
+        let report = &reports[c[0]];
+        let ReportKind::Final(outcome) = &reports[c[2]].kind else {
+            continue;
+        };
+        let (Some(task), Some(lease)) = (tasks.get(&report.task_id), leases.get(&report.lease_id))
+        else {
+            continue;
+        };
+        let completion = report.completion(outcome);
+        if let Some((running, active, settled)) =
+            plan_whole_attempt(task, lease, &completion, options, now_ms)
+        {
+            settle.push((c, active, running, settled));
+        }
+    }
+    settle
+}
+
+/// The written attempts' events, and their reports' answers.
+pub(crate) fn whole_attempts_written<DB: Database>(
+    w: &mut Write<DB>,
+    settle: &[WholeAttempt],
+    results: &mut [Option<Result<ReportApplied>>],
+) {
+    for (c, _, task, settled) in settle {
+        settled_events(w, task, settled);
+        results[c[0]] = Some(Ok(ReportApplied { ended: false }));
+        results[c[1]] = Some(Ok(ReportApplied { ended: false }));
+        results[c[2]] = Some(Ok(ReportApplied { ended: true }));
+    }
+}
+
+/// The reports a backend's set-based path left undecided (`None`), applied
+/// row by row ([`apply_rows`]); then every report's answer.
+pub(crate) async fn apply_rest<DB: Dialect>(
+    w: &mut Write<DB>,
+    reports: &[LeaseReport],
+    mut results: Vec<Option<Result<ReportApplied>>>,
+    options: &StoreOptions,
+    now_ms: i64,
+) -> Result<Vec<Result<ReportApplied>>> {
+    let rest: Vec<usize> = (0..reports.len())
+        .filter(|&i| results[i].is_none())
+        .collect();
+    if !rest.is_empty() {
+        let subset: Vec<LeaseReport> = rest.iter().map(|&i| reports[i].clone()).collect();
+        let applied = apply_rows(w, &subset, options, now_ms).await?;
+        for (i, result) in rest.into_iter().zip(applied) {
+            results[i] = Some(result);
+        }
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or(Err(Error::Corrupt {
+                context: "applying lease reports",
+                detail: "a report was not decided".to_owned(),
+            }))
+        })
+        .collect())
 }

@@ -83,26 +83,21 @@ pub(super) async fn append(w: &mut Write<Sqlite>, entries: Vec<Value>, now_ms: i
     Ok(done.rows_affected())
 }
 
-/// The rows of `sql` (a statement reading `$1`, a JSON array of hex ids)
-/// for `ids`, decoded, by id.
+/// The rows of `sql` (a statement reading `$1`, a JSON array of hex ids;
+/// an id named twice is read once) for `ids`, each decoded into its id and
+/// value.
 pub(super) async fn read<T>(
     w: &mut Write<Sqlite>,
     sql: &'static str,
     ids: impl IntoIterator<Item = Uuid>,
-    decode: fn(&SqliteRow) -> Result<T>,
-    id_of: fn(&T) -> Uuid,
+    decode: fn(&SqliteRow) -> Result<(Uuid, T)>,
 ) -> Result<HashMap<Uuid, T>> {
     let rows = sqlx::query(sql)
         .bind(self::ids(ids))
         .fetch_all(w.conn())
         .await
         .map_err(db("reading a batch's rows"))?;
-    let mut out = HashMap::with_capacity(rows.len());
-    for row in &rows {
-        let record = decode(row)?;
-        out.insert(id_of(&record), record);
-    }
-    Ok(out)
+    rows.iter().map(decode).collect()
 }
 
 /// The named tasks, by id.
@@ -110,5 +105,8 @@ pub(super) async fn tasks(
     w: &mut Write<Sqlite>,
     ids: impl IntoIterator<Item = Uuid>,
 ) -> Result<HashMap<Uuid, TaskRecord>> {
-    read(w, TASKS, ids, rows::task::<Sqlite>, |t| t.id).await
+    read(w, TASKS, ids, |row| {
+        rows::task::<Sqlite>(row).map(|t| (t.id, t))
+    })
+    .await
 }

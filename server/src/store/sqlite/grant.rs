@@ -5,16 +5,14 @@
 //! in one statement each. The one writer holds the database for the whole
 //! transaction, so what was read cannot change before it is written.
 
-use std::collections::HashMap;
-
 use serde_json::{Value, json};
-use sqlx::{Row, Sqlite};
-use uuid::Uuid;
+use sqlx::Sqlite;
 
 use super::batch::{self, hex};
 use crate::error::{Error, Result};
-use crate::model::{GrantOutcome, GrantRequest, StoreEvent, TaskState};
-use crate::store::plan::{GrantableTask, PlannedGrant, db, plan_grants};
+use crate::model::{GrantOutcome, GrantRefusal, GrantRequest, StoreEvent, TaskState};
+use crate::store::plan::{PlannedGrant, db, plan_grants};
+use crate::store::sql::db::Cols;
 use crate::store::sql::{Write, fair, leases, limits, rows};
 
 /// Each named agent's free slots (`$1`: JSON array of hex ids).
@@ -65,28 +63,18 @@ pub(super) async fn grant(
     max_running_per_namespace: u64,
     now_ms: i64,
 ) -> Result<Vec<GrantOutcome>> {
-    let agent_ids = batch::ids(unique(requests.iter().map(|r| r.agent_id)));
-    let mut free: HashMap<Uuid, i64> = HashMap::new();
-    for row in sqlx::query(AGENTS_FREE)
-        .bind(agent_ids)
-        .fetch_all(w.conn())
-        .await
-        .map_err(db("reading agents' capacity"))?
-    {
-        let id: Uuid = row.try_get("id").map_err(db("reading free slots"))?;
-        free.insert(id, row.try_get("free").map_err(db("reading free slots"))?);
-    }
-    let task_ids = batch::ids(unique(requests.iter().map(|r| r.task_id)));
-    let mut grantable: HashMap<Uuid, GrantableTask> = HashMap::new();
-    for row in sqlx::query(TASKS_TO_GRANT)
-        .bind(task_ids)
-        .fetch_all(w.conn())
-        .await
-        .map_err(db("reading tasks to grant"))?
-    {
-        let id: Uuid = row.try_get("id").map_err(db("reading a task to grant"))?;
-        grantable.insert(id, leases::grantable_task::<Sqlite>(&row)?);
-    }
+    let agent_ids = requests.iter().map(|r| r.agent_id);
+    let free = batch::read(w, AGENTS_FREE, agent_ids, |row| {
+        let cols = Cols::<Sqlite>::new(row, "reading free slots");
+        Ok((cols.get("id")?, cols.get("free")?))
+    })
+    .await?;
+    let task_ids = requests.iter().map(|r| r.task_id);
+    let mut grantable = batch::read(w, TASKS_TO_GRANT, task_ids, |row| {
+        let id = Cols::<Sqlite>::new(row, "reading a task to grant").get("id")?;
+        Ok((id, leases::grantable_task::<Sqlite>(row)?))
+    })
+    .await?;
     let limited = limits::hold_back(w, requests, &mut grantable, max_running_per_namespace).await?;
     let mut resources = leases::claimed_resources::<Sqlite>(w.conn(), requests).await?;
     let plan = plan_grants(requests, &free, &mut resources, &grantable, now_ms);
@@ -94,17 +82,8 @@ pub(super) async fn grant(
     if !granted.is_empty() {
         write(w, &granted, now_ms).await?;
     }
-    let keyed: Vec<_> = granted
-        .iter()
-        .filter_map(|g| {
-            let t = grantable.get(&g.task_id)?;
-            t.fair_rank
-                .map(|rank| (t.namespace.clone(), t.priority, rank))
-        })
-        .collect();
-    if !keyed.is_empty() {
-        fair::advance_fair_clock::<Sqlite>(w.conn(), keyed).await?;
-    }
+    let granted_ids = granted.iter().map(|g| g.task_id);
+    fair::advance_fair_clock::<Sqlite>(w.conn(), granted_ids, &grantable).await?;
     Ok(requests
         .iter()
         .zip(plan)
@@ -117,7 +96,7 @@ pub(super) async fn grant(
                 GrantOutcome::Granted(grant.lease(now_ms))
             }
             Err(_) if limited.contains(&request.task_id) => {
-                GrantOutcome::Refused(crate::model::GrantRefusal::ConcurrencyLimit)
+                GrantOutcome::Refused(GrantRefusal::ConcurrencyLimit)
             }
             Err(refusal) => GrantOutcome::Refused(refusal),
         })
@@ -168,10 +147,4 @@ async fn write(w: &mut Write<Sqlite>, granted: &[&PlannedGrant], now_ms: i64) ->
         .collect();
     batch::append(w, entries, now_ms).await?;
     Ok(())
-}
-
-/// Each id once, in first-seen order.
-fn unique(ids: impl Iterator<Item = Uuid>) -> Vec<Uuid> {
-    let mut seen = std::collections::HashSet::new();
-    ids.filter(|id| seen.insert(*id)).collect()
 }

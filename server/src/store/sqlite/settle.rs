@@ -10,11 +10,12 @@ use sqlx::Sqlite;
 
 use super::batch::{self, hex};
 use crate::error::{Error, Result};
-use crate::model::{LeaseRecord, LeaseReport, ReportApplied, ReportKind, TaskRecord, TaskState};
+use crate::model::{LeaseRecord, LeaseReport, ReportApplied, TaskState};
 use crate::store::StoreOptions;
-use crate::store::plan::{SettledAttempt, db, plan_whole_attempt};
+use crate::store::plan::{SettledAttempt, db};
+use crate::store::sql::reports::{self, WholeAttempt};
 use crate::store::sql::rows::{self, LEASE_COLUMNS};
-use crate::store::sql::{Write, output, reports};
+use crate::store::sql::{Write, output};
 
 /// The named leases (`$1`: JSON array of hex ids).
 const LEASES: &str = const_format::concatcp!(
@@ -82,25 +83,7 @@ pub(super) async fn apply_reports(
     }
     let reports = output::with_failure_tails::<Sqlite>(w.conn(), reports).await?;
     whole_attempts(w, &reports, options, now_ms, &mut results).await?;
-    let rest: Vec<usize> = (0..reports.len())
-        .filter(|&i| results[i].is_none())
-        .collect();
-    if !rest.is_empty() {
-        let subset: Vec<LeaseReport> = rest.iter().map(|&i| reports[i].clone()).collect();
-        let applied = reports::apply_rows(w, &subset, options, now_ms).await?;
-        for (i, result) in rest.into_iter().zip(applied) {
-            results[i] = Some(result);
-        }
-    }
-    Ok(results
-        .into_iter()
-        .map(|r| {
-            r.unwrap_or(Err(Error::Corrupt {
-                context: "applying lease reports",
-                detail: "a report was not decided".to_owned(),
-            }))
-        })
-        .collect())
+    reports::apply_rest(w, &reports, results, options, now_ms).await
 }
 
 /// Applies each whole fresh attempt of the batch (see
@@ -123,45 +106,24 @@ async fn whole_attempts(
     let task_ids = candidates.iter().map(|c| reports[c[0]].task_id);
     let tasks = batch::tasks(w, task_ids).await?;
     let lease_ids = candidates.iter().map(|c| reports[c[0]].lease_id);
-    let leases = batch::read(w, LEASES, lease_ids, rows::lease::<Sqlite>, |l| l.id).await?;
-    let mut settle: Vec<([usize; 3], LeaseRecord, TaskRecord, SettledAttempt)> = Vec::new();
-    for c in candidates {
-        let report = &reports[c[0]];
-        let ReportKind::Final(outcome) = &reports[c[2]].kind else {
-            continue;
-        };
-        let (Some(task), Some(lease)) = (tasks.get(&report.task_id), leases.get(&report.lease_id))
-        else {
-            continue;
-        };
-        let completion = report.completion(outcome);
-        if let Some((running, active, settled)) =
-            plan_whole_attempt(task, lease, &completion, options, now_ms)
-        {
-            settle.push((c, active, running, settled));
-        }
-    }
+    let leases = batch::read(w, LEASES, lease_ids, |row| {
+        rows::lease::<Sqlite>(row).map(|l| (l.id, l))
+    })
+    .await?;
+    let settle =
+        reports::plan_whole_attempts(reports, candidates, &tasks, &leases, options, now_ms);
     if settle.is_empty() {
         return Ok(());
     }
     write(w, &settle, now_ms).await?;
-    for (c, _, task, settled) in &settle {
-        reports::settled_events(w, task, settled);
-        results[c[0]] = Some(Ok(ReportApplied { ended: false }));
-        results[c[1]] = Some(Ok(ReportApplied { ended: false }));
-        results[c[2]] = Some(Ok(ReportApplied { ended: true }));
-    }
+    reports::whole_attempts_written(w, &settle, results);
     Ok(())
 }
 
 /// Writes the attempts; every one is written, or the transaction is
 /// refused (the rows were read in this transaction, and one writer holds
 /// the database).
-async fn write(
-    w: &mut Write<Sqlite>,
-    settle: &[([usize; 3], LeaseRecord, TaskRecord, SettledAttempt)],
-    now_ms: i64,
-) -> Result<()> {
+async fn write(w: &mut Write<Sqlite>, settle: &[WholeAttempt], now_ms: i64) -> Result<()> {
     let rows = Value::Array(
         settle
             .iter()
