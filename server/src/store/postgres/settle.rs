@@ -39,9 +39,10 @@ pub(super) const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, 
   WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t";
 
 /// Applies whole fresh attempts in one statement: ends the leases
-/// (acknowledged), settles the tasks, records refusals, and appends
-/// accepted, started and the end to each history, the history's last sequence looked up once per
-/// task. Answers how many leases ended and tasks settled.
+/// (acknowledged), settles the tasks, records refusals, and appends to each
+/// history one row for accepted, started and the end (the end, implying the
+/// two before it: `history::IMPLIED_STEPS`). Answers how many leases ended
+/// and tasks settled.
 pub(super) const WHOLE_ATTEMPTS: &str = "WITH c AS ( \
   SELECT u.*, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
   WHERE e.task_id = u.task_id), 0) AS last_sequence \
@@ -56,14 +57,9 @@ pub(super) const WHOLE_ATTEMPTS: &str = "WITH c AS ( \
   WHERE l.id = c.lease_id AND l.state = 'granted' RETURNING l.id \
   ), history AS ( \
   INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
-  lease_id, occurred_at_ms) \
-  SELECT c.task_id, c.last_sequence + k.n, \
-  CASE k.n WHEN 1 THEN 'accepted' WHEN 2 THEN 'started' ELSE c.event_kind END, \
-  CASE k.n WHEN 1 THEN 'leased' WHEN 2 THEN 'running' ELSE c.task_state END, \
-  CASE k.n WHEN 1 THEN 'the agent acknowledged the lease' \
-  WHEN 2 THEN 'the agent started the task' ELSE c.message END, \
-  c.agent_id, c.lease_id, $13 \
-  FROM c CROSS JOIN (VALUES (1), (2), (3)) AS k(n) \
+  lease_id, occurred_at_ms, implied_steps) \
+  SELECT c.task_id, c.last_sequence + 3, c.event_kind, c.task_state, c.message, \
+  c.agent_id, c.lease_id, $13, 2 FROM c \
   ), refused AS ( \
   INSERT INTO task_refusals (task_id, agent_id, reason, refused_at_ms) \
   SELECT c.task_id, c.agent_id, c.refusal, $13 FROM c WHERE c.refusal IS NOT NULL \

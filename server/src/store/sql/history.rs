@@ -1,13 +1,18 @@
 //! A task's append-only history: one entry per thing that happened to it,
 //! appended in the transaction of the change (the task row is locked, so
 //! the next sequence number is the appender's), read oldest first.
+//!
+//! A row is one entry, or, written by a whole fresh attempt's set-based
+//! path, its end with the fixed steps before it ([`IMPLIED_STEPS`]: accepted
+//! and started) implied, so a quick task's life takes three rows instead of
+//! five; [`list`] expands them, and the history reads the same either way.
 
 use uuid::Uuid;
 
 use super::Write;
 use super::db::{SqlDb, StatementExt, query};
 use super::rows::{self, EVENT_COLUMNS};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{TaskEventRecord, TaskState};
 use crate::store::plan::{db, to_i64};
 
@@ -51,6 +56,33 @@ impl<'a> Entry<'a> {
     }
 }
 
+/// A fixed step of an attempt: its kind, the task's state after it, and
+/// what it says.
+pub(crate) type Step = (&'static str, TaskState, &'static str);
+
+/// The agent acknowledged its lease.
+pub(crate) const ACCEPTED: Step = (
+    "accepted",
+    TaskState::Leased,
+    "the agent acknowledged the lease",
+);
+
+/// The agent started the task.
+pub(crate) const STARTED: Step = ("started", TaskState::Running, "the agent started the task");
+
+/// The steps a row may imply before its own entry (its `implied_steps`, 0
+/// to 2, are the last ones of these), at the sequences just before its
+/// own, by its agent and lease, at its time.
+pub(crate) const IMPLIED_STEPS: [Step; 2] = [ACCEPTED, STARTED];
+
+impl Entry<'static> {
+    /// `step` of the attempt of `lease_id` on `agent_id`.
+    pub(crate) fn step(task_id: Uuid, step: Step, agent_id: Uuid, lease_id: Uuid) -> Self {
+        let (kind, state, message) = step;
+        Self::of(task_id, kind, state, message).by(agent_id, lease_id)
+    }
+}
+
 const APPEND: &str = "INSERT INTO task_events \
     (task_id, sequence, kind, state, message, agent_id, lease_id, occurred_at_ms) \
     VALUES ($1, (SELECT COALESCE(MAX(sequence), 0) + 1 FROM task_events \
@@ -76,13 +108,16 @@ pub(crate) async fn append<DB: SqlDb>(
     Ok(())
 }
 
+/// The rows whose own entry comes after `$2`: each holds at least one
+/// entry of the page, so `$3` rows hold at least `$3` entries.
 const LIST: &str = const_format::concatcp!(
     "SELECT ",
     EVENT_COLUMNS,
     " FROM task_events WHERE task_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3"
 );
 
-/// A task's history after `after_sequence`, oldest first, at most `limit`.
+/// A task's history after `after_sequence`, oldest first, at most `limit`
+/// entries; a row's implied steps expanded before its own entry.
 pub(crate) async fn list<DB: SqlDb>(
     conn: &mut DB::Connection,
     task_id: Uuid,
@@ -96,5 +131,46 @@ pub(crate) async fn list<DB: SqlDb>(
         .all(conn)
         .await
         .map_err(db("reading task events"))?;
-    rows::all::<DB, _>(&rows, rows::event::<DB>)
+    let rows = rows::all::<DB, _>(&rows, rows::event::<DB>)?;
+    let mut entries = Vec::with_capacity(rows.len());
+    for (entry, implied) in rows {
+        entries.extend(expanded(entry, implied)?);
+    }
+    entries.retain(|e| e.sequence > after_sequence);
+    entries.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    Ok(entries)
+}
+
+/// A row's entries: the `implied` last of [`IMPLIED_STEPS`] before its own.
+fn expanded(entry: TaskEventRecord, implied: usize) -> Result<Vec<TaskEventRecord>> {
+    let steps = IMPLIED_STEPS
+        .len()
+        .checked_sub(implied)
+        .and_then(|from| IMPLIED_STEPS.get(from..));
+    let first = u64::try_from(implied)
+        .ok()
+        .and_then(|n| entry.sequence.checked_sub(n))
+        .filter(|&first| first >= 1);
+    let (Some(steps), Some(first)) = (steps, first) else {
+        return Err(Error::Corrupt {
+            context: "reading task events",
+            detail: format!(
+                "entry {} of task {} implies {implied} steps",
+                entry.sequence, entry.task_id
+            ),
+        });
+    };
+    let mut out: Vec<TaskEventRecord> = steps
+        .iter()
+        .zip(first..)
+        .map(|(&(kind, state, message), sequence)| TaskEventRecord {
+            sequence,
+            kind: kind.to_owned(),
+            state,
+            message: message.to_owned(),
+            ..entry.clone()
+        })
+        .collect();
+    out.push(entry);
+    Ok(out)
 }

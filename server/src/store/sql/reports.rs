@@ -16,7 +16,7 @@ use sqlx::Database;
 use uuid::Uuid;
 
 use super::db::{SqlDb, StatementExt, query};
-use super::history::{self, Entry};
+use super::history::{self, ACCEPTED, Entry, STARTED};
 use super::tasks::{self, Settlement};
 use super::{Dialect, Write, leases, output};
 use crate::error::{Error, Result};
@@ -59,11 +59,6 @@ const ACTIVATE: &str =
 const RUNNING: &str = "UPDATE tasks SET state = 'running', updated_at_ms = $2 WHERE id = $1";
 const PROGRESS: &str = "UPDATE tasks SET progress = $2, updated_at_ms = $3 WHERE id = $1";
 
-/// An entry about the reporting lease.
-fn entry<'a>(r: &LeaseReport, kind: &'a str, state: TaskState, message: &'a str) -> Entry<'a> {
-    Entry::of(r.task_id, kind, state, message).by(r.agent_id, r.lease_id)
-}
-
 /// `started`: LEASED to RUNNING (the lease ACTIVE); repeating it is fine.
 async fn start<DB: Dialect>(w: &mut Write<DB>, r: &LeaseReport, now_ms: i64) -> Result<()> {
     let (task, _) = holder(w, r).await?;
@@ -80,12 +75,7 @@ async fn start<DB: Dialect>(w: &mut Write<DB>, r: &LeaseReport, now_ms: i64) -> 
     }
     mark_running(w, task.id, now_ms).await?;
     activate(w, r.lease_id).await?;
-    let started = entry(
-        r,
-        "started",
-        TaskState::Running,
-        "the agent started the task",
-    );
+    let started = Entry::step(r.task_id, STARTED, r.agent_id, r.lease_id);
     history::append(w, started, now_ms).await
 }
 
@@ -302,22 +292,12 @@ async fn run_attempt<DB: Dialect>(
         return Ok(None);
     }
     activate(w, r.lease_id).await?;
-    let accepted = entry(
-        r,
-        "accepted",
-        TaskState::Leased,
-        "the agent acknowledged the lease",
-    );
+    let accepted = Entry::step(r.task_id, ACCEPTED, r.agent_id, r.lease_id);
     history::append(w, accepted, now_ms).await?;
     if end.is_none() {
         mark_running(w, task.id, now_ms).await?;
     }
-    let started_entry = entry(
-        r,
-        "started",
-        TaskState::Running,
-        "the agent started the task",
-    );
+    let started_entry = Entry::step(r.task_id, STARTED, r.agent_id, r.lease_id);
     history::append(w, started_entry, now_ms).await?;
     let Some(outcome) = end else {
         return Ok(Some(Ok(ReportApplied { ended: false })));

@@ -61,9 +61,10 @@ pub(crate) fn agent_columns(parts: AgentParts) -> &'static str {
     }
 }
 
-/// The columns that read a [`TaskEventRecord`].
-pub(crate) const EVENT_COLUMNS: &str =
-    "task_id, sequence, kind, state, message, agent_id, lease_id, occurred_at_ms";
+/// The columns that read a [`TaskEventRecord`] and the steps its row implies
+/// before it (`history::IMPLIED_STEPS`).
+pub(crate) const EVENT_COLUMNS: &str = "task_id, sequence, kind, state, message, agent_id, lease_id, occurred_at_ms, \
+    CAST(implied_steps AS BIGINT) AS implied_steps";
 
 /// The columns that read a [`StoredChunk`].
 pub(crate) const OUTPUT_COLUMNS: &str =
@@ -262,11 +263,17 @@ pub(crate) fn agent_parts<DB: SqlDb>(row: &DB::Row, parts: AgentParts) -> Result
     })
 }
 
-/// A history entry, from [`EVENT_COLUMNS`].
-pub(crate) fn event<DB: SqlDb>(row: &DB::Row) -> Result<TaskEventRecord> {
+/// A history entry and how many steps its row implies before it, from
+/// [`EVENT_COLUMNS`].
+pub(crate) fn event<DB: SqlDb>(row: &DB::Row) -> Result<(TaskEventRecord, usize)> {
     const CONTEXT: &str = "reading a task event row";
     let cols = Cols::<DB>::new(row, CONTEXT);
-    Ok(TaskEventRecord {
+    let implied: i64 = cols.get("implied_steps")?;
+    let implied = usize::try_from(implied).map_err(|_| Error::Corrupt {
+        context: CONTEXT,
+        detail: format!("implied_steps {implied}"),
+    })?;
+    let entry = TaskEventRecord {
         task_id: cols.get("task_id")?,
         sequence: to_u64(cols.get("sequence")?),
         kind: cols.get("kind")?,
@@ -275,7 +282,8 @@ pub(crate) fn event<DB: SqlDb>(row: &DB::Row) -> Result<TaskEventRecord> {
         agent_id: cols.get("agent_id")?,
         lease_id: cols.get("lease_id")?,
         occurred_at_ms: cols.get("occurred_at_ms")?,
-    })
+    };
+    Ok((entry, implied))
 }
 
 /// A piece of a task's output, from [`OUTPUT_COLUMNS`].

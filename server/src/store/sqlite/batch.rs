@@ -41,12 +41,13 @@ pub(super) fn ids(ids: impl IntoIterator<Item = Uuid>) -> String {
 /// the whole `SELECT` before it inserts, so every entry of a task counts
 /// from the same last entry.
 const APPEND: &str = "INSERT INTO task_events \
-    (task_id, sequence, kind, state, message, agent_id, lease_id, occurred_at_ms) \
+    (task_id, sequence, kind, state, message, agent_id, lease_id, occurred_at_ms, implied_steps) \
     SELECT unhex(e.value ->> 'task'), \
     COALESCE((SELECT MAX(h.sequence) FROM task_events h \
     WHERE h.task_id = unhex(e.value ->> 'task')), 0) + (e.value ->> 'n'), \
     e.value ->> 'kind', e.value ->> 'state', e.value ->> 'message', \
-    unhex(e.value ->> 'agent'), unhex(e.value ->> 'lease'), $2 FROM json_each($1) e";
+    unhex(e.value ->> 'agent'), unhex(e.value ->> 'lease'), $2, \
+    COALESCE(e.value ->> 'implied', 0) FROM json_each($1) e";
 
 /// A history entry of a batch: the `n`th of its task in the batch, `by`
 /// the agent and lease involved, if any.
@@ -67,6 +68,13 @@ pub(super) fn entry(
         "agent": by.map(|(agent, _)| hex(agent)),
         "lease": by.map(|(_, lease)| hex(lease)),
     })
+}
+
+/// `entry` (of [`entry`]) implying the last `steps` of
+/// `history::IMPLIED_STEPS` before it, at the sequences just before its own.
+pub(super) fn implying(mut entry: Value, steps: usize) -> Value {
+    entry["implied"] = json!(steps);
+    entry
 }
 
 /// Appends the entries (see [`APPEND`]); answers how many were appended.

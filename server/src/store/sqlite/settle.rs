@@ -10,12 +10,12 @@ use sqlx::Sqlite;
 
 use super::batch::{self, hex};
 use crate::error::{Error, Result};
-use crate::model::{LeaseRecord, LeaseReport, ReportApplied, TaskState};
+use crate::model::{LeaseRecord, LeaseReport, ReportApplied};
 use crate::store::StoreOptions;
 use crate::store::plan::{SettledAttempt, db};
 use crate::store::sql::reports::{self, WholeAttempt};
 use crate::store::sql::rows::{self, LEASE_COLUMNS};
-use crate::store::sql::{Write, output};
+use crate::store::sql::{Write, history, output};
 
 /// The named leases (`$1`: JSON array of hex ids).
 const LEASES: &str = const_format::concatcp!(
@@ -132,36 +132,16 @@ async fn write(w: &mut Write<Sqlite>, settle: &[WholeAttempt], now_ms: i64) -> R
     );
     let rows = rows.to_string();
     let ended = run(w, END_LEASES, &rows, now_ms, "ending leases").await?;
-    let mut entries = Vec::with_capacity(settle.len() * 3);
-    for (_, lease, _, s) in settle {
-        let (task, by) = (lease.task_id, Some((lease.agent_id, lease.id)));
-        let accepted = "the agent acknowledged the lease";
-        entries.push(batch::entry(
-            task,
-            1,
-            "accepted",
-            TaskState::Leased,
-            accepted,
-            by,
-        ));
-        let started = "the agent started the task";
-        entries.push(batch::entry(
-            task,
-            2,
-            "started",
-            TaskState::Running,
-            started,
-            by,
-        ));
-        entries.push(batch::entry(
-            task,
-            3,
-            s.event_kind,
-            s.task_state,
-            &s.message,
-            by,
-        ));
-    }
+    // One row for accepted, started and the end: the end, implying the two
+    // before it (`history::IMPLIED_STEPS`).
+    let entries = settle
+        .iter()
+        .map(|(_, lease, _, s)| {
+            let by = Some((lease.agent_id, lease.id));
+            let end = batch::entry(lease.task_id, 3, s.event_kind, s.task_state, &s.message, by);
+            batch::implying(end, history::IMPLIED_STEPS.len())
+        })
+        .collect();
     batch::append(w, entries, now_ms).await?;
     if settle.iter().any(|(_, _, _, s)| s.refusal.is_some()) {
         run(w, REFUSE, &rows, now_ms, "recording refusals").await?;
