@@ -288,7 +288,7 @@ impl Backend for PgBackend {
     /// (delivered at commit, and only if it commits); the rest, after the
     /// commit, by the notifier.
     async fn commit(&self, write: Write<Postgres>) -> Result<()> {
-        let (mut tx, events) = write.into_parts();
+        let (mut tx, events, _) = write.into_parts();
         let (urgent, lazy): (Vec<StoreEvent>, Vec<StoreEvent>) =
             events.into_iter().partition(|event| {
                 matches!(

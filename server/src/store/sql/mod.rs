@@ -102,6 +102,9 @@ pub struct Write<DB: Database> {
     tx: Transaction<'static, DB>,
     /// What changed, for every replica, announced by the commit.
     events: Vec<StoreEvent>,
+    /// The writers' turn this write holds, if its backend takes turns
+    /// (SQLite); released after the transaction, with the write.
+    turn: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl<DB: Database> std::fmt::Debug for Write<DB> {
@@ -118,6 +121,18 @@ impl<DB: Database> Write<DB> {
         Self {
             tx,
             events: Vec::new(),
+            turn: None,
+        }
+    }
+
+    /// A write in `tx`, holding the writers' turn `turn`.
+    pub(crate) fn in_turn(
+        tx: Transaction<'static, DB>,
+        turn: tokio::sync::OwnedMutexGuard<()>,
+    ) -> Self {
+        Self {
+            turn: Some(turn),
+            ..Self::new(tx)
         }
     }
 
@@ -136,11 +151,17 @@ impl<DB: Database> Write<DB> {
         &mut self.events
     }
 
-    /// The transaction and its events, to commit.
-    pub(crate) fn into_parts(self) -> (Transaction<'static, DB>, Vec<StoreEvent>) {
-        (self.tx, self.events)
+    /// The transaction and its events, to commit, and the turn to release
+    /// once it has.
+    pub(crate) fn into_parts(self) -> (Transaction<'static, DB>, Vec<StoreEvent>, Turn) {
+        (self.tx, self.events, Turn(self.turn))
     }
 }
+
+/// A writers' turn held until dropped (none for a backend that takes no
+/// turns).
+#[derive(Debug)]
+pub(crate) struct Turn(#[allow(dead_code)] Option<tokio::sync::OwnedMutexGuard<()>>);
 
 /// What a backend supplies to [`SqlStore`]. The fast-path hooks default to
 /// the shared row-by-row SQL; a backend with a set-based way overrides them.

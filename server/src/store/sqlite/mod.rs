@@ -1,9 +1,13 @@
 //! The embedded SQLite backend: one file, created if missing, WAL journal
 //! synced at every commit (`synchronous=full`, unless the URL asks for
-//! `normal`), foreign keys on. SQLite allows one writer at a time, so every
-//! write transaction starts with `BEGIN IMMEDIATE` (it takes the write lock up
-//! front and waits for it under `busy_timeout` instead of failing half-way);
-//! events go to this process's subscribers after each commit.
+//! `normal`), foreign keys on. SQLite allows one writer at a time, so the
+//! process's write transactions take turns (a fair queue, held from `BEGIN`
+//! to the end of the transaction): a writer waiting for the write lock in
+//! SQLite's busy handler sleeps 1, 2, 5, … up to 100 ms between looks and
+//! leaves the lock idle meanwhile. Each starts with `BEGIN IMMEDIATE` (the
+//! write lock up front, waited for under `busy_timeout` against another
+//! process, instead of failing half-way); events go to this process's
+//! subscribers after each commit.
 //!
 //! Grants, whole fresh attempts and submits (but the inserts of tasks with
 //! an idempotency or fairness key) are set-based (`grant`, `settle`,
@@ -18,6 +22,7 @@ mod settle;
 mod submit;
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -90,6 +95,10 @@ pub struct SqliteBackend {
     /// The connection pool; readers run in parallel (WAL), writers queue for
     /// the one write lock.
     pool: SqlitePool,
+    /// The writers' turn: a write transaction holds it from `BEGIN` to its
+    /// end, so writers queue here, in order, instead of sleeping in
+    /// SQLite's busy handler for the write lock.
+    turn: Arc<tokio::sync::Mutex<()>>,
     /// Where committed changes are announced (there are no other replicas).
     events: broadcast::Sender<StoreEvent>,
 }
@@ -151,7 +160,11 @@ impl SqlStore<SqliteBackend> {
             .map_err(db("opening the sqlite database"))?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         Ok(Self {
-            backend: SqliteBackend { pool, events },
+            backend: SqliteBackend {
+                pool,
+                events,
+                turn: Arc::default(),
+            },
             options,
         })
     }
@@ -167,17 +180,19 @@ impl Backend for SqliteBackend {
     }
 
     async fn begin(&self) -> Result<Write<Sqlite>> {
+        let turn = Arc::clone(&self.turn).lock_owned().await;
         let tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(db("starting a write transaction"))?;
-        Ok(Write::new(tx))
+        Ok(Write::in_turn(tx, turn))
     }
 
     async fn commit(&self, write: Write<Sqlite>) -> Result<()> {
-        let (tx, events) = write.into_parts();
+        let (tx, events, turn) = write.into_parts();
         tx.commit().await.map_err(db("committing"))?;
+        drop(turn);
         crate::metrics::count_finished(&events);
         for event in events {
             // There are no other replicas to tell; no subscriber is fine.
