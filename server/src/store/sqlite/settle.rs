@@ -40,6 +40,20 @@ const REFUSE: &str = "INSERT INTO task_refusals (task_id, agent_id, reason, refu
     DO UPDATE SET reason = excluded.reason, refused_at_ms = excluded.refused_at_ms";
 
 /// The attempts' tasks settled, as `tasks::settle` settles one.
+/// A report batch's tasks (`$1`: JSON array of hex ids) without their
+/// documents (payload, placement, labels, progress, result, error):
+/// settling reads none of them, and decoding them was most of the read.
+const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, \
+    'null' AS payload, 'null' AS placement, t.priority, t.state, t.attempts, t.releases, \
+    t.max_attempts, t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, NULL AS result, \
+    NULL AS error, t.fencing_token, t.lease_id, t.agent_id, \
+    l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, NULL AS progress, \
+    '{}' AS labels, t.retry, t.start_timeout_ms, t.execution_timeout_ms, t.cancel_grace_ms, \
+    t.cancel_deadline_ms, t.fairness_key, t.fairness_weight, \
+    t.created_at_ms + t.fair_offset AS queue_rank, t.concurrency_key, t.created_at_ms, \
+    t.updated_at_ms FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id \
+    WHERE t.id IN (SELECT unhex(value) FROM json_each($1))";
+
 const SETTLE_TASKS: &str = "UPDATE tasks SET state = c.task_state, attempts = c.attempts, \
     releases = c.releases, not_before_ms = c.not_before_ms, \
     result = COALESCE(c.result, tasks.result), error = COALESCE(c.error, tasks.error), \
@@ -104,7 +118,10 @@ async fn whole_attempts(
         return Ok(());
     }
     let task_ids = candidates.iter().map(|c| reports[c[0]].task_id);
-    let tasks = batch::tasks(w, task_ids).await?;
+    let tasks = batch::read(w, WHOLE_ATTEMPT_TASKS, task_ids, |row| {
+        rows::task::<Sqlite>(row).map(|t| (t.id, t))
+    })
+    .await?;
     let lease_ids = candidates.iter().map(|c| reports[c[0]].lease_id);
     let leases = batch::read(w, LEASES, lease_ids, |row| {
         rows::lease::<Sqlite>(row).map(|l| (l.id, l))
