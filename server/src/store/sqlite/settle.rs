@@ -41,8 +41,9 @@ const REFUSE: &str = "INSERT INTO task_refusals (task_id, agent_id, reason, refu
 
 /// The attempts' tasks settled, as `tasks::settle` settles one.
 /// A report batch's tasks (`$1`: JSON array of hex ids) without their
-/// documents (payload, placement, labels, progress, result, error):
-/// settling reads none of them, and decoding them was most of the read.
+/// documents (payload, placement, labels, progress, result, error), as
+/// PostgreSQL reads them: settling uses none of them, and copying and
+/// decoding them was work done inside the writers' turn.
 const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, \
     'null' AS payload, 'null' AS placement, t.priority, t.state, t.attempts, t.releases, \
     t.max_attempts, t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, NULL AS result, \
