@@ -174,3 +174,61 @@ fn expanded(entry: TaskEventRecord, implied: usize) -> Result<Vec<TaskEventRecor
     out.push(entry);
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    //! How a row's implied steps read back, and the rows that cannot be.
+
+    use super::*;
+
+    fn row(sequence: u64) -> TaskEventRecord {
+        TaskEventRecord {
+            task_id: Uuid::nil(),
+            sequence,
+            kind: "succeeded".to_owned(),
+            state: TaskState::Succeeded,
+            message: "done".to_owned(),
+            agent_id: Some(Uuid::from_u128(1)),
+            lease_id: Some(Uuid::from_u128(2)),
+            occurred_at_ms: 7,
+        }
+    }
+
+    fn read(sequence: u64, implied: usize) -> Vec<(u64, String, TaskState)> {
+        expanded(row(sequence), implied)
+            .unwrap()
+            .into_iter()
+            .inspect(|e| {
+                let by = (e.agent_id, e.lease_id, e.occurred_at_ms);
+                assert_eq!(by, (Some(Uuid::from_u128(1)), Some(Uuid::from_u128(2)), 7));
+            })
+            .map(|e| (e.sequence, e.kind, e.state))
+            .collect()
+    }
+
+    #[test]
+    fn a_row_reads_as_its_implied_steps_then_itself() {
+        let end = (5, "succeeded".to_owned(), TaskState::Succeeded);
+        assert_eq!(read(5, 0), std::slice::from_ref(&end));
+        assert_eq!(
+            read(5, 1),
+            [(4, "started".to_owned(), TaskState::Running), end.clone()]
+        );
+        assert_eq!(
+            read(5, 2),
+            [
+                (3, "accepted".to_owned(), TaskState::Leased),
+                (4, "started".to_owned(), TaskState::Running),
+                end
+            ]
+        );
+    }
+
+    #[test]
+    fn a_row_implying_more_than_there_is_is_corrupt() {
+        for (sequence, implied) in [(5, 3), (2, 2), (1, 1)] {
+            let err = expanded(row(sequence), implied).unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+        }
+    }
+}
