@@ -3,7 +3,7 @@
 //! expire, are never acknowledged, or pass a deadline (an execution
 //! timeout, a cancel's grace, a drain's deadline).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use uuid::Uuid;
 
@@ -11,16 +11,16 @@ use super::db::{Cols, SqlDb, StatementExt, built, placeholders, query};
 use super::history::{self, Entry};
 use super::rows::{self, LEASE_COLUMNS};
 use super::tasks::{self, Settlement};
-use super::{Dialect, Write, fair, limits};
+use super::{Dialect, Write};
 use crate::error::{Error, Result};
 use crate::model::{
-    EndedLease, GrantOutcome, GrantRefusal, GrantRequest, LeaseEnd, LeaseRecord, LeaseState,
-    RetryPolicy, RevocationCause, StoreEvent, TaskRecord, TaskState,
+    EndedLease, GrantRequest, LeaseEnd, LeaseRecord, LeaseState, RetryPolicy, RevocationCause,
+    StoreEvent, TaskRecord, TaskState,
 };
 use crate::store::StoreOptions;
 use crate::store::plan::{
     AgentResources, GrantableTask, agent_resources, claiming_agents, db, lease_lost_error,
-    plan_grants, released_too_often, to_i64,
+    released_too_often, to_i64,
 };
 use serde_json::Value;
 use sqlx::types::Json;
@@ -141,114 +141,9 @@ pub(crate) async fn claimed_resources<DB: SqlDb>(
     Ok(agent_resources(sections, claims))
 }
 
-const AGENT_FREE: &str = "SELECT capacity - (SELECT CAST(COALESCE(SUM(l.slots), 0) AS BIGINT) \
-    FROM leases l \
-    WHERE l.agent_id = agents.id AND l.state IN ('granted', 'active')) AS free \
-    FROM agents WHERE id = $1";
-const GRANTABLE: &str = "SELECT state, not_before_ms, fencing_token, lease_ttl_ms, namespace, \
-    concurrency_key, priority, \
-    CASE WHEN fairness_key IS NULL THEN NULL ELSE created_at_ms + fair_offset END AS fair_rank \
-    FROM tasks WHERE id = $1";
-const INSERT: &str = "INSERT INTO leases (id, task_id, agent_id, fencing_token, state, acked, \
-    granted_at_ms, expires_at_ms, slots, claim) VALUES ($1, $2, $3, $4, 'granted', FALSE, $5, $6, \
-    $7, $8)";
-const LEASE_TASK: &str = "UPDATE tasks SET state = 'leased', fencing_token = $2, lease_id = $3, \
-    agent_id = $4, progress = NULL, updated_at_ms = $5 WHERE id = $1 AND state = 'queued'";
-
-/// Grants row by row in `w` (see `LeaseStore::grant_leases`): reads each
-/// agent's free slots and each task, then writes the grants that fit.
-pub(crate) async fn grant_rows<DB: Dialect>(
-    w: &mut Write<DB>,
-    requests: &[GrantRequest],
-    max_running_per_namespace: u64,
-    now_ms: i64,
-) -> Result<Vec<GrantOutcome>> {
-    let mut free = HashMap::new();
-    let mut grantable = HashMap::new();
-    let agent_ids: BTreeSet<Uuid> = requests.iter().map(|r| r.agent_id).collect();
-    let task_ids: BTreeSet<Uuid> = requests.iter().map(|r| r.task_id).collect();
-    for agent_id in agent_ids {
-        let row = query::<DB>(AGENT_FREE)
-            .arg(agent_id)
-            .optional(w.conn())
-            .await
-            .map_err(db("reading an agent's capacity"))?;
-        if let Some(row) = row {
-            free.insert(
-                agent_id,
-                Cols::<DB>::new(&row, "reading free slots").get("free")?,
-            );
-        }
-    }
-    for task_id in task_ids {
-        let row = query::<DB>(GRANTABLE)
-            .arg(task_id)
-            .optional(w.conn())
-            .await
-            .map_err(db("reading a task to grant"))?;
-        if let Some(row) = row {
-            grantable.insert(task_id, grantable_task::<DB>(&row)?);
-        }
-    }
-    let limited = limits::hold_back(w, requests, &mut grantable, max_running_per_namespace).await?;
-    let mut resources = claimed_resources::<DB>(w.conn(), requests).await?;
-    let mut outcomes = Vec::with_capacity(requests.len());
-    let plan = plan_grants(requests, &free, &mut resources, &grantable, now_ms);
-    for (request, planned) in requests.iter().zip(plan) {
-        let grant = match planned {
-            Ok(grant) => grant,
-            Err(_) if limited.contains(&request.task_id) => {
-                outcomes.push(GrantOutcome::Refused(GrantRefusal::ConcurrencyLimit));
-                continue;
-            }
-            Err(refusal) => {
-                outcomes.push(GrantOutcome::Refused(refusal));
-                continue;
-            }
-        };
-        query::<DB>(INSERT)
-            .arg(grant.lease_id)
-            .arg(grant.task_id)
-            .arg(grant.agent_id)
-            .arg(grant.fencing_token)
-            .arg(now_ms)
-            .arg(grant.expires_at_ms)
-            .arg(i64::from(grant.claim.slots))
-            .arg(rows::claim_text(&grant.claim))
-            .run(w.conn())
-            .await
-            .map_err(db("inserting a lease"))?;
-        query::<DB>(LEASE_TASK)
-            .arg(grant.task_id)
-            .arg(grant.fencing_token)
-            .arg(grant.lease_id)
-            .arg(grant.agent_id)
-            .arg(now_ms)
-            .run(w.conn())
-            .await
-            .map_err(db("leasing a task"))?;
-        let message = format!(
-            "leased to agent {} with fencing token {}",
-            grant.agent_id, grant.fencing_token
-        );
-        let entry = Entry::of(grant.task_id, "leased", TaskState::Leased, &message)
-            .by(grant.agent_id, grant.lease_id);
-        history::append(w, entry, now_ms).await?;
-        w.announce(StoreEvent::TaskChanged {
-            task_id: grant.task_id,
-            state: TaskState::Leased,
-        });
-        outcomes.push(GrantOutcome::Granted(grant.lease(now_ms)));
-    }
-    let granted = outcomes.iter().filter_map(|o| match o {
-        GrantOutcome::Granted(lease) => Some(lease.task_id),
-        GrantOutcome::Refused(_) => None,
-    });
-    fair::advance_fair_clock::<DB>(w.conn(), granted, &grantable).await?;
-    Ok(outcomes)
-}
-
-/// A task row of [`GRANTABLE`]'s columns.
+/// A task row of the columns a grant reads (`state`, `not_before_ms`,
+/// `fencing_token`, `lease_ttl_ms`, `namespace`, `concurrency_key`,
+/// `priority`, `fair_rank`).
 pub(crate) fn grantable_task<DB: SqlDb>(row: &DB::Row) -> Result<GrantableTask> {
     const CONTEXT: &str = "reading a task to grant";
     let cols = Cols::<DB>::new(row, CONTEXT);

@@ -163,8 +163,9 @@ impl<DB: Database> Write<DB> {
 #[derive(Debug)]
 pub(crate) struct Turn(#[allow(dead_code)] Option<tokio::sync::OwnedMutexGuard<()>>);
 
-/// What a backend supplies to [`SqlStore`]. The fast-path hooks default to
-/// the shared row-by-row SQL; a backend with a set-based way overrides them.
+/// What a backend supplies to [`SqlStore`]. Submits and grants are each
+/// backend's own (set-based); the other fast-path hooks default to the
+/// shared row-by-row SQL, and a backend with a set-based way overrides them.
 #[async_trait]
 pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
     /// Its database, with the statements that differ.
@@ -191,12 +192,7 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
         submissions: &[Submission],
         options: &StoreOptions,
         now_ms: i64,
-    ) -> Result<Vec<Result<Submitted>>> {
-        let mut w = self.begin().await?;
-        let out = tasks::submit_rows(&mut w, submissions, options, now_ms).await?;
-        self.commit(w).await?;
-        Ok(out)
-    }
+    ) -> Result<Vec<Result<Submitted>>>;
     /// Grants inside `w` (see [`LeaseStore::grant_leases`]).
     async fn grant(
         &self,
@@ -204,9 +200,7 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
         requests: &[GrantRequest],
         options: &StoreOptions,
         now_ms: i64,
-    ) -> Result<Vec<GrantOutcome>> {
-        leases::grant_rows(w, requests, options.max_running_per_namespace, now_ms).await
-    }
+    ) -> Result<Vec<GrantOutcome>>;
     /// Final reports inside `w` (see [`LeaseStore::complete_leases`]).
     async fn complete(
         &self,

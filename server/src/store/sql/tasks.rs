@@ -11,10 +11,9 @@ use super::rows::{self, TASK_SELECT};
 use super::{Dialect, Write, fair, leases};
 use crate::error::{Error, Result};
 use crate::model::{
-    GrantOutcome, GrantRequest, LeaseRecord, NewTask, Page, ParkedPlacement, QueueCursor,
-    QueueGroupRow, StoreEvent, Submission, Submitted, TaskFilter, TaskRecord, TaskState,
+    LeaseRecord, NewTask, Page, ParkedPlacement, QueueCursor, QueueGroupRow, StoreEvent,
+    TaskFilter, TaskRecord, TaskState,
 };
-use crate::store::StoreOptions;
 use crate::store::plan::{db, parse_task_cursor, task_cursor, to_u64};
 
 const BY_ID: &str = const_format::concatcp!(TASK_SELECT, "WHERE t.id = $1");
@@ -104,31 +103,12 @@ const INSERT: &str = "INSERT INTO tasks (id, namespace, kind, payload, placement
     $15, $16, $17, $18, $19, $20, $20) \
     ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING";
 
-/// Submits one task in `w`: the stored task, and whether it was created
-/// (false: its idempotency key was taken, and the task holding it is
-/// returned).
-pub(crate) async fn submit<DB: SqlDb>(
-    w: &mut Write<DB>,
-    task: &NewTask,
-    now_ms: i64,
-) -> Result<(TaskRecord, bool)> {
-    let id = match insert(w, task, now_ms).await? {
-        Inserted::Existing(existing) => return Ok((existing, false)),
-        Inserted::New(id) => id,
-    };
-    let entry = Entry::of(id, "submitted", TaskState::Queued, "submitted");
-    history::append(w, entry, now_ms).await?;
-    let record = must_fetch::<DB>(w.conn(), id).await?;
-    w.announce(StoreEvent::submitted(&record));
-    Ok((record, true))
-}
-
 /// What [`insert`] did with a new task.
 pub(crate) enum Inserted {
     /// A task with its idempotency key was there already.
     Existing(TaskRecord),
     /// The task was inserted with this id; its history and event are the
-    /// caller's ([`submit`]).
+    /// caller's.
     New(Uuid),
 }
 
@@ -184,53 +164,6 @@ pub(crate) async fn insert<DB: SqlDb>(
         }
     }
     Ok(Inserted::New(id))
-}
-
-/// A batch of submits in `w`, row by row: a refused task is answered on
-/// its own; a statement's failure fails the batch. Every task is inserted
-/// first; then the ones with a reserved agent are leased in one
-/// [`leases::grant_rows`], which locks all their agents at once in id order
-/// (one by one, two batches could lock them in opposite orders).
-pub(crate) async fn submit_rows<DB: Dialect>(
-    w: &mut Write<DB>,
-    submissions: &[Submission],
-    options: &StoreOptions,
-    now_ms: i64,
-) -> Result<Vec<Result<Submitted>>> {
-    let mut out: Vec<Result<Submitted>> = Vec::with_capacity(submissions.len());
-    let mut requests = Vec::new();
-    let mut requested_by = Vec::new();
-    for (i, submission) in submissions.iter().enumerate() {
-        if let Err(err) = check_new(&submission.task) {
-            out.push(Err(err));
-            continue;
-        }
-        let (record, created) = submit(w, &submission.task, now_ms).await?;
-        if let (Some(agent_id), true) = (submission.agent_id, created) {
-            requests.push(GrantRequest::one_slot(record.id, agent_id));
-            requested_by.push(i);
-        }
-        out.push(Ok((record, created, None)));
-    }
-    if requests.is_empty() {
-        return Ok(out);
-    }
-    let outcomes =
-        leases::grant_rows(w, &requests, options.max_running_per_namespace, now_ms).await?;
-    for (i, outcome) in requested_by.into_iter().zip(outcomes) {
-        let Some(Ok((record, _, grant))) = out.get_mut(i) else {
-            continue;
-        };
-        if matches!(outcome, GrantOutcome::Granted(_)) {
-            // Leased before anyone could see it queued.
-            let id = record.id;
-            w.events_mut()
-                .retain(|e| !matches!(e, StoreEvent::TaskQueued { task_id, .. } if *task_id == id));
-            *record = must_fetch::<DB>(w.conn(), id).await?;
-        }
-        *grant = Some(outcome);
-    }
-    Ok(out)
 }
 
 /// Tasks of a namespace, newest first, and the cursor of the next page.

@@ -54,9 +54,8 @@ fn grant_row(grant: &PlannedGrant) -> Value {
     })
 }
 
-/// Grants in `w` (see `LeaseStore::grant_leases`): the same reads, plan and
-/// outcome as `leases::grant_rows`, in a handful of statements for the
-/// whole batch.
+/// Grants in `w` (see `LeaseStore::grant_leases`): planned by `plan_grants`,
+/// as PostgreSQL's grant is, in a handful of statements for the whole batch.
 pub(super) async fn grant(
     w: &mut Write<Sqlite>,
     requests: &[GrantRequest],

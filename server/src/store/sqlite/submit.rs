@@ -3,8 +3,7 @@
 //! shared SQL inserts them (`tasks::insert`: the key's lookup, the fair
 //! rank); then the new tasks' history entries appended and their records
 //! read in one statement each, and the tasks with an agent reserved on the
-//! way in leased in one set-based grant (`grant`), as `tasks::submit_rows`
-//! does row by row.
+//! way in leased in one set-based grant (`grant`).
 
 use std::collections::{HashMap, HashSet};
 
