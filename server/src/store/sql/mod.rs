@@ -153,15 +153,16 @@ impl<DB: Database> Write<DB> {
 
     /// The transaction and its events, to commit, and the turn to release
     /// once it has.
-    pub(crate) fn into_parts(self) -> (Transaction<'static, DB>, Vec<StoreEvent>, Turn) {
-        (self.tx, self.events, Turn(self.turn))
+    pub(crate) fn into_parts(
+        self,
+    ) -> (
+        Transaction<'static, DB>,
+        Vec<StoreEvent>,
+        Option<tokio::sync::OwnedMutexGuard<()>>,
+    ) {
+        (self.tx, self.events, self.turn)
     }
 }
-
-/// A writers' turn held until dropped (none for a backend that takes no
-/// turns).
-#[derive(Debug)]
-pub(crate) struct Turn(#[allow(dead_code)] Option<tokio::sync::OwnedMutexGuard<()>>);
 
 /// What a backend supplies to [`SqlStore`]. Submits and grants are each
 /// backend's own (set-based); the other fast-path hooks default to the
