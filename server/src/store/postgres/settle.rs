@@ -431,19 +431,5 @@ async fn write_whole_attempts(
         .fetch_one(w.conn())
         .await
         .map_err(db("applying whole attempts"))?;
-    if [ended, settled]
-        .iter()
-        .any(|&n| usize::try_from(n).ok() != Some(settle.len()))
-    {
-        // The rows were read under the task locks; refuse to commit rather
-        // than record half an attempt.
-        return Err(Error::Corrupt {
-            context: "applying whole attempts",
-            detail: format!(
-                "{ended} leases ended and {settled} tasks settled of {} attempts",
-                settle.len()
-            ),
-        });
-    }
-    Ok(())
+    reports::all_whole_attempts_written(ended, settled, settle.len())
 }

@@ -490,6 +490,28 @@ pub(crate) fn plan_whole_attempts(
     settle
 }
 
+/// Refuses the transaction unless every one of `attempts` whole attempts
+/// ended its lease and settled its task: the rows were read in this
+/// transaction (locked, or under SQLite's one writer), so a shortfall is
+/// corruption, and committing would record half an attempt.
+pub(crate) fn all_whole_attempts_written<N>(ended: N, settled: N, attempts: usize) -> Result<()>
+where
+    N: Copy + std::fmt::Display + TryInto<usize>,
+{
+    if [ended, settled]
+        .iter()
+        .any(|&n| n.try_into().ok() != Some(attempts))
+    {
+        return Err(Error::Corrupt {
+            context: "applying whole attempts",
+            detail: format!(
+                "{ended} leases ended and {settled} tasks settled of {attempts} attempts"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The written attempts' events, and their reports' answers.
 pub(crate) fn whole_attempts_written<DB: Database>(
     w: &mut Write<DB>,

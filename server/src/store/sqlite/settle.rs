@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use sqlx::Sqlite;
 
 use super::batch::{self, hex};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::{LeaseRecord, LeaseReport, ReportApplied};
 use crate::store::StoreOptions;
 use crate::store::plan::{SettledAttempt, db};
@@ -165,19 +165,7 @@ async fn write(w: &mut Write<Sqlite>, settle: &[WholeAttempt], now_ms: i64) -> R
         run(w, REFUSE, &rows, now_ms, "recording refusals").await?;
     }
     let settled = run(w, SETTLE_TASKS, &rows, now_ms, "settling tasks").await?;
-    if [ended, settled]
-        .iter()
-        .any(|&n| usize::try_from(n).ok() != Some(settle.len()))
-    {
-        return Err(Error::Corrupt {
-            context: "applying whole attempts",
-            detail: format!(
-                "{ended} leases ended and {settled} tasks settled of {} attempts",
-                settle.len()
-            ),
-        });
-    }
-    Ok(())
+    reports::all_whole_attempts_written(ended, settled, settle.len())
 }
 
 /// Runs one of the statements above on the batch's rows; answers how many
