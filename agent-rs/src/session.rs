@@ -32,7 +32,7 @@ use crate::capabilities::Capabilities;
 use crate::handler::{Assigned, Handlers, Progress, TaskContext, TaskFailure};
 use crate::output::{OutputBatch, OutputLimits, OutputSink};
 use switchyard_proto::convert::{
-    json_to_struct, patch_to_proto, struct_to_json_lossy as struct_to_json,
+    check_carried, json_to_struct, patch_to_proto, struct_to_json_lossy as struct_to_json,
 };
 
 /// How the agent connects and behaves.
@@ -871,12 +871,25 @@ fn release(cause: pb::ReleaseCause, reason: &str) -> Update {
     })
 }
 
-/// A handler's outcome as the final report's update.
+/// A handler's outcome as the final report's update. A result with a
+/// number the contract cannot carry exactly fails the attempt, naming it,
+/// rather than succeeding with the number rounded.
 fn finished(outcome: Result<Value, TaskFailure>) -> Update {
     match outcome {
-        Ok(result) => Update::Succeeded(pb::LeaseSucceeded {
-            result: Some(json_to_struct(&result)),
-        }),
+        Ok(result) => match check_carried(&result, "result") {
+            Ok(()) => Update::Succeeded(pb::LeaseSucceeded {
+                result: Some(json_to_struct(&result)),
+            }),
+            Err(err) => Update::Failed(pb::LeaseFailed {
+                error: Some(pb::TaskError {
+                    message: format!("the handler's result cannot be sent: {err}"),
+                    code: "handler_error".to_owned(),
+                    retryable: false,
+                    details: None,
+                    output_tail: String::new(),
+                }),
+            }),
+        },
         Err(TaskFailure {
             release: Some(cause),
             message,
@@ -983,6 +996,28 @@ fn start_work(state: &mut AgentState, grant: &pb::LeaseGrant, task: &pb::Task) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_result_the_contract_cannot_carry_fails_the_attempt_naming_it() {
+        let ok = finished(Ok(
+            serde_json::json!({"exit_code": 0, "id": 9_007_199_254_740_991_i64}),
+        ));
+        assert!(matches!(ok, Update::Succeeded(_)), "{ok:?}");
+        let big = finished(Ok(
+            serde_json::json!({"exit_code": 0, "id": 9_007_199_254_740_993_i64}),
+        ));
+        let Update::Failed(pb::LeaseFailed { error: Some(error) }) = big else {
+            panic!("{big:?}");
+        };
+        assert!(
+            error
+                .message
+                .starts_with("the handler's result cannot be sent: result.id: number is beyond"),
+            "{}",
+            error.message
+        );
+        assert!(!error.retryable);
+    }
 
     #[test]
     fn a_session_names_running_leases_and_those_whose_final_report_waits() {

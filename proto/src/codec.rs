@@ -14,8 +14,10 @@
 //! limit) as INTERNAL, the server's fault. When what fails to decode is a
 //! request (every request message's name ends in `Request`, as buf's
 //! STANDARD lint requires), it is the caller's: INVALID_ARGUMENT, naming
-//! the message and what was wrong. A response that does not decode stays
-//! INTERNAL.
+//! the message and what was wrong. A value nested past prost's recursion
+//! limit is said in one line (the field and the limit) rather than as
+//! prost's chain of every message on the way. A response that does not
+//! decode stays INTERNAL.
 
 use std::marker::PhantomData;
 use tonic::Status;
@@ -73,10 +75,8 @@ impl<U: prost::Message + Default> Decoder for RequestDecoder<U> {
         self.0.decode(buf).map_err(|status| {
             let name = std::any::type_name::<U>().rsplit("::").next().unwrap_or("");
             if status.code() == tonic::Code::Internal && name.ends_with("Request") {
-                Status::invalid_argument(format!(
-                    "the request does not decode as a {name}: {}",
-                    status.message()
-                ))
+                let why = too_deep(status.message()).unwrap_or_else(|| status.message().to_owned());
+                Status::invalid_argument(format!("the request does not decode as a {name}: {why}"))
             } else {
                 status
             }
@@ -85,5 +85,64 @@ impl<U: prost::Message + Default> Decoder for RequestDecoder<U> {
 
     fn buffer_settings(&self) -> BufferSettings {
         self.0.buffer_settings()
+    }
+}
+
+/// What prost says of a value nested past its recursion limit (a chain of
+/// every message and field on the way, innermost first, over a thousand
+/// characters for a deep JSON document), said in one line: the field,
+/// from the request down to where its JSON value starts, and the limit.
+fn too_deep(message: &str) -> Option<String> {
+    let stack = message
+        .strip_prefix("failed to decode Protobuf message: ")?
+        .strip_suffix("recursion limit reached")?;
+    let mut path = Vec::new();
+    for entry in stack.rsplit(": ").filter(|e| !e.is_empty()) {
+        let (message, field) = entry.split_once('.')?;
+        if matches!(message, "Struct" | "Value" | "ListValue") {
+            break;
+        }
+        path.push(field);
+    }
+    let field = if path.is_empty() {
+        "a value".to_owned()
+    } else {
+        path.join(".")
+    };
+    Some(format!(
+        "{field} is nested too deeply: protobuf decoding stops at {RECURSION_LIMIT} nested \
+         messages (a JSON value in a Struct takes two per level; documents, payloads and results \
+         may nest at most 32 levels)"
+    ))
+}
+
+/// prost's recursion limit when decoding.
+const RECURSION_LIMIT: u32 = 100;
+
+#[cfg(test)]
+mod tests {
+    use super::too_deep;
+
+    #[test]
+    fn a_value_nested_too_deeply_is_named_in_one_line() {
+        let chain = "Struct.fields: Value.kind: ".repeat(40);
+        let prost = format!(
+            "failed to decode Protobuf message: {chain}PatchOperation.value: \
+             CapabilityDiff.operations: Heartbeat.capability_diff: ConnectRequest.message: \
+             recursion limit reached"
+        );
+        let said = too_deep(&prost).unwrap();
+        assert!(
+            said.starts_with(
+                "message.capability_diff.operations.value is nested too deeply: protobuf decoding \
+                 stops at 100 nested messages"
+            ),
+            "{said}"
+        );
+        assert!(!said.contains('\n') && said.len() < 250, "{said}");
+        assert_eq!(
+            too_deep("failed to decode Protobuf message: invalid wire type"),
+            None
+        );
     }
 }

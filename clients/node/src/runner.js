@@ -36,6 +36,7 @@ import {
   jsonEqual,
   mergePacks,
   resolveParams,
+  uncarried,
   unhealthyReasons,
 } from "./core/index.js";
 
@@ -117,8 +118,14 @@ const durationMs = (d, fallback) =>
 /** A resolved JSON copy (drops `undefined`, functions, ...), as a Struct can carry it. */
 const plainJson = (v) => (v === undefined ? undefined : JSON.parse(JSON.stringify(v)));
 
+/**
+ * A handler's result as the Struct it is sent as; throws, naming the field, for a number the
+ * contract cannot carry exactly (past ±(2^53 − 1), or a BigInt) rather than sending it rounded.
+ */
 function toStruct(result) {
   if (result === undefined || result === null) return {};
+  const found = uncarried(result, "result");
+  if (found) throw new Error(`${found.path}: ${found.reason}`);
   const json = plainJson(result);
   return isObject(json) ? json : { value: json };
 }
@@ -902,7 +909,13 @@ export class Runner extends EventEmitter {
       try {
         result = toStruct(outcome.result);
       } catch (err) {
-        outcome = { ok: false, error: new Error(`the handler's result is not JSON: ${err.message}`) };
+        outcome = {
+          ok: false,
+          error: new TaskFailure(`the handler's result cannot be sent: ${err.message}`, {
+            code: "handler_error",
+            retryable: false,
+          }),
+        };
       }
       if (outcome.ok) update = { case: "succeeded", value: { result } };
     }

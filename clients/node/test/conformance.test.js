@@ -1,5 +1,5 @@
 // Runs every case of the shared conformance vectors this runner must pass:
-// tests/conformance/{merge,diff,redaction,packs,kinds}.json at the repository root.
+// tests/conformance/{merge,diff,redaction,packs,kinds,numbers}.json at the repository root.
 import { describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
@@ -18,7 +18,10 @@ import {
   redact,
   redactText,
   resolveParams,
+  uncarried,
 } from "../src/core/index.js";
+import { fromJson, toJson } from "@bufbuild/protobuf";
+import { StructSchema, ValueSchema } from "@bufbuild/protobuf/wkt";
 
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), "../../..");
 const vectors = (name) =>
@@ -137,4 +140,32 @@ describe("check_kind", () => {
     assert.match(checkKind("nbsp\u00a0"), /no white space or control characters$/);
     assert.equal(checkKind("bell\u0007"), "has '\\u{7}': no white space or control characters");
   });
+});
+
+describe("numbers.json", () => {
+  // The runner's own conversion: refuse what a Struct cannot carry, then protobuf-es's.
+  const send = (value, path) => {
+    const found = uncarried(value, path);
+    if (found) return { error: found };
+    return { sent: toJson(StructSchema, fromJson(StructSchema, value)) };
+  };
+  for (const c of vectors("numbers")) {
+    test(c.name, () => {
+      if (c.kind === "send") {
+        const got = send(JSON.parse(c.json), c.path);
+        if ("error_path" in c) {
+          assert.ok(got.error, `expected a refusal at ${c.error_path}`);
+          assert.equal(got.error.path, c.error_path);
+          assert.match(got.error.reason, /2\^53|NaN/);
+        } else {
+          assert.deepEqual(got.sent, c.sent);
+        }
+      } else {
+        c.numbers.forEach((n, i) => {
+          const value = toJson(ValueSchema, fromJson(ValueSchema, n));
+          assert.equal(Number.isInteger(value), c.integers[i], `${n}`);
+        });
+      }
+    });
+  }
 });

@@ -68,6 +68,25 @@ test("a lease is accepted, run and completed with the handler's result", async (
   assert.deepEqual(done.result, { echoed: { hello: "world" }, kind: "echo" });
 });
 
+test("a result's whole numbers arrive as integers; one past 2^53 fails the attempt, named", async () => {
+  await runner(
+    (r) =>
+      r
+        .handler("exact", async () => ({ exit_code: 0, port: 8080, load: 0.5 }))
+        .handler("too-big", async () => ({ ok: true, id: 2 ** 60 })),
+    { ".capabilities.json": { tags: ["numbers-tag"] } },
+  );
+  const { task: exact } = await api.tasks.submitTask({ kind: "exact", ...tag("numbers-tag") });
+  const done = await watch(api.tasks, exact.taskId);
+  assert.equal(TaskState[done.state], "SUCCEEDED");
+  assert.equal(JSON.stringify(done.result), '{"exit_code":0,"load":0.5,"port":8080}');
+  const { task: big } = await api.tasks.submitTask({ kind: "too-big", maxAttempts: 1, ...tag("numbers-tag") });
+  const failed = await watch(api.tasks, big.taskId);
+  assert.equal(TaskState[failed.state], "FAILED");
+  assert.match(failed.error.message, /^the handler's result cannot be sent: result\.id: number is beyond ±\(2\^53 − 1\)/);
+  assert.equal(failed.error.retryable, false);
+});
+
 test("a handler gets the GPUs its lease holds", async () => {
   const gpus = [0, 1].map((i) => ({ index: i, uuid: `GPU-${i}`, model: "Tesla T4", memory_mb: 15360 }));
   let env;

@@ -22,31 +22,50 @@ _OPS = {
 }
 
 
-def to_value(value: JSON) -> struct_pb2.Value:
-    """A JSON value as a ``google.protobuf.Value``."""
+MAX_EXACT_INTEGER = 2**53 - 1
+"""The largest magnitude a number in a ``Struct`` (an IEEE-754 double) carries exactly as an integer."""
+
+BEYOND_EXACT = (
+    "number is beyond ±(2^53 − 1) (9007199254740991), the most a Struct number carries exactly; "
+    "send it as a string"
+)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def to_value(value: JSON, path: str = "") -> struct_pb2.Value:
+    """A JSON value as a ``google.protobuf.Value``. A number the contract cannot carry exactly (an
+    integer past ±(2^53 − 1), a float of that magnitude, NaN or an infinity) raises ValueError
+    naming it by ``path``, rather than travelling rounded."""
     out = struct_pb2.Value()
     if value is None:
         out.null_value = struct_pb2.NULL_VALUE
     elif isinstance(value, bool):
         out.bool_value = value
     elif isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{path or 'value'}: number is NaN or infinite")
+        if abs(value) > MAX_EXACT_INTEGER:
+            raise ValueError(f"{path or 'value'}: {BEYOND_EXACT}")
         out.number_value = float(value)
     elif isinstance(value, str):
         out.string_value = value
     elif isinstance(value, list):
-        out.list_value.values.extend(to_value(v) for v in value)
+        out.list_value.values.extend(to_value(v, _join(path, str(i))) for i, v in enumerate(value))
     elif isinstance(value, dict):
-        out.struct_value.CopyFrom(to_struct(value))
+        out.struct_value.CopyFrom(to_struct(value, path))
     else:
-        raise TypeError(f"{type(value).__name__} is not JSON")
+        raise TypeError(f"{path or 'value'}: {type(value).__name__} is not JSON")
     return out
 
 
-def to_struct(value: dict) -> struct_pb2.Struct:
-    """A JSON object as a ``google.protobuf.Struct``."""
+def to_struct(value: dict, path: str = "") -> struct_pb2.Struct:
+    """A JSON object as a ``google.protobuf.Struct`` (see ``to_value`` for the numbers it refuses)."""
     out = struct_pb2.Struct()
     for key, item in value.items():
-        out.fields[key].CopyFrom(to_value(item))
+        out.fields[key].CopyFrom(to_value(item, _join(path, key)))
     return out
 
 
@@ -55,7 +74,7 @@ def from_value(value: struct_pb2.Value) -> JSON:
     which = value.WhichOneof("kind")
     if which == "number_value":
         n = value.number_value
-        return int(n) if math.isfinite(n) and n.is_integer() and abs(n) < 2**53 else n
+        return int(n) if math.isfinite(n) and n.is_integer() and abs(n) <= MAX_EXACT_INTEGER else n
     if which == "string_value":
         return value.string_value
     if which == "bool_value":

@@ -806,9 +806,13 @@ class Runner:
         elif what == "succeeded":
             result = value if isinstance(value, dict) else ({} if value is None else {"result": value})
             try:
-                update = pb.LeaseUpdate(**ids, succeeded=pb.LeaseSucceeded(result=convert.to_struct(result)))
+                update = pb.LeaseUpdate(
+                    **ids, succeeded=pb.LeaseSucceeded(result=convert.to_struct(result, "result"))
+                )
             except (TypeError, ValueError) as err:
-                failure = TaskFailure(f"handler result is not JSON: {err}", code="handler_error", retryable=False)
+                failure = TaskFailure(
+                    f"the handler's result cannot be sent: {err}", code="handler_error", retryable=False
+                )
                 update = _failed(ids, failure)
         else:
             update = _failed(ids, value)

@@ -1,4 +1,5 @@
-"""The shared conformance vectors (`tests/conformance/`): merge, diff, redaction, packs and kinds.
+"""The shared conformance vectors (`tests/conformance/`): merge, diff, redaction, packs, kinds and
+numbers.
 
 Every case of the five files the runners share must pass, as the Rust core passes them.
 """
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from switchyard_runner import convert
 from switchyard_runner.core import diff as diffs
 from switchyard_runner.core.json_util import json_equal
 from switchyard_runner.core.limits import Limits
@@ -109,3 +111,29 @@ def test_kinds(case: dict) -> None:
         for w in advertised.withdrawn
     ]
     assert got == expected["withdrawn"]
+
+
+def _same_json_types(a: Any, b: Any) -> bool:
+    """Equal as JSON, and every number of the same Python type (an int is not a float)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_json_types(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_json_types(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("case", cases("numbers"))
+def test_numbers(case: dict) -> None:
+    if case["kind"] == "send":
+        value = json.loads(case["json"])
+        if "error_path" in case:
+            with pytest.raises(ValueError) as refused:
+                convert.to_struct(value, case["path"])
+            assert str(refused.value).startswith(f"{case['error_path']}: "), str(refused.value)
+        else:
+            sent = convert.from_struct(convert.to_struct(value, case["path"]))
+            assert _same_json_types(sent, case["sent"]), sent
+    else:
+        for number, integer in zip(case["numbers"], case["integers"], strict=True):
+            got = convert.from_value(convert.to_value(number))
+            assert isinstance(got, int) == integer and got == number, (number, got)

@@ -9,7 +9,7 @@ import json
 import pathlib
 
 from helpers import Client, make_runner, running
-from switchyard_runner import HandlerPack, Param, ProvidedCapability, Runner, TaskContext
+from switchyard_runner import HandlerPack, Param, ProvidedCapability, Runner, TaskContext, convert
 from switchyard_runner.v1 import agent_pb2, task_pb2
 
 SUCCEEDED = (task_pb2.TASK_STATE_SUCCEEDED,)
@@ -47,6 +47,34 @@ async def test_lease_and_complete(server_address: str, client: Client) -> None:
         assert done.result["echo"]["n"] == 3
         assert done.attempts == 0
         assert progress == [1]
+
+
+async def test_whole_numbers_arrive_as_integers_and_one_past_2_53_fails_named(
+    server_address: str, client: Client
+) -> None:
+    runner = make_runner(server_address)
+
+    @runner.handler("exact")
+    async def exact(task: TaskContext) -> dict:
+        return {"exit_code": 0, "port": 8080, "load": 0.5, "seen": task.payload}
+
+    @runner.handler("too-big")
+    async def too_big(task: TaskContext) -> dict:
+        return {"ok": True, "id": 2**53 + 1}
+
+    async with running(runner):
+        task = await client.submit("exact", {"n": 3})
+        done = await client.wait_for(task.task_id, SUCCEEDED)
+        result = convert.from_struct(done.result)
+        assert json.dumps(result, sort_keys=True) == (
+            '{"exit_code": 0, "load": 0.5, "port": 8080, "seen": {"n": 3}}'
+        ), "the handler saw an int payload and its ints came back as ints"
+        task = await client.submit("too-big", max_attempts=1)
+        failed = await client.wait_for(task.task_id, (task_pb2.TASK_STATE_FAILED,))
+        assert failed.error.message.startswith(
+            "the handler's result cannot be sent: result.id: number is beyond ±(2^53 − 1)"
+        ), failed.error.message
+        assert not failed.error.retryable
 
 
 async def test_a_handler_gets_the_gpus_its_lease_holds(server_address: str, client: Client, tmp_path: pathlib.Path) -> None:

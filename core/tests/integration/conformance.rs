@@ -60,6 +60,9 @@ fn every_vector_file_is_covered() {
             // (agent-rs/src/identity.rs and the Python and Node runners'
             // tests).
             "naming.json",
+            // numbers.json is how numbers travel in a Struct
+            // (proto/src/convert.rs and the Python and Node runners' tests).
+            "numbers.json",
             // output.json is a task's output as every runner sends it
             // (tests/crosslang/test_same_output.py, against a real server).
             "output.json",

@@ -3,12 +3,16 @@
 //! names, 64-bit integers as strings, RFC 3339 timestamps, durations in
 //! seconds, fields at their default left out). prost-reflect does the
 //! mapping from the contract's descriptors, so nothing here maps a field by
-//! hand.
+//! hand. A number that is a whole number is printed as an integer (`8080`,
+//! not `8080.0`), as grpcurl prints it: every number in a
+//! `google.protobuf.Struct` (payloads, results, documents) is a double on
+//! the wire.
 
 use std::sync::LazyLock;
 
 use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
 use serde_json::Value;
+use switchyard_proto::convert;
 
 /// The contract's descriptors, with the well-known types it imports.
 static POOL: LazyLock<Result<DescriptorPool, String>> = LazyLock::new(|| {
@@ -24,10 +28,36 @@ pub(super) fn to_json<M: prost::Name>(message: &M) -> Result<Value, String> {
         .ok_or_else(|| format!("{name} is not in the contract's descriptors"))?;
     let dynamic = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice())
         .map_err(|err| format!("{name}: {err}"))?;
-    dynamic
+    let mut value = dynamic
         .serialize_with_options(serde_json::value::Serializer, &SerializeOptions::new())
-        .map_err(|err| format!("{name}: {err}"))
+        .map_err(|err| format!("{name}: {err}"))?;
+    whole_numbers_as_integers(&mut value);
+    Ok(value)
 }
+
+/// Every whole number in `value` that a double holds exactly as an integer,
+/// printed as one.
+fn whole_numbers_as_integers(value: &mut Value) {
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            if let Some(f) = n.as_f64()
+                && f.fract() == 0.0
+                && f.abs() <= MAX_EXACT
+            {
+                #[allow(clippy::cast_possible_truncation)]
+                let whole = f as i64;
+                *value = Value::from(whole);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(whole_numbers_as_integers),
+        Value::Object(map) => map.values_mut().for_each(whole_numbers_as_integers),
+        _ => {}
+    }
+}
+
+/// [`convert::MAX_EXACT_INTEGER`] as a double (exact: it is below 2^53).
+#[allow(clippy::cast_precision_loss)]
+const MAX_EXACT: f64 = convert::MAX_EXACT_INTEGER as f64;
 
 #[cfg(test)]
 mod tests {
@@ -70,5 +100,23 @@ mod tests {
         // Defaults are left out, as grpcurl leaves them out.
         assert!(value["task"].get("attempts").is_none(), "{value}");
         assert!(value["task"].get("priority").is_none(), "{value}");
+    }
+
+    #[test]
+    fn whole_numbers_in_structs_print_as_integers() {
+        let reply = pb::GetTaskResponse {
+            task: Some(pb::Task {
+                result: Some(convert::json_to_struct(
+                    &json!({"exit_code": 0, "port": 8080, "load": 0.5, "n": [-3, 9_007_199_254_740_991_i64]}),
+                )),
+                ..Default::default()
+            }),
+        };
+        let value = to_json(&reply).unwrap();
+        let result = &value["task"]["result"];
+        assert_eq!(
+            result.to_string(),
+            r#"{"exit_code":0,"load":0.5,"n":[-3,9007199254740991],"port":8080}"#
+        );
     }
 }

@@ -221,6 +221,7 @@ fn read_payload(source: Option<&str>) -> Result<prost_types::Struct, Failure> {
     if !value.is_object() {
         return Err(Failure::usage("the payload must be a JSON object"));
     }
+    convert::check_carried(&value, "payload").map_err(|err| Failure::usage(err.to_string()))?;
     Ok(convert::json_to_struct(&value))
 }
 

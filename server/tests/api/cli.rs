@@ -140,7 +140,7 @@ async fn submit_wait_get_explain_and_exit_codes() {
     let retried: Value = serde_json::from_str(stdout.trim()).expect("json");
     assert_eq!(
         retried["task"]["retry"],
-        json!({"initialBackoff": "1.500s", "maxBackoff": "300s", "multiplier": 2.0, "jitter": 0.0})
+        json!({"initialBackoff": "1.500s", "maxBackoff": "300s", "multiplier": 2, "jitter": 0})
     );
     let mut bad_retry = cli(&server);
     bad_retry.args(["submit", "echo", "--retry-multiplier", "0.5"]);

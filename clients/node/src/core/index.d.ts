@@ -180,3 +180,12 @@ export declare function canonical<T>(value: T): T;
 export declare function jsonEqual(a: unknown, b: unknown): boolean;
 export declare function clone<T>(value: T): T;
 export declare function serializedLen(value: unknown): number;
+/** The largest magnitude a Struct number carries exactly as an integer (2^53 − 1). */
+export declare const MAX_EXACT_INTEGER: number;
+/** Why a number of larger magnitude is refused. */
+export declare const BEYOND_EXACT: string;
+/**
+ * The first number in `value` a Struct cannot carry exactly, with its dotted path from `path`;
+ * null if none.
+ */
+export declare function uncarried(value: unknown, path?: string): { path: string; reason: string } | null;

@@ -85,3 +85,41 @@ export function kind(v) {
 export function join(path, key) {
   return path === "" ? key : `${path}.${key}`;
 }
+
+/**
+ * The largest magnitude a number in a `google.protobuf.Struct` (an IEEE-754 double) carries
+ * exactly as an integer: 2^53 − 1.
+ */
+export const MAX_EXACT_INTEGER = Number.MAX_SAFE_INTEGER;
+
+/** Why a number of larger magnitude is refused. */
+export const BEYOND_EXACT =
+  "number is beyond ±(2^53 − 1) (9007199254740991), the most a Struct number carries exactly; " +
+  "send it as a string";
+
+/**
+ * The first number in `v` a Struct cannot carry exactly (NaN, an infinity, a magnitude past
+ * MAX_EXACT_INTEGER; a BigInt), as `{path, reason}` with the dotted path from `path`; null if none.
+ */
+export function uncarried(v, path = "") {
+  const at = (key) => (path ? `${path}.${key}` : String(key));
+  if (typeof v === "bigint") return { path, reason: BEYOND_EXACT };
+  if (typeof v === "number") {
+    if (!Number.isFinite(v)) return { path, reason: "number is NaN or infinite" };
+    return Math.abs(v) > MAX_EXACT_INTEGER ? { path, reason: BEYOND_EXACT } : null;
+  }
+  if (Array.isArray(v)) {
+    for (let i = 0; i < v.length; i++) {
+      const found = uncarried(v[i], at(i));
+      if (found) return found;
+    }
+    return null;
+  }
+  if (isObject(v)) {
+    for (const k of Object.keys(v)) {
+      const found = uncarried(v[k], at(k));
+      if (found) return found;
+    }
+  }
+  return null;
+}
