@@ -32,7 +32,8 @@ What it checks, and how:
 - every attempt accounted for: each lease ended exactly one way, recorded
   with an end time and what ended it (COMPLETED by a succeeded or failed
   report, RELEASED by the agent or as an unacknowledged grant, EXPIRED); fencing tokens are 1..n per task, the task holds n; one
-  ``leased`` event per lease; ``attempts`` = expired leases + failed reports;
+  ``leased`` event per lease; ``attempts`` = expired acknowledged leases +
+  failed reports (a grant that expired unacknowledged is a release);
 - every reference resolves: each lease names a stored task and agent, each
   history entry a stored task (and lease, if it names one). The PostgreSQL
   schema has no foreign keys on these tables (migration 0003), so this is
@@ -194,7 +195,7 @@ def check(
     leases = psql_rows(
         database_url,
         "SELECT id, task_id, agent_id, fencing_token, state, granted_at_ms, ended_at_ms, "
-        "COALESCE(outcome, '') AS outcome, slots FROM leases")
+        "COALESCE(outcome, '') AS outcome, slots, acked FROM leases")
     events = psql_rows(database_url, "SELECT task_id, kind, lease_id FROM task_events")
     agents = {r["id"]: r for r in psql_rows(
         database_url,
@@ -405,6 +406,7 @@ def check(
             continue
         mine = leases_by_task.get(s.task_id, [])
         expired = 0
+        lost = 0
         failed = 0
         for lease in mine:
             state, outcome = lease["state"], lease["outcome"]
@@ -416,7 +418,10 @@ def check(
             if not ok:
                 report.fail(f"attempts: lease {lease['id']} ended as {state!r} with outcome {outcome!r} "
                             f"at {lease['ended_at_ms']!r}")
+            # An attempt is a lease the agent acknowledged: a grant that
+            # expired unacknowledged counts as a release.
             expired += state == "expired"
+            lost += state == "expired" and lease["acked"] == "t"
             failed += state == "completed" and outcome == "failed"
         report.expired += expired
         report.failed_reports += failed
@@ -426,7 +431,7 @@ def check(
         if events_by_task[s.task_id]["leased"] != len(mine):
             report.fail(f"attempts: task {s.task_id} has {len(mine)} leases, "
                         f"{events_by_task[s.task_id]['leased']} leased events")
-        if int(task["attempts"]) != expired + failed:
+        if int(task["attempts"]) != lost + failed:
             report.fail(f"attempts: task {s.task_id} counts {task['attempts']} attempts; its leases show "
-                        f"{expired} expired + {failed} failed")
+                        f"{lost} acknowledged and expired + {failed} failed")
     return report

@@ -34,16 +34,61 @@ impl Api {
     /// A task on the wire, with its queued reason (from the whole fleet)
     /// when it is queued.
     pub(crate) async fn task_with_reason(&self, record: &TaskRecord) -> Result<pb::Task> {
-        let reason = if record.state != TaskState::Queued {
-            None
-        } else if record.not_before_ms > self.now_ms() {
-            Some(QueuedReason::Backoff)
-        } else if self.limits(record).await?.full() {
-            Some(QueuedReason::ConcurrencyLimit)
-        } else {
-            Some(QueuedReason::of(&self.explain(record).await?.outcome))
-        };
-        Ok(wire::task_with_reason(record, reason))
+        let mut tasks = self
+            .tasks_with_reasons(std::slice::from_ref(record))
+            .await?;
+        tasks.pop().ok_or_else(|| Error::Corrupt {
+            context: "giving a task its queued reason",
+            detail: "no task".to_owned(),
+        })
+    }
+
+    /// Tasks on the wire, each queued one with its reason: BACKOFF while it
+    /// is not yet due, CONCURRENCY_LIMIT while a limit holds it back, else
+    /// what matching against the whole fleet says (PARKED or
+    /// WAITING_FOR_CAPACITY, see [`crate::dispatch::Dispatcher::queued_reasons`]).
+    /// GetTask and ListTasks say the same of a task.
+    pub(crate) async fn tasks_with_reasons(&self, records: &[TaskRecord]) -> Result<Vec<pb::Task>> {
+        let now = self.now_ms();
+        let mut reasons: Vec<Option<QueuedReason>> = Vec::with_capacity(records.len());
+        let mut matching = Vec::new();
+        let mut limits: BTreeMap<(&str, Option<&str>), bool> = BTreeMap::new();
+        for record in records {
+            let reason = if record.state != TaskState::Queued {
+                None
+            } else if record.not_before_ms > now {
+                Some(QueuedReason::Backoff)
+            } else {
+                let key = (record.namespace.as_str(), record.concurrency_key.as_deref());
+                let full = match limits.get(&key) {
+                    Some(full) => *full,
+                    None => {
+                        let full = self.limits(record).await?.full();
+                        limits.insert(key, full);
+                        full
+                    }
+                };
+                if full {
+                    Some(QueuedReason::ConcurrencyLimit)
+                } else {
+                    matching.push(reasons.len());
+                    None
+                }
+            };
+            reasons.push(reason);
+        }
+        if !matching.is_empty() {
+            let due: Vec<&TaskRecord> = matching.iter().map(|&i| &records[i]).collect();
+            let matched = self.dispatcher.queued_reasons(&due).await?;
+            for (i, reason) in matching.into_iter().zip(matched) {
+                reasons[i] = Some(reason);
+            }
+        }
+        Ok(records
+            .iter()
+            .zip(reasons)
+            .map(|(record, reason)| wire::task_with_reason(record, reason))
+            .collect())
     }
 
     /// How full the concurrency limits a task is held to are (reads
@@ -179,10 +224,6 @@ impl Api {
         }
         Ok((task, compiled))
     }
-
-    async fn explain(&self, record: &TaskRecord) -> Result<matcher::Explanation> {
-        Ok(self.dispatcher.explanation(record).await?.0)
-    }
 }
 
 /// The wire verdicts of an explanation, eligible first in rank order, with
@@ -299,7 +340,7 @@ impl TaskService for TaskApi {
             after: (!req.page_token.is_empty()).then_some(req.page_token),
         };
         let (tasks, next) = self.0.store.list_tasks(&filter, &page).await?;
-        let mut wire_tasks: Vec<pb::Task> = tasks.iter().map(wire::task).collect();
+        let mut wire_tasks = self.0.tasks_with_reasons(&tasks).await?;
         let kept = super::bounds::fitting(&wire_tasks);
         let next = if kept < wire_tasks.len() {
             wire_tasks.truncate(kept);

@@ -4,7 +4,7 @@
 //! past its start deadline fails with, and the queue summarised by groups
 //! of one kind and placement (GetQueueSummary, WatchQueue).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use switchyard_core::matcher::{self, AgentId, AgentView};
 use switchyard_core::placement::{self as core_placement, CompiledPlacement, Placement};
@@ -145,6 +145,77 @@ impl Dispatcher {
     ) -> Result<(matcher::Explanation, BTreeMap<AgentId, String>)> {
         let (fleet, names) = self.fleet(&record.namespace).await?;
         Ok((self.explain_against(record, fleet).await?, names))
+    }
+
+    /// Why each of `records`, queued tasks that are due, waits as matching
+    /// says: PARKED or WAITING_FOR_CAPACITY, in `records`' order. Unlike
+    /// [`Dispatcher::explanation`] per task, a listing's page is matched
+    /// by group: each namespace's fleet is read once, each kind and
+    /// placement matched once, and a task's refusals are read only when its
+    /// group is not parked anyway (a task every capable agent refused is
+    /// parked; the agents its attempts failed on do not park it).
+    pub async fn queued_reasons(&self, records: &[&TaskRecord]) -> Result<Vec<QueuedReason>> {
+        type Group = (String, String, String);
+        let none = BTreeMap::new();
+        let no_failures = std::collections::BTreeSet::new();
+        let mut fleets: HashMap<String, Vec<AgentView>> = HashMap::new();
+        let mut groups: HashMap<Group, (CompiledPlacement, Vec<AgentView>, QueuedReason)> =
+            HashMap::new();
+        let mut reasons = Vec::with_capacity(records.len());
+        for record in records {
+            let group = (
+                record.namespace.clone(),
+                record.kind.clone(),
+                record.placement.to_string(),
+            );
+            if !groups.contains_key(&group) {
+                if !fleets.contains_key(&record.namespace) {
+                    let fleet = self.fleet_views(&record.namespace).await?;
+                    fleets.insert(record.namespace.clone(), fleet);
+                }
+                let mut views = fleets.get(&record.namespace).cloned().unwrap_or_default();
+                let compiled = stored_placement(record)?;
+                self.add_claims(&compiled, &mut views).await?;
+                let outcome = matcher::explain_task(
+                    &compiled,
+                    &record.namespace,
+                    &views,
+                    &none,
+                    &no_failures,
+                )
+                .outcome;
+                groups.insert(group.clone(), (compiled, views, QueuedReason::of(&outcome)));
+            }
+            let Some((compiled, views, reason)) = groups.get(&group) else {
+                continue;
+            };
+            if *reason == QueuedReason::Parked {
+                reasons.push(QueuedReason::Parked);
+                continue;
+            }
+            let refused: BTreeMap<AgentId, String> = self
+                .shared
+                .store
+                .task_refusals(record.id)
+                .await?
+                .into_iter()
+                .map(|(agent, reason)| (agent.into(), reason))
+                .collect();
+            if refused.is_empty() {
+                reasons.push(*reason);
+            } else {
+                let outcome = matcher::explain_task(
+                    compiled,
+                    &record.namespace,
+                    views,
+                    &refused,
+                    &no_failures,
+                )
+                .outcome;
+                reasons.push(QueuedReason::of(&outcome));
+            }
+        }
+        Ok(reasons)
     }
 
     /// [`Dispatcher::explanation`] against `fleet`, the agents of the

@@ -62,7 +62,7 @@ pub use self::submit::SubmitOutcome;
 use crate::batch::{GroupCommit, Linger};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::model::{Beat, BeatApplied, LeaseReport, ReportApplied, Submission, Submitted};
+use crate::model::{Beat, BeatOutcome, LeaseReport, ReportApplied, Submission, Submitted};
 use crate::store::Store;
 
 /// How the dispatcher behaves; defaults suit production, tests shorten them.
@@ -171,7 +171,7 @@ struct Shared {
     /// [`Dispatcher::spawn`]).
     reports: OnceLock<GroupCommit<LeaseReport, ReportApplied>>,
     /// Heartbeats of every session, group-committed likewise.
-    beats: OnceLock<GroupCommit<Beat, BeatApplied>>,
+    beats: OnceLock<GroupCommit<Beat, BeatOutcome>>,
     /// Submits of every caller, group-committed likewise.
     submits: OnceLock<GroupCommit<Submission, Submitted>>,
     /// Counts signals that a task may be waiting in the queue (a submit
@@ -353,9 +353,9 @@ impl Dispatcher {
 
     /// Applies a session's heartbeat, group-committed with other sessions';
     /// one with nothing to write goes nowhere.
-    pub async fn heartbeat(&self, beat: Beat) -> Result<BeatApplied> {
+    pub async fn heartbeat(&self, beat: Beat) -> Result<BeatOutcome> {
         if beat.is_empty() {
-            return Ok(BeatApplied::Renewed);
+            return Ok(BeatOutcome::NOTHING);
         }
         let mut results = match self.shared.beats.get() {
             Some(group) => group.submit(vec![beat]).await?,

@@ -267,10 +267,42 @@ pub struct DocumentWrite {
     pub provenance: Value,
 }
 
-/// What one heartbeat's writes did.
+/// What one heartbeat's writes did: to the document, and the leases it
+/// renewed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BeatOutcome {
+    /// What became of the document.
+    pub applied: BeatApplied,
+    /// Every live lease of the agent the beat renewed, with its new expiry
+    /// (empty when it renewed none).
+    pub renewed: Vec<RenewedLease>,
+}
+
+impl BeatOutcome {
+    /// A beat that renewed nothing and wrote no document.
+    pub const NOTHING: Self = Self {
+        applied: BeatApplied::Renewed,
+        renewed: Vec::new(),
+    };
+}
+
+/// A live lease a heartbeat renewed: it now runs until the heartbeat's time
+/// plus its own task's TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenewedLease {
+    /// The lease.
+    pub lease_id: Uuid,
+    /// Its task.
+    pub task_id: Uuid,
+    /// When it now expires, in milliseconds since the epoch.
+    pub expires_at_ms: i64,
+}
+
+/// What one heartbeat's writes did to the document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BeatApplied {
-    /// Leases renewed and the agent touched; no document was given.
+    /// No document was given (leases renewed, the agent touched, as the
+    /// beat asked).
     Renewed,
     /// The document was written; its new generation.
     Written(u64),

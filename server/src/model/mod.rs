@@ -34,8 +34,8 @@ pub mod task;
 pub mod token;
 
 pub use agent::{
-    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, DocumentWrite,
-    NameContention,
+    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, BeatOutcome,
+    DocumentWrite, NameContention, RenewedLease,
 };
 pub use backoff::{
     DEFAULT_BACKOFF_BASE_MS, DEFAULT_RETRY_JITTER, DEFAULT_RETRY_MULTIPLIER, MAX_BACKOFF_MS,

@@ -45,7 +45,7 @@ pub use sqlite::{SqliteBackend, SqliteStore};
 
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion,
+    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatOutcome, Completion,
     CompletionResult, DEFAULT_BACKOFF_BASE_MS, DEFAULT_MAX_RELEASES, GrantOutcome, GrantRequest,
     LeaseRecord, LeaseReport, LimitUsage, OutputBounds, Page, ParkedPlacement, QueueCursor,
     QueueGroupRow, ReportApplied, RevocationCause, StoreEvent, StoredChunk, Submission, Submitted,
@@ -369,10 +369,11 @@ pub trait AgentStore: Send + Sync {
     /// Heartbeats of many sessions in one transaction: every agent's live
     /// leases renewed to now plus their TTL, the agent touched, a changed
     /// status written (while the session is current) and a changed document
-    /// written if its generation still holds. Document writes announce
+    /// written if its generation still holds; each beat's outcome names the
+    /// leases it renewed and their new expiries. Document writes announce
     /// nothing: the session that made them updates its replica's index, and
     /// no other replica holds that agent.
-    async fn heartbeats(&self, beats: &[Beat], now_ms: i64) -> Result<Vec<Result<BeatApplied>>>;
+    async fn heartbeats(&self, beats: &[Beat], now_ms: i64) -> Result<Vec<Result<BeatOutcome>>>;
 }
 
 /// Bearer tokens, by the SHA-256 of the token.

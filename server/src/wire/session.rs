@@ -81,6 +81,7 @@ pub fn ack(
         message: message.to_owned(),
         capability_generation: generation,
         leases_expire_at: None,
+        lease_expiries: Vec::new(),
     }))
 }
 

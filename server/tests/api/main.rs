@@ -9,6 +9,7 @@
 mod cli;
 mod common;
 mod console;
+mod contract;
 mod deadlines;
 mod explain;
 mod fairness;

@@ -385,7 +385,14 @@ async fn a_diff_whose_write_went_stale_never_reaches_the_matcher() {
             Some(json!({"tags": ["base", "gpu"]})),
         )
         .await;
-    assert_eq!(ack.code, 0, "{}", ack.message);
+    // The write went stale: the ack says the diff was not applied.
+    assert_eq!(ack.code, tonic::Code::FailedPrecondition as i32, "{ack:?}");
+    assert!(
+        ack.message
+            .starts_with("capability diff not applied: document changed concurrently"),
+        "{}",
+        ack.message
+    );
     let resync = agent
         .expect("resync request", |m| match m {
             Down::ResyncRequest(r) => Some(r.clone()),
@@ -961,7 +968,10 @@ async fn operator_overrides_unpark_and_show_their_tier(backend: Backend) {
     assert_ne!(os.tier(), pb::Tier::Operator);
     let grant = agent.grant().await;
     assert_eq!(grant.task.unwrap().task_id, task.task_id);
-    // The agent's next diff still applies: acks carry the moved generation.
+    // Any ack carries the moved generation; a diff against it applies.
+    let plain = agent.heartbeat(pb::AgentStatus::Ready, &[], None).await;
+    assert_eq!(plain.code, 0, "{}", plain.message);
+    assert_eq!(plain.capability_generation, caps.generation);
     let ack = agent
         .heartbeat(pb::AgentStatus::Ready, &[], Some(linux("20.1.0")))
         .await;

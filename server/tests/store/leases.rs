@@ -7,8 +7,8 @@ use std::sync::Arc;
 use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::model::{
-    Completion, CompletionOutcome, GrantOutcome, GrantRefusal, GrantRequest, LeaseState,
-    ReleaseCause, RetryPolicy, Submission, TaskState,
+    Completion, CompletionOutcome, GrantOutcome, GrantRefusal, GrantRequest, LeaseRecord,
+    LeaseState, ReleaseCause, RetryPolicy, Submission, TaskState,
 };
 use switchyard_server::store::Store;
 use uuid::Uuid;
@@ -29,6 +29,7 @@ crate::both_backends!(
     failed_attempt_retries_after_backoff,
     a_task_backs_off_by_its_own_retry_policy,
     expiry_counts_attempts_then_fails,
+    an_unacknowledged_expiry_is_a_release_not_an_attempt,
     concurrent_sweepers_expire_each_lease_once,
     renewal_extends_every_lease_of_the_agent,
     unacknowledged_grants_are_revoked,
@@ -650,6 +651,7 @@ async fn expiry_counts_attempts_then_fails(fx: &mut Fixture) {
     let t = submit(store, task("ns", 0, 2), T0).await;
     let worker = agent(store, "ns", "w1", 1).await;
     let first = grant(store, t.id, worker.id, T0).await;
+    ack(store, &first).await;
     // Not yet due.
     assert!(
         store
@@ -675,6 +677,7 @@ async fn expiry_counts_attempts_then_fails(fx: &mut Fixture) {
     );
 
     let second = grant(store, t.id, worker.id, first.expires_at_ms + 1).await;
+    ack(store, &second).await;
     let expired = store.expire_leases(second.expires_at_ms, 10).await.unwrap();
     let (_, failed_task) = &expired[0];
     assert_eq!(failed_task.state, TaskState::Failed);
@@ -691,8 +694,61 @@ async fn expiry_counts_attempts_then_fails(fx: &mut Fixture) {
         .collect();
     assert_eq!(
         kinds,
-        ["submitted", "leased", "lease_expired", "leased", "failed"]
+        [
+            "submitted",
+            "leased",
+            "accepted",
+            "lease_expired",
+            "leased",
+            "accepted",
+            "failed"
+        ]
     );
+}
+
+/// The agent acknowledges `lease`.
+async fn ack(store: &dyn Store, lease: &LeaseRecord) {
+    let acked = store
+        .ack_leases(
+            lease.agent_id,
+            &[(lease.id, lease.fencing_token)],
+            lease.granted_at_ms + 1,
+        )
+        .await
+        .unwrap();
+    assert_eq!(acked, 1);
+}
+
+/// A grant that expires before the agent acknowledged it is no attempt:
+/// it counts a release (as a grant revoked unacknowledged does), its
+/// history says so, and past the bound of releases the task FAILS; the
+/// agent is not one an attempt failed on.
+async fn an_unacknowledged_expiry_is_a_release_not_an_attempt(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let t = submit(store, task("ns", 0, 2), T0).await;
+    let worker = agent(store, "ns", "w1", 1).await;
+    let mut now = T0;
+    let max_releases = crate::common::MAX_RELEASES;
+    for n in 1..=max_releases {
+        let lease = grant(store, t.id, worker.id, now).await;
+        let expired = store.expire_leases(lease.expires_at_ms, 10).await.unwrap();
+        let (lease, after) = &expired[0];
+        assert_eq!(lease.state, LeaseState::Expired);
+        assert_eq!((after.attempts, after.releases), (0, n), "expiry {n}");
+        let want = if n < max_releases {
+            TaskState::Queued
+        } else {
+            TaskState::Failed
+        };
+        assert_eq!(after.state, want, "expiry {n}");
+        now = lease.expires_at_ms + 1;
+    }
+    let events = store.task_events(t.id, 0, 100).await.unwrap();
+    assert_eq!(
+        events[2].message,
+        "the lease expired before the agent acknowledged it"
+    );
+    assert!(store.failed_agents(t.id).await.unwrap().is_empty());
 }
 
 async fn renewal_extends_every_lease_of_the_agent(fx: &mut Fixture) {
@@ -981,7 +1037,8 @@ async fn concurrent_sweepers_expire_each_lease_once(fx: &mut Fixture) {
     assert_eq!(unique.len(), 40);
     for request in &requests {
         let t = fx.store.get_task(request.task_id).await.unwrap();
-        assert_eq!((t.state, t.attempts), (TaskState::Queued, 1));
+        // Never acknowledged: a release, not an attempt.
+        assert_eq!((t.state, t.attempts, t.releases), (TaskState::Queued, 0, 1));
     }
     assert_eq!(
         fx.store.get_agent(worker.id).await.unwrap().active_leases,

@@ -53,9 +53,25 @@ async fn failed_agents_are_those_attempts_failed_or_expired_on(fx: &mut Fixture)
         .unwrap()[0]
         .as_ref()
         .unwrap();
+    // Expired on b before b acknowledged it: no attempt, b not named.
+    now += 600_000;
+    let lease = grant(store, t.id, b.id, now).await;
+    assert_eq!(
+        store
+            .expire_leases(lease.expires_at_ms, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(store.failed_agents(t.id).await.unwrap(), [a.id]);
     // Lost on c.
     now += 600_000;
     let lease = grant(store, t.id, c.id, now).await;
+    store
+        .ack_leases(c.id, &[(lease.id, lease.fencing_token)], now + 1)
+        .await
+        .unwrap();
     assert_eq!(
         store
             .expire_leases(lease.expires_at_ms, 10)

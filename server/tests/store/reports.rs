@@ -7,8 +7,8 @@
 use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::model::{
-    AgentStatus, Beat, BeatApplied, CompletionOutcome, DocumentWrite, LeaseRecord, LeaseReport,
-    LeaseState, ReleaseCause, ReportApplied, ReportKind, TaskState,
+    AgentStatus, Beat, BeatApplied, BeatOutcome, CompletionOutcome, DocumentWrite, LeaseRecord,
+    LeaseReport, LeaseState, ReleaseCause, RenewedLease, ReportApplied, ReportKind, TaskState,
 };
 
 use crate::common::{Fixture, T0, agent, grant, submit, task};
@@ -313,13 +313,25 @@ async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
     ];
     let now = T0 + 10_000;
     let results = store.heartbeats(&beats, now).await.unwrap();
+    // Each beat's outcome names the leases it renewed and their expiries
+    // (the task's own TTL); w2 holds none.
     assert_eq!(
         *results[0].as_ref().unwrap(),
-        BeatApplied::Written(w1.generation + 5)
+        BeatOutcome {
+            applied: BeatApplied::Written(w1.generation + 5),
+            renewed: vec![RenewedLease {
+                lease_id: lease.id,
+                task_id: t.id,
+                expires_at_ms: now + t.lease_ttl_ms,
+            }],
+        }
     );
     assert_eq!(
         *results[1].as_ref().unwrap(),
-        BeatApplied::Stale(w2.generation)
+        BeatOutcome {
+            applied: BeatApplied::Stale(w2.generation),
+            renewed: vec![],
+        }
     );
     let l = store.get_lease(lease.id).await.unwrap();
     assert_eq!(l.expires_at_ms, now + t.lease_ttl_ms);
@@ -360,7 +372,17 @@ async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {
         matches!(results[0], Err(Error::NotFound { .. })),
         "{results:?}"
     );
-    assert_eq!(*results[1].as_ref().unwrap(), BeatApplied::Renewed);
+    assert_eq!(
+        *results[1].as_ref().unwrap(),
+        BeatOutcome {
+            applied: BeatApplied::Renewed,
+            renewed: vec![RenewedLease {
+                lease_id: lease.id,
+                task_id: t.id,
+                expires_at_ms: now + 1 + t.lease_ttl_ms,
+            }],
+        }
+    );
 }
 
 /// A whole fresh attempt applied in one batch (the set-based path, which

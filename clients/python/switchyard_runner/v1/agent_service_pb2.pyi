@@ -294,18 +294,30 @@ class LeaseRevocation(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., reason: _Optional[_Union[RevocationReason, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("sequence", "code", "message", "capability_generation", "leases_expire_at")
+    __slots__ = ("sequence", "code", "message", "capability_generation", "leases_expire_at", "lease_expiries")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_GENERATION_FIELD_NUMBER: _ClassVar[int]
     LEASES_EXPIRE_AT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRIES_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     code: int
     message: str
     capability_generation: int
     leases_expire_at: _timestamp_pb2.Timestamp
-    def __init__(self, sequence: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., capability_generation: _Optional[int] = ..., leases_expire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    lease_expiries: _containers.RepeatedCompositeFieldContainer[LeaseExpiry]
+    def __init__(self, sequence: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., capability_generation: _Optional[int] = ..., leases_expire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expiries: _Optional[_Iterable[_Union[LeaseExpiry, _Mapping]]] = ...) -> None: ...
+
+class LeaseExpiry(_message.Message):
+    __slots__ = ("lease_id", "task_id", "expires_at")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    task_id: str
+    expires_at: _timestamp_pb2.Timestamp
+    def __init__(self, lease_id: _Optional[str] = ..., task_id: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ResyncRequest(_message.Message):
     __slots__ = ("server_generation", "reason")

@@ -14,6 +14,12 @@
 //! diff reaches the index once its write committed, and a write that lost
 //! its compare-and-set (an operator changed the document meanwhile) puts
 //! the stored document back in the index and asks the agent to resync.
+//!
+//! The ack says what became of the heartbeat: FAILED_PRECONDITION,
+//! `capability diff not applied: <why>`, when its diff was not (the rest
+//! was, and a ResyncRequest follows), else OK; and each lease it renewed
+//! with the expiry the store wrote (the renewal plus the task's own TTL),
+//! the earliest of them in `leases_expire_at`, nothing when it renewed none.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -25,6 +31,7 @@ use switchyard_core::limits::serialized_len;
 use switchyard_core::tier::with_operator_tier;
 use switchyard_core::{diff, redact};
 use switchyard_proto::v1 as pb;
+use tonic::Code;
 use tracing::warn;
 
 use super::register::handled_kinds;
@@ -32,7 +39,7 @@ use super::session::Session;
 use crate::api::convert::{timestamp, value_to_json};
 use crate::error::{Error, Result};
 use crate::model::{AgentStatus, Beat, BeatApplied, DocumentWrite};
-use crate::wire::session::resync;
+use crate::wire::session::{ack, resync};
 
 /// How stale the stored copy of volatile facts may get: a heartbeat writes
 /// the document when its last write is older than this, or than
@@ -66,6 +73,15 @@ pub(crate) struct AppliedDiff {
     /// applied to: only if the index still holds that very one does it
     /// differ from the new one just there.
     touched: Option<(Arc<Value>, Vec<PointerBuf>)>,
+}
+
+/// What the ack of a heartbeat whose diff was not applied says: the diff's
+/// fate and why, and that the rest of the heartbeat was applied.
+fn not_applied(reason: &str) -> String {
+    format!(
+        "capability diff not applied: {reason}; the rest of the heartbeat was applied; \
+         a ResyncRequest asks for the full document"
+    )
 }
 
 /// The status a heartbeat reports, or why it cannot be one.
@@ -125,8 +141,8 @@ impl Session {
         }
         let beat = self.beat(status_change.clone(), now);
         let (touched, lifted) = (beat.touch, beat.lift_refusals);
-        let applied = match self.api.dispatcher.heartbeat(beat).await {
-            Ok(applied) => applied,
+        let outcome = match self.api.dispatcher.heartbeat(beat).await {
+            Ok(outcome) => outcome,
             // The batch failed (the store): the agent hears why, and the
             // change waits for the next heartbeat's write.
             Err(err) => return Ok(self.refuse(sequence, &err)),
@@ -135,7 +151,7 @@ impl Session {
             self.touched_at_ms = now;
         }
         self.held_leases_at_connect = false;
-        if let Some(stale) = self.written(applied, now).await? {
+        if let Some(stale) = self.written(outcome.applied, now).await? {
             resync_from = Some(stale);
         }
         if let Some(kinds) = self.pending_kinds.take() {
@@ -147,12 +163,30 @@ impl Session {
         if let Some((status, reasons)) = status_change {
             self.status_changed(status, reasons).await?;
         }
-        if let Some((reason, generation)) = resync_from {
-            self.send(resync(generation, reason));
-        }
-        let mut reply = self.ok(sequence);
+        let mut reply = match resync_from {
+            Some((reason, generation)) => {
+                let told = not_applied(&reason);
+                self.send(resync(generation, reason));
+                ack(sequence, Code::FailedPrecondition, &told, self.generation)
+            }
+            None => self.ok(sequence),
+        };
         if let Some(pb::connect_response::Message::Ack(a)) = &mut reply.message {
-            a.leases_expire_at = Some(timestamp(now + self.api.settings.default_lease_ttl_ms));
+            a.leases_expire_at = outcome
+                .renewed
+                .iter()
+                .map(|l| l.expires_at_ms)
+                .min()
+                .map(timestamp);
+            a.lease_expiries = outcome
+                .renewed
+                .iter()
+                .map(|l| pb::LeaseExpiry {
+                    lease_id: l.lease_id.to_string(),
+                    task_id: l.task_id.to_string(),
+                    expires_at: Some(timestamp(l.expires_at_ms)),
+                })
+                .collect();
         }
         Ok(reply)
     }

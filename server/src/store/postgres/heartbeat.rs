@@ -1,5 +1,6 @@
-//! PostgreSQL's heartbeats: a batch's renewals and touches in two
-//! statements (each only when some beat needs it; touches go to the narrow
+//! PostgreSQL's heartbeats: a batch's renewals (answering each lease's new
+//! expiry) and touches in two statements (each only when some beat needs
+//! it; touches go to the narrow
 //! `agent_liveness` rows), its document writes in one compare-and-set
 //! statement, the rare status and kinds changes one by one.
 
@@ -9,14 +10,16 @@ use sqlx::Postgres;
 use uuid::Uuid;
 
 use crate::error::Result;
-use crate::model::{Beat, BeatApplied, DocumentWrite};
+use crate::model::{Beat, BeatApplied, BeatOutcome, DocumentWrite, RenewedLease};
 use crate::store::plan::{db, to_i64, to_u64};
 use crate::store::sql::{Write, agents, tasks};
 
-/// Renews the live leases of the agents in `$1` to `$2` plus their TTL.
+/// Renews the live leases of the agents in `$1` to `$2` plus their TTL;
+/// answers each with its agent and new expiry.
 const RENEW_MANY: &str = "UPDATE leases SET expires_at_ms = $2 + \
   (SELECT t.lease_ttl_ms FROM tasks t WHERE t.id = leases.task_id) \
-  WHERE agent_id = ANY($1) AND state IN ('granted', 'active')";
+  WHERE agent_id = ANY($1) AND state IN ('granted', 'active') \
+  RETURNING agent_id, id, task_id, expires_at_ms";
 
 /// Touches the agents in `$1` (sorted: their liveness rows are taken in id
 /// order), in their narrow liveness rows: the agents rows stay unlocked.
@@ -54,15 +57,8 @@ pub(super) async fn heartbeats(
     w: &mut Write<Postgres>,
     beats: &[Beat],
     now_ms: i64,
-) -> Result<Vec<Result<BeatApplied>>> {
-    for_agents(
-        w,
-        RENEW_MANY,
-        beat_ids(beats, |b| b.renew),
-        now_ms,
-        "renewing leases",
-    )
-    .await?;
+) -> Result<Vec<Result<BeatOutcome>>> {
+    let mut renewed = renew(w, beat_ids(beats, |b| b.renew), now_ms).await?;
     for_agents(
         w,
         TOUCH_MANY,
@@ -90,7 +86,7 @@ pub(super) async fn heartbeats(
     let written = write_documents(w, &writes, now_ms).await?;
     let mut results = Vec::with_capacity(beats.len());
     for beat in beats {
-        results.push(match &beat.document {
+        let applied = match &beat.document {
             None => Ok(BeatApplied::Renewed),
             Some(_) => match written.get(&beat.agent_id) {
                 Some(&generation) => Ok(BeatApplied::Written(to_u64(generation))),
@@ -98,9 +94,42 @@ pub(super) async fn heartbeats(
                     .await
                     .map(|a| BeatApplied::Stale(a.generation)),
             },
-        });
+        };
+        let renewed = if beat.renew {
+            renewed.remove(&beat.agent_id).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        results.push(applied.map(|applied| BeatOutcome { applied, renewed }));
     }
     Ok(results)
+}
+
+/// Runs [`RENEW_MANY`] when `ids` names any agent; the leases renewed, by
+/// agent.
+async fn renew(
+    w: &mut Write<Postgres>,
+    ids: Vec<Uuid>,
+    now_ms: i64,
+) -> Result<HashMap<Uuid, Vec<RenewedLease>>> {
+    let mut by_agent: HashMap<Uuid, Vec<RenewedLease>> = HashMap::new();
+    if ids.is_empty() {
+        return Ok(by_agent);
+    }
+    let rows = sqlx::query_as::<_, (Uuid, Uuid, Uuid, i64)>(RENEW_MANY)
+        .bind(ids)
+        .bind(now_ms)
+        .fetch_all(w.conn())
+        .await
+        .map_err(db("renewing leases"))?;
+    for (agent_id, lease_id, task_id, expires_at_ms) in rows {
+        by_agent.entry(agent_id).or_default().push(RenewedLease {
+            lease_id,
+            task_id,
+            expires_at_ms,
+        });
+    }
+    Ok(by_agent)
 }
 
 /// Runs `sql` (`$1` the agents, `$2` now) when `ids` names any.

@@ -41,7 +41,7 @@ use super::sql::tasks::{QUEUE_AFTER, QUEUE_BELOW, QUEUE_ORDER, QUEUE_WHERE};
 use super::sql::{Backend, Dialect, SqlStore, Write};
 use crate::error::{Error, Result};
 use crate::model::{
-    Beat, BeatApplied, Completion, CompletionResult, GrantOutcome, GrantRequest, LeaseReport,
+    Beat, BeatOutcome, Completion, CompletionResult, GrantOutcome, GrantRequest, LeaseReport,
     ReportApplied, StoreEvent, Submission, Submitted,
 };
 
@@ -392,7 +392,7 @@ impl Backend for PgBackend {
         w: &mut Write<Postgres>,
         beats: &[Beat],
         now_ms: i64,
-    ) -> Result<Vec<Result<BeatApplied>>> {
+    ) -> Result<Vec<Result<BeatOutcome>>> {
         heartbeat::heartbeats(w, beats, now_ms).await
     }
 }

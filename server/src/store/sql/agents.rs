@@ -11,8 +11,8 @@ use super::rows::{self, AGENT_COLUMNS};
 use super::{Write, leases, tasks};
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, DocumentWrite,
-    NameContention, Page, StoreEvent, StoredName,
+    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, BeatOutcome,
+    DocumentWrite, NameContention, Page, StoreEvent, StoredName,
 };
 use crate::store::ReportedDocument;
 use crate::store::plan::{db, to_i64, to_u64};
@@ -328,15 +328,17 @@ pub(crate) async fn heartbeat_rows<DB: SqlDb>(
     w: &mut Write<DB>,
     beats: &[Beat],
     now_ms: i64,
-) -> Result<Vec<Result<BeatApplied>>> {
+) -> Result<Vec<Result<BeatOutcome>>> {
     let mut order: Vec<usize> = (0..beats.len()).collect();
     order.sort_by_key(|&i| beats[i].agent_id);
-    let mut results: Vec<Option<Result<BeatApplied>>> = beats.iter().map(|_| None).collect();
+    let mut results: Vec<Option<Result<BeatOutcome>>> = beats.iter().map(|_| None).collect();
     for i in order {
         let beat = &beats[i];
-        if beat.renew {
-            leases::renew(w, beat.agent_id, now_ms).await?;
-        }
+        let renewed = if beat.renew {
+            leases::renew(w, beat.agent_id, now_ms).await?
+        } else {
+            Vec::new()
+        };
         if let Some((status, reasons)) = &beat.status {
             let epoch = Some(beat.session_epoch);
             set_status(w, beat.agent_id, *status, reasons, epoch, now_ms).await?;
@@ -355,10 +357,11 @@ pub(crate) async fn heartbeat_rows<DB: SqlDb>(
         if beat.lift_refusals {
             tasks::lift_refusals(w, beat.agent_id).await?;
         }
-        results[i] = Some(match &beat.document {
+        let applied = match &beat.document {
             Some(write) => write_document(w, beat.agent_id, write, now_ms).await,
             None => Ok(BeatApplied::Renewed),
-        });
+        };
+        results[i] = Some(applied.map(|applied| BeatOutcome { applied, renewed }));
     }
     Ok(results
         .into_iter()

@@ -14,8 +14,8 @@ use super::tasks::{self, Settlement};
 use super::{Dialect, Write};
 use crate::error::{Error, Result};
 use crate::model::{
-    EndedLease, GrantRequest, LeaseEnd, LeaseRecord, LeaseState, RetryPolicy, RevocationCause,
-    StoreEvent, TaskRecord, TaskState,
+    EndedLease, GrantRequest, LeaseEnd, LeaseRecord, LeaseState, RenewedLease, RetryPolicy,
+    RevocationCause, StoreEvent, TaskRecord, TaskState,
 };
 use crate::store::StoreOptions;
 use crate::store::plan::{
@@ -197,32 +197,45 @@ pub(crate) async fn ack<DB: Dialect>(
     Ok(acked)
 }
 
-/// Renews the live leases of the agents in the list (`$1`) to `$2` plus
-/// their task's TTL.
+/// Renews the live leases of the agent (`$1`) to `$2` plus their task's
+/// TTL; answers each with its new expiry.
 pub(crate) const RENEW: &str = "UPDATE leases SET expires_at_ms = $2 + \
     (SELECT t.lease_ttl_ms FROM tasks t WHERE t.id = leases.task_id) \
-    WHERE agent_id = $1 AND state IN ('granted', 'active')";
+    WHERE agent_id = $1 AND state IN ('granted', 'active') \
+    RETURNING id, task_id, expires_at_ms";
 
-/// Renews every live lease of the agent; how many.
+/// Renews every live lease of the agent; each with its new expiry.
 pub(crate) async fn renew<DB: SqlDb>(
     w: &mut Write<DB>,
     agent_id: Uuid,
     now_ms: i64,
-) -> Result<u64> {
-    query::<DB>(RENEW)
+) -> Result<Vec<RenewedLease>> {
+    let rows = query::<DB>(RENEW)
         .arg(agent_id)
         .arg(now_ms)
-        .run(w.conn())
+        .all(w.conn())
         .await
-        .map_err(db("renewing leases"))
+        .map_err(db("renewing leases"))?;
+    rows.iter()
+        .map(|row| {
+            let cols = Cols::<DB>::new(row, "reading a renewed lease");
+            Ok(RenewedLease {
+                lease_id: cols.get("id")?,
+                task_id: cols.get("task_id")?,
+                expires_at_ms: cols.get("expires_at_ms")?,
+            })
+        })
+        .collect()
 }
 
 const END: &str = "UPDATE leases SET state = $2, outcome = $3, ended_at_ms = $4 \
-    WHERE id = $1 AND state IN ('granted', 'active') AND ($5 IS NULL OR expires_at_ms <= $5)";
+    WHERE id = $1 AND state IN ('granted', 'active') \
+    AND ($5 IS NULL OR (expires_at_ms <= $5 AND acked = $6))";
 
 /// Ends a live lease, recording what ended it; false if it was no longer
 /// live (another transition got there first) or, for an expiry, was
-/// renewed meanwhile.
+/// renewed or acknowledged meanwhile (whether it was decides whether the
+/// expiry counts an attempt).
 pub(crate) async fn end<DB: SqlDb>(
     w: &mut Write<DB>,
     lease: &LeaseRecord,
@@ -237,6 +250,7 @@ pub(crate) async fn end<DB: SqlDb>(
         .text(ended_by.as_str())
         .arg(now_ms)
         .arg(due_by)
+        .arg(lease.acked)
         .run(w.conn())
         .await
         .map_err(db("ending a lease"))?;
@@ -273,6 +287,15 @@ const EXPIRED: Reclaim = Reclaim {
     fails_as: None,
     reason: "the lease expired",
     revoked_as: None,
+};
+
+/// An expiry of a grant the agent never acknowledged: like a revocation
+/// of one ([`UNACKNOWLEDGED`]), a release rather than an attempt (the
+/// agent never held the task), though the lease ends expired.
+const EXPIRED_UNACKNOWLEDGED: Reclaim = Reclaim {
+    count_attempt: false,
+    reason: "the lease expired before the agent acknowledged it",
+    ..EXPIRED
 };
 
 const UNACKNOWLEDGED: Reclaim = Reclaim {
@@ -315,8 +338,10 @@ const DRAIN_DEADLINE: Reclaim = Reclaim {
     revoked_as: Some(RevocationCause::DrainDeadline),
 };
 
+/// The attempts of a task that were lost: acknowledged leases that
+/// expired.
 const COUNT_LOST: &str =
-    "SELECT COUNT(*) AS n FROM leases WHERE task_id = $1 AND state = 'expired'";
+    "SELECT COUNT(*) AS n FROM leases WHERE task_id = $1 AND state = 'expired' AND acked";
 
 /// The server ends a live lease: the task goes back to QUEUED (with one
 /// more attempt when the reclaim counts one, one more release when it does
@@ -331,6 +356,14 @@ async fn reclaim<DB: Dialect>(
 ) -> Result<Option<(LeaseRecord, TaskRecord)>> {
     let Some(lease) = fetch::<DB>(w.conn(), lease_id).await? else {
         return Ok(None);
+    };
+    // One rule for what counts as an attempt: a lease the agent
+    // acknowledged. A grant that ends unacknowledged is a release however
+    // it ends.
+    let how = if how.ended_by == LeaseEnd::Expired && !lease.acked {
+        EXPIRED_UNACKNOWLEDGED
+    } else {
+        how
     };
     let task = tasks::lock(w, lease.task_id).await?;
     if !end(w, &lease, how.state, how.ended_by, now_ms).await? {
@@ -624,9 +657,11 @@ fn lease_ids<DB: SqlDb>(rows: Vec<DB::Row>) -> Result<Vec<Uuid>> {
 }
 
 const FAILED_AGENTS: &str = "SELECT DISTINCT agent_id FROM leases \
-    WHERE task_id = $1 AND outcome IN ('failed', 'expired', 'timed_out') ORDER BY agent_id";
+    WHERE task_id = $1 AND (outcome IN ('failed', 'timed_out') OR (outcome = 'expired' AND acked)) \
+    ORDER BY agent_id";
 
-/// The agents on which attempts of a task failed or expired.
+/// The agents on which attempts of a task failed or expired (an attempt:
+/// a lease the agent acknowledged).
 pub(crate) async fn failed_agents<DB: SqlDb>(
     conn: &mut DB::Connection,
     task_id: Uuid,

@@ -57,7 +57,7 @@ use self::db::{BoxFuture, SqlDb, StatementExt};
 use super::{AgentStore, LeaseStore, ReportedDocument, Store, StoreOptions, TaskStore, TokenStore};
 use crate::error::Result;
 use crate::model::{
-    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, Completion,
+    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatOutcome, Completion,
     CompletionResult, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, LimitUsage, Page,
     ParkedPlacement, QueueCursor, QueueGroupRow, ReportApplied, RevocationCause, StoreEvent,
     Submission, Submitted, TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
@@ -228,7 +228,7 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
         w: &mut Write<Self::Db>,
         beats: &[Beat],
         now_ms: i64,
-    ) -> Result<Vec<Result<BeatApplied>>> {
+    ) -> Result<Vec<Result<BeatOutcome>>> {
         agents::heartbeat_rows(w, beats, now_ms).await
     }
 }
@@ -424,8 +424,10 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
     }
 
     async fn renew_leases(&self, agent_id: Uuid, now_ms: i64) -> Result<u64> {
-        self.write(|w, _| Box::pin(leases::renew(w, agent_id, now_ms)))
-            .await
+        let renewed = self
+            .write(|w, _| Box::pin(leases::renew(w, agent_id, now_ms)))
+            .await?;
+        Ok(renewed.len() as u64)
     }
 
     async fn complete_leases(
@@ -643,7 +645,7 @@ impl<B: Backend> AgentStore for SqlStore<B> {
         .await
     }
 
-    async fn heartbeats(&self, beats: &[Beat], now_ms: i64) -> Result<Vec<Result<BeatApplied>>> {
+    async fn heartbeats(&self, beats: &[Beat], now_ms: i64) -> Result<Vec<Result<BeatOutcome>>> {
         if beats.is_empty() {
             return Ok(Vec::new());
         }

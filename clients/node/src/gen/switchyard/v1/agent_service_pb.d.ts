@@ -620,7 +620,9 @@ export declare const LeaseStartedSchema: GenMessage<LeaseStarted>;
  */
 export declare type LeaseSucceeded = Message<"switchyard.v1.LeaseSucceeded"> & {
   /**
-   * The handler's output.
+   * The handler's output. Numbers past ±(2^53 − 1) are refused (see
+   * `Task.payload`): the report is answered INVALID_ARGUMENT naming the
+   * field, and the lease stays held.
    *
    * @generated from field: google.protobuf.Struct result = 1;
    */
@@ -895,7 +897,13 @@ export declare type Ack = Message<"switchyard.v1.Ack"> & {
 
   /**
    * A gRPC status code (0 OK; 9 FAILED_PRECONDITION for a stale fencing
-   * token; 3 INVALID_ARGUMENT for a malformed message).
+   * token, or for a heartbeat whose capability diff was not applied; 3
+   * INVALID_ARGUMENT for a malformed message). A heartbeat whose diff was
+   * not applied (against another generation than the server holds, a
+   * failed operation, a document an operator changed meanwhile) is still
+   * applied otherwise: its status is recorded and the leases are renewed.
+   * Its `message` starts `capability diff not applied:` and says why, and a
+   * ResyncRequest follows; `capability_generation` is the server's.
    *
    * @generated from field: int32 code = 2;
    */
@@ -916,11 +924,22 @@ export declare type Ack = Message<"switchyard.v1.Ack"> & {
   capabilityGeneration: bigint;
 
   /**
-   * For a heartbeat: the new expiry of every lease the agent holds.
+   * For a heartbeat: the earliest expiry among the live leases it renewed.
+   * Each lease runs until the heartbeat's time plus its own task's
+   * `lease_ttl`, so leases of one agent can expire at different times;
+   * `lease_expiries` has each. Unset when the agent holds no live lease.
    *
    * @generated from field: google.protobuf.Timestamp leases_expire_at = 5;
    */
   leasesExpireAt?: Timestamp | undefined;
+
+  /**
+   * For a heartbeat: every live lease it renewed and its new expiry, in no
+   * particular order; empty when the agent holds none.
+   *
+   * @generated from field: repeated switchyard.v1.LeaseExpiry lease_expiries = 6;
+   */
+  leaseExpiries: LeaseExpiry[];
 };
 
 /**
@@ -928,6 +947,40 @@ export declare type Ack = Message<"switchyard.v1.Ack"> & {
  * Use `create(AckSchema)` to create a new message.
  */
 export declare const AckSchema: GenMessage<Ack>;
+
+/**
+ * LeaseExpiry is when one live lease expires unless renewed again.
+ *
+ * @generated from message switchyard.v1.LeaseExpiry
+ */
+export declare type LeaseExpiry = Message<"switchyard.v1.LeaseExpiry"> & {
+  /**
+   * The lease.
+   *
+   * @generated from field: string lease_id = 1;
+   */
+  leaseId: string;
+
+  /**
+   * Its task.
+   *
+   * @generated from field: string task_id = 2;
+   */
+  taskId: string;
+
+  /**
+   * When it expires: the renewal's time plus the task's `lease_ttl`.
+   *
+   * @generated from field: google.protobuf.Timestamp expires_at = 3;
+   */
+  expiresAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message switchyard.v1.LeaseExpiry.
+ * Use `create(LeaseExpirySchema)` to create a new message.
+ */
+export declare const LeaseExpirySchema: GenMessage<LeaseExpiry>;
 
 /**
  * ResyncRequest asks for the full capability document.

@@ -84,7 +84,9 @@ export declare const RejectionSchema: GenMessage<Rejection>;
 export declare type CapabilityDiff = Message<"switchyard.v1.CapabilityDiff"> & {
   /**
    * The generation the patch applies to. The server answers a diff against
-   * any other generation with a ResyncRequest.
+   * any other generation, like any diff it does not apply, with an ack of
+   * FAILED_PRECONDITION (`capability diff not applied: ...`) and a
+   * ResyncRequest.
    *
    * @generated from field: uint64 base_generation = 1;
    */

@@ -44,6 +44,15 @@ export declare type Task = Message<"switchyard.v1.Task"> & {
   /**
    * The task's input, handed to the handler as is.
    *
+   * Numbers in this and every other `google.protobuf.Struct` of the
+   * contract (payloads, results, error details, capability documents) are
+   * IEEE-754 doubles: integers are carried exactly up to ±(2^53 − 1)
+   * (9007199254740991), and every runner and the CLI show a whole number as
+   * an integer. A number of larger magnitude is refused, INVALID_ARGUMENT
+   * naming its field (the runners refuse to send one): there doubles are 2
+   * or more apart, so an integer may already have been rounded. Send such
+   * numbers (64-bit ids, byte counts past 8 PiB) as strings.
+   *
    * @generated from field: google.protobuf.Struct payload = 4;
    */
   payload?: JsonObject | undefined;
@@ -77,7 +86,15 @@ export declare type Task = Message<"switchyard.v1.Task"> & {
   queuedReason: QueuedReason;
 
   /**
-   * How many attempts have ended without success (failures and lost leases).
+   * How many attempts have ended without success. An attempt is a lease
+   * the agent acknowledged (LeaseAccepted, or a report that implies it): it
+   * counts here once it fails, runs past its execution timeout, or is lost
+   * (expires unrenewed). A lease that ends without the agent having
+   * acknowledged it (revoked as never acknowledged, or expired still
+   * unacknowledged) and a lease handed back (LeaseReleased, a cancel's grace
+   * or a drain's deadline running out) count no attempt; they count toward
+   * the server's per-task bound of releases instead, past which the task
+   * FAILS.
    *
    * @generated from field: uint32 attempts = 9;
    */
@@ -113,7 +130,7 @@ export declare type Task = Message<"switchyard.v1.Task"> & {
   notBefore?: Timestamp | undefined;
 
   /**
-   * The handler's output, once SUCCEEDED.
+   * The handler's output, once SUCCEEDED. Numbers as in every Struct here (see `Task.payload`).
    *
    * @generated from field: google.protobuf.Struct result = 14;
    */

@@ -34,7 +34,8 @@ export declare type SubmitTaskRequest = Message<"switchyard.v1.SubmitTaskRequest
   kind: string;
 
   /**
-   * The handler's input.
+   * The handler's input. Numbers past ±(2^53 − 1) are refused (see
+   * `Task.payload`).
    *
    * @generated from field: google.protobuf.Struct payload = 3;
    */
