@@ -296,6 +296,13 @@ def nan_struct() -> struct_pb2.Struct:
     return s
 
 
+def beyond_exact_struct() -> struct_pb2.Struct:
+    """An integer a double cannot carry exactly (2^53 + 1 arrives as 2^53)."""
+    s = struct_pb2.Struct()
+    s.fields["x"].number_value = float(2**53 + 1)
+    return s
+
+
 def stream(**message: object) -> Callable[[Server], tuple[object, str]]:
     """One message on the session stream; the Ack's code, or the resync."""
 
@@ -389,9 +396,10 @@ CASES: list[Case] = [
     ("overrides nested 33 deep", unary(overrides(nested(33))), INVALID, ["overrides", "depth"]),
     # ... and past prost's recursion limit (100) the request does not even decode.
     ("payload nested 60 deep (hand-encoded)", raw_submit(ld(2, b"ok") + ld(3, raw_nested_struct(60))),
-     INVALID, ["does not decode as a SubmitTaskRequest", "recursion"]),
+     INVALID, ["does not decode as a SubmitTaskRequest", "payload is nested too deeply", "100 nested messages"]),
     # Numbers JSON cannot hold.
     ("NaN in payload", unary(submit(payload=nan_struct())), INVALID, ["payload.x", "NaN"]),
+    ("integer past 2^53 in payload", unary(submit(payload=beyond_exact_struct())), INVALID, ["payload.x", "2^53"]),
     # Malformed selectors: INVALID_ARGUMENT naming placement.selector and the offset.
     ("selector: dangling operator", unary(selector("linux, memory.total>=")), INVALID, ["placement.selector"]),
     ("selector: unbalanced", unary(selector("linux, (docker")), INVALID, ["placement.selector"]),
