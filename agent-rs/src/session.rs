@@ -895,16 +895,24 @@ fn finished(outcome: Result<Value, TaskFailure>) -> Update {
             message,
             ..
         }) => release(cause, &message),
-        Err(f) => Update::Failed(pb::LeaseFailed {
-            error: Some(pb::TaskError {
-                message: f.message,
-                code: f.code,
-                retryable: f.retryable,
-                details: f.details.is_object().then(|| json_to_struct(&f.details)),
-                // The server fills it in from the output it stored.
-                output_tail: String::new(),
-            }),
-        }),
+        Err(f) => {
+            // Details the contract cannot carry are dropped, said in the
+            // message, rather than making the server refuse the report.
+            let (message, details) = match check_carried(&f.details, "error.details") {
+                Ok(()) => (f.message, f.details.is_object().then(|| json_to_struct(&f.details))),
+                Err(err) => (format!("{} (details dropped: {err})", f.message), None),
+            };
+            Update::Failed(pb::LeaseFailed {
+                error: Some(pb::TaskError {
+                    message,
+                    code: f.code,
+                    retryable: f.retryable,
+                    details,
+                    // The server fills it in from the output it stored.
+                    output_tail: String::new(),
+                }),
+            })
+        }
     }
 }
 
@@ -1017,6 +1025,24 @@ mod tests {
             error.message
         );
         assert!(!error.retryable);
+        let failure = TaskFailure {
+            message: "exit 3".into(),
+            code: "exit_code".into(),
+            retryable: true,
+            details: serde_json::json!({"inode": u64::MAX}),
+            release: None,
+        };
+        let Update::Failed(pb::LeaseFailed { error: Some(error) }) = finished(Err(failure)) else {
+            panic!("a failure stays a failure");
+        };
+        assert!(
+            error
+                .message
+                .starts_with("exit 3 (details dropped: error.details.inode: number is beyond"),
+            "{}",
+            error.message
+        );
+        assert_eq!(error.details, None);
     }
 
     #[test]

@@ -922,14 +922,23 @@ export class Runner extends EventEmitter {
     if (!update) {
       const err = outcome.error;
       const failure = err instanceof TaskFailure;
+      let message = String(err?.message ?? err);
+      let details = failure && isObject(err.details) ? err.details : undefined;
+      const bad = details && uncarried(details, "error.details");
+      if (bad) {
+        // Details the contract cannot carry are dropped, said in the message, rather than making
+        // the server refuse the whole report.
+        message = `${message} (details dropped: ${bad.path}: ${bad.reason})`;
+        details = undefined;
+      }
       update = {
         case: "failed",
         value: {
           error: {
-            message: String(err?.message ?? err),
+            message,
             code: failure ? err.code : "handler_error",
             retryable: failure ? err.retryable : true,
-            details: failure && isObject(err.details) ? plainJson(err.details) : undefined,
+            details: details ? plainJson(details) : undefined,
           },
         },
       };

@@ -73,7 +73,10 @@ test("a result's whole numbers arrive as integers; one past 2^53 fails the attem
     (r) =>
       r
         .handler("exact", async () => ({ exit_code: 0, port: 8080, load: 0.5 }))
-        .handler("too-big", async () => ({ ok: true, id: 2 ** 60 })),
+        .handler("too-big", async () => ({ ok: true, id: 2 ** 60 }))
+        .handler("big-details", async () => {
+          throw new TaskFailure("exit 3", { code: "exit_code", retryable: false, details: { inode: 2 ** 60 } });
+        }),
     { ".capabilities.json": { tags: ["numbers-tag"] } },
   );
   const { task: exact } = await api.tasks.submitTask({ kind: "exact", ...tag("numbers-tag") });
@@ -85,6 +88,12 @@ test("a result's whole numbers arrive as integers; one past 2^53 fails the attem
   assert.equal(TaskState[failed.state], "FAILED");
   assert.match(failed.error.message, /^the handler's result cannot be sent: result\.id: number is beyond ±\(2\^53 − 1\)/);
   assert.equal(failed.error.retryable, false);
+  // A failure whose details cannot be carried is still that failure, its details dropped and said.
+  const { task: details } = await api.tasks.submitTask({ kind: "big-details", maxAttempts: 1, ...tag("numbers-tag") });
+  const dropped = await watch(api.tasks, details.taskId);
+  assert.equal(TaskState[dropped.state], "FAILED");
+  assert.equal(dropped.error.code, "exit_code");
+  assert.match(dropped.error.message, /^exit 3 \(details dropped: error\.details\.inode: number is beyond/);
 });
 
 test("a handler gets the GPUs its lease holds", async () => {

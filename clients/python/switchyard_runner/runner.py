@@ -836,7 +836,12 @@ def _released(cause: ReleaseCause, reason: str) -> pb.LeaseReleased:
 def _failed(ids: dict, failure: TaskFailure) -> pb.LeaseUpdate:
     error = task_pb2.TaskError(message=failure.message, code=failure.code, retryable=failure.retryable)
     if isinstance(failure.details, dict):
-        error.details.CopyFrom(convert.to_struct(failure.details))
+        try:
+            error.details.CopyFrom(convert.to_struct(failure.details, "error.details"))
+        except (TypeError, ValueError) as err:
+            # Details the contract cannot carry are dropped, said in the message, rather than
+            # making the server refuse the whole report.
+            error.message = f"{failure.message} (details dropped: {err})"
     return pb.LeaseUpdate(**ids, failed=pb.LeaseFailed(error=error))
 
 

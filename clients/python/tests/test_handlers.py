@@ -50,3 +50,17 @@ def test_a_malformed_handler_kind_is_rejected_and_not_advertised() -> None:
         ("handler", "two words", "handler kind has ' ': no white space or control characters"),
         ("handler", "build.*", "handler kind has `*` other than as `*` alone or a trailing `.*`"),
     ]
+
+
+def test_failure_details_the_contract_cannot_carry_are_dropped_and_said() -> None:
+    from switchyard_runner import TaskFailure
+    from switchyard_runner.runner import _failed
+
+    ids = {"lease_id": "l1", "task_id": "t1", "fencing_token": 1}
+    kept = _failed(ids, TaskFailure("exit 3", code="exit_code", details={"exit_code": 3}))
+    assert kept.failed.error.details["exit_code"] == 3
+    dropped = _failed(ids, TaskFailure("exit 3", code="exit_code", details={"inode": 2**64 - 1}))
+    assert dropped.failed.error.message.startswith(
+        "exit 3 (details dropped: error.details.inode: number is beyond"
+    ), dropped.failed.error.message
+    assert not dropped.failed.error.HasField("details")

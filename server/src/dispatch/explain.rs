@@ -186,9 +186,10 @@ impl Dispatcher {
                 .outcome;
                 groups.insert(group.clone(), (compiled, views, QueuedReason::of(&outcome)));
             }
-            let Some((compiled, views, reason)) = groups.get(&group) else {
-                continue;
-            };
+            let (compiled, views, reason) = groups.get(&group).ok_or_else(|| Error::Corrupt {
+                context: "giving queued tasks their reasons",
+                detail: "a group matched was not kept".to_owned(),
+            })?;
             if *reason == QueuedReason::Parked {
                 reasons.push(QueuedReason::Parked);
                 continue;
