@@ -899,7 +899,10 @@ fn finished(outcome: Result<Value, TaskFailure>) -> Update {
             // Details the contract cannot carry are dropped, said in the
             // message, rather than making the server refuse the report.
             let (message, details) = match check_carried(&f.details, "error.details") {
-                Ok(()) => (f.message, f.details.is_object().then(|| json_to_struct(&f.details))),
+                Ok(()) => (
+                    f.message,
+                    f.details.is_object().then(|| json_to_struct(&f.details)),
+                ),
                 Err(err) => (format!("{} (details dropped: {err})", f.message), None),
             };
             Update::Failed(pb::LeaseFailed {
