@@ -194,14 +194,7 @@ impl Dispatcher {
                 reasons.push(QueuedReason::Parked);
                 continue;
             }
-            let refused: BTreeMap<AgentId, String> = self
-                .shared
-                .store
-                .task_refusals(record.id)
-                .await?
-                .into_iter()
-                .map(|(agent, reason)| (agent.into(), reason))
-                .collect();
+            let refused = self.refusals(record.id).await?;
             if refused.is_empty() {
                 reasons.push(*reason);
             } else {
@@ -219,6 +212,19 @@ impl Dispatcher {
         Ok(reasons)
     }
 
+    /// The agents that refused the task, with what each said, as the
+    /// matcher takes them.
+    async fn refusals(&self, task_id: uuid::Uuid) -> Result<BTreeMap<AgentId, String>> {
+        Ok(self
+            .shared
+            .store
+            .task_refusals(task_id)
+            .await?
+            .into_iter()
+            .map(|(agent, reason)| (agent.into(), reason))
+            .collect())
+    }
+
     /// [`Dispatcher::explanation`] against `fleet`, the agents of the
     /// task's namespace as [`Dispatcher::fleet`] read them (read once for
     /// many tasks).
@@ -229,14 +235,7 @@ impl Dispatcher {
     ) -> Result<matcher::Explanation> {
         let compiled = stored_placement(record)?;
         self.add_claims(&compiled, &mut fleet).await?;
-        let refused: BTreeMap<AgentId, String> = self
-            .shared
-            .store
-            .task_refusals(record.id)
-            .await?
-            .into_iter()
-            .map(|(agent, reason)| (agent.into(), reason))
-            .collect();
+        let refused = self.refusals(record.id).await?;
         let failed: std::collections::BTreeSet<AgentId> = if record.attempts > 0 {
             let agents = self.shared.store.failed_agents(record.id).await?;
             agents.into_iter().map(AgentId::from).collect()

@@ -237,6 +237,21 @@ pub async fn task_events(server: &TestServer, task_id: &str) -> Vec<pb::TaskEven
         .events
 }
 
+/// Reads an agent as operators see it.
+pub async fn get_agent(server: &TestServer, agent_id: &str) -> pb::Agent {
+    server
+        .admin()
+        .await
+        .get_agent(pb::GetAgentRequest {
+            agent_id: agent_id.to_owned(),
+        })
+        .await
+        .expect("get agent")
+        .into_inner()
+        .agent
+        .expect("agent")
+}
+
 /// Reads a task.
 pub async fn get_task(server: &TestServer, task_id: &str) -> pb::Task {
     server

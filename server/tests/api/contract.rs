@@ -12,7 +12,8 @@ use switchyard_proto::convert::{json_to_struct, json_to_value, timestamp_ms};
 use switchyard_proto::v1::{self as pb, connect_response::Message as Down, lease_update::Update};
 
 use crate::common::{
-    Backend, TestAgent, TestServer, get_task, submit, submit_request, task_events, wait_for_state,
+    Backend, TestAgent, TestServer, get_agent, get_task, submit, submit_request, task_events,
+    wait_for_state,
 };
 use crate::on_both_stores;
 
@@ -314,17 +315,7 @@ async fn a_diff_not_applied_is_acked_as_such(backend: Backend) {
     assert!(resync_reason(&mut agent).await.starts_with(named));
 
     // Nothing of either was applied.
-    let stored = server
-        .admin()
-        .await
-        .get_agent(pb::GetAgentRequest {
-            agent_id: agent.agent_id.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .agent
-        .unwrap();
+    let stored = get_agent(&server, &agent.agent_id).await;
     let document = stored.capabilities.unwrap().document.unwrap();
     assert!(!document.fields.contains_key("a"), "{document:?}");
     server.stop().await;
