@@ -18,4 +18,5 @@ mod limits;
 mod race;
 mod releases;
 mod reports;
+mod statistics;
 mod tasks;

@@ -15,11 +15,13 @@
 //! - `submit`, `grant`, `settle`, `heartbeat`, `output`: the set-based
 //!   paths.
 //! - `warm`: connection warm-up.
+//! - `stats`: planner statistics kept up with tables that double.
 
 mod grant;
 mod heartbeat;
 mod output;
 mod settle;
+mod stats;
 mod submit;
 mod warm;
 
@@ -120,7 +122,9 @@ pub struct PgBackend {
     /// Fed by the listener with every replica's events (this one's too).
     events: broadcast::Sender<StoreEvent>,
     /// The listener task; stopped when the last handle goes.
-    listener: Arc<ListenerTask>,
+    listener: Arc<BackgroundTask>,
+    /// The statistics keeper (`stats`); stopped when the last handle goes.
+    statistics: Arc<BackgroundTask>,
     /// This replica's mark on the events it announces.
     origin: Uuid,
     /// Where committed changes' notifications wait for the notifier.
@@ -138,11 +142,12 @@ struct Announced {
     event: StoreEvent,
 }
 
-/// Owns the background task that turns notifications into events.
+/// Owns a background task (the listener that turns notifications into
+/// events, the statistics keeper); aborts it when dropped.
 #[derive(Debug)]
-struct ListenerTask(JoinHandle<()>);
+struct BackgroundTask(JoinHandle<()>);
 
-impl Drop for ListenerTask {
+impl Drop for BackgroundTask {
     fn drop(&mut self) {
         self.0.abort();
     }
@@ -197,11 +202,13 @@ impl SqlStore<PgBackend> {
         let task = tokio::spawn(forward_notifications(listener, events.clone(), origin));
         let (notifier, queue) = mpsc::channel(NOTIFIER_QUEUE);
         tokio::spawn(notify_committed(pool.clone(), queue));
+        let statistics = tokio::spawn(stats::keep(pool.clone()));
         Ok(Self {
             backend: PgBackend {
                 pool,
                 events,
-                listener: Arc::new(ListenerTask(task)),
+                listener: Arc::new(BackgroundTask(task)),
+                statistics: Arc::new(BackgroundTask(statistics)),
                 origin,
                 notifier,
             },
@@ -343,6 +350,7 @@ impl Backend for PgBackend {
 
     async fn close(&self) {
         self.listener.0.abort();
+        self.statistics.0.abort();
         self.pool.close().await;
     }
 

@@ -26,26 +26,33 @@ pub(super) const LEASES_WITH_OUTCOME: &str =
     const_format::concatcp!("SELECT ", LEASE_COLUMNS, " FROM leases WHERE id = ANY($1)");
 
 /// Locks a report batch's tasks in id order (`$1`: task ids), reading none
-/// of their documents: settling needs none of them.
+/// of their documents, nor their leases' expiry: settling needs none of
+/// them. (It read the expiry by a join, and a plan made while `leases` was
+/// small, kept by the connection, scanned the whole table for it.)
 pub(super) const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, \
   'null'::jsonb AS payload, 'null'::jsonb AS placement, t.priority, t.state, t.attempts, \
   t.releases, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, NULL::jsonb AS result, \
   NULL::jsonb AS error, t.fencing_token, t.lease_id, t.agent_id, \
-  l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, \
+  NULL::int8 AS lease_expires_at_ms, t.cancel_requested, \
   NULL::jsonb AS progress, '{}'::jsonb AS labels, t.retry, t.start_timeout_ms, \
   t.execution_timeout_ms, t.cancel_grace_ms, t.cancel_deadline_ms, t.fairness_key, t.fairness_weight, \
   t.created_at_ms + t.fair_offset AS queue_rank, t.concurrency_key, t.created_at_ms, t.updated_at_ms \
-  FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id \
-  WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t";
+  FROM tasks t WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t";
 
 /// Applies whole fresh attempts in one statement: ends the leases
 /// (acknowledged), settles the tasks, records refusals, and appends to each
 /// history one row for accepted, started and the end (the end, implying the
 /// two before it: `history::IMPLIED_STEPS`). Answers how many leases ended
 /// and tasks settled.
+///
+/// A lease's state is matched against a column of `c` (`held`), not a
+/// constant: the planner then cannot prove the partial indexes' predicate
+/// (`state IN ('granted', 'active')`) and reads each lease by its key. With
+/// the constant it could scan a partial index instead, which holds an
+/// entry for every lease ended since the last VACUUM.
 pub(super) const WHOLE_ATTEMPTS: &str = "WITH c AS ( \
   SELECT u.*, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
-  WHERE e.task_id = u.task_id), 0) AS last_sequence \
+  WHERE e.task_id = u.task_id), 0) AS last_sequence, 'granted'::text AS held \
   FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
   $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
   $11::text[], $12::text[], $14::int8[], $15::text[]) AS u(lease_id, task_id, \
@@ -54,7 +61,7 @@ pub(super) const WHOLE_ATTEMPTS: &str = "WITH c AS ( \
   ), ended AS ( \
   UPDATE leases l SET state = c.lease_state, outcome = c.outcome, acked = TRUE, \
   ended_at_ms = $13 FROM c \
-  WHERE l.id = c.lease_id AND l.state = 'granted' RETURNING l.id \
+  WHERE l.id = c.lease_id AND l.state = c.held RETURNING l.id \
   ), history AS ( \
   INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
   lease_id, occurred_at_ms, implied_steps) \
@@ -77,9 +84,10 @@ pub(super) const WHOLE_ATTEMPTS: &str = "WITH c AS ( \
 
 /// Settles completed attempts in one statement: ends the leases, settles
 /// the tasks, appends the history, records refusals; the settled tasks come
-/// back.
+/// back. Live lease states are matched as in [`WHOLE_ATTEMPTS`], against a
+/// column of `c` (`live`).
 const COMPLETE: &str = "WITH c AS ( \
-  SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
+  SELECT *, ARRAY['granted', 'active'] AS live FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
   $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
   $11::text[], $12::text[], $14::int8[], $15::text[]) AS c(lease_id, task_id, \
   agent_id, lease_state, outcome, task_state, attempts, not_before_ms, result, error, \
@@ -87,7 +95,7 @@ const COMPLETE: &str = "WITH c AS ( \
   ), ended AS ( \
   UPDATE leases l SET state = c.lease_state, outcome = c.outcome, \
   ended_at_ms = $13 FROM c \
-  WHERE l.id = c.lease_id AND l.state IN ('granted', 'active') RETURNING l.id \
+  WHERE l.id = c.lease_id AND l.state = ANY(c.live) RETURNING l.id \
   ), history AS ( \
   INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
   lease_id, occurred_at_ms) \

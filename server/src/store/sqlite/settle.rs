@@ -41,19 +41,19 @@ const REFUSE: &str = "INSERT INTO task_refusals (task_id, agent_id, reason, refu
 
 /// The attempts' tasks settled, as `tasks::settle` settles one.
 /// A report batch's tasks (`$1`: JSON array of hex ids) without their
-/// documents (payload, placement, labels, progress, result, error), as
-/// PostgreSQL reads them: settling uses none of them, and copying and
-/// decoding them was work done inside the writers' turn.
+/// documents (payload, placement, labels, progress, result, error) or
+/// their leases' expiry, as PostgreSQL reads them: settling uses none of
+/// them, and copying and decoding them was work done inside the writers'
+/// turn.
 const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, \
     'null' AS payload, 'null' AS placement, t.priority, t.state, t.attempts, t.releases, \
     t.max_attempts, t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, NULL AS result, \
     NULL AS error, t.fencing_token, t.lease_id, t.agent_id, \
-    l.expires_at_ms AS lease_expires_at_ms, t.cancel_requested, NULL AS progress, \
+    NULL AS lease_expires_at_ms, t.cancel_requested, NULL AS progress, \
     '{}' AS labels, t.retry, t.start_timeout_ms, t.execution_timeout_ms, t.cancel_grace_ms, \
     t.cancel_deadline_ms, t.fairness_key, t.fairness_weight, \
     t.created_at_ms + t.fair_offset AS queue_rank, t.concurrency_key, t.created_at_ms, \
-    t.updated_at_ms FROM tasks t LEFT JOIN leases l ON l.id = t.lease_id \
-    WHERE t.id IN (SELECT unhex(value) FROM json_each($1))";
+    t.updated_at_ms FROM tasks t WHERE t.id IN (SELECT unhex(value) FROM json_each($1))";
 
 const SETTLE_TASKS: &str = "UPDATE tasks SET state = c.task_state, attempts = c.attempts, \
     releases = c.releases, not_before_ms = c.not_before_ms, \

@@ -1,0 +1,67 @@
+//! Planner statistics that keep up with fast-growing tables. A connection
+//! keeps the plan it chose for each prepared statement until the tables'
+//! statistics change, and autovacuum looks at a database about once a
+//! minute (`autovacuum_naptime`). Tasks, leases and their history grow by
+//! thousands of rows a second, so a plan made while `leases` held a few
+//! hundred rows (a hash join over the whole table, say) was still in use at
+//! a hundred thousand, and each report batch took 30-45 ms instead of 1.
+//! Every [`CHECK_EVERY`] the keeper asks the catalog which of Switchyard's
+//! tables are at least twice the size the planner last counted, and
+//! analyzes those (skipping one another session holds): the counts are
+//! then true within a factor of two, every connection plans again, and a
+//! table is analyzed only as often as it doubles.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgPool;
+
+/// How often the keeper looks at the tables' sizes.
+pub(super) const CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// Tables smaller than this (pages of 8 KiB) are left to autovacuum: any
+/// plan is fast on them.
+const MIN_PAGES: i64 = 64;
+
+/// Switchyard's tables (those in the schema of `tasks`) at least twice
+/// the size (pages) the planner last counted, and [`MIN_PAGES`] at least;
+/// quoted for `ANALYZE`.
+const GROWN: &str = "SELECT quote_ident(c.relname) FROM pg_class c \
+    WHERE c.relkind = 'r' \
+    AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass('tasks')) \
+    AND pg_relation_size(c.oid) / current_setting('block_size')::int8 \
+        >= GREATEST(2 * c.relpages::int8, $1) \
+    ORDER BY c.relname";
+
+/// Analyzes the tables that grew (see the module doc); answers their
+/// names. None grown: no statement but the catalog's read.
+pub(super) async fn analyze_grown(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    let grown: Vec<String> = sqlx::query_scalar(GROWN)
+        .bind(MIN_PAGES)
+        .fetch_all(pool)
+        .await?;
+    if !grown.is_empty() {
+        // The names come from the catalog, quoted by it.
+        let statement = format!("ANALYZE (SKIP_LOCKED) {}", grown.join(", "));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(pool)
+            .await?;
+    }
+    Ok(grown)
+}
+
+/// Runs [`analyze_grown`] every [`CHECK_EVERY`] until aborted; a failure
+/// (the database unreachable, say) is logged and the next look goes on.
+pub(super) async fn keep(pool: PgPool) {
+    let mut every = tokio::time::interval(CHECK_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        match analyze_grown(&pool).await {
+            Ok(grown) if !grown.is_empty() => {
+                tracing::debug!(tables = %grown.join(", "), "analyzed tables that doubled");
+            }
+            Ok(_) => {}
+            Err(err) => tracing::debug!(cause = %err, "could not look at the tables' sizes"),
+        }
+    }
+}
