@@ -129,8 +129,10 @@ struct State {
     index: AgentIndex,
     /// Live sessions by agent id.
     sessions: HashMap<Uuid, sessions::Session>,
-    /// Compiled placements by task id, so a waiting task is compiled once.
-    placements: HashMap<Uuid, Arc<CompiledPlacement>>,
+    /// Compiled placements by task kind and placement (as JSON text), so
+    /// the tasks of one placement share one, compiled once (at most
+    /// `round::MAX_COMPILED`; one more clears them).
+    placements: HashMap<(String, String), Arc<CompiledPlacement>>,
     /// By retried task id: its attempt count when read, and the agents its
     /// attempts failed on (a retry avoids them).
     failed: HashMap<Uuid, (u32, Arc<[switchyard_core::matcher::AgentId]>)>,

@@ -28,13 +28,35 @@ const MAX_REFUSED_TASKS: usize = 4_096;
 /// Refusals by task.
 #[derive(Debug, Default)]
 pub(super) struct Refusals {
-    by_task: HashMap<Uuid, Vec<AgentId>>,
+    by_task: HashMap<Uuid, Refused>,
+}
+
+/// One task's refusals.
+#[derive(Debug, Default)]
+struct Refused {
+    /// The agents that refused it.
+    agents: Vec<AgentId>,
+    /// Its compiled placement, once a round matched it since.
+    placement: Option<Arc<CompiledPlacement>>,
 }
 
 impl Refusals {
     /// The agents that refused `task_id`.
     pub(super) fn of(&self, task_id: Uuid) -> &[AgentId] {
-        self.by_task.get(&task_id).map_or(&[], Vec::as_slice)
+        self.by_task
+            .get(&task_id)
+            .map_or(&[], |refused| refused.agents.as_slice())
+    }
+
+    /// Keeps the compiled placement of `task_id`, which agents refused (a
+    /// round matched it), for [`Refusals::could_take`]; nothing for a task
+    /// without refusals.
+    pub(super) fn matched(&mut self, task_id: Uuid, placement: &Arc<CompiledPlacement>) {
+        if let Some(refused) = self.by_task.get_mut(&task_id)
+            && refused.placement.is_none()
+        {
+            refused.placement = Some(placement.clone());
+        }
     }
 
     /// Records that `agent` refused `task_id`.
@@ -42,7 +64,7 @@ impl Refusals {
         if !self.by_task.contains_key(&task_id) && self.by_task.len() >= MAX_REFUSED_TASKS {
             self.by_task.clear();
         }
-        let agents = self.by_task.entry(task_id).or_default();
+        let agents = &mut self.by_task.entry(task_id).or_default().agents;
         if !agents.contains(&agent) {
             agents.push(agent);
         }
@@ -51,11 +73,11 @@ impl Refusals {
     /// Forgets `agent`'s refusals; true if it had any.
     pub(super) fn lift(&mut self, agent: AgentId) -> bool {
         let mut lifted = false;
-        self.by_task.retain(|_, agents| {
-            let before = agents.len();
-            agents.retain(|a| *a != agent);
-            lifted |= agents.len() < before;
-            !agents.is_empty()
+        self.by_task.retain(|_, refused| {
+            let before = refused.agents.len();
+            refused.agents.retain(|a| *a != agent);
+            lifted |= refused.agents.len() < before;
+            !refused.agents.is_empty()
         });
         lifted
     }
@@ -76,20 +98,17 @@ impl Refusals {
     }
 
     /// Whether `view`'s agent, with a slot free, could run a task that
-    /// others refused (its compiled placement, cached while it waits, says
-    /// so); a task of another namespace may answer yes: the walk then only
-    /// reads again.
-    fn could_take(
-        &self,
-        view: &AgentView,
-        placements: &HashMap<Uuid, Arc<CompiledPlacement>>,
-    ) -> bool {
+    /// others refused (its compiled placement, kept once a round matched
+    /// it, says so); a task of another namespace may answer yes: the walk
+    /// then only reads again.
+    fn could_take(&self, view: &AgentView) -> bool {
         view.status.takes_work()
             && view.active_leases < view.capacity
-            && self.by_task.iter().any(|(task_id, agents)| {
-                !agents.contains(&view.agent_id)
-                    && placements
-                        .get(task_id)
+            && self.by_task.values().any(|refused| {
+                !refused.agents.contains(&view.agent_id)
+                    && refused
+                        .placement
+                        .as_ref()
                         .is_some_and(|p| matcher::satisfies(p, view))
             })
     }
@@ -105,7 +124,6 @@ impl State {
             index,
             queue,
             refused,
-            placements,
             ..
         } = self;
         let Some(view) = index.get(agent) else {
@@ -114,7 +132,7 @@ impl State {
         if queue.unpark_for(view) {
             return true;
         }
-        if refused.could_take(view, placements) {
+        if refused.could_take(view) {
             queue.note_unparked();
             return true;
         }

@@ -203,7 +203,6 @@ impl Dispatcher {
         let now = self.now_ms();
         {
             let mut state = self.state();
-            state.placements.remove(&task.id);
             state.failed.remove(&task.id);
             state.refused.forget(task.id);
             state

@@ -246,6 +246,7 @@ on_both_stores!(
     a_submit_is_leased_on_the_way_in_only_when_nothing_waits,
     a_refused_task_waits_on_its_own_until_an_agent_that_did_not_refuse_it_connects,
     followers_of_the_queue_share_one_summary_while_nothing_moves,
+    the_tasks_of_a_placement_share_one_compiled_placement,
 );
 
 /// The queue's one group: its tasks and whether matching found an agent.
@@ -286,6 +287,25 @@ async fn followers_of_the_queue_share_one_summary_while_nothing_moves(fx: &Fixtu
     assert_eq!(followed().await.expect("summary"), after_attach);
     fx.clock.advance(SUMMARY_REUSE_MS);
     assert_eq!(only_group(&followed().await.expect("summary")), (4, None));
+}
+
+/// Tasks a walk reads and leaves waiting (busy, parked, or granted by
+/// another replica) keep nothing of their own here: the dispatcher keeps
+/// one compiled placement per kind and placement. It kept one per task
+/// read until a round here granted it, so a drain of a million parked
+/// tasks grew the server by 550 MiB, and a task granted elsewhere was
+/// never forgotten.
+async fn the_tasks_of_a_placement_share_one_compiled_placement(fx: &Fixture) {
+    let mut agent = fx.connect("a", &["linux"], 1).await;
+    fx.queue("gpu", 0, None).await;
+    for _ in 0..20 {
+        fx.queue("linux", 0, None).await;
+    }
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(agent.grants().len(), 1);
+    // Read and left waiting: the agent is busy, or none can run it.
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
+    assert_eq!(fx.dispatcher.state().placements.len(), 2);
 }
 
 async fn a_round_fills_free_slots_in_priority_order(fx: &Fixture) {
