@@ -133,6 +133,10 @@ struct State {
     /// the tasks of one placement share one, compiled once (at most
     /// `round::MAX_COMPILED`; one more clears them).
     placements: HashMap<(String, String), Arc<CompiledPlacement>>,
+    /// The shared compiled placement of each task read, so a task read
+    /// again is not keyed again (at most `round::MAX_TASKS_COMPILED`; one
+    /// more clears them).
+    task_placements: HashMap<Uuid, Arc<CompiledPlacement>>,
     /// By retried task id: its attempt count when read, and the agents its
     /// attempts failed on (a retry avoids them).
     failed: HashMap<Uuid, (u32, Arc<[switchyard_core::matcher::AgentId]>)>,

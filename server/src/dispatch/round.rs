@@ -33,10 +33,15 @@ const MAX_PAGES: usize = 64;
 const MIN_PAGE: u32 = 16;
 
 /// The most compiled placements a dispatcher keeps (by kind and
-/// placement); one more clears them. Kept by task once, they grew with
+/// placement); one more clears them. Compiled by task once, they grew with
 /// every task a walk read and no round here granted: 550 MiB while a
 /// million parked tasks drained.
 pub(super) const MAX_COMPILED: usize = 4_096;
+
+/// The most tasks whose (shared) compiled placement a dispatcher keeps by
+/// task id; one more clears them. Keying a task by its placement's text
+/// costs a serialization, about as much as the rest of its match.
+pub(super) const MAX_TASKS_COMPILED: usize = 65_536;
 
 /// What matching one page of the queue did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -495,10 +500,25 @@ impl Dispatcher {
     /// of that kind and placement); `None` if the stored placement no
     /// longer parses or compiles (logged: the task waits).
     fn compiled(&self, task: &TaskRecord) -> Option<Arc<CompiledPlacement>> {
-        let key = (task.kind.clone(), task.placement.to_string());
-        if let Some(c) = self.state().placements.get(&key) {
+        if let Some(c) = self.state().task_placements.get(&task.id) {
             return Some(c.clone());
         }
+        let key = (task.kind.clone(), task.placement.to_string());
+        let shared = self.state().placements.get(&key).cloned();
+        let compiled = match shared {
+            Some(c) => c,
+            None => self.compile(task, key)?,
+        };
+        let mut state = self.state();
+        if state.task_placements.len() >= MAX_TASKS_COMPILED {
+            state.task_placements.clear();
+        }
+        state.task_placements.insert(task.id, compiled.clone());
+        Some(compiled)
+    }
+
+    /// Compiles a task's placement for its kind and keeps it under `key`.
+    fn compile(&self, task: &TaskRecord, key: (String, String)) -> Option<Arc<CompiledPlacement>> {
         let placement: Placement = match serde_json::from_value(task.placement.clone()) {
             Ok(p) => p,
             Err(err) => {

@@ -203,6 +203,7 @@ impl Dispatcher {
         let now = self.now_ms();
         {
             let mut state = self.state();
+            state.task_placements.remove(&task.id);
             state.failed.remove(&task.id);
             state.refused.forget(task.id);
             state

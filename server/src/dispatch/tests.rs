@@ -305,7 +305,18 @@ async fn the_tasks_of_a_placement_share_one_compiled_placement(fx: &Fixture) {
     assert_eq!(agent.grants().len(), 1);
     // Read and left waiting: the agent is busy, or none can run it.
     assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 0);
-    assert_eq!(fx.dispatcher.state().placements.len(), 2);
+    let state = fx.dispatcher.state();
+    assert_eq!(state.placements.len(), 2);
+    let linux = state
+        .placements
+        .values()
+        .find(|p| p.placement().required_tags == ["linux"]);
+    let linux = linux.expect("linux compiled");
+    let of_tasks = state.task_placements.values();
+    assert!(
+        of_tasks.filter(|p| !Arc::ptr_eq(p, linux)).count() <= 1,
+        "only gpu's differs"
+    );
 }
 
 async fn a_round_fills_free_slots_in_priority_order(fx: &Fixture) {
