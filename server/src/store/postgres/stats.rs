@@ -1,13 +1,14 @@
 //! Planner statistics that keep up with fast-growing tables. A connection
 //! keeps the plan it chose for each prepared statement until the tables'
 //! statistics change, and autovacuum looks at a database about once a
-//! minute (`autovacuum_naptime`). Tasks, leases and their history grow by
-//! thousands of rows a second, so a plan made while `leases` held a few
-//! hundred rows (a hash join over the whole table, say) was still in use at
-//! a hundred thousand, and each report batch took 30-45 ms instead of 1.
-//! Every [`CHECK_EVERY`] the keeper asks the catalog which of Switchyard's
-//! tables are at least twice the size the planner last counted, and
-//! analyzes those (skipping one another session holds): the counts are
+//! minute (`autovacuum_naptime`), or never where it is off. Tasks, leases
+//! and their history grow by thousands of rows a second, so a plan made
+//! while `leases` held about a thousand rows (a hash join over the whole
+//! table) was still in use at a hundred thousand, and each report batch's
+//! lock took 29-35 ms instead of about one. Every [`CHECK_EVERY`] the
+//! keeper asks the catalog which of Switchyard's tables are at least twice
+//! the size the planner last counted (and [`MIN_PAGES`] at least), and
+//! analyzes those, skipping one another session holds: the counts are
 //! then true within a factor of two, every connection plans again, and a
 //! table is analyzed only as often as it doubles.
 
