@@ -22,7 +22,7 @@ pub(super) const CHECK_EVERY: Duration = Duration::from_secs(2);
 /// Tables smaller than this (pages of 8 KiB: 8 MiB) are left to
 /// autovacuum. Analyzing invalidates every connection's plans, and each
 /// statement is planned afresh for its next five runs: analyzing from 64
-/// pages on raised the latency run's p99 from 8.1 to 12.8 ms (medians of
+/// pages on raised the latency run's p99 from 9.5 to 12.8 ms (medians of
 /// six), while the plans it saves cost little on tables this small.
 const MIN_PAGES: i64 = 1_024;
 
