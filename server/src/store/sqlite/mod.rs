@@ -4,7 +4,10 @@
 //! process's write transactions take turns (a fair queue, held from `BEGIN`
 //! to the end of the transaction): a writer waiting for the write lock in
 //! SQLite's busy handler sleeps 1, 2, 5, … up to 100 ms between looks and
-//! leaves the lock idle meanwhile. Each starts with `BEGIN IMMEDIATE` (the
+//! leaves the lock idle meanwhile. They run on one connection of their own,
+//! whose page cache stays warm from one to the next (a connection drops its
+//! cache when another has written since its last transaction); reads run on
+//! a pool beside it. Each starts with `BEGIN IMMEDIATE` (the
 //! write lock up front, waited for under `busy_timeout` against another
 //! process, instead of failing half-way); events go to this process's
 //! subscribers after each commit.
@@ -92,9 +95,12 @@ impl Dialect for Sqlite {
 /// The SQLite file and this process's subscribers.
 #[derive(Debug, Clone)]
 pub struct SqliteBackend {
-    /// The connection pool; readers run in parallel (WAL), writers queue for
-    /// the one write lock.
+    /// The readers' connections, in parallel (WAL).
     pool: SqlitePool,
+    /// The one connection every write transaction runs on. A connection's
+    /// page cache is dropped whenever another connection has written since
+    /// its last transaction; writes on one connection keep theirs warm.
+    writer: SqlitePool,
     /// The writers' turn: a write transaction holds it from `BEGIN` to its
     /// end, so writers queue here, in order, instead of sleeping in
     /// SQLite's busy handler for the write lock.
@@ -153,6 +159,11 @@ impl SqlStore<SqliteBackend> {
             .synchronous(synchronous)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(30));
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(connect.clone())
+            .await
+            .map_err(db("opening the sqlite database"))?;
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(connect)
@@ -162,6 +173,7 @@ impl SqlStore<SqliteBackend> {
         Ok(Self {
             backend: SqliteBackend {
                 pool,
+                writer,
                 events,
                 turn: Arc::default(),
             },
@@ -182,7 +194,7 @@ impl Backend for SqliteBackend {
     async fn begin(&self) -> Result<Write<Sqlite>> {
         let turn = Arc::clone(&self.turn).lock_owned().await;
         let tx = self
-            .pool
+            .writer
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(db("starting a write transaction"))?;
@@ -255,6 +267,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn close(&self) {
+        self.writer.close().await;
         self.pool.close().await;
     }
 }
