@@ -159,13 +159,16 @@ impl SqlStore<SqliteBackend> {
             .synchronous(synchronous)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(30));
+        // A connection to a file cannot go stale: no ping before each use.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             .connect_with(connect.clone())
             .await
             .map_err(db("opening the sqlite database"))?;
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
+            .test_before_acquire(false)
             .connect_with(connect)
             .await
             .map_err(db("opening the sqlite database"))?;
