@@ -1,6 +1,8 @@
 //! What SQLite's set-based statements share: a batch's rows travel as one
-//! JSON array (`json_each($1)`, ids as hex text turned back into the 16-byte
-//! blobs the tables hold with `unhex`), so each statement is prepared once
+//! JSON array (`jsonb_each($1)`, ids as hex text turned back into the 16-byte
+//! blobs the tables hold with `unhex`; the array is parsed once, and each
+//! row's fields are read from its binary form, where `json_each` would hand
+//! each row over as text to be parsed again), so each statement is prepared once
 //! and a whole batch costs one round trip to the connection's thread instead
 //! of one per row; records read by id in one statement; and the history
 //! entries of a batch appended in one statement.
@@ -21,7 +23,7 @@ use crate::store::sql::rows::{self, TASK_SELECT};
 /// The named tasks (`$1`: JSON array of hex ids).
 const TASKS: &str = const_format::concatcp!(
     TASK_SELECT,
-    "WHERE t.id IN (SELECT unhex(value) FROM json_each($1))"
+    "WHERE t.id IN (SELECT unhex(value) FROM jsonb_each($1))"
 );
 
 /// An id as the hex text `unhex` turns back into its blob.
@@ -30,7 +32,7 @@ pub(super) fn hex(id: Uuid) -> String {
 }
 
 /// The ids as one JSON array of [`hex`] texts: `$1` of a statement that
-/// reads `WHERE id IN (SELECT unhex(value) FROM json_each($1))`.
+/// reads `WHERE id IN (SELECT unhex(value) FROM jsonb_each($1))`.
 pub(super) fn ids(ids: impl IntoIterator<Item = Uuid>) -> String {
     Value::Array(ids.into_iter().map(|id| Value::String(hex(id))).collect()).to_string()
 }
@@ -47,7 +49,7 @@ const APPEND: &str = "INSERT INTO task_events \
     WHERE h.task_id = unhex(e.value ->> 'task')), 0) + (e.value ->> 'n'), \
     e.value ->> 'kind', e.value ->> 'state', e.value ->> 'message', \
     unhex(e.value ->> 'agent'), unhex(e.value ->> 'lease'), $2, \
-    COALESCE(e.value ->> 'implied', 0) FROM json_each($1) e";
+    COALESCE(e.value ->> 'implied', 0) FROM jsonb_each($1) e";
 
 /// A history entry of a batch: the `n`th of its task in the batch, `by`
 /// the agent and lease involved, if any.

@@ -18,26 +18,26 @@ use crate::store::sql::{Write, fair, leases, limits, rows};
 /// Each named agent's free slots (`$1`: JSON array of hex ids).
 const AGENTS_FREE: &str = "SELECT a.id, a.capacity - (SELECT CAST(COALESCE(SUM(l.slots), 0) \
     AS BIGINT) FROM leases l WHERE l.agent_id = a.id AND l.state IN ('granted', 'active')) AS free \
-    FROM agents a WHERE a.id IN (SELECT unhex(value) FROM json_each($1))";
+    FROM agents a WHERE a.id IN (SELECT unhex(value) FROM jsonb_each($1))";
 
 /// The named tasks, as `leases::grantable_task` reads them.
 const TASKS_TO_GRANT: &str = "SELECT id, state, not_before_ms, fencing_token, lease_ttl_ms, \
     namespace, concurrency_key, priority, \
     CASE WHEN fairness_key IS NULL THEN NULL ELSE created_at_ms + fair_offset END AS fair_rank \
-    FROM tasks WHERE id IN (SELECT unhex(value) FROM json_each($1))";
+    FROM tasks WHERE id IN (SELECT unhex(value) FROM jsonb_each($1))";
 
 /// The grants' leases (`$1`: JSON array of [`grant_row`] objects).
 const INSERT_LEASES: &str = "INSERT INTO leases (id, task_id, agent_id, fencing_token, state, \
     acked, granted_at_ms, expires_at_ms, slots, claim) \
     SELECT unhex(g.value ->> 'lease'), unhex(g.value ->> 'task'), unhex(g.value ->> 'agent'), \
     g.value ->> 'token', 'granted', FALSE, $2, g.value ->> 'expires', g.value ->> 'slots', \
-    g.value ->> 'claim' FROM json_each($1) g";
+    g.value ->> 'claim' FROM jsonb_each($1) g";
 
 /// The grants' tasks LEASED, each only if still queued.
 const LEASE_TASKS: &str = "UPDATE tasks SET state = 'leased', fencing_token = g.token, \
     lease_id = g.lease, agent_id = g.agent, progress = NULL, updated_at_ms = $2 \
     FROM (SELECT unhex(value ->> 'task') AS task, value ->> 'token' AS token, \
-    unhex(value ->> 'lease') AS lease, unhex(value ->> 'agent') AS agent FROM json_each($1)) AS g \
+    unhex(value ->> 'lease') AS lease, unhex(value ->> 'agent') AS agent FROM jsonb_each($1)) AS g \
     WHERE tasks.id = g.task AND tasks.state = 'queued'";
 
 /// A planned grant as one element of [`INSERT_LEASES`]' and

@@ -21,7 +21,7 @@ use crate::store::sql::{Write, history, output};
 const LEASES: &str = const_format::concatcp!(
     "SELECT ",
     LEASE_COLUMNS,
-    " FROM leases WHERE id IN (SELECT unhex(value) FROM json_each($1))"
+    " FROM leases WHERE id IN (SELECT unhex(value) FROM jsonb_each($1))"
 );
 
 /// The attempts' leases ended, acknowledged, each only if still just
@@ -29,13 +29,13 @@ const LEASES: &str = const_format::concatcp!(
 const END_LEASES: &str = "UPDATE leases SET state = c.lease_state, outcome = c.outcome, \
     acked = TRUE, ended_at_ms = $2 \
     FROM (SELECT unhex(value ->> 'lease') AS id, value ->> 'lease_state' AS lease_state, \
-    value ->> 'outcome' AS outcome FROM json_each($1)) AS c \
+    value ->> 'outcome' AS outcome FROM jsonb_each($1)) AS c \
     WHERE leases.id = c.id AND leases.state = 'granted'";
 
 /// The attempts' refusals recorded (the agent cannot run the task).
 const REFUSE: &str = "INSERT INTO task_refusals (task_id, agent_id, reason, refused_at_ms) \
     SELECT unhex(value ->> 'task'), unhex(value ->> 'agent'), value ->> 'refusal', $2 \
-    FROM json_each($1) WHERE value ->> 'refusal' IS NOT NULL \
+    FROM jsonb_each($1) WHERE value ->> 'refusal' IS NOT NULL \
     ON CONFLICT (task_id, agent_id) \
     DO UPDATE SET reason = excluded.reason, refused_at_ms = excluded.refused_at_ms";
 
@@ -53,7 +53,7 @@ const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, \
     '{}' AS labels, t.retry, t.start_timeout_ms, t.execution_timeout_ms, t.cancel_grace_ms, \
     t.cancel_deadline_ms, t.fairness_key, t.fairness_weight, \
     t.created_at_ms + t.fair_offset AS queue_rank, t.concurrency_key, t.created_at_ms, \
-    t.updated_at_ms FROM tasks t WHERE t.id IN (SELECT unhex(value) FROM json_each($1))";
+    t.updated_at_ms FROM tasks t WHERE t.id IN (SELECT unhex(value) FROM jsonb_each($1))";
 
 const SETTLE_TASKS: &str = "UPDATE tasks SET state = c.task_state, attempts = c.attempts, \
     releases = c.releases, not_before_ms = c.not_before_ms, \
@@ -62,7 +62,7 @@ const SETTLE_TASKS: &str = "UPDATE tasks SET state = c.task_state, attempts = c.
     FROM (SELECT unhex(value ->> 'task') AS id, value ->> 'task_state' AS task_state, \
     value ->> 'attempts' AS attempts, value ->> 'releases' AS releases, \
     value ->> 'not_before_ms' AS not_before_ms, value ->> 'result' AS result, \
-    value ->> 'error' AS error FROM json_each($1)) AS c WHERE tasks.id = c.id";
+    value ->> 'error' AS error FROM jsonb_each($1)) AS c WHERE tasks.id = c.id";
 
 /// A settled attempt as one element of the statements' array; the result
 /// and error as JSON text, stored as the row-by-row path stores them.

@@ -34,7 +34,7 @@ const INSERT_PLAIN: &str = "INSERT INTO tasks (id, namespace, kind, payload, pla
     value ->> 'lease_ttl_ms', NULL, value ->> 'not_before_ms', 0, FALSE, value ->> 'labels', \
     value ->> 'retry', value ->> 'start_timeout_ms', value ->> 'execution_timeout_ms', \
     value ->> 'cancel_grace_ms', NULL, NULL, 0, value ->> 'concurrency_key', $2, $2 \
-    FROM json_each($1)";
+    FROM jsonb_each($1)";
 
 /// Whether `task` goes into [`INSERT_PLAIN`]: an idempotency key needs its
 /// lookup and conflict, a fairness key the rank read from the tasks before
