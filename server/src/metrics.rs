@@ -5,7 +5,8 @@
 //! path 404 and any other method 405.
 //!
 //! Names: `switchyard_tasks{namespace,state}` (gauge of live tasks: queued,
-//! leased, running; refreshed from the store every 5 s),
+//! leased, running; counted in the store every 5 s, or fifty times what a
+//! count took if longer),
 //! `switchyard_grants_total`, `switchyard_lease_expiries_total`,
 //! `switchyard_requeues_total`, `switchyard_deadline_revocations_total{cause}`
 //! (leases ended at an execution timeout, a cancel's grace or a drain's
