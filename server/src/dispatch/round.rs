@@ -412,9 +412,7 @@ impl Dispatcher {
     ) -> Pick {
         let mut state = self.state();
         let started = std::time::Instant::now();
-        if !state.refused.of(task.id).is_empty() {
-            state.refused.matched(task.id, &compiled);
-        }
+        state.refused.matched(task.id, &compiled);
         let refused = state.refused.of(task.id);
         let selected = state
             .index
