@@ -355,16 +355,12 @@ impl Dispatcher {
             (state.queue.skip?, state.queue.parked_keys())
         };
         let started = std::time::Instant::now();
-        let read = self
-            .shared
-            .store
-            .queued_tasks(None, now, None, &parked, 1)
-            .await;
+        let read = self.shared.store.first_unparked(now, None, &parked).await;
         let parked_head = match &read {
-            Ok(tasks) => match (skip.to, tasks.first()) {
+            Ok(first) => match (skip.to, first) {
                 (_, None) => true,
                 (None, Some(_)) => false,
-                (Some(to), Some(first)) => to.reaches(first.priority, first.queue_rank, first.id),
+                (Some(to), Some(first)) => to.reaches(first.priority, first.rank, first.task_id),
             },
             Err(err) => {
                 warn!(cause = %err, "cannot read the parked head of the queue again");

@@ -99,6 +99,16 @@ impl Walk {
     pub(super) fn starts_at(&self) -> Option<QueueCursor> {
         self.skip_from
     }
+
+    /// Where its next page starts (`None`: the head).
+    pub(super) fn cursor(&self) -> Option<QueueCursor> {
+        self.cursor
+    }
+
+    /// Whether it reached the end of the queue.
+    pub(super) fn walked(&self) -> bool {
+        self.walked
+    }
 }
 
 impl Dispatcher {
@@ -267,6 +277,22 @@ impl Dispatcher {
         if tasks.len() < limit as usize {
             walk.walked = true;
             return Ok(false);
+        }
+        if page.first_live.is_none() {
+            // A whole page of parked tasks, and more may follow: a page
+            // leaves them out but reads each to do so. Go on from the
+            // first task that is not parked, found without reading them.
+            let parked = self.state().queue.parked_keys();
+            let next = store.first_unparked(walk.now, walk.cursor.as_ref(), &parked);
+            match crate::metrics::timed("first_unparked", next).await? {
+                Some(at) => {
+                    walk.cursor = Some(QueueCursor::before_place(at.priority, at.rank, at.task_id));
+                }
+                None => {
+                    walk.walked = true;
+                    return Ok(false);
+                }
+            }
         }
         Ok(true)
     }

@@ -107,6 +107,20 @@ pub trait TaskStore: Send + Sync {
         parked: &[ParkedPlacement],
         limit: u32,
     ) -> Result<Vec<TaskRecord>>;
+    /// Where [`TaskStore::queued_tasks`] after `after` (`None`: the head)
+    /// would start: the place in the queue (as a cursor just after it) of
+    /// the first QUEUED task due at `now_ms` whose placement is not one of
+    /// `parked`; `None` if there is none.
+    /// On PostgreSQL it reads no parked task: it takes each distinct
+    /// placement of the queue once (an index by placement), so a million
+    /// parked tasks cost it what their placements do. On SQLite it reads
+    /// the queue down to that task, as a page would.
+    async fn first_unparked(
+        &self,
+        now_ms: i64,
+        after: Option<&QueueCursor>,
+        parked: &[ParkedPlacement],
+    ) -> Result<Option<QueueCursor>>;
     /// Cancels a task: QUEUED becomes CANCELED at once; LEASED or RUNNING
     /// get `cancel_requested` and the lease to revoke is returned; terminal
     /// tasks are returned unchanged. With a grace (`grace_ms`, else the

@@ -17,6 +17,7 @@ crate::both_backends!(
     idempotent_submit,
     priority_then_fifo_and_not_before,
     the_queue_walk_leaves_out_parked_placements,
+    the_queue_goes_on_past_parked_placements_where_a_page_would,
     list_tasks_filters_and_pages,
     close_and_reopen_loses_nothing,
     submit_many_answers_each_submit_in_one_commit,
@@ -485,6 +486,84 @@ async fn the_queue_walk_leaves_out_parked_placements(fx: &mut Fixture) {
             .unwrap()
             .len(),
         20
+    );
+}
+
+/// Where the first task that is not parked is, found without reading the
+/// parked ones (by placement group on PostgreSQL): from the head and from
+/// a cursor at every task of the queue, the place a page would start at,
+/// through the priorities, past tasks not yet due; nothing when every due
+/// task left is parked.
+async fn the_queue_goes_on_past_parked_placements_where_a_page_would(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let placed = |ns: &str, priority: i32, placement: &serde_json::Value| {
+        let mut t = task(ns, priority, 1);
+        t.placement = placement.clone();
+        t
+    };
+    let gpu = json!({"required_tags": ["gpu"]});
+    // Keys out of order and nested: the store's JSON spells it otherwise.
+    let big = json!({"requirements": [
+        {"values": [16384.5, "x", {"b": 1, "a": [true, null]}], "operator": "gte", "key": "memory.total"}
+    ], "required_tags": ["linux"]});
+    let mut all = Vec::new();
+    for i in 0..3 {
+        let at = T0 + i64::from(i);
+        for _ in 0..3 {
+            all.push(submit(store, placed("ns", 9 - i, &gpu), at).await);
+            all.push(submit(store, placed("ns", 9 - i, &big), at).await);
+        }
+        all.push(submit(store, task("ns", 5 - i, 1), at).await);
+        all.push(submit(store, placed("other", 5 - i, &gpu), at).await);
+        let mut build = placed("ns", 9 - i, &gpu);
+        build.kind = "build".to_owned();
+        all.push(submit(store, build, at).await);
+        let mut later = task("ns", 9, 1);
+        later.not_before_ms = Some(T0 + 60_000);
+        all.push(submit(store, later, at).await);
+    }
+    let key = |t: &TaskRecord| ParkedPlacement {
+        namespace: t.namespace.clone(),
+        kind: t.kind.clone(),
+        placement: t.placement.to_string(),
+    };
+    let parked = [key(&all[0]), key(&all[1])];
+    let now = T0 + 10;
+    let queue = store.queued_tasks(None, now, None, &[], 100).await.unwrap();
+    assert_eq!(queue.len(), 27);
+    let cursors = std::iter::once(None).chain(queue.iter().map(|t| Some(QueueCursor::after(t))));
+    let mut found = 0;
+    for cursor in cursors {
+        let page = store
+            .queued_tasks(None, now, cursor.as_ref(), &parked, 1)
+            .await
+            .unwrap();
+        let want = page.first().map(QueueCursor::after);
+        let got = store
+            .first_unparked(now, cursor.as_ref(), &parked)
+            .await
+            .unwrap();
+        assert_eq!(got, want, "after {cursor:?}");
+        found += usize::from(got.is_some());
+    }
+    // The head is parked: the first task not parked is the other kind's.
+    assert_eq!(
+        store.first_unparked(now, None, &parked).await.unwrap(),
+        Some(QueueCursor::after(&all[8]))
+    );
+    // Found from every cursor up to the last task not parked.
+    let last_unparked = queue.iter().rposition(|t| !parked.contains(&key(t)));
+    assert_eq!(Some(found), last_unparked.map(|i| i + 1));
+    // Nothing parked: the head itself.
+    assert_eq!(
+        store.first_unparked(now, None, &[]).await.unwrap(),
+        Some(QueueCursor::after(&queue[0]))
+    );
+    // Every placement parked: nothing.
+    let everything: Vec<ParkedPlacement> = all.iter().map(key).collect();
+    assert_eq!(
+        store.first_unparked(now, None, &everything).await.unwrap(),
+        None
     );
 }
 

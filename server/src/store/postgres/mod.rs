@@ -76,6 +76,40 @@ const NOTIFIER_QUEUE: usize = 65_536;
 const NOT_PARKED: &str = "AND (t.namespace, t.kind, t.placement) NOT IN \
     (SELECT p->>0, p->>1, (p->>2)::jsonb FROM jsonb_array_elements($4::jsonb) AS p)";
 
+/// A queued task's placement group: its namespace, kind and placement,
+/// hashed as the index `tasks_queue_groups` keys them.
+const GROUP: &str = "md5(t.namespace || chr(31) || t.kind || chr(31) || t.placement::text)::uuid";
+
+/// Every placement group of the queue, one index probe each (`g.grp`).
+const GROUPS: &str = concatcp!(
+    "WITH RECURSIVE g(grp) AS ((SELECT ",
+    GROUP,
+    " FROM tasks t WHERE t.state = 'queued' ORDER BY 1 LIMIT 1) \
+    UNION ALL SELECT n.grp FROM g CROSS JOIN LATERAL (SELECT ",
+    GROUP,
+    " AS grp FROM tasks t WHERE t.state = 'queued' AND ",
+    GROUP,
+    " > g.grp ORDER BY 1 LIMIT 1) n) \
+    SELECT f.priority, f.queue_rank, f.id FROM g CROSS JOIN LATERAL "
+);
+
+/// The first due task of group `g` (the range follows).
+const GROUP_FIRST: &str = concatcp!(
+    "SELECT t.priority, t.created_at_ms + t.fair_offset AS queue_rank, t.id FROM tasks t \
+    WHERE t.state = 'queued' AND ",
+    GROUP,
+    " = g.grp AND t.not_before_ms <= $1 "
+);
+
+/// Queue order, one task.
+const FIRST: &str = "ORDER BY t.priority DESC, t.created_at_ms + t.fair_offset, t.id LIMIT 1";
+
+/// The groups of the parked placements in `$2` left out, and the first
+/// place of those that remain.
+const GROUP_NOT_PARKED: &str = " f WHERE g.grp NOT IN (SELECT md5((p->>0) || chr(31) || \
+    (p->>1) || chr(31) || ((p->>2)::jsonb)::text)::uuid FROM jsonb_array_elements($2::jsonb) AS p) \
+    ORDER BY 1 DESC, 2, 3 LIMIT 1";
+
 /// Sweeps on every replica at once share the work: a row another replica
 /// holds is skipped.
 const DUE: &str = "SELECT l.id FROM leases l JOIN tasks t ON t.id = l.task_id \
@@ -103,6 +137,22 @@ impl Dialect for Postgres {
         QUEUE_BELOW,
         NOT_PARKED,
         QUEUE_ORDER
+    );
+    const UNPARKED_HEAD: &'static str =
+        concatcp!(GROUPS, "(", GROUP_FIRST, FIRST, ")", GROUP_NOT_PARKED);
+    const UNPARKED_AFTER: &'static str = concatcp!(
+        GROUPS,
+        "((",
+        GROUP_FIRST,
+        "AND t.priority = $3 AND t.created_at_ms + t.fair_offset >= $4 \
+        AND (t.created_at_ms + t.fair_offset > $4 OR t.id > $5) ",
+        FIRST,
+        ") UNION ALL (",
+        GROUP_FIRST,
+        "AND t.priority < $3 ",
+        FIRST,
+        "))",
+        GROUP_NOT_PARKED
     );
     const LOCK_LIMIT_KEY: &'static str =
         "SELECT max_running FROM concurrency_keys WHERE namespace = $1 AND key = $2 FOR UPDATE";

@@ -84,6 +84,13 @@ pub trait Dialect: SqlDb {
     const QUEUE_AFTER: &'static str;
     /// As [`Dialect::QUEUE_HEAD`], below the cursor's priority (`$5`).
     const QUEUE_BELOW: &'static str;
+    /// The place (`priority`, `queue_rank`, `id`) of the first task
+    /// leasable at `$1` whose placement is not one of the parked ones in
+    /// `$2` (as `$4` of [`Dialect::QUEUE_HEAD`]), if any.
+    const UNPARKED_HEAD: &'static str;
+    /// As [`Dialect::UNPARKED_HEAD`], after the cursor (`$3` priority, `$4`
+    /// rank, `$5` id).
+    const UNPARKED_AFTER: &'static str;
     /// A concurrency key's limit (`max_running`; namespace `$1`, key `$2`),
     /// its row locked for the rest of the transaction where the database
     /// can.
@@ -331,6 +338,16 @@ impl<B: Backend> TaskStore for SqlStore<B> {
             ))
         })
         .await
+    }
+
+    async fn first_unparked(
+        &self,
+        now_ms: i64,
+        after: Option<&QueueCursor>,
+        parked: &[ParkedPlacement],
+    ) -> Result<Option<QueueCursor>> {
+        self.read(|c, _| Box::pin(tasks::first_unparked::<B::Db>(c, now_ms, after, parked)))
+            .await
     }
 
     async fn cancel_task(

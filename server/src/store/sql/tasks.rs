@@ -253,15 +253,7 @@ pub(crate) async fn queue_page<DB: Dialect>(
     parked: &[ParkedPlacement],
     limit: u32,
 ) -> Result<Vec<TaskRecord>> {
-    // The parked placements as the text of a JSON array of triples.
-    let triples: Vec<[&str; 3]> = parked
-        .iter()
-        .map(|p| [p.namespace.as_str(), p.kind.as_str(), p.placement.as_str()])
-        .collect();
-    let parked = serde_json::to_string(&triples).map_err(|err| Error::Corrupt {
-        context: "listing queued tasks",
-        detail: err.to_string(),
-    })?;
+    let parked = parked_json(parked)?;
     let page = |sql: &'static str, limit: u32| {
         query::<DB>(sql)
             .arg(now_ms)
@@ -294,6 +286,50 @@ pub(crate) async fn queue_page<DB: Dialect>(
         );
     }
     rows::all::<DB, _>(&rows, rows::task::<DB>)
+}
+
+/// The parked placements as the text of a JSON array of
+/// `[namespace, kind, placement text]` triples.
+fn parked_json(parked: &[ParkedPlacement]) -> Result<String> {
+    let triples: Vec<[&str; 3]> = parked
+        .iter()
+        .map(|p| [p.namespace.as_str(), p.kind.as_str(), p.placement.as_str()])
+        .collect();
+    serde_json::to_string(&triples).map_err(|err| Error::Corrupt {
+        context: "listing queued tasks",
+        detail: err.to_string(),
+    })
+}
+
+/// Where the queue goes on after `after` past the parked placements (see
+/// `TaskStore::first_unparked`).
+pub(crate) async fn first_unparked<DB: Dialect>(
+    conn: &mut DB::Connection,
+    now_ms: i64,
+    after: Option<&QueueCursor>,
+    parked: &[ParkedPlacement],
+) -> Result<Option<QueueCursor>> {
+    const CONTEXT: &str = "finding the queue past its parked tasks";
+    let parked = parked_json(parked)?;
+    let read = match after {
+        None => query::<DB>(DB::UNPARKED_HEAD).arg(now_ms).text(&parked),
+        Some(after) => query::<DB>(DB::UNPARKED_AFTER)
+            .arg(now_ms)
+            .text(&parked)
+            .arg(after.priority)
+            .arg(after.rank)
+            .arg(after.task_id),
+    };
+    let row = read.optional(conn).await.map_err(db(CONTEXT))?;
+    row.map(|row| {
+        let cols = super::db::Cols::<DB>::new(&row, CONTEXT);
+        Ok(QueueCursor {
+            priority: cols.get("priority")?,
+            rank: cols.get("queue_rank")?,
+            task_id: cols.get("id")?,
+        })
+    })
+    .transpose()
 }
 
 const CANCEL_QUEUED: &str = "UPDATE tasks SET state = 'canceled', cancel_requested = TRUE, \
