@@ -113,8 +113,9 @@ pub trait TaskStore: Send + Sync {
     /// `parked`; `None` if there is none.
     /// On PostgreSQL it reads no parked task: it takes each distinct
     /// placement of the queue once (an index by placement), so a million
-    /// parked tasks cost it what their placements do. On SQLite it reads
-    /// the queue down to that task, as a page would.
+    /// parked tasks cost it what their placements do; past 1,024 distinct
+    /// placements it reads the queue down to that task, as a page would.
+    /// So does SQLite, always.
     async fn first_unparked(
         &self,
         now_ms: i64,

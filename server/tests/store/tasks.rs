@@ -18,6 +18,7 @@ crate::both_backends!(
     priority_then_fifo_and_not_before,
     the_queue_walk_leaves_out_parked_placements,
     the_queue_goes_on_past_parked_placements_where_a_page_would,
+    past_a_thousand_placements_the_queue_is_read_as_a_page_would,
     list_tasks_filters_and_pages,
     close_and_reopen_loses_nothing,
     submit_many_answers_each_submit_in_one_commit,
@@ -560,6 +561,57 @@ async fn the_queue_goes_on_past_parked_placements_where_a_page_would(fx: &mut Fi
         Some(QueueCursor::after(&queue[0]))
     );
     // Every placement parked: nothing.
+    let everything: Vec<ParkedPlacement> = all.iter().map(key).collect();
+    assert_eq!(
+        store.first_unparked(now, None, &everything).await.unwrap(),
+        None
+    );
+}
+
+/// A queue of more placements than are worth taking one by one (1,024 on
+/// PostgreSQL) is read down to the first task that is not parked, as a
+/// page would: the same place, parked tasks ahead of it or not.
+async fn past_a_thousand_placements_the_queue_is_read_as_a_page_would(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let mut batch = Vec::new();
+    for i in 0..1_100 {
+        let mut t = task("ns", if i < 1_050 { 5 } else { 1 }, 1);
+        t.placement = json!({"required_tags": [format!("slot-{i}")]});
+        batch.push(Submission {
+            task: t,
+            agent_id: None,
+        });
+    }
+    let all: Vec<TaskRecord> = store
+        .submit_many(&batch, T0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.unwrap().0)
+        .collect();
+    let key = |t: &TaskRecord| ParkedPlacement {
+        namespace: t.namespace.clone(),
+        kind: t.kind.clone(),
+        placement: t.placement.to_string(),
+    };
+    // The first 1,050 (priority 5) parked: the first of priority 1 next.
+    let parked: Vec<ParkedPlacement> = all[..1_050].iter().map(key).collect();
+    let now = T0 + 10;
+    let want = store
+        .queued_tasks(None, now, None, &parked, 1)
+        .await
+        .unwrap();
+    assert_eq!(want.len(), 1);
+    assert_eq!(want[0].priority, 1);
+    for after in [None, Some(QueueCursor::after(&all[3]))] {
+        assert_eq!(
+            store
+                .first_unparked(now, after.as_ref(), &parked)
+                .await
+                .unwrap(),
+            Some(QueueCursor::after(&want[0]))
+        );
+    }
     let everything: Vec<ParkedPlacement> = all.iter().map(key).collect();
     assert_eq!(
         store.first_unparked(now, None, &everything).await.unwrap(),

@@ -80,17 +80,18 @@ const NOT_PARKED: &str = "AND (t.namespace, t.kind, t.placement) NOT IN \
 /// hashed as the index `tasks_queue_groups` keys them.
 const GROUP: &str = "md5(t.namespace || chr(31) || t.kind || chr(31) || t.placement::text)::uuid";
 
-/// Every placement group of the queue, one index probe each (`g.grp`).
+/// The placement groups of the queue, one index probe each (`g.grp`), at
+/// most 1,024 of them ([`GROUP_RESULT`] says if there were more).
 const GROUPS: &str = concatcp!(
-    "WITH RECURSIVE g(grp) AS ((SELECT ",
+    "WITH RECURSIVE g(grp, n) AS ((SELECT ",
     GROUP,
-    " FROM tasks t WHERE t.state = 'queued' ORDER BY 1 LIMIT 1) \
-    UNION ALL SELECT n.grp FROM g CROSS JOIN LATERAL (SELECT ",
+    ", 1 FROM tasks t WHERE t.state = 'queued' ORDER BY 1 LIMIT 1) \
+    UNION ALL SELECT nx.grp, g.n + 1 FROM g CROSS JOIN LATERAL (SELECT ",
     GROUP,
     " AS grp FROM tasks t WHERE t.state = 'queued' AND ",
     GROUP,
-    " > g.grp ORDER BY 1 LIMIT 1) n) \
-    SELECT f.priority, f.queue_rank, f.id FROM g CROSS JOIN LATERAL "
+    " > g.grp ORDER BY 1 LIMIT 1) nx WHERE g.n < 1024), \
+    f AS (SELECT f.priority, f.queue_rank, f.id FROM g CROSS JOIN LATERAL "
 );
 
 /// The first due task of group `g` (the range follows).
@@ -105,10 +106,19 @@ const GROUP_FIRST: &str = concatcp!(
 const FIRST: &str = "ORDER BY t.priority DESC, t.created_at_ms + t.fair_offset, t.id LIMIT 1";
 
 /// The groups of the parked placements in `$2` left out, and the first
-/// place of those that remain.
-const GROUP_NOT_PARKED: &str = " f WHERE g.grp NOT IN (SELECT md5((p->>0) || chr(31) || \
-    (p->>1) || chr(31) || ((p->>2)::jsonb)::text)::uuid FROM jsonb_array_elements($2::jsonb) AS p) \
-    ORDER BY 1 DESC, 2, 3 LIMIT 1";
+/// place of those that remain; then [`GROUP_RESULT`].
+const GROUP_NOT_PARKED: &str = concatcp!(
+    " f WHERE g.grp NOT IN (SELECT md5((p->>0) || chr(31) || (p->>1) || chr(31) || \
+    ((p->>2)::jsonb)::text)::uuid FROM jsonb_array_elements($2::jsonb) AS p) \
+    ORDER BY 1 DESC, 2, 3 LIMIT 1) ",
+    GROUP_RESULT
+);
+
+/// One row: the place found (NULLs if none), and `capped` if the queue
+/// has more placement groups than were taken (then the place says
+/// nothing, and the queue is read as a page would).
+const GROUP_RESULT: &str = "SELECT f.priority, f.queue_rank, f.id, \
+    (SELECT count(*) FROM g) >= 1024 AS capped FROM (SELECT 1) AS one LEFT JOIN f ON TRUE";
 
 /// Sweeps on every replica at once share the work: a row another replica
 /// holds is skipped.

@@ -86,7 +86,9 @@ pub trait Dialect: SqlDb {
     const QUEUE_BELOW: &'static str;
     /// The place (`priority`, `queue_rank`, `id`) of the first task
     /// leasable at `$1` whose placement is not one of the parked ones in
-    /// `$2` (as `$4` of [`Dialect::QUEUE_HEAD`]), if any.
+    /// `$2` (as `$4` of [`Dialect::QUEUE_HEAD`]), if any, and `capped`: if
+    /// true the statement gave up (too many placements to take each) and
+    /// the place says nothing.
     const UNPARKED_HEAD: &'static str;
     /// As [`Dialect::UNPARKED_HEAD`], after the cursor (`$3` priority, `$4`
     /// rank, `$5` id).

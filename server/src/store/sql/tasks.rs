@@ -310,26 +310,33 @@ pub(crate) async fn first_unparked<DB: Dialect>(
     parked: &[ParkedPlacement],
 ) -> Result<Option<QueueCursor>> {
     const CONTEXT: &str = "finding the queue past its parked tasks";
-    let parked = parked_json(parked)?;
+    let triples = parked_json(parked)?;
     let read = match after {
-        None => query::<DB>(DB::UNPARKED_HEAD).arg(now_ms).text(&parked),
+        None => query::<DB>(DB::UNPARKED_HEAD).arg(now_ms).text(&triples),
         Some(after) => query::<DB>(DB::UNPARKED_AFTER)
             .arg(now_ms)
-            .text(&parked)
+            .text(&triples)
             .arg(after.priority)
             .arg(after.rank)
             .arg(after.task_id),
     };
-    let row = read.optional(conn).await.map_err(db(CONTEXT))?;
-    row.map(|row| {
-        let cols = super::db::Cols::<DB>::new(&row, CONTEXT);
-        Ok(QueueCursor {
-            priority: cols.get("priority")?,
-            rank: cols.get("queue_rank")?,
-            task_id: cols.get("id")?,
-        })
-    })
-    .transpose()
+    let Some(row) = read.optional(conn).await.map_err(db(CONTEXT))? else {
+        return Ok(None);
+    };
+    let cols = super::db::Cols::<DB>::new(&row, CONTEXT);
+    if cols.get::<bool>("capped")? {
+        // Too many placements to take each: read as a page does.
+        let page = queue_page::<DB>(conn, None, now_ms, after, parked, 1).await?;
+        return Ok(page.first().map(QueueCursor::after));
+    }
+    let Some(task_id) = cols.get::<Option<Uuid>>("id")? else {
+        return Ok(None);
+    };
+    Ok(Some(QueueCursor {
+        priority: cols.get("priority")?,
+        rank: cols.get("queue_rank")?,
+        task_id,
+    }))
 }
 
 const CANCEL_QUEUED: &str = "UPDATE tasks SET state = 'canceled', cancel_requested = TRUE, \

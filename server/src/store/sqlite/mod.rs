@@ -61,8 +61,8 @@ const NOT_PARKED: &str = "AND (t.namespace, t.kind, t.placement) NOT IN \
 /// The first due task's place, outside the parked placements in `$2`
 /// (the range follows). SQLite has no index by placement: this reads the
 /// queue down to that task, on a reader's connection, beside the writer.
-const UNPARKED: &str = "SELECT t.priority, t.created_at_ms + t.fair_offset AS queue_rank, t.id \
-    FROM tasks t WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
+const UNPARKED: &str = "SELECT t.priority, t.created_at_ms + t.fair_offset AS queue_rank, t.id, \
+    FALSE AS capped FROM tasks t WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
     AND (t.namespace, t.kind, t.placement) NOT IN (SELECT json_extract(p.value, '$[0]'), \
     json_extract(p.value, '$[1]'), json_extract(p.value, '$[2]') FROM json_each($2) AS p) ";
 
