@@ -136,9 +136,10 @@ pub trait TaskStore: Send + Sync {
         now_ms: i64,
     ) -> Result<(TaskRecord, Option<LeaseRecord>)>;
     /// Queued tasks past their start deadline (due, and not granted within
-    /// their start timeout), in id order: the sweeper explains each and
-    /// fails it with [`TaskStore::fail_unstarted`]. Costs nothing while no
-    /// task has a start timeout.
+    /// their start timeout), at most `limit`, the earliest deadlines, in id
+    /// order: the sweeper explains each and fails it with
+    /// [`TaskStore::fail_unstarted`]. Costs an index probe while no task
+    /// has a start timeout.
     async fn unstarted_overdue(&self, now_ms: i64, limit: u32) -> Result<Vec<TaskRecord>>;
     /// Fails a task past its start deadline with `error`, its history
     /// saying `message`; `None` (nothing changed) if it is no longer queued

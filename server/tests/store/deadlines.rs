@@ -17,6 +17,7 @@ crate::both_backends!(
     a_cancel_requested_lease_is_ended_after_its_grace,
     a_drain_deadline_revokes_and_requeues_what_the_agent_still_holds,
     a_task_not_leased_by_its_start_deadline_is_found_and_failed_once,
+    the_longest_overdue_tasks_are_found_first,
 );
 
 const DAY: i64 = 86_400_000;
@@ -360,4 +361,31 @@ async fn a_task_not_leased_by_its_start_deadline_is_found_and_failed_once(fx: &m
             .iter()
             .any(|t| t.id == patient.id || t.id == started.id)
     );
+}
+
+/// Past the sweep's limit, the tasks overdue the longest are found first,
+/// whatever their ids.
+async fn the_longest_overdue_tasks_are_found_first(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let mut later = Vec::new();
+    let mut earlier = Vec::new();
+    for timeout in [50_000, 40_000, 20_000, 10_000] {
+        let mut spec = task("ns", 0, 3);
+        spec.deadlines = Deadlines {
+            start_timeout_ms: Some(timeout),
+            ..Deadlines::default()
+        };
+        let t = submit(store, spec, T0).await;
+        if timeout > 30_000 {
+            later.push(t.id)
+        } else {
+            earlier.push(t.id)
+        }
+    }
+    let overdue = store.unstarted_overdue(T0 + DAY, 2).await.unwrap();
+    let mut ids: Vec<_> = overdue.iter().map(|t| t.id).collect();
+    ids.sort();
+    earlier.sort();
+    assert_eq!(ids, earlier);
+    assert!(later.iter().all(|id| !ids.contains(id)));
 }

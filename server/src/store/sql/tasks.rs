@@ -417,12 +417,15 @@ pub(crate) async fn cancel<DB: Dialect>(
     }
 }
 
-/// Queued tasks past their start deadline, through the partial index of
-/// tasks with a start timeout (its expression written as the index's).
+/// Queued tasks past their start deadline, the earliest deadlines first
+/// (a sweep that cannot take them all takes those overdue the longest),
+/// through the partial index of tasks with a start timeout (its expression
+/// written as the index's).
 const UNSTARTED_OVERDUE: &str = const_format::concatcp!(
     TASK_SELECT,
     "WHERE t.id IN (SELECT id FROM tasks WHERE state = 'queued' AND start_timeout_ms IS NOT NULL \
-     AND (not_before_ms + start_timeout_ms) <= $1 ORDER BY id LIMIT $2) ORDER BY t.id"
+     AND (not_before_ms + start_timeout_ms) <= $1 \
+     ORDER BY (not_before_ms + start_timeout_ms) LIMIT $2) ORDER BY t.id"
 );
 
 /// Queued tasks past their start deadline (see
