@@ -97,3 +97,25 @@ async fn a_table_that_grew_is_analyzed_without_autovacuum() {
     conn.close().await.unwrap();
     fx.finish().await;
 }
+
+/// The queue table is never read by a parallel plan: beside a million
+/// queued tasks the sweep's search for tasks past their start deadline
+/// (an empty partial index, with no statistics) started two workers every
+/// second, and the task gauge's count took every core.
+#[tokio::test]
+async fn the_queue_table_is_not_read_in_parallel() {
+    let fx = Fixture::postgres().await;
+    let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
+    let options: Option<Vec<String>> =
+        sqlx::query_scalar("SELECT reloptions FROM pg_class WHERE relname = 'tasks'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert!(
+        options
+            .unwrap_or_default()
+            .contains(&"parallel_workers=0".to_owned())
+    );
+    conn.close().await.unwrap();
+    fx.finish().await;
+}
