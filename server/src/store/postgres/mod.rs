@@ -148,9 +148,15 @@ impl Dialect for Postgres {
         NOT_PARKED,
         QUEUE_ORDER
     );
-    const UNPARKED_HEAD: &'static str =
-        concatcp!(GROUPS, "(", GROUP_FIRST, FIRST, ")", GROUP_NOT_PARKED);
-    const UNPARKED_AFTER: &'static str = concatcp!(
+    const UNPARKED_HEAD: Option<&'static str> = Some(concatcp!(
+        GROUPS,
+        "(",
+        GROUP_FIRST,
+        FIRST,
+        ")",
+        GROUP_NOT_PARKED
+    ));
+    const UNPARKED_AFTER: Option<&'static str> = Some(concatcp!(
         GROUPS,
         "((",
         GROUP_FIRST,
@@ -163,7 +169,7 @@ impl Dialect for Postgres {
         FIRST,
         "))",
         GROUP_NOT_PARKED
-    );
+    ));
     const LOCK_LIMIT_KEY: &'static str =
         "SELECT max_running FROM concurrency_keys WHERE namespace = $1 AND key = $2 FOR UPDATE";
     const LOCK_NAMESPACE: Option<&'static str> = Some(

@@ -88,11 +88,12 @@ pub trait Dialect: SqlDb {
     /// leasable at `$1` whose placement is not one of the parked ones in
     /// `$2` (as `$4` of [`Dialect::QUEUE_HEAD`]), if any, and `capped`: if
     /// true the statement gave up (too many placements to take each) and
-    /// the place says nothing.
-    const UNPARKED_HEAD: &'static str;
+    /// the place says nothing. `None` where the database cannot find it
+    /// without reading the parked tasks: a one-task page is read instead.
+    const UNPARKED_HEAD: Option<&'static str>;
     /// As [`Dialect::UNPARKED_HEAD`], after the cursor (`$3` priority, `$4`
     /// rank, `$5` id).
-    const UNPARKED_AFTER: &'static str;
+    const UNPARKED_AFTER: Option<&'static str>;
     /// A concurrency key's limit (`max_running`; namespace `$1`, key `$2`),
     /// its row locked for the rest of the transaction where the database
     /// can.

@@ -310,24 +310,30 @@ pub(crate) async fn first_unparked<DB: Dialect>(
     parked: &[ParkedPlacement],
 ) -> Result<Option<QueueCursor>> {
     const CONTEXT: &str = "finding the queue past its parked tasks";
-    let triples = parked_json(parked)?;
-    let read = match after {
-        None => query::<DB>(DB::UNPARKED_HEAD).arg(now_ms).text(&triples),
-        Some(after) => query::<DB>(DB::UNPARKED_AFTER)
-            .arg(now_ms)
-            .text(&triples)
-            .arg(after.priority)
-            .arg(after.rank)
-            .arg(after.task_id),
+    // Read as a page does, one task: where the statement gives up, or
+    // there is none.
+    let page = async |conn: &mut DB::Connection| {
+        let page = queue_page::<DB>(conn, None, now_ms, after, parked, 1).await?;
+        Ok(page.first().map(QueueCursor::after))
     };
+    let Some(sql) = (if after.is_some() {
+        DB::UNPARKED_AFTER
+    } else {
+        DB::UNPARKED_HEAD
+    }) else {
+        return page(conn).await;
+    };
+    let triples = parked_json(parked)?;
+    let mut read = query::<DB>(sql).arg(now_ms).text(&triples);
+    if let Some(after) = after {
+        read = read.arg(after.priority).arg(after.rank).arg(after.task_id);
+    }
     let Some(row) = read.optional(conn).await.map_err(db(CONTEXT))? else {
         return Ok(None);
     };
     let cols = super::db::Cols::<DB>::new(&row, CONTEXT);
     if cols.get::<bool>("capped")? {
-        // Too many placements to take each: read as a page does.
-        let page = queue_page::<DB>(conn, None, now_ms, after, parked, 1).await?;
-        return Ok(page.first().map(QueueCursor::after));
+        return page(conn).await;
     }
     let Some(task_id) = cols.get::<Option<Uuid>>("id")? else {
         return Ok(None);

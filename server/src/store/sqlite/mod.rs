@@ -58,17 +58,6 @@ const NOT_PARKED: &str = "AND (t.namespace, t.kind, t.placement) NOT IN \
     (SELECT json_extract(p.value, '$[0]'), json_extract(p.value, '$[1]'), \
     json_extract(p.value, '$[2]') FROM json_each($4) AS p)";
 
-/// The first due task's place, outside the parked placements in `$2`
-/// (the range follows). SQLite has no index by placement: this reads the
-/// queue down to that task, on a reader's connection, beside the writer.
-const UNPARKED: &str = "SELECT t.priority, t.created_at_ms + t.fair_offset AS queue_rank, t.id, \
-    FALSE AS capped FROM tasks t WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
-    AND (t.namespace, t.kind, t.placement) NOT IN (SELECT json_extract(p.value, '$[0]'), \
-    json_extract(p.value, '$[1]'), json_extract(p.value, '$[2]') FROM json_each($2) AS p) ";
-
-/// Queue order, one task.
-const FIRST: &str = "ORDER BY t.priority DESC, t.created_at_ms + t.fair_offset, t.id LIMIT 1";
-
 /// Sweeps lock nothing (there is one writer): candidates in task id order.
 const DUE: &str = "SELECT l.id FROM leases l JOIN tasks t ON t.id = l.task_id \
     WHERE l.state IN ('granted', 'active') AND l.expires_at_ms <= $1 ORDER BY t.id LIMIT $2";
@@ -95,19 +84,10 @@ impl Dialect for Sqlite {
         NOT_PARKED,
         QUEUE_ORDER
     );
-    const UNPARKED_HEAD: &'static str = concatcp!(UNPARKED, FIRST);
-    const UNPARKED_AFTER: &'static str = concatcp!(
-        "SELECT * FROM (",
-        UNPARKED,
-        "AND t.priority = $3 AND t.created_at_ms + t.fair_offset >= $4 \
-        AND (t.created_at_ms + t.fair_offset > $4 OR t.id > $5) ",
-        FIRST,
-        ") UNION ALL SELECT * FROM (",
-        UNPARKED,
-        "AND t.priority < $3 ",
-        FIRST,
-        ") ORDER BY priority DESC, queue_rank, id LIMIT 1"
-    );
+    // No index by placement: the queue is read down to the task, on a
+    // reader's connection beside the writer.
+    const UNPARKED_HEAD: Option<&'static str> = None;
+    const UNPARKED_AFTER: Option<&'static str> = None;
     // One writer: what a grant counts cannot change under it.
     const LOCK_LIMIT_KEY: &'static str =
         "SELECT max_running FROM concurrency_keys WHERE namespace = $1 AND key = $2";
