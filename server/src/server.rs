@@ -125,10 +125,9 @@ const COUNT_EVERY: Duration = Duration::from_secs(5);
 
 /// How long the gauge waits after a count that took `took`: at least
 /// [`COUNT_EVERY`], and fifty times the count, so counting keeps the store
-/// busy at most 2% of the time. Counting the queued tasks reads every one:
-/// on PostgreSQL a million parked ones took 218 ms on average and up to
-/// 456 ms of both cores (a parallel scan), and every 5 s that stalled live
-/// dispatch (queue reads of 10-15 ms took 30-50 ms beside it).
+/// busy at most 2% of the time. Counting the queued tasks reads every one,
+/// and beside a large queue counting every 5 s stalled live dispatch (see
+/// BENCHMARKS.md, "the task gauge paced by its own cost").
 fn next_count_in(took: Duration) -> Duration {
     COUNT_EVERY.max(took.saturating_mul(50))
 }

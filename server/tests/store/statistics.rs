@@ -103,9 +103,8 @@ async fn a_table_that_grew_is_analyzed_without_autovacuum() {
 
 /// The planner has statistics for the start deadline's expression over the
 /// whole table: its partial index is empty while no task has a start
-/// timeout, and without them the sweep's search, beside a million queued
-/// tasks, guessed a third of the table and started parallel workers every
-/// second.
+/// timeout, and without them the planner guessed a third of the table for
+/// the sweep's search and made it a parallel scan on a large queue.
 #[tokio::test]
 async fn the_start_deadline_has_statistics_of_its_own() {
     let fx = Fixture::postgres().await;

@@ -418,6 +418,16 @@ async fn walk_queue(
     walked
 }
 
+/// A task's placement as the dispatcher names it when none of its agents
+/// can run it.
+fn parked_key(t: &TaskRecord) -> ParkedPlacement {
+    ParkedPlacement {
+        namespace: t.namespace.clone(),
+        kind: t.kind.clone(),
+        placement: t.placement.to_string(),
+    }
+}
+
 /// The dispatcher names the placements no agent of its own can run, as the
 /// store gave them back; every page of the walk, from the head or from a
 /// cursor, leaves out exactly the queued tasks of those placements in
@@ -451,17 +461,12 @@ async fn the_queue_walk_leaves_out_parked_placements(fx: &mut Fixture) {
         build.kind = "build".to_owned();
         all.push(submit(store, build, T0 + i64::from(i)).await);
     }
-    let key = |t: &switchyard_server::model::TaskRecord| ParkedPlacement {
-        namespace: t.namespace.clone(),
-        kind: t.kind.clone(),
-        placement: t.placement.to_string(),
-    };
     // gpu in `ns` and the big placement in `ns`, both of kind exec, named
     // from the tasks read.
-    let parked = [key(&all[0]), key(&all[1])];
+    let parked = [parked_key(&all[0]), parked_key(&all[1])];
     let expected: Vec<Uuid> = all
         .iter()
-        .filter(|t| !parked.contains(&key(t)))
+        .filter(|t| !parked.contains(&parked_key(t)))
         .map(|t| t.id)
         .collect();
     assert_eq!(expected.len(), 12);
@@ -523,12 +528,7 @@ async fn the_queue_goes_on_past_parked_placements_where_a_page_would(fx: &mut Fi
         later.not_before_ms = Some(T0 + 60_000);
         all.push(submit(store, later, at).await);
     }
-    let key = |t: &TaskRecord| ParkedPlacement {
-        namespace: t.namespace.clone(),
-        kind: t.kind.clone(),
-        placement: t.placement.to_string(),
-    };
-    let parked = [key(&all[0]), key(&all[1])];
+    let parked = [parked_key(&all[0]), parked_key(&all[1])];
     let now = T0 + 10;
     let queue = store.queued_tasks(None, now, None, &[], 100).await.unwrap();
     assert_eq!(queue.len(), 27);
@@ -553,7 +553,7 @@ async fn the_queue_goes_on_past_parked_placements_where_a_page_would(fx: &mut Fi
         Some(QueueCursor::after(&all[8]))
     );
     // Found from every cursor up to the last task not parked.
-    let last_unparked = queue.iter().rposition(|t| !parked.contains(&key(t)));
+    let last_unparked = queue.iter().rposition(|t| !parked.contains(&parked_key(t)));
     assert_eq!(Some(found), last_unparked.map(|i| i + 1));
     // Nothing parked: the head itself.
     assert_eq!(
@@ -561,7 +561,7 @@ async fn the_queue_goes_on_past_parked_placements_where_a_page_would(fx: &mut Fi
         Some(QueueCursor::after(&queue[0]))
     );
     // Every placement parked: nothing.
-    let everything: Vec<ParkedPlacement> = all.iter().map(key).collect();
+    let everything: Vec<ParkedPlacement> = all.iter().map(parked_key).collect();
     assert_eq!(
         store.first_unparked(now, None, &everything).await.unwrap(),
         None
@@ -589,13 +589,8 @@ async fn past_a_thousand_placements_the_queue_is_read_as_a_page_would(fx: &mut F
         .into_iter()
         .map(|s| s.unwrap().0)
         .collect();
-    let key = |t: &TaskRecord| ParkedPlacement {
-        namespace: t.namespace.clone(),
-        kind: t.kind.clone(),
-        placement: t.placement.to_string(),
-    };
     // The first 1,050 (priority 5) parked: the first of priority 1 next.
-    let parked: Vec<ParkedPlacement> = all[..1_050].iter().map(key).collect();
+    let parked: Vec<ParkedPlacement> = all[..1_050].iter().map(parked_key).collect();
     let now = T0 + 10;
     let want = store
         .queued_tasks(None, now, None, &parked, 1)
@@ -612,7 +607,7 @@ async fn past_a_thousand_placements_the_queue_is_read_as_a_page_would(fx: &mut F
             Some(QueueCursor::after(&want[0]))
         );
     }
-    let everything: Vec<ParkedPlacement> = all.iter().map(key).collect();
+    let everything: Vec<ParkedPlacement> = all.iter().map(parked_key).collect();
     assert_eq!(
         store.first_unparked(now, None, &everything).await.unwrap(),
         None
