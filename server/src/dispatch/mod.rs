@@ -286,9 +286,14 @@ impl Dispatcher {
     /// [`REPORTS_ENOUGH`], since the agents' slots wait for the reports.
     /// Heartbeats always linger: a renewal a few tens of milliseconds later
     /// changes nothing, and a thousand agents' heartbeats then cost a few
-    /// commits a second. Concurrent submits share a commit: a caller waits
-    /// for at most the batches already in flight, and a lone submit commits
-    /// at once.
+    /// commits a second. Concurrent submits share a commit, and on both
+    /// stores submits commit one batch at a time: a lone submit commits at
+    /// once, and the submits that arrive meanwhile wait for that one commit
+    /// and go together in the next. On PostgreSQL, several small submit
+    /// batches at once each waited for a log flush of its own (`WALWrite`,
+    /// `WALSync`), and the grants and reports with them; one at a time, as
+    /// many submits share fewer flushes (see BENCHMARKS.md, "Side by side:
+    /// submits one batch at a time").
     fn start_group_commits(&self) {
         let in_flight = if self.shared.store.backend() == "sqlite" {
             1
@@ -327,7 +332,7 @@ impl Dispatcher {
         let (store, clock) = (self.shared.store.clone(), self.shared.clock.clone());
         let _ = self.shared.submits.set(GroupCommit::start(
             submit::SUBMIT_BATCH,
-            in_flight,
+            1,
             Linger::None,
             move |submissions: Vec<Submission>| {
                 let (store, now) = (store.clone(), clock.now_ms());
