@@ -125,3 +125,54 @@ async fn the_start_deadline_has_statistics_of_its_own() {
     conn.close().await.unwrap();
     fx.finish().await;
 }
+
+/// The task's documents take no part in the planner's statistics: no
+/// statement filters on them by value, and sampling and sorting them was
+/// most of what analyzing `tasks` cost. The columns statements do filter on
+/// (here the state) still have theirs.
+#[tokio::test]
+async fn the_task_documents_are_left_out_of_the_statistics() {
+    let fx = Fixture::postgres().await;
+    let submissions: Vec<Submission> = (0..50)
+        .map(|i| {
+            let mut t = task("ns", 0, 3);
+            t.payload = json!({"step": i, "args": ["--release", format!("--jobs={i}")]});
+            t.labels
+                .insert("team".to_owned(), format!("team-{}", i % 3));
+            Submission {
+                task: t,
+                agent_id: None,
+            }
+        })
+        .collect();
+    for result in fx.store.submit_many(&submissions, T0).await.unwrap() {
+        result.unwrap();
+    }
+    let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
+    sqlx::query("ANALYZE tasks")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let columns: Vec<String> = sqlx::query_scalar(
+        "SELECT attname::text FROM pg_stats WHERE tablename = 'tasks' ORDER BY attname",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(columns.iter().any(|c| c == "state"), "{columns:?}");
+    for document in [
+        "payload",
+        "placement",
+        "labels",
+        "result",
+        "error",
+        "progress",
+    ] {
+        assert!(
+            !columns.iter().any(|c| c == document),
+            "{document} has statistics: {columns:?}"
+        );
+    }
+    conn.close().await.unwrap();
+    fx.finish().await;
+}
