@@ -38,8 +38,8 @@ use uuid::Uuid;
 
 use super::StoreOptions;
 use super::plan::db;
+use super::sql::queue::{QUEUE_AFTER, QUEUE_BELOW, QUEUE_ORDER, QUEUE_WHERE};
 use super::sql::rows::TASK_SELECT;
-use super::sql::tasks::{QUEUE_AFTER, QUEUE_BELOW, QUEUE_ORDER, QUEUE_WHERE};
 use super::sql::{Backend, Dialect, SqlStore, Write};
 use crate::error::{Error, Result};
 use crate::model::{

@@ -28,6 +28,8 @@
 //! - `tasks`, `leases`, `reports`, `agents`, `tokens`, `history`: the
 //!   shared SQL of each aggregate; `limits`: concurrency limits, checked
 //!   where grants are written; `fair`: fair share's ranks and clock;
+//!   `queue`: the queue read in order and past its parked placements,
+//!   counted and grouped;
 //!   `output`: tasks' output, written with the lease reports, read in
 //!   pages, bounded per task and per namespace (and its
 //!   [`OutputStore`](super::OutputStore) implementation).
@@ -39,6 +41,7 @@ pub(crate) mod history;
 pub(crate) mod leases;
 pub(crate) mod limits;
 pub(crate) mod output;
+pub(crate) mod queue;
 pub(crate) mod reports;
 pub(crate) mod rows;
 pub(crate) mod tasks;
@@ -336,7 +339,7 @@ impl<B: Backend> TaskStore for SqlStore<B> {
         limit: u32,
     ) -> Result<Vec<TaskRecord>> {
         self.read(|c, _| {
-            Box::pin(tasks::queue_page::<B::Db>(
+            Box::pin(queue::queue_page::<B::Db>(
                 c, namespace, now_ms, after, parked, limit,
             ))
         })
@@ -349,7 +352,7 @@ impl<B: Backend> TaskStore for SqlStore<B> {
         after: Option<&QueueCursor>,
         parked: &[ParkedPlacement],
     ) -> Result<Option<QueueCursor>> {
-        self.read(|c, _| Box::pin(tasks::first_unparked::<B::Db>(c, now_ms, after, parked)))
+        self.read(|c, _| Box::pin(queue::first_unparked::<B::Db>(c, now_ms, after, parked)))
             .await
     }
 
@@ -408,7 +411,7 @@ impl<B: Backend> TaskStore for SqlStore<B> {
     }
 
     async fn queued_in_namespace(&self, namespace: &str) -> Result<u64> {
-        self.read(|c, _| Box::pin(tasks::count_queued::<B::Db>(c, namespace)))
+        self.read(|c, _| Box::pin(queue::count_queued::<B::Db>(c, namespace)))
             .await
     }
 
@@ -418,7 +421,7 @@ impl<B: Backend> TaskStore for SqlStore<B> {
         now_ms: i64,
         limit: u32,
     ) -> Result<(Vec<QueueGroupRow>, u64)> {
-        self.read(|c, _| Box::pin(tasks::queue_groups::<B::Db>(c, namespace, now_ms, limit)))
+        self.read(|c, _| Box::pin(queue::queue_groups::<B::Db>(c, namespace, now_ms, limit)))
             .await
     }
 }
