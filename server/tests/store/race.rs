@@ -281,10 +281,10 @@ async fn the_pool_warm_up_fits_the_migrated_schema() {
     assert_eq!(store.count_tasks().await.unwrap(), Vec::new());
 
     let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
-    // The latest overload (0009's); the one before stays for replicas of
-    // the release before, and the warm-up must not fall back on it.
+    // The latest function (0018's); those before stay for replicas of the
+    // releases before, and the warm-up must not fall back on them.
     sqlx::query(
-        "DROP FUNCTION switchyard_submit_batch(uuid[], text[], text[], text[], text[], int4[], \
+        "DROP FUNCTION switchyard_submit_tasks(uuid[], text[], text[], text[], text[], int4[], \
          int8[], int8[], text[], int8[], text[], uuid[], uuid[], text[], int8[], int8[], int8[], text[], \
          int8[], int8[], text[], int8)",
     )

@@ -24,7 +24,94 @@ crate::both_backends!(
     submit_many_answers_each_submit_in_one_commit,
     count_tasks_counts_live_tasks_by_namespace_and_state,
     a_schema_migrated_by_a_newer_release_still_opens,
+    a_submit_writes_no_history_row_yet_its_history_starts_submitted,
 );
+
+/// How many history rows `task_id` has in the database.
+async fn history_rows(fx: &Fixture, task_id: Uuid) -> i64 {
+    let count = "SELECT COUNT(*) FROM task_events WHERE task_id = $1";
+    macro_rules! count_on {
+        ($pool:ty) => {{
+            let pool = <$pool>::connect(&fx.url).await.unwrap();
+            let n: i64 = sqlx::query_scalar(count)
+                .bind(task_id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+            n
+        }};
+    }
+    if fx.url.starts_with("sqlite:") {
+        count_on!(sqlx::SqlitePool)
+    } else {
+        count_on!(sqlx::PgPool)
+    }
+}
+
+/// A submit writes the task's row and no history row: its `submitted`
+/// entry (sequence 1, queued, at its creation time, by no agent) is read
+/// from the row, whichever way the task was inserted (plainly, by
+/// idempotency key, leased on the way in); every later entry is numbered
+/// after it, and a page after it leaves it out.
+async fn a_submit_writes_no_history_row_yet_its_history_starts_submitted(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w", 2).await;
+    let plain = submit(store, task("ns", 0, 3), T0).await;
+    let mut keyed = task("ns", 0, 3);
+    keyed.idempotency_key = Some("once".to_owned());
+    let keyed = submit(store, keyed, T0 + 1).await;
+    let reserved = Submission {
+        task: task("ns", 0, 3),
+        agent_id: Some(worker.id),
+    };
+    let done = store.submit_many(&[reserved], T0 + 2).await.unwrap();
+    let (leased, _, grant_outcome) = done.into_iter().next().unwrap().unwrap();
+    assert!(matches!(grant_outcome, Some(GrantOutcome::Granted(_))));
+    assert_eq!(
+        [
+            history_rows(fx, plain.id).await,
+            history_rows(fx, keyed.id).await,
+            history_rows(fx, leased.id).await,
+        ],
+        [0, 0, 1],
+        "history rows of a plain, a keyed and a leased-on-the-way-in submit"
+    );
+
+    for (task, at) in [(&plain, T0), (&keyed, T0 + 1), (&leased, T0 + 2)] {
+        let first = &store.task_events(task.id, 0, 1).await.unwrap()[0];
+        assert_eq!(
+            (
+                first.sequence,
+                first.kind.as_str(),
+                first.state,
+                first.message.as_str()
+            ),
+            (1, "submitted", TaskState::Queued, "submitted"),
+        );
+        assert_eq!(
+            (first.agent_id, first.lease_id, first.occurred_at_ms),
+            (None, None, at)
+        );
+    }
+
+    grant(store, plain.id, worker.id, T0 + 10).await;
+    for task in [&plain, &leased] {
+        let history = store.task_events(task.id, 0, 100).await.unwrap();
+        let read: Vec<_> = history
+            .iter()
+            .map(|e| (e.sequence, e.kind.as_str(), e.agent_id))
+            .collect();
+        assert_eq!(
+            read,
+            [(1, "submitted", None), (2, "leased", Some(worker.id))]
+        );
+        let after = store.task_events(task.id, 1, 100).await.unwrap();
+        assert_eq!(after, history[1..]);
+    }
+    let unknown = store.task_events(Uuid::now_v7(), 0, 100).await.unwrap();
+    assert!(unknown.is_empty(), "{unknown:?}");
+}
 
 /// A binary rolled back after an upgrade (or an old replica restarting
 /// mid-upgrade) finds migrations it does not know in the schema's history:

@@ -36,11 +36,12 @@ const LOCK_TASKS_TO_GRANT: &str = "SELECT id, state, not_before_ms, fencing_toke
   FROM tasks WHERE id = ANY($1) FOR UPDATE SKIP LOCKED";
 
 /// The grants of a batch that fit their agents' free slots, written: the
-/// leases, the tasks LEASED, one history entry each. A grant with a claim
-/// beyond slots fits only if the agent's live leases hold nothing its
-/// requester did not see (`$9..$11`: agent, task and claim text of each
-/// lease seen): those it cannot confirm so are answered apart, to be
-/// checked against the leases themselves. Answers the task ids that fit,
+/// leases, the tasks LEASED, one history entry each (numbered as
+/// `history::NEXT_SEQUENCE` numbers). A grant with a claim beyond slots
+/// fits only if the agent's live leases hold nothing its requester did not
+/// see (`$9..$11`: agent, task and claim text of each lease seen): those it
+/// cannot confirm so are answered apart, to be checked against the leases
+/// themselves. Answers the task ids that fit,
 /// those leased (the same, with the tasks locked) and those unconfirmed. A
 /// task is updated only if its fencing token is still the one the grant was
 /// planned on.
@@ -76,7 +77,7 @@ WITH g AS ( \
   INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, lease_id, \
   occurred_at_ms) \
   SELECT fit.task_id, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
-  WHERE e.task_id = fit.task_id), 0) + 1, 'leased', 'leased', \
+  WHERE e.task_id = fit.task_id), 1) + 1, 'leased', 'leased', \
   'leased to agent ' || fit.agent_id::text || ' with fencing token ' || fit.token::text, \
   fit.agent_id, fit.lease_id, $6 FROM fit \
 ) \

@@ -42,7 +42,8 @@ pub(super) const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, 
 /// Applies whole fresh attempts in one statement: ends the leases
 /// (acknowledged), settles the tasks, records refusals, and appends to each
 /// history one row for accepted, started and the end (the end, implying the
-/// two before it: `history::IMPLIED_STEPS`). Answers how many leases ended
+/// two before it: `history::IMPLIED_STEPS`), numbered after the task's last
+/// entry as `history::NEXT_SEQUENCE` numbers. Answers how many leases ended
 /// and tasks settled.
 ///
 /// A lease's state is matched against a column of `c` (`held`), not a
@@ -52,7 +53,7 @@ pub(super) const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, 
 /// entry for every lease ended since the last VACUUM.
 pub(super) const WHOLE_ATTEMPTS: &str = "WITH c AS ( \
   SELECT u.*, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
-  WHERE e.task_id = u.task_id), 0) AS last_sequence, 'granted'::text AS held \
+  WHERE e.task_id = u.task_id), 1) AS last_sequence, 'granted'::text AS held \
   FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], \
   $5::text[], $6::text[], $7::int8[], $8::int8[], $9::text[], $10::text[], \
   $11::text[], $12::text[], $14::int8[], $15::text[]) AS u(lease_id, task_id, \
@@ -100,7 +101,7 @@ const COMPLETE: &str = "WITH c AS ( \
   INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, \
   lease_id, occurred_at_ms) \
   SELECT c.task_id, COALESCE((SELECT MAX(e.sequence) FROM task_events e \
-  WHERE e.task_id = c.task_id), 0) + 1, c.event_kind, c.task_state, \
+  WHERE e.task_id = c.task_id), 1) + 1, c.event_kind, c.task_state, \
   c.message, c.agent_id, c.lease_id, $13 FROM c \
   ), refused AS ( \
   INSERT INTO task_refusals (task_id, agent_id, reason, refused_at_ms) \

@@ -4,13 +4,16 @@
 //!
 //! A row is one entry, or, written by a whole fresh attempt's set-based
 //! path, its end with the fixed steps before it ([`IMPLIED_STEPS`]: accepted
-//! and started) implied, so a quick task's life takes three rows instead of
-//! five; [`list`] expands them, and the history reads the same either way.
+//! and started) implied. The first entry, [`SUBMITTED`] at sequence 1, is
+//! implied by the task's row (at its creation time) and written by no
+//! submit (a task submitted before that was has a row of it), so a quick
+//! task's life takes two rows instead of five; [`list`] expands them, and
+//! the history reads the same either way.
 
 use uuid::Uuid;
 
 use super::Write;
-use super::db::{SqlDb, StatementExt, query};
+use super::db::{Cols, SqlDb, StatementExt, query};
 use super::rows::{self, EVENT_COLUMNS};
 use crate::error::{Error, Result};
 use crate::model::{TaskEventRecord, TaskState};
@@ -60,6 +63,10 @@ impl<'a> Entry<'a> {
 /// what it says.
 pub(crate) type Step = (&'static str, TaskState, &'static str);
 
+/// The task was submitted: the first entry of every task, at sequence 1,
+/// by no agent, at its creation time; implied by the task's row.
+pub(crate) const SUBMITTED: Step = ("submitted", TaskState::Queued, "submitted");
+
 /// The agent acknowledged its lease.
 pub(crate) const ACCEPTED: Step = (
     "accepted",
@@ -83,10 +90,19 @@ impl Entry<'static> {
     }
 }
 
-const APPEND: &str = "INSERT INTO task_events \
+/// The sequence after a task's last entry: its last row's, or after the
+/// [`SUBMITTED`] entry its row implies (`$1`: the task's id). Every
+/// appender numbers so.
+pub(crate) const NEXT_SEQUENCE: &str = "COALESCE((SELECT MAX(e.sequence) FROM task_events e \
+    WHERE e.task_id = $1), 1) + 1";
+
+const APPEND: &str = const_format::concatcp!(
+    "INSERT INTO task_events \
     (task_id, sequence, kind, state, message, agent_id, lease_id, occurred_at_ms) \
-    VALUES ($1, (SELECT COALESCE(MAX(sequence), 0) + 1 FROM task_events \
-    WHERE task_id = $1), $2, $3, $4, $5, $6, $7)";
+    VALUES ($1, ",
+    NEXT_SEQUENCE,
+    ", $2, $3, $4, $5, $6, $7)"
+);
 
 /// Appends `entry` to its task's history (the task row is locked).
 pub(crate) async fn append<DB: SqlDb>(
@@ -116,8 +132,12 @@ const LIST: &str = const_format::concatcp!(
     " FROM task_events WHERE task_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3"
 );
 
+/// When the task was created, if it exists.
+const CREATED: &str = "SELECT created_at_ms FROM tasks WHERE id = $1";
+
 /// A task's history after `after_sequence`, oldest first, at most `limit`
-/// entries; a row's implied steps expanded before its own entry.
+/// entries; the [`SUBMITTED`] entry its row implies first where no row
+/// holds it, and a row's implied steps expanded before its own entry.
 pub(crate) async fn list<DB: SqlDb>(
     conn: &mut DB::Connection,
     task_id: Uuid,
@@ -128,11 +148,14 @@ pub(crate) async fn list<DB: SqlDb>(
         .arg(task_id)
         .arg(to_i64(after_sequence))
         .arg(i64::from(limit))
-        .all(conn)
+        .all(&mut *conn)
         .await
         .map_err(db("reading task events"))?;
     let rows = rows::all::<DB, _>(&rows, rows::event::<DB>)?;
-    let mut entries = Vec::with_capacity(rows.len());
+    let mut entries = Vec::with_capacity(rows.len() + 1);
+    if after_sequence == 0 && rows.first().map(|(entry, _)| entry.sequence) != Some(1) {
+        entries.extend(submitted::<DB>(conn, task_id).await?);
+    }
     for (entry, implied) in rows {
         entries.extend(expanded(entry, implied)?);
     }
@@ -141,7 +164,37 @@ pub(crate) async fn list<DB: SqlDb>(
     Ok(entries)
 }
 
-/// A row's entries: the `implied` last of [`IMPLIED_STEPS`] before its own.
+/// The [`SUBMITTED`] entry `task_id`'s row implies; none for a task that
+/// does not exist.
+async fn submitted<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    task_id: Uuid,
+) -> Result<Option<TaskEventRecord>> {
+    let row = query::<DB>(CREATED)
+        .arg(task_id)
+        .optional(conn)
+        .await
+        .map_err(db("reading when a task was created"))?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let created: i64 =
+        Cols::<DB>::new(&row, "reading when a task was created").get("created_at_ms")?;
+    let (kind, state, message) = SUBMITTED;
+    Ok(Some(TaskEventRecord {
+        task_id,
+        sequence: 1,
+        kind: kind.to_owned(),
+        state,
+        message: message.to_owned(),
+        agent_id: None,
+        lease_id: None,
+        occurred_at_ms: created,
+    }))
+}
+
+/// A row's entries: the `implied` last of [`IMPLIED_STEPS`] before its own,
+/// after sequence 1 (the [`SUBMITTED`] entry's).
 fn expanded(entry: TaskEventRecord, implied: usize) -> Result<Vec<TaskEventRecord>> {
     let steps = IMPLIED_STEPS
         .len()
@@ -150,7 +203,7 @@ fn expanded(entry: TaskEventRecord, implied: usize) -> Result<Vec<TaskEventRecor
     let first = u64::try_from(implied)
         .ok()
         .and_then(|n| entry.sequence.checked_sub(n))
-        .filter(|&first| first >= 1);
+        .filter(|&first| first > 1);
     let (Some(steps), Some(first)) = (steps, first) else {
         return Err(Error::Corrupt {
             context: "reading task events",
@@ -226,7 +279,7 @@ mod tests {
 
     #[test]
     fn a_row_implying_more_than_there_is_is_corrupt() {
-        for (sequence, implied) in [(5, 3), (2, 2), (1, 1)] {
+        for (sequence, implied) in [(5, 3), (2, 2), (1, 1), (3, 2), (2, 1)] {
             let err = expanded(row(sequence), implied).unwrap_err();
             assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
         }

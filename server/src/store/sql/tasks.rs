@@ -104,8 +104,8 @@ const INSERT: &str = "INSERT INTO tasks (id, namespace, kind, payload, placement
 pub(crate) enum Inserted {
     /// A task with its idempotency key was there already.
     Existing(TaskRecord),
-    /// The task was inserted with this id; its history and event are the
-    /// caller's.
+    /// The task was inserted with this id; its event is the caller's (its
+    /// history's first entry is implied by its row).
     New(Uuid),
 }
 

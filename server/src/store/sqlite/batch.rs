@@ -38,15 +38,16 @@ pub(super) fn ids(ids: impl IntoIterator<Item = Uuid>) -> String {
 }
 
 /// Appends each entry (`$1`: a JSON array of [`entry`] objects) to its
-/// task's history, numbered after the task's last entry by the entry's
-/// place `n` among the batch's entries of that task (1, 2, …). SQLite reads
-/// the whole `SELECT` before it inserts, so every entry of a task counts
-/// from the same last entry.
+/// task's history, numbered after the task's last entry (as
+/// `history::NEXT_SEQUENCE` numbers: after the submit's implied sequence 1
+/// where no row holds one) by the entry's place `n` among the batch's
+/// entries of that task (1, 2, …). SQLite reads the whole `SELECT` before
+/// it inserts, so every entry of a task counts from the same last entry.
 const APPEND: &str = "INSERT INTO task_events \
     (task_id, sequence, kind, state, message, agent_id, lease_id, occurred_at_ms, implied_steps) \
     SELECT unhex(e.value ->> 'task'), \
     COALESCE((SELECT MAX(h.sequence) FROM task_events h \
-    WHERE h.task_id = unhex(e.value ->> 'task')), 0) + (e.value ->> 'n'), \
+    WHERE h.task_id = unhex(e.value ->> 'task')), 1) + (e.value ->> 'n'), \
     e.value ->> 'kind', e.value ->> 'state', e.value ->> 'message', \
     unhex(e.value ->> 'agent'), unhex(e.value ->> 'lease'), $2, \
     COALESCE(e.value ->> 'implied', 0) FROM jsonb_each($1) e";

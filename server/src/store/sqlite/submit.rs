@@ -1,9 +1,9 @@
 //! SQLite's submits: the tasks with neither an idempotency key nor a
 //! fairness key inserted in one statement, the others one by one as the
 //! shared SQL inserts them (`tasks::insert`: the key's lookup, the fair
-//! rank); then the new tasks' history entries appended and their records
-//! read in one statement each, and the tasks with an agent reserved on the
-//! way in leased in one set-based grant (`grant`).
+//! rank), their history's first entry implied by their rows; then their
+//! records read in one statement, and the tasks with an agent reserved on
+//! the way in leased in one set-based grant (`grant`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::{batch, grant};
 use crate::error::{Error, Result};
 use crate::model::{
-    GrantOutcome, GrantRequest, NewTask, StoreEvent, Submission, Submitted, TaskRecord, TaskState,
+    GrantOutcome, GrantRequest, NewTask, StoreEvent, Submission, Submitted, TaskRecord,
 };
 use crate::store::StoreOptions;
 use crate::store::plan::db;
@@ -116,11 +116,8 @@ pub(super) async fn submit_many(
             _ => None,
         })
         .collect();
-    let entries = created
-        .iter()
-        .map(|id| batch::entry(*id, 1, "submitted", TaskState::Queued, "submitted", None))
-        .collect();
-    batch::append(w, entries, now_ms).await?;
+    // Their history's first entry is implied by their rows
+    // (`history::SUBMITTED`).
     let mut records = batch::tasks(w, created.iter().copied()).await?;
     let mut requests = Vec::new();
     for (slot, submission) in slots.iter().zip(submissions) {
