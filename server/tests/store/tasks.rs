@@ -25,7 +25,54 @@ crate::both_backends!(
     count_tasks_counts_live_tasks_by_namespace_and_state,
     a_schema_migrated_by_a_newer_release_still_opens,
     a_submit_writes_no_history_row_yet_its_history_starts_submitted,
+    a_history_an_earlier_release_began_reads_the_same,
 );
+
+/// Runs `sql` with `task_id` and `at_ms` bound on the fixture's database.
+async fn run_sql(fx: &Fixture, sql: &'static str, task_id: Uuid, at_ms: i64) {
+    macro_rules! run_on {
+        ($pool:ty) => {{
+            let pool = <$pool>::connect(&fx.url).await.unwrap();
+            sqlx::query(sql)
+                .bind(task_id)
+                .bind(at_ms)
+                .execute(&pool)
+                .await
+                .unwrap();
+            pool.close().await;
+        }};
+    }
+    if fx.url.starts_with("sqlite:") {
+        run_on!(sqlx::SqlitePool);
+    } else {
+        run_on!(sqlx::PgPool);
+    }
+}
+
+/// A task submitted by a release that wrote its `submitted` row: the row
+/// is read, not a second entry beside it, and what follows is numbered
+/// after it.
+async fn a_history_an_earlier_release_began_reads_the_same(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w", 1).await;
+    let old = submit(store, task("ns", 0, 3), T0).await;
+    run_sql(
+        fx,
+        "INSERT INTO task_events (task_id, sequence, kind, state, message, occurred_at_ms) \
+         VALUES ($1, 1, 'submitted', 'queued', 'submitted', $2)",
+        old.id,
+        T0,
+    )
+    .await;
+    assert_eq!(history_rows(fx, old.id).await, 1);
+    grant(store, old.id, worker.id, T0 + 10).await;
+    let history = store.task_events(old.id, 0, 100).await.unwrap();
+    let read: Vec<_> = history
+        .iter()
+        .map(|e| (e.sequence, e.kind.as_str(), e.occurred_at_ms))
+        .collect();
+    assert_eq!(read, [(1, "submitted", T0), (2, "leased", T0 + 10)]);
+}
 
 /// How many history rows `task_id` has in the database.
 async fn history_rows(fx: &Fixture, task_id: Uuid) -> i64 {

@@ -41,10 +41,9 @@ const LOCK_TASKS_TO_GRANT: &str = "SELECT id, state, not_before_ms, fencing_toke
 /// fits only if the agent's live leases hold nothing its requester did not
 /// see (`$9..$11`: agent, task and claim text of each lease seen): those it
 /// cannot confirm so are answered apart, to be checked against the leases
-/// themselves. Answers the task ids that fit,
-/// those leased (the same, with the tasks locked) and those unconfirmed. A
-/// task is updated only if its fencing token is still the one the grant was
-/// planned on.
+/// themselves. Answers the task ids that fit, those leased (the same, with
+/// the tasks locked) and those unconfirmed. A task is updated only if its
+/// fencing token is still the one the grant was planned on.
 const GRANT_LEASES: &str = "\
 WITH g AS ( \
   SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[], $7::int8[], \

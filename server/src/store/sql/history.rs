@@ -6,9 +6,9 @@
 //! path, its end with the fixed steps before it ([`IMPLIED_STEPS`]: accepted
 //! and started) implied. The first entry, [`SUBMITTED`] at sequence 1, is
 //! implied by the task's row (at its creation time) and written by no
-//! submit (a task submitted before that was has a row of it), so a quick
-//! task's life takes two rows instead of five; [`list`] expands them, and
-//! the history reads the same either way.
+//! submit (a task submitted by an earlier release has a row of it), so a
+//! quick task's life takes two rows instead of five; [`list`] expands them,
+//! and the history reads the same either way.
 
 use uuid::Uuid;
 
@@ -203,7 +203,7 @@ fn expanded(entry: TaskEventRecord, implied: usize) -> Result<Vec<TaskEventRecor
     let first = u64::try_from(implied)
         .ok()
         .and_then(|n| entry.sequence.checked_sub(n))
-        .filter(|&first| first > 1);
+        .filter(|&first| first > 1 || (first == 1 && implied == 0));
     let (Some(steps), Some(first)) = (steps, first) else {
         return Err(Error::Corrupt {
             context: "reading task events",
@@ -263,6 +263,12 @@ mod tests {
     fn a_row_reads_as_its_implied_steps_then_itself() {
         let end = (5, "succeeded".to_owned(), TaskState::Succeeded);
         assert_eq!(read(5, 0), std::slice::from_ref(&end));
+        // A row at sequence 1 implying nothing, as an earlier release wrote
+        // its submitted entry.
+        assert_eq!(
+            read(1, 0),
+            [(1, "succeeded".to_owned(), TaskState::Succeeded)]
+        );
         assert_eq!(
             read(5, 1),
             [(4, "started".to_owned(), TaskState::Running), end.clone()]
@@ -279,7 +285,7 @@ mod tests {
 
     #[test]
     fn a_row_implying_more_than_there_is_is_corrupt() {
-        for (sequence, implied) in [(5, 3), (2, 2), (1, 1), (3, 2), (2, 1)] {
+        for (sequence, implied) in [(5, 3), (2, 2), (1, 1), (3, 2), (2, 1), (0, 0)] {
             let err = expanded(row(sequence), implied).unwrap_err();
             assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
         }
