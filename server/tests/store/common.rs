@@ -175,6 +175,28 @@ macro_rules! both_backends {
     };
 }
 
+/// `$body` with `$pool` a new pool on the database at `$url` (an
+/// `sqlx::SqlitePool` or an `sqlx::PgPool`, as the URL says), closed after:
+/// for a test that reads or writes the tables past the store. Both
+/// backends' `$body` must have the same type.
+#[macro_export]
+macro_rules! on_database {
+    ($url:expr, |$pool:ident| $body:expr) => {{
+        let url: &str = $url;
+        if url.starts_with("sqlite:") {
+            let $pool = sqlx::SqlitePool::connect(url).await.unwrap();
+            let out = $body;
+            $pool.close().await;
+            out
+        } else {
+            let $pool = sqlx::PgPool::connect(url).await.unwrap();
+            let out = $body;
+            $pool.close().await;
+            out
+        }
+    }};
+}
+
 /// A task of namespace `ns` with the given priority and attempt budget.
 pub fn task(ns: &str, priority: i32, max_attempts: u32) -> NewTask {
     NewTask {

@@ -28,27 +28,6 @@ crate::both_backends!(
     a_history_an_earlier_release_began_reads_the_same,
 );
 
-/// Runs `sql` with `task_id` and `at_ms` bound on the fixture's database.
-async fn run_sql(fx: &Fixture, sql: &'static str, task_id: Uuid, at_ms: i64) {
-    macro_rules! run_on {
-        ($pool:ty) => {{
-            let pool = <$pool>::connect(&fx.url).await.unwrap();
-            sqlx::query(sql)
-                .bind(task_id)
-                .bind(at_ms)
-                .execute(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-        }};
-    }
-    if fx.url.starts_with("sqlite:") {
-        run_on!(sqlx::SqlitePool);
-    } else {
-        run_on!(sqlx::PgPool);
-    }
-}
-
 /// A task submitted by a release that wrote its `submitted` row: the row
 /// is read, not a second entry beside it, and what follows is numbered
 /// after it.
@@ -56,14 +35,12 @@ async fn a_history_an_earlier_release_began_reads_the_same(fx: &mut Fixture) {
     let store = fx.store.as_ref();
     let worker = agent(store, "ns", "w", 1).await;
     let old = submit(store, task("ns", 0, 3), T0).await;
-    run_sql(
-        fx,
-        "INSERT INTO task_events (task_id, sequence, kind, state, message, occurred_at_ms) \
-         VALUES ($1, 1, 'submitted', 'queued', 'submitted', $2)",
-        old.id,
-        T0,
-    )
-    .await;
+    let insert = "INSERT INTO task_events (task_id, sequence, kind, state, message, \
+                  occurred_at_ms) VALUES ($1, 1, 'submitted', 'queued', 'submitted', $2)";
+    crate::on_database!(&fx.url, |pool| {
+        let query = sqlx::query(insert).bind(old.id).bind(T0);
+        query.execute(&pool).await.unwrap();
+    });
     assert_eq!(history_rows(fx, old.id).await, 1);
     grant(store, old.id, worker.id, T0 + 10).await;
     let history = store.task_events(old.id, 0, 100).await.unwrap();
@@ -77,23 +54,14 @@ async fn a_history_an_earlier_release_began_reads_the_same(fx: &mut Fixture) {
 /// How many history rows `task_id` has in the database.
 async fn history_rows(fx: &Fixture, task_id: Uuid) -> i64 {
     let count = "SELECT COUNT(*) FROM task_events WHERE task_id = $1";
-    macro_rules! count_on {
-        ($pool:ty) => {{
-            let pool = <$pool>::connect(&fx.url).await.unwrap();
-            let n: i64 = sqlx::query_scalar(count)
-                .bind(task_id)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-            n
-        }};
-    }
-    if fx.url.starts_with("sqlite:") {
-        count_on!(sqlx::SqlitePool)
-    } else {
-        count_on!(sqlx::PgPool)
-    }
+    crate::on_database!(&fx.url, |pool| {
+        let n: i64 = sqlx::query_scalar(count)
+            .bind(task_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        n
+    })
 }
 
 /// A submit writes the task's row and no history row: its `submitted`
@@ -166,22 +134,10 @@ async fn a_submit_writes_no_history_row_yet_its_history_starts_submitted(fx: &mu
 async fn a_schema_migrated_by_a_newer_release_still_opens(fx: &mut Fixture) {
     let insert = "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
                   execution_time) VALUES (99999, 'from a newer release', TRUE, $1, 0)";
-    macro_rules! record_on {
-        ($pool:ty) => {{
-            let pool = <$pool>::connect(&fx.url).await.unwrap();
-            sqlx::query(insert)
-                .bind(vec![0_u8])
-                .execute(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-        }};
-    }
-    if fx.url.starts_with("sqlite:") {
-        record_on!(sqlx::SqlitePool);
-    } else {
-        record_on!(sqlx::PgPool);
-    }
+    crate::on_database!(&fx.url, |pool| {
+        let query = sqlx::query(insert).bind(vec![0_u8]);
+        query.execute(&pool).await.unwrap();
+    });
     fx.store.migrate().await.unwrap();
     fx.reopen().await;
     let task = submit(fx.store.as_ref(), task("ns", 0, 3), T0).await;
