@@ -506,9 +506,9 @@ async fn a_skip_past_its_time_is_read_again_beside_the_rounds(fx: &Fixture) {
 
 /// After a whole page of parked tasks the walk does not read the rest of
 /// them (each would be read only to be left out): it goes on just before
-/// the first task that is not parked,
-/// and grants it on the next page. When every task left is parked, the
-/// walk has reached the end of what it can run.
+/// the first task that is not parked, and grants it on the next page. When
+/// every task left is parked, the walk has reached the end of what it can
+/// run.
 async fn a_walk_goes_on_past_a_page_of_parked_tasks_where_the_first_is_not_parked(fx: &Fixture) {
     let mut linux = fx.connect("a", &["linux"], 4).await;
     for _ in 0..40 {
