@@ -1,9 +1,10 @@
 -- The smallest shape that keeps Switchyard's guarantees in PostgreSQL, for
 -- `bench/pgcost --shapes`: one task row that every step updates in place (no
--- indexed column changes, and free room on its page, so each update is HOT),
--- queue membership and live leases in tables of their own (a row inserted
--- and deleted each), and the quick attempt's history in the task row. Not
--- Switchyard's schema: a yardstick for it.
+-- indexed column changes, and free room on its page, so that its updates can
+-- be HOT: about three in four are), queue membership and live leases in
+-- tables of their own (a row inserted and deleted each), and the quick
+-- attempt's history in the task row. Not Switchyard's schema: a yardstick
+-- for it.
 CREATE TABLE tasks (
     id uuid PRIMARY KEY,
     namespace text NOT NULL,
