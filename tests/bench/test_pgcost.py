@@ -1,0 +1,53 @@
+"""`bench/pgcost` on a private PostgreSQL cluster of its own, with the debug binaries: the CPU of each
+party per task in a real run, PostgreSQL's CPU per task for both shapes in plain SQL (`--shapes`), and
+a clear refusal of a batch or count below 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TARGET = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+SERVER = os.environ.get("SWITCHYARD_SERVER_BIN", str(TARGET / "debug" / "switchyard-server"))
+BENCH = os.environ.get("SWITCHYARD_BENCH_BIN", str(TARGET / "debug" / "switchyard-bench"))
+PGCOST = str(ROOT / "bench" / "pgcost")
+
+
+def pgcost(*args: str) -> dict:
+    """Runs pgcost with `args`, and answers the figures it wrote as JSON."""
+    with tempfile.TemporaryDirectory() as work:
+        out = os.path.join(work, "figures.json")
+        run = subprocess.run([PGCOST, "--server-bin", SERVER, "--bench-bin", BENCH, "--json", out, *args],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stdout + run.stderr
+        with open(out) as f:
+            return json.load(f)
+
+
+def test_a_run_counts_the_cpu_of_each_party_per_task():
+    figures = pgcost("--tasks", "300", "--capacity", "2")
+    assert figures["completions"] == 300
+    cpu = figures["cpu_us_per_task"]
+    assert set(cpu) == {"postgresql", "server", "rest"}
+    assert cpu["postgresql"] > 0 and cpu["server"] > 0 and cpu["rest"] >= 0
+
+
+def test_shapes_measure_each_phase_of_both_shapes_without_a_server():
+    figures = pgcost("--shapes", "--tasks", "400", "--shape-batch", "100")
+    assert set(figures) == {"switchyard", "minimal"}
+    for shape, phases in figures.items():
+        assert list(phases) == ["submit", "grant", "settle"], shape
+        assert all(p["tasks_per_sec"] > 0 and p["cpu_us_per_task"] >= 0 for p in phases.values()), shape
+        assert sum(p["cpu_us_per_task"] for p in phases.values()) > 0, shape
+
+
+def test_a_batch_or_count_below_one_is_refused_by_name():
+    for flag in ("--shape-batch", "--tasks"):
+        run = subprocess.run([PGCOST, "--shapes", flag, "0"], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert f"argument {flag}: 0 is less than 1" in run.stderr
+        assert "Traceback" not in run.stderr
