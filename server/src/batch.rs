@@ -15,6 +15,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -58,12 +59,15 @@ struct Job<I, O> {
 /// The handle callers submit through; cheap to clone.
 pub struct GroupCommit<I, O> {
     tx: mpsc::Sender<Job<I, O>>,
+    /// Items sent and not yet taken into a batch.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl<I, O> Clone for GroupCommit<I, O> {
     fn clone(&self) -> Self {
         Self {
             tx: self.tx.clone(),
+            waiting: self.waiting.clone(),
         }
     }
 }
@@ -86,14 +90,16 @@ impl<I: Send + 'static, O: Send + 'static> GroupCommit<I, O> {
     {
         let apply: ApplyFn<I, O> = Arc::new(move |items| Box::pin(apply(items)));
         let (tx, rx) = mpsc::channel(4_096);
-        tokio::spawn(run(rx, max_items.max(1), in_flight.max(1), linger, apply));
-        Self { tx }
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let limits = (max_items.max(1), in_flight.max(1));
+        tokio::spawn(run(rx, waiting.clone(), limits, linger, apply));
+        Self { tx, waiting }
     }
 
-    /// How many callers' item lists wait for a batch (not yet taken into
-    /// one being committed).
+    /// How many items wait for a batch (not yet taken into one being
+    /// committed).
     pub fn waiting(&self) -> usize {
-        self.tx.max_capacity() - self.tx.capacity()
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Submits `items` and waits for their results, in the same order. A
@@ -106,18 +112,20 @@ impl<I: Send + 'static, O: Send + 'static> GroupCommit<I, O> {
         }
         let gone = || Error::Unavailable("server is shutting down".to_owned());
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Job { items, reply })
-            .await
-            .map_err(|_| gone())?;
+        let count = items.len();
+        self.waiting.fetch_add(count, Ordering::Relaxed);
+        if self.tx.send(Job { items, reply }).await.is_err() {
+            self.waiting.fetch_sub(count, Ordering::Relaxed);
+            return Err(gone());
+        }
         rx.await.map_err(|_| gone())?
     }
 }
 
 async fn run<I: Send + 'static, O: Send + 'static>(
     mut rx: mpsc::Receiver<Job<I, O>>,
-    max_items: usize,
-    in_flight: usize,
+    waiting: Arc<AtomicUsize>,
+    (max_items, in_flight): (usize, usize),
     linger: Linger,
     apply: ApplyFn<I, O>,
 ) {
@@ -158,6 +166,7 @@ async fn run<I: Send + 'static, O: Send + 'static>(
             count += job.items.len();
             jobs.push(job);
         }
+        waiting.fetch_sub(count, Ordering::Relaxed);
         tokio::spawn(commit(jobs, count, apply.clone(), slot));
     }
 }
@@ -321,6 +330,38 @@ mod tests {
         assert_eq!(
             *applied.lock().unwrap(),
             vec![(1, Duration::from_secs(10)), (1, Duration::from_secs(11))]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_waits_is_counted_in_items_not_calls() {
+        let gate = Arc::new(Semaphore::new(0));
+        let (group, applied) = runner(1, Linger::None, gate.clone());
+        // The only slot is taken by a slow batch.
+        let first = tokio::spawn({
+            let group = group.clone();
+            async move { group.submit(vec![1]).await }
+        });
+        settle().await;
+        assert_eq!(group.waiting(), 0, "taken into the batch");
+        let second = tokio::spawn({
+            let group = group.clone();
+            async move { group.submit(vec![2, 3, 4, 5, 6]).await }
+        });
+        settle().await;
+        assert_eq!(group.waiting(), 5, "one call of five items waits");
+        gate.add_permits(2);
+        first.await.unwrap().unwrap();
+        assert_eq!(second.await.unwrap().unwrap().len(), 5);
+        assert_eq!(group.waiting(), 0);
+        assert_eq!(
+            applied
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>(),
+            vec![1, 5]
         );
     }
 }

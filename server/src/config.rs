@@ -174,9 +174,10 @@ pub struct ServerConfig {
     )]
     pub ack_late_ms: i64,
 
-    /// Submits waiting for the store beyond which a submit is pushed back
-    /// with RESOURCE_EXHAUSTED and a retry hint (`google.rpc.RetryInfo`);
-    /// 1 to 4,096 (the submits' group commit queues no more).
+    /// Submitted tasks waiting for the store beyond which a submit (a
+    /// `SubmitTask`, or a whole `SubmitTasks` call) is pushed back with
+    /// RESOURCE_EXHAUSTED and a retry hint (`google.rpc.RetryInfo`); 1 to
+    /// 4,096 (the submits' group commit queues no more calls).
     #[arg(
         long,
         env = "SWITCHYARD_MAX_SUBMITS_WAITING",

@@ -118,7 +118,7 @@ fuzz_target!(|data: &[u8]| {
     let agents = AgentServiceClient::new(f.channel.clone());
     f.runtime.block_on(async move {
         let (mut tasks, mut admin, mut agents) = (tasks, admin, agents);
-        match which % 14 {
+        match which % 15 {
             0 => {
                 let m = decode_or_return!(pb::SubmitTaskRequest, bytes);
                 if let Some(r) = check(tasks.submit_task(m).await) {
@@ -177,6 +177,12 @@ fuzz_target!(|data: &[u8]| {
             12 => {
                 let m = decode_or_return!(pb::SimulatePlacementRequest, bytes);
                 check(admin.simulate_placement(m).await);
+            }
+            13 => {
+                let m = decode_or_return!(pb::SubmitTasksRequest, bytes);
+                if let Some(r) = check(tasks.submit_tasks(m).await) {
+                    r.results.into_iter().for_each(|r| decodes_in_a_grant(r.task));
+                }
             }
             _ => {
                 // A session message, after a Hello that opens the stream.

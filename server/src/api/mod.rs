@@ -136,30 +136,35 @@ impl QueuedCounts {
     /// How long a count serves while below nine tenths of the cap.
     const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
-    /// Admits one more submit to `namespace` under `cap`, or says how many
-    /// tasks are queued there when that is already the cap.
-    pub async fn admit(&self, store: &dyn Store, namespace: &str, cap: u64) -> Result<()> {
+    /// Admits `n` more tasks to `namespace` under `cap` (all or none), or
+    /// says how many tasks are queued there when they would pass it.
+    pub async fn admit(&self, store: &dyn Store, namespace: &str, cap: u64, n: u64) -> Result<()> {
         let trusted_below = cap - cap / 10;
         {
             let mut counts = self.lock();
             if let Some((count, at)) = counts.get_mut(namespace)
                 && at.elapsed() < Self::FRESH
-                && *count < trusted_below
+                && *count + n <= trusted_below
             {
-                *count += 1;
+                *count += n;
                 return Ok(());
             }
         }
         let queued = store.queued_in_namespace(namespace).await?;
-        let admitted = queued < cap;
-        let counted = if admitted { queued + 1 } else { queued };
+        let admitted = queued + n <= cap;
+        let counted = if admitted { queued + n } else { queued };
         self.lock()
             .insert(namespace.to_owned(), (counted, std::time::Instant::now()));
         if admitted {
             Ok(())
         } else {
+            let adding = if n == 1 {
+                String::new()
+            } else {
+                format!(" and the call adds {n}")
+            };
             Err(Error::ResourceExhausted(format!(
-                "namespace {namespace} has {queued} queued tasks; the limit is {cap} \
+                "namespace {namespace} has {queued} queued tasks{adding}; the limit is {cap} \
                  (--max-queued-tasks-per-namespace)"
             )))
         }

@@ -30,6 +30,9 @@ use crate::wire;
 /// Longest accepted idempotency key and label.
 const MAX_NAME: usize = 256;
 
+/// The most tasks one `SubmitTasks` call queues.
+const MAX_SUBMITS_AT_ONCE: usize = 1_000;
+
 impl Api {
     /// A task on the wire, with its queued reason (from the whole fleet)
     /// when it is queued.
@@ -116,14 +119,89 @@ impl Api {
         Ok(record)
     }
 
-    /// The task a submit asks for, validated before anything is stored (a
-    /// bad field is INVALID_ARGUMENT naming it), with its placement
-    /// compiled; the namespace's queue cap admits it.
-    async fn new_task(
+    /// The tasks a submit asks for, validated before anything is stored (a
+    /// bad field is INVALID_ARGUMENT naming it, under `field` and the
+    /// task's index when there are several), each with its placement
+    /// compiled; then the namespaces' queue caps admit them, and the
+    /// concurrency limits they give are set. A task may rely on a limit an
+    /// earlier task of the same call gives its key.
+    async fn new_tasks(
+        &self,
+        caller: &Caller,
+        requests: Vec<pb::SubmitTaskRequest>,
+        field: Option<&str>,
+    ) -> Result<Vec<(NewTask, core_placement::CompiledPlacement)>> {
+        let under = |i: usize, err: Error| match (field, err) {
+            (Some(list), Error::Invalid { field, reason }) => Error::Invalid {
+                field: format!("{list}[{i}].{field}"),
+                reason,
+            },
+            (_, err) => err,
+        };
+        let mut checked = Vec::with_capacity(requests.len());
+        for (i, req) in requests.into_iter().enumerate() {
+            checked.push(self.check_task(caller, req).map_err(|err| under(i, err))?);
+        }
+        // Reads first: a task that keeps its key's limit needs one, set
+        // before or by an earlier task of the call.
+        let mut given: std::collections::BTreeSet<(&str, &str)> = Default::default();
+        for (i, (task, _, limit)) in checked.iter().enumerate() {
+            let Some(key) = task.concurrency_key.as_deref() else {
+                continue;
+            };
+            let namespace = task.namespace.as_str();
+            if *limit > 0 {
+                given.insert((namespace, key));
+            } else if !given.contains(&(namespace, key))
+                && self
+                    .store
+                    .concurrency_limit(namespace, key)
+                    .await?
+                    .is_none()
+            {
+                return Err(under(
+                    i,
+                    invalid(
+                        "concurrency_limit",
+                        "the key has no limit yet: give one, from 1 to 10000",
+                    ),
+                ));
+            }
+        }
+        let cap = self.settings.max_queued_tasks_per_namespace;
+        if cap > 0 {
+            let mut adding: BTreeMap<&str, u64> = BTreeMap::new();
+            for (task, _, _) in &checked {
+                *adding.entry(task.namespace.as_str()).or_default() += 1;
+            }
+            for (namespace, n) in adding {
+                self.queued_counts
+                    .admit(self.store.as_ref(), namespace, cap, n)
+                    .await?;
+            }
+        }
+        // Last, with everything valid and admitted: the limits given.
+        for (task, _, limit) in &checked {
+            if let (Some(key), 1..) = (&task.concurrency_key, *limit) {
+                self.store
+                    .set_concurrency_limit(&task.namespace, key, *limit, self.now_ms())
+                    .await?;
+            }
+        }
+        Ok(checked
+            .into_iter()
+            .map(|(task, compiled, _)| (task, compiled))
+            .collect())
+    }
+
+    /// One task a submit asks for, validated (reading nothing), with its
+    /// placement compiled and the concurrency limit it gives its key (0:
+    /// none, it keeps the key's).
+    fn check_task(
         &self,
         caller: &Caller,
         mut req: pb::SubmitTaskRequest,
-    ) -> Result<(NewTask, core_placement::CompiledPlacement)> {
+    ) -> Result<(NewTask, core_placement::CompiledPlacement, u32)> {
         let namespace = namespace("namespace", &req.namespace)?;
         caller.require(Need::Tasks, &namespace)?;
         check_kind(&req.kind).map_err(|err| invalid("kind", &err.to_string()))?;
@@ -145,12 +223,6 @@ impl Api {
         placement
             .policy
             .get_or_insert(self.settings.placement_policy.of(&namespace));
-        let cap = self.settings.max_queued_tasks_per_namespace;
-        if cap > 0 {
-            self.queued_counts
-                .admit(self.store.as_ref(), &namespace, cap)
-                .await?;
-        }
         let max_attempts = match req.max_attempts {
             0 => self.settings.default_max_attempts,
             n @ 1..=100 => n,
@@ -204,25 +276,8 @@ impl Api {
             not_before_ms,
             labels,
         };
-        // Last, with everything else valid: the key's limit, set or checked.
-        if let Some((key, limit)) = &concurrency {
-            if *limit > 0 {
-                self.store
-                    .set_concurrency_limit(&task.namespace, key, *limit, self.now_ms())
-                    .await?;
-            } else if self
-                .store
-                .concurrency_limit(&task.namespace, key)
-                .await?
-                .is_none()
-            {
-                return Err(invalid(
-                    "concurrency_limit",
-                    "the key has no limit yet: give one, from 1 to 10000",
-                ));
-            }
-        }
-        Ok((task, compiled))
+        let limit = concurrency.map_or(0, |(_, limit)| limit);
+        Ok((task, compiled, limit))
     }
 }
 
@@ -281,7 +336,13 @@ impl TaskService for TaskApi {
     ) -> Result<Response<pb::SubmitTaskResponse>, Status> {
         let api = &self.0;
         let caller = api.caller(&request).await?;
-        let (task, compiled) = api.new_task(&caller, request.into_inner()).await?;
+        let mut tasks = api
+            .new_tasks(&caller, vec![request.into_inner()], None)
+            .await?;
+        let (task, compiled) = tasks.pop().ok_or_else(|| Error::Corrupt {
+            context: "submitting a task",
+            detail: "no task".to_owned(),
+        })?;
         let submitted = api.dispatcher.submit_task(task, &compiled).await?;
         let mut reason = submitted.queued_reason;
         if reason.is_some_and(|r| r != QueuedReason::Backoff)
@@ -293,6 +354,56 @@ impl TaskService for TaskApi {
             task: Some(wire::task_with_reason(&submitted.task, reason)),
             created: submitted.created,
         }))
+    }
+
+    #[instrument(skip_all, fields(tasks = request.get_ref().tasks.len()))]
+    async fn submit_tasks(
+        &self,
+        request: Request<pb::SubmitTasksRequest>,
+    ) -> Result<Response<pb::SubmitTasksResponse>, Status> {
+        let api = &self.0;
+        let caller = api.caller(&request).await?;
+        let requests = request.into_inner().tasks;
+        if !(1..=MAX_SUBMITS_AT_ONCE).contains(&requests.len()) {
+            return Err(invalid(
+                "tasks",
+                &format!(
+                    "holds {} tasks: give from 1 to {MAX_SUBMITS_AT_ONCE}",
+                    requests.len()
+                ),
+            )
+            .into());
+        }
+        let (tasks, compiled): (Vec<_>, Vec<_>) = api
+            .new_tasks(&caller, requests, Some("tasks"))
+            .await?
+            .into_iter()
+            .unzip();
+        let submitted = api
+            .dispatcher
+            .submit_tasks(tasks.into_iter().zip(&compiled).collect())
+            .await?;
+        let mut results = Vec::with_capacity(submitted.len());
+        let mut limits: BTreeMap<(String, Option<String>), bool> = BTreeMap::new();
+        for submitted in submitted {
+            let mut reason = submitted.queued_reason;
+            if reason.is_some_and(|r| r != QueuedReason::Backoff) {
+                let task = &submitted.task;
+                let key = (task.namespace.clone(), task.concurrency_key.clone());
+                let full = match limits.get(&key) {
+                    Some(full) => *full,
+                    None => *limits.entry(key).or_insert(api.limits(task).await?.full()),
+                };
+                if full {
+                    reason = Some(QueuedReason::ConcurrencyLimit);
+                }
+            }
+            results.push(pb::SubmitTaskResponse {
+                task: Some(wire::task_with_reason(&submitted.task, reason)),
+                created: submitted.created,
+            });
+        }
+        Ok(Response::new(pb::SubmitTasksResponse { results }))
     }
 
     #[instrument(skip_all, fields(task = %request.get_ref().task_id))]

@@ -4,9 +4,10 @@
 //! commit, the task and its lease are stored in one group-committed
 //! transaction, and then the grant is pushed, or the reservation given back
 //! whatever went wrong; a task left queued is noted so the next round
-//! reads it. While more submits wait for the store than
-//! `--max-submits-waiting`, a submit is pushed back (RESOURCE_EXHAUSTED,
-//! with a `RetryInfo`) before anything is stored.
+//! reads it. A call's tasks go in one batch, in order. While more submitted
+//! tasks wait for the store than `--max-submits-waiting`, a submit is
+//! pushed back (RESOURCE_EXHAUSTED, with a `RetryInfo`) before anything is
+//! stored.
 
 use switchyard_core::placement::CompiledPlacement;
 use switchyard_core::resources::Claim;
@@ -43,68 +44,116 @@ impl Dispatcher {
         task: NewTask,
         placement: &CompiledPlacement,
     ) -> Result<SubmitOutcome> {
+        let mut outcomes = self.submit_tasks(vec![(task, placement)]).await?;
+        outcomes.pop().ok_or_else(|| Error::Corrupt {
+            context: "submitting a task",
+            detail: "no result".to_owned(),
+        })
+    }
+
+    /// Submits tasks in one store transaction, each with its placement
+    /// compiled; answers in their order. Each is leased on the way in as
+    /// [`Dispatcher::submit_task`] would, in order, until the first that is
+    /// not: the rest are queued behind it, so none overtakes an earlier one.
+    /// Pushed back as one submit; a refusal of any task is the call's.
+    pub async fn submit_tasks(
+        &self,
+        tasks: Vec<(NewTask, &CompiledPlacement)>,
+    ) -> Result<Vec<SubmitOutcome>> {
         self.admit_submit()?;
         let now = self.now_ms();
-        // The batch that commits it reads the clock after this pick, so the
-        // lease is stamped after it (see the dispatch round's grants).
-        let target = if task.not_before_ms.is_none_or(|at| at <= now) {
-            self.place_now(placement, &task)
-        } else {
-            None
-        };
-        let submitted = self.commit_submit(Submission {
-            task,
-            agent_id: target,
-        });
-        let (record, created, grant) = match submitted.await {
-            Ok(submitted) => submitted,
+        let mut placing = true;
+        let mut placements = Vec::with_capacity(tasks.len());
+        let mut submissions = Vec::with_capacity(tasks.len());
+        for (task, placement) in tasks {
+            // The batch that commits it reads the clock after this pick, so
+            // the lease is stamped after it (see the dispatch round's
+            // grants).
+            let target = if placing && task.not_before_ms.is_none_or(|at| at <= now) {
+                self.place_now(placement, &task)
+            } else {
+                None
+            };
+            placing = target.is_some();
+            placements.push(placement);
+            submissions.push(Submission {
+                task,
+                agent_id: target,
+            });
+        }
+        let targets: Vec<Option<Uuid>> = submissions.iter().map(|s| s.agent_id).collect();
+        let results = match self.commit_submits(submissions).await {
+            Ok(results) => results,
             Err(err) => {
-                if let Some(agent_id) = target {
-                    self.give_back(agent_id, None);
+                for agent_id in targets.iter().flatten() {
+                    self.give_back(*agent_id, None);
                 }
                 return Err(err);
             }
         };
-        let leased = match (target, grant) {
-            (_, Some(GrantOutcome::Granted(lease))) => {
-                self.push_grant(&record, &lease);
-                true
+        let mut outcomes = Vec::with_capacity(results.len());
+        let mut failure = None;
+        let mut queued = false;
+        for ((result, target), placement) in results.into_iter().zip(targets).zip(placements) {
+            let (record, created, grant) = match result {
+                Ok(submitted) => submitted,
+                Err(err) => {
+                    if let Some(agent_id) = target {
+                        self.give_back(agent_id, None);
+                    }
+                    failure.get_or_insert(err);
+                    continue;
+                }
+            };
+            let leased = match (target, grant) {
+                (_, Some(GrantOutcome::Granted(lease))) => {
+                    self.push_grant(&record, &lease);
+                    true
+                }
+                (Some(agent_id), _) => {
+                    self.give_back(agent_id, Some(record.id));
+                    false
+                }
+                (None, _) => false,
+            };
+            info!(task = %record.id, created, leased, "task submitted");
+            if created && !leased {
+                // What the store's event for it does on other replicas
+                // (this one does not hear it).
+                self.note_queued_at(record.priority, record.queue_rank, record.id);
+                self.note_due(record.not_before_ms);
+                queued = true;
             }
-            (Some(agent_id), _) => {
-                self.give_back(agent_id, Some(record.id));
-                false
-            }
-            (None, _) => false,
-        };
-        info!(task = %record.id, created, leased, "task submitted");
-        if created && !leased {
-            // What the store's event for it does on other replicas (this
-            // one does not hear it).
+            let queued_reason = (record.state == TaskState::Queued).then(|| {
+                if record.not_before_ms > self.now_ms() {
+                    QueuedReason::Backoff
+                } else {
+                    // Parked or waiting: whether any agent here could run
+                    // it, not a whole explanation (at 30,000 agents,
+                    // explaining every queued submit against each agent
+                    // under the dispatcher's lock was most of the server's
+                    // time).
+                    if self.capable_here(placement, &record.namespace) {
+                        QueuedReason::WaitingForCapacity
+                    } else {
+                        QueuedReason::Parked
+                    }
+                }
+            });
+            outcomes.push(SubmitOutcome {
+                task: record,
+                created,
+                queued_reason,
+            });
+        }
+        if queued {
             self.queue_moved();
-            self.note_queued_at(record.priority, record.queue_rank, record.id);
-            self.note_due(record.not_before_ms);
             self.wake();
         }
-        let queued_reason = (record.state == TaskState::Queued).then(|| {
-            if record.not_before_ms > self.now_ms() {
-                QueuedReason::Backoff
-            } else {
-                // Parked or waiting: whether any agent here could run it,
-                // not a whole explanation (at 30,000 agents, explaining
-                // every queued submit against each agent under the
-                // dispatcher's lock was most of the server's time).
-                if self.capable_here(placement, &record.namespace) {
-                    QueuedReason::WaitingForCapacity
-                } else {
-                    QueuedReason::Parked
-                }
-            }
-        });
-        Ok(SubmitOutcome {
-            task: record,
-            created,
-            queued_reason,
-        })
+        match failure {
+            Some(err) => Err(err),
+            None => Ok(outcomes),
+        }
     }
 
     /// Picks and reserves an agent for a task being submitted, if one
@@ -148,9 +197,9 @@ impl Dispatcher {
     }
 
     /// Pushes back (RESOURCE_EXHAUSTED, with when to try again) while more
-    /// submits than `max_submits_waiting` wait for a batch: the store is
-    /// behind, and queueing more would only make every caller wait longer.
-    /// The hint is a tenth of a second per full batch ahead.
+    /// submitted tasks than `max_submits_waiting` wait for a batch: the
+    /// store is behind, and queueing more would only make every caller wait
+    /// longer. The hint is a tenth of a second per full batch ahead.
     fn admit_submit(&self) -> Result<()> {
         let limit = self.shared.settings.max_submits_waiting;
         let Some(group) = self.shared.submits.get() else {
@@ -163,29 +212,28 @@ impl Dispatcher {
         metrics::counter!(crate::metrics::SUBMITS_PUSHED_BACK).increment(1);
         let batches_ahead = (waiting / SUBMIT_BATCH).max(1) as u64;
         Err(Error::Overloaded {
-            what: format!("{waiting} submits are waiting for the store (at most {limit})"),
+            what: format!("{waiting} submitted tasks are waiting for the store (at most {limit})"),
             retry_after_ms: 100 * batches_ahead,
         })
     }
 
-    /// Stores a submission (leasing it to its reserved agent, if any),
-    /// group-committed with other callers' submits.
-    async fn commit_submit(&self, submission: Submission) -> Result<Submitted> {
-        let mut results = match self.shared.submits.get() {
-            Some(group) => group.submit(vec![submission]).await?,
+    /// Stores submissions (leasing each to its reserved agent, if any), in
+    /// one batch, group-committed with other callers' submits.
+    async fn commit_submits(&self, submissions: Vec<Submission>) -> Result<Vec<Result<Submitted>>> {
+        let count = submissions.len();
+        let results = match self.shared.submits.get() {
+            Some(group) => group.submit(submissions).await?,
             None => {
                 let now = self.now_ms();
-                self.shared
-                    .store
-                    .submit_many(std::slice::from_ref(&submission), now)
-                    .await?
+                self.shared.store.submit_many(&submissions, now).await?
             }
         };
-        results.pop().unwrap_or_else(|| {
-            Err(Error::Corrupt {
-                context: "submitting a task",
-                detail: "no result".to_owned(),
-            })
-        })
+        if results.len() != count {
+            return Err(Error::Corrupt {
+                context: "submitting tasks",
+                detail: format!("{count} submits produced {} results", results.len()),
+            });
+        }
+        Ok(results)
     }
 }

@@ -6,6 +6,7 @@
 // allow-unwrap-in-tests does not reach them.
 #![allow(clippy::unwrap_used)]
 
+mod bulk;
 mod cli;
 mod common;
 mod console;

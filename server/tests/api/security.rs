@@ -155,6 +155,23 @@ async fn call_all(
         ),
     ));
     out.push((
+        "SubmitTasks",
+        code(
+            tasks
+                .submit_tasks(req(
+                    pb::SubmitTasksRequest {
+                        tasks: vec![pb::SubmitTaskRequest {
+                            namespace: "alpha".into(),
+                            kind: "k".into(),
+                            ..Default::default()
+                        }],
+                    },
+                    token,
+                ))
+                .await,
+        ),
+    ));
+    out.push((
         "GetTask",
         code(
             tasks
@@ -379,6 +396,7 @@ async fn auth_matrix(backend: Backend) {
         "RegisterAgent",
         "Connect",
         "SubmitTask",
+        "SubmitTasks",
         "GetTask",
         "ListTasks",
         "ExplainTask",
@@ -395,23 +413,23 @@ async fn auth_matrix(backend: Backend) {
         "WatchAgents",
         "CancelTask",
     ];
-    let cases: Vec<(&str, Option<&str>, [Code; 18])> = vec![
-        ("no token", None, [NoAuth; 18]),
-        ("unknown token", Some("sy_not_a_token"), [NoAuth; 18]),
+    let cases: Vec<(&str, Option<&str>, [Code; 19])> = vec![
+        ("no token", None, [NoAuth; 19]),
+        ("unknown token", Some("sy_not_a_token"), [NoAuth; 19]),
         (
             "agent of alpha",
             Some(AGENT_A),
             [
                 Allowed, Stale, Denied, Denied, Denied, Denied, Denied, Denied, Denied, Denied,
-                Denied, Denied, Denied, Denied, Denied, Denied, Denied, Denied,
+                Denied, Denied, Denied, Denied, Denied, Denied, Denied, Denied, Denied,
             ],
         ),
         (
             "submitter of alpha",
             Some(SUBMITTER_A),
             [
-                Denied, Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Denied,
-                Denied, Denied, Denied, Denied, Denied, Allowed, Allowed, Denied, Allowed,
+                Denied, Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed,
+                Denied, Denied, Denied, Denied, Denied, Denied, Allowed, Allowed, Denied, Allowed,
             ],
         ),
         (
@@ -420,6 +438,7 @@ async fn auth_matrix(backend: Backend) {
             [
                 Denied, Denied, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed,
                 Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed, Allowed,
+                Allowed,
             ],
         ),
         // Another namespace: named namespaces are refused, ids are invisible.
@@ -427,8 +446,9 @@ async fn auth_matrix(backend: Backend) {
             "operator of beta",
             Some(OPERATOR_B),
             [
-                Denied, NotFound, Denied, NotFound, Denied, NotFound, NotFound, NotFound, Denied,
-                NotFound, NotFound, NotFound, NotFound, Denied, Denied, Denied, Denied, NotFound,
+                Denied, NotFound, Denied, Denied, NotFound, Denied, NotFound, NotFound, NotFound,
+                Denied, NotFound, NotFound, NotFound, NotFound, Denied, Denied, Denied, Denied,
+                NotFound,
             ],
         ),
     ];

@@ -68,6 +68,18 @@ class SubmitTaskResponse(_message.Message):
     created: bool
     def __init__(self, task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., created: bool = ...) -> None: ...
 
+class SubmitTasksRequest(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[SubmitTaskRequest]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[SubmitTaskRequest, _Mapping]]] = ...) -> None: ...
+
+class SubmitTasksResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SubmitTaskResponse]
+    def __init__(self, results: _Optional[_Iterable[_Union[SubmitTaskResponse, _Mapping]]] = ...) -> None: ...
+
 class GetTaskRequest(_message.Message):
     __slots__ = ("task_id",)
     TASK_ID_FIELD_NUMBER: _ClassVar[int]

@@ -55,6 +55,11 @@ class TaskServiceStub(object):
                 request_serializer=switchyard_dot_v1_dot_task__service__pb2.SubmitTaskRequest.SerializeToString,
                 response_deserializer=switchyard_dot_v1_dot_task__service__pb2.SubmitTaskResponse.FromString,
                 _registered_method=True)
+        self.SubmitTasks = channel.unary_unary(
+                '/switchyard.v1.TaskService/SubmitTasks',
+                request_serializer=switchyard_dot_v1_dot_task__service__pb2.SubmitTasksRequest.SerializeToString,
+                response_deserializer=switchyard_dot_v1_dot_task__service__pb2.SubmitTasksResponse.FromString,
+                _registered_method=True)
         self.GetTask = channel.unary_unary(
                 '/switchyard.v1.TaskService/GetTask',
                 request_serializer=switchyard_dot_v1_dot_task__service__pb2.GetTaskRequest.SerializeToString,
@@ -123,6 +128,20 @@ class TaskServiceServicer(object):
 
     def SubmitTask(self, request, context):
         """SubmitTask queues a task.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitTasks(self, request, context):
+        """SubmitTasks queues up to 1,000 tasks in one call and one transaction:
+        for work that arrives in bulk (a build's targets, a backfill), at a
+        fraction of the cost of a call per task. Each task is validated as
+        SubmitTask validates it before anything is stored: a bad field is
+        INVALID_ARGUMENT naming it as `tasks[i].field`, and nothing is queued.
+        The tasks are queued in their order, as if submitted one after the
+        other (a task may use the concurrency limit an earlier one gives its
+        key); idempotency keys work as for SubmitTask, each on its own.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -208,6 +227,11 @@ def add_TaskServiceServicer_to_server(servicer, server):
                     servicer.SubmitTask,
                     request_deserializer=switchyard_dot_v1_dot_task__service__pb2.SubmitTaskRequest.FromString,
                     response_serializer=switchyard_dot_v1_dot_task__service__pb2.SubmitTaskResponse.SerializeToString,
+            ),
+            'SubmitTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitTasks,
+                    request_deserializer=switchyard_dot_v1_dot_task__service__pb2.SubmitTasksRequest.FromString,
+                    response_serializer=switchyard_dot_v1_dot_task__service__pb2.SubmitTasksResponse.SerializeToString,
             ),
             'GetTask': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTask,
@@ -298,6 +322,33 @@ class TaskService(object):
             '/switchyard.v1.TaskService/SubmitTask',
             switchyard_dot_v1_dot_task__service__pb2.SubmitTaskRequest.SerializeToString,
             switchyard_dot_v1_dot_task__service__pb2.SubmitTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/switchyard.v1.TaskService/SubmitTasks',
+            switchyard_dot_v1_dot_task__service__pb2.SubmitTasksRequest.SerializeToString,
+            switchyard_dot_v1_dot_task__service__pb2.SubmitTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -208,6 +208,48 @@ export declare type SubmitTaskResponse = Message<"switchyard.v1.SubmitTaskRespon
 export declare const SubmitTaskResponseSchema: GenMessage<SubmitTaskResponse>;
 
 /**
+ * SubmitTasksRequest holds the tasks to queue.
+ *
+ * @generated from message switchyard.v1.SubmitTasksRequest
+ */
+export declare type SubmitTasksRequest = Message<"switchyard.v1.SubmitTasksRequest"> & {
+  /**
+   * The tasks, from 1 to 1,000, each as SubmitTask takes it (of any
+   * namespace the token may submit to).
+   *
+   * @generated from field: repeated switchyard.v1.SubmitTaskRequest tasks = 1;
+   */
+  tasks: SubmitTaskRequest[];
+};
+
+/**
+ * Describes the message switchyard.v1.SubmitTasksRequest.
+ * Use `create(SubmitTasksRequestSchema)` to create a new message.
+ */
+export declare const SubmitTasksRequestSchema: GenMessage<SubmitTasksRequest>;
+
+/**
+ * SubmitTasksResponse returns each queued task.
+ *
+ * @generated from message switchyard.v1.SubmitTasksResponse
+ */
+export declare type SubmitTasksResponse = Message<"switchyard.v1.SubmitTasksResponse"> & {
+  /**
+   * One for each request task, in the same order: the task as stored, and
+   * whether this call created it.
+   *
+   * @generated from field: repeated switchyard.v1.SubmitTaskResponse results = 1;
+   */
+  results: SubmitTaskResponse[];
+};
+
+/**
+ * Describes the message switchyard.v1.SubmitTasksResponse.
+ * Use `create(SubmitTasksResponseSchema)` to create a new message.
+ */
+export declare const SubmitTasksResponseSchema: GenMessage<SubmitTasksResponse>;
+
+/**
  * GetTaskRequest names a task.
  *
  * @generated from message switchyard.v1.GetTaskRequest
@@ -971,6 +1013,23 @@ export declare const TaskService: GenService<{
     methodKind: "unary";
     input: typeof SubmitTaskRequestSchema;
     output: typeof SubmitTaskResponseSchema;
+  },
+  /**
+   * SubmitTasks queues up to 1,000 tasks in one call and one transaction:
+   * for work that arrives in bulk (a build's targets, a backfill), at a
+   * fraction of the cost of a call per task. Each task is validated as
+   * SubmitTask validates it before anything is stored: a bad field is
+   * INVALID_ARGUMENT naming it as `tasks[i].field`, and nothing is queued.
+   * The tasks are queued in their order, as if submitted one after the
+   * other (a task may use the concurrency limit an earlier one gives its
+   * key); idempotency keys work as for SubmitTask, each on its own.
+   *
+   * @generated from rpc switchyard.v1.TaskService.SubmitTasks
+   */
+  submitTasks: {
+    methodKind: "unary";
+    input: typeof SubmitTasksRequestSchema;
+    output: typeof SubmitTasksResponseSchema;
   },
   /**
    * GetTask returns one task.
