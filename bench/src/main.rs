@@ -106,6 +106,12 @@ struct Cli {
     /// Submits in flight at once.
     #[arg(long, env = "SWITCHYARD_BENCH_SUBMITTERS", default_value_t = 32)]
     submitters: usize,
+    /// Tasks per submit call: 1 calls `SubmitTask` for each task; more
+    /// call `SubmitTasks` with up to this many (at most 1,000; a server
+    /// without it refuses every call, UNIMPLEMENTED).
+    #[arg(long, env = "SWITCHYARD_BENCH_SUBMIT_BATCH", default_value_t = 1,
+        value_parser = clap::value_parser!(u64).range(1..=1000))]
+    submit_batch: u64,
     /// Placement mix: `mixed` (varied selectivity), `any` (no placement) or
     /// `one-in-n` (each task pinned to exactly one agent,
     /// `custom_properties.bench_slot=K`, K cycling through the fleet).
@@ -379,6 +385,7 @@ async fn submit_all(
         &submit_channels,
         cli.tasks,
         cli.submitters,
+        cli.submit_batch,
         cli.rate,
         move |n| pb::SubmitTaskRequest {
             kind: "noop".into(),
@@ -416,45 +423,61 @@ async fn submit_all(
 }
 
 /// Submits `tasks` requests, `make(n)` the n-th, from `submitters`
-/// concurrent submitters spread over `channels`, at `rate` a second (0:
-/// flat out); `answered` hears each task the server accepted. Returns how
-/// many submits failed (the first few are printed).
+/// concurrent submitters spread over `channels`, `batch` to a call (1: a
+/// `SubmitTask` each; more: `SubmitTasks`), at `rate` a second (0: flat
+/// out); `answered` hears each task the server accepted. Returns how many
+/// submits failed (the first few calls that failed are printed).
 pub(crate) async fn submit_pool(
     channels: &[Channel],
     tasks: u64,
     submitters: usize,
+    batch: u64,
     rate: f64,
     make: impl Fn(u64) -> pb::SubmitTaskRequest + Send + Sync + 'static,
     answered: impl Fn(pb::Task) + Send + Sync + 'static,
 ) -> u64 {
     let (make, answered) = (Arc::new(make), Arc::new(answered));
+    let batch = batch.max(1);
     let next = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
+    let failed_calls = Arc::new(AtomicU64::new(0));
     let mut pool = JoinSet::new();
     let start = tokio::time::Instant::now();
     for s in 0..submitters.max(1) {
         let mut client = TaskServiceClient::new(channels[s % channels.len()].clone());
-        let (next, errors) = (next.clone(), errors.clone());
+        let (next, errors, failed_calls) = (next.clone(), errors.clone(), failed_calls.clone());
         let (make, answered) = (make.clone(), answered.clone());
         pool.spawn(async move {
             loop {
-                let n = next.fetch_add(1, Ordering::Relaxed);
+                let n = next.fetch_add(batch, Ordering::Relaxed);
                 if n >= tasks {
                     break;
                 }
+                let end = (n + batch).min(tasks);
                 if rate > 0.0 {
                     tokio::time::sleep_until(start + Duration::from_secs_f64(n as f64 / rate))
                         .await;
                 }
-                match client.submit_task(make(n)).await {
-                    Ok(response) => {
-                        if let Some(task) = response.into_inner().task {
-                            answered(task);
-                        }
-                    }
+                let answer = if batch == 1 {
+                    client
+                        .submit_task(make(n))
+                        .await
+                        .map(|r| r.into_inner().task.into_iter().collect::<Vec<_>>())
+                } else {
+                    let request = pb::SubmitTasksRequest {
+                        tasks: (n..end).map(|i| make(i)).collect(),
+                    };
+                    client.submit_tasks(request).await.map(|r| {
+                        let results = r.into_inner().results;
+                        results.into_iter().filter_map(|r| r.task).collect()
+                    })
+                };
+                match answer {
+                    Ok(submitted) => submitted.into_iter().for_each(|task| answered(task)),
                     Err(status) => {
-                        if errors.fetch_add(1, Ordering::Relaxed) < 5 {
-                            eprintln!("submit {n} failed: {status}");
+                        errors.fetch_add(end - n, Ordering::Relaxed);
+                        if failed_calls.fetch_add(1, Ordering::Relaxed) < 5 {
+                            eprintln!("submit of tasks {n}..{end} failed: {status}");
                         }
                     }
                 }
@@ -512,6 +535,7 @@ async fn drive(
             cli.parked,
             cli.parked_placements,
             cli.submitters,
+            cli.submit_batch,
         )
         .await;
         let after = pid.and_then(server::sample);
@@ -796,6 +820,7 @@ async fn drive(
                 / 1e3
         }),
         target_rate: (cli.rate > 0.0).then_some(cli.rate),
+        submit_batch: cli.submit_batch,
         selectivity: mix
             .classes
             .iter()

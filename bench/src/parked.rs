@@ -130,13 +130,14 @@ pub struct DrainReport {
 }
 
 /// Submits `tasks` parked tasks over `placements` placements from
-/// `submitters` concurrent submitters, flat out; returns (ok, errors,
-/// seconds).
+/// `submitters` concurrent submitters, `batch` to a call, flat out;
+/// returns (ok, errors, seconds).
 pub async fn submit(
     channel: Channel,
     tasks: u64,
     placements: usize,
     submitters: usize,
+    batch: u64,
 ) -> (u64, u64, f64) {
     let selectors: Vec<String> = (0..placements).map(selector).collect();
     let start = std::time::Instant::now();
@@ -144,6 +145,7 @@ pub async fn submit(
         &[channel],
         tasks,
         submitters,
+        batch,
         0.0,
         move |n| {
             let k = (n % selectors.len() as u64) as usize;

@@ -29,6 +29,9 @@ pub struct Report {
     pub grants_before_release: Option<u64>,
     /// Target submit rate in tasks/s; null when flat out.
     pub target_rate: Option<f64>,
+    /// Tasks per submit call (`--submit-batch`; 1: `SubmitTask`, more:
+    /// `SubmitTasks`).
+    pub submit_batch: u64,
     /// Selector and the fraction of the fleet that can run it.
     pub selectivity: Vec<(String, f64)>,
     /// Seconds to register and connect every agent.
