@@ -108,7 +108,9 @@ struct Cli {
     submitters: usize,
     /// Tasks per submit call: 1 calls `SubmitTask` for each task; more
     /// call `SubmitTasks` with up to this many (at most 1,000; a server
-    /// without it refuses every call, UNIMPLEMENTED).
+    /// without it refuses every call, UNIMPLEMENTED). Keep `--submitters`
+    /// times this under the server's `--max-submits-waiting` (2,048), or
+    /// the calls past it are pushed back, and counted as failed.
     #[arg(long, env = "SWITCHYARD_BENCH_SUBMIT_BATCH", default_value_t = 1,
         value_parser = clap::value_parser!(u64).range(1..=1000))]
     submit_batch: u64,

@@ -58,6 +58,7 @@ expect "grpc.health.v1.Health"
 expect "ONE Connect stream"
 expect '"status": "SERVING"'
 expect '"queuedReason": "QUEUED_REASON_PARKED"'
+expect '"results": ['
 expect '0/0 agents eligible'
 expect '"state": "TASK_STATE_RUNNING"'
 expect '"state": "TASK_STATE_SUCCEEDED"'
