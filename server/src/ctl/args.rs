@@ -78,6 +78,18 @@ pub(super) enum Output {
 pub(super) enum Command {
     /// Submit a task.
     Submit(SubmitArgs),
+    /// Submit many tasks from JSON lines, each a task as `SubmitTask` takes it in proto3 JSON
+    /// (what grpcurl's `-d` takes: `{"kind": "build", "placement": {"selector": "linux"}}`), in
+    /// calls of up to 1,000 (`SubmitTasks`, one transaction each); prints each task's id, in
+    /// order. A refused call names the task's line, and stores none of its tasks; the calls
+    /// before it stay submitted (give the tasks idempotency keys to resubmit the file safely).
+    SubmitMany {
+        /// The file, or `-` for standard input; blank lines are skipped.
+        file: String,
+        /// Tasks a call, from 1 to 1000.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        batch: u16,
+    },
     /// Show one task.
     Get {
         /// The task's id.

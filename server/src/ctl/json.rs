@@ -6,7 +6,8 @@
 //! hand. A number that is a whole number is printed as an integer (`8080`,
 //! not `8080.0`), as grpcurl prints it: every number in a
 //! `google.protobuf.Struct` (payloads, results, documents) is a double on
-//! the wire.
+//! the wire. `submit-many` reads tasks the other way, from the JSON grpcurl
+//! takes.
 
 use std::sync::LazyLock;
 
@@ -33,6 +34,20 @@ pub(super) fn to_json<M: prost::Name>(message: &M) -> Result<Value, String> {
         .map_err(|err| format!("{name}: {err}"))?;
     whole_numbers_as_integers(&mut value);
     Ok(value)
+}
+
+/// A message from its proto3 JSON (what grpcurl's `-d` takes).
+pub(super) fn from_json<M: prost::Name + Default>(text: &str) -> Result<M, String> {
+    let pool = POOL.as_ref().map_err(Clone::clone)?;
+    let name = M::full_name();
+    let descriptor = pool
+        .get_message_by_name(&name)
+        .ok_or_else(|| format!("{name} is not in the contract's descriptors"))?;
+    let mut reader = serde_json::Deserializer::from_str(text);
+    let dynamic =
+        DynamicMessage::deserialize(descriptor, &mut reader).map_err(|err| err.to_string())?;
+    reader.end().map_err(|err| err.to_string())?;
+    dynamic.transcode_to::<M>().map_err(|err| err.to_string())
 }
 
 /// Every whole number in `value` that a double holds exactly as an integer,

@@ -238,6 +238,9 @@ async fn execute(cli: Cli) -> Result<ExitCode, Failure> {
     let out = Printer(global.output);
     match cli.command {
         Command::Submit(args) => submit(&mut clients, &out, &global, args).await,
+        Command::SubmitMany { file, batch } => {
+            submit_many(&mut clients, &out, &global, &file, usize::from(batch)).await
+        }
         Command::Get { task_id } => {
             let reply = clients
                 .tasks
@@ -400,6 +403,90 @@ async fn submit(
         return follow(clients, out, &task.task_id, Follow::ChangesAndOutput).await;
     }
     Ok(ExitCode::Ok)
+}
+
+/// `switchyard submit-many`: the tasks of `file` (JSON lines), `batch` a
+/// call; each task's id, or each call's reply as JSON, in order. A refused
+/// call's message names the line of the task it names (`tasks[i]`).
+async fn submit_many(
+    clients: &mut Clients,
+    out: &Printer,
+    global: &Global,
+    file: &str,
+    batch: usize,
+) -> Result<ExitCode, Failure> {
+    let mut text = String::new();
+    if file == "-" {
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|err| Failure::usage(format!("reading tasks from standard input: {err}")))?;
+    } else {
+        text = std::fs::read_to_string(file)
+            .map_err(|err| Failure::usage(format!("reading tasks from {file}: {err}")))?;
+    }
+    let mut tasks = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut task: pb::SubmitTaskRequest = json::from_json(line)
+            .map_err(|err| Failure::usage(format!("line {}: {err}", i + 1)))?;
+        if task.namespace.is_empty() {
+            task.namespace.clone_from(&global.namespace);
+        }
+        tasks.push((i + 1, task));
+    }
+    if tasks.is_empty() {
+        return Err(Failure::usage(format!("{file} holds no tasks")));
+    }
+    for call in tasks.chunks(batch) {
+        let request = pb::SubmitTasksRequest {
+            tasks: call.iter().map(|(_, task)| task.clone()).collect(),
+        };
+        let reply = match clients.tasks.submit_tasks(request).await {
+            Ok(reply) => reply.into_inner(),
+            Err(status) => {
+                let mut failure = Failure::from(status);
+                failure.message = name_lines(&failure.message, call);
+                return Err(failure);
+            }
+        };
+        out.reply(&reply, || {
+            for result in &reply.results {
+                println!(
+                    "{}",
+                    result.task.as_ref().map_or("", |t| t.task_id.as_str())
+                );
+            }
+        })?;
+    }
+    Ok(ExitCode::Ok)
+}
+
+/// `message` with each `tasks[i]` it names followed by the task's line in
+/// the file (`tasks[3] (line 7).kind`).
+fn name_lines(message: &str, call: &[(usize, pb::SubmitTaskRequest)]) -> String {
+    let mut named = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("tasks[") {
+        let (before, from) = rest.split_at(at);
+        named.push_str(before);
+        let index = from["tasks[".len()..].split(']').next().unwrap_or("");
+        let end = "tasks[".len() + index.len() + 1;
+        match index.parse::<usize>().ok().and_then(|i| call.get(i)) {
+            Some((line, _)) if from.len() >= end => {
+                named.push_str(&from[..end]);
+                named.push_str(&format!(" (line {line})"));
+                rest = &from[end..];
+            }
+            _ => {
+                named.push_str("tasks[");
+                rest = &from["tasks[".len()..];
+            }
+        }
+    }
+    named.push_str(rest);
+    named
 }
 
 async fn agents(

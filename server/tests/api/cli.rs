@@ -2,7 +2,8 @@
 //! while an agent runs the task, JSON output, a retry policy and deadlines
 //! from flags, explain, agents, and the exit codes scripts branch on; a
 //! task's output followed with `logs -f` and `submit --wait`, printed with
-//! `logs`, and a failed attempt's last lines shown by `get`.
+//! `logs`, and a failed attempt's last lines shown by `get`; many tasks
+//! from JSON lines with `submit-many`, a refused one named by its line.
 
 use std::process::Stdio;
 
@@ -337,6 +338,86 @@ async fn completions_and_the_manual_page_come_from_the_command_definitions() {
     assert_eq!(code, 0);
     assert!(stdout.contains(".TH switchyard"), "{stdout}");
     assert!(stdout.contains("submit"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_many_sends_json_lines_in_calls_and_names_a_refused_line() {
+    let server = TestServer::start_sqlite().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tasks.jsonl");
+    std::fs::write(
+        &file,
+        "{\"kind\": \"build\", \"placement\": {\"selector\": \"linux\"}}\n\n\
+         {\"kind\": \"test\", \"priority\": 5, \"payload\": {\"n\": 2}}\n\
+         {\"kind\": \"lint\", \"labels\": {\"team\": \"web\"}}\n",
+    )
+    .unwrap();
+    let mut many = cli(&server);
+    many.arg("submit-many").arg(&file).args(["--batch", "2"]);
+    let (code, stdout, stderr) = run(many).await;
+    assert_eq!(code, 0, "{stderr}");
+    let ids: Vec<&str> = stdout.lines().collect();
+    assert_eq!(ids.len(), 3, "{stdout}");
+    let mut tasks = server.tasks().await;
+    let mut kinds = Vec::new();
+    for id in &ids {
+        let task = tasks
+            .get_task(pb::GetTaskRequest {
+                task_id: (*id).to_owned(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .task
+            .unwrap();
+        kinds.push((
+            task.kind.clone(),
+            task.priority,
+            task.labels.get("team").cloned(),
+        ));
+    }
+    assert_eq!(
+        kinds,
+        vec![
+            ("build".to_owned(), 0, None),
+            ("test".to_owned(), 5, None),
+            ("lint".to_owned(), 0, Some("web".to_owned())),
+        ]
+    );
+
+    // A task the server refuses: its line is named, and its call stores nothing.
+    std::fs::write(
+        &file,
+        "{\"kind\": \"a\"}\n{\"kind\": \"b\", \"maxAttempts\": 500}\n",
+    )
+    .unwrap();
+    let mut refused = cli(&server);
+    refused.arg("submit-many").arg(&file);
+    let (code, _, stderr) = run(refused).await;
+    assert_eq!(code, 5, "{stderr}");
+    assert!(
+        stderr.contains("tasks[1] (line 2).max_attempts"),
+        "{stderr}"
+    );
+    // A line that is not a task: a usage error naming it, nothing sent.
+    std::fs::write(&file, "{\"kind\": \"a\"}\n{\"kinds\": 1}\n").unwrap();
+    let mut unreadable = cli(&server);
+    unreadable.arg("submit-many").arg(&file);
+    let (code, _, stderr) = run(unreadable).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("line 2"), "{stderr}");
+    let listed = tasks
+        .list_tasks(pb::ListTasksRequest {
+            namespace: "default".into(),
+            page_size: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .tasks;
+    assert_eq!(listed.len(), 3, "only the first file's tasks");
+    server.stop().await;
 }
 
 /// A lease update that writes `lines` to stdout (numbered from `from`).
