@@ -440,7 +440,9 @@ def _value(v: object) -> struct_pb2.Value:
 class Submitter:
     """Submits ``count`` tasks through whichever replica answers, each with
     an idempotency key, retrying a failed submit with the same key until the
-    store takes it. Records what it was told. Placements draw on every kind
+    store takes it: every other four tasks in one ``SubmitTasks`` call (the
+    call retried whole), the rest a ``SubmitTask`` each, so both paths take
+    the faults. Records what it was told. Placements draw on every kind
     of hard constraint: required tags from ``selectors``, now and then a
     requirement on ``chaos.cores`` or ``os``, the kind ``chaos.batch`` (which
     some agents do not handle), a toleration of the ``spot`` taint, two
@@ -458,6 +460,7 @@ class Submitter:
     def run(self, stop: threading.Event) -> None:
         rng = random.Random(self.seed)
         run_id = os.urandom(4).hex()
+        batch: list[tuple[Submitted, task_service_pb2.SubmitTaskRequest]] = []
         for i in range(self.count):
             if stop.is_set():
                 return
@@ -482,20 +485,37 @@ class Submitter:
                 tolerations=["spot"] if rng.random() < 0.3 else [],
                 slots=2 if rng.random() < 0.1 else 1,
             )
-            request = submit_request(task, i, self.max_attempts)
-            deadline = time.monotonic() + 60
-            while True:
-                live = self.cluster.live()
-                replica = live[rng.randrange(len(live))] if live else None
-                try:
-                    if replica is None:
-                        raise RuntimeError("no live replica")
+            batch.append((task, submit_request(task, i, self.max_attempts)))
+            if (i // 4) % 2 == 1 and len(batch) < 4 and i + 1 < self.count:
+                continue
+            self._submit(batch, rng)
+            self.submitted.extend(task for task, _ in batch)
+            time.sleep(self.pace_s * len(batch))
+            batch = []
+
+    def _submit(
+        self, batch: list[tuple[Submitted, task_service_pb2.SubmitTaskRequest]], rng: random.Random
+    ) -> None:
+        """Submits ``batch`` (one task: ``SubmitTask``; more: one
+        ``SubmitTasks`` call) until the store takes it, noting each task's id."""
+        deadline = time.monotonic() + 60
+        while True:
+            live = self.cluster.live()
+            replica = live[rng.randrange(len(live))] if live else None
+            try:
+                if replica is None:
+                    raise RuntimeError("no live replica")
+                if len(batch) == 1:
+                    task, request = batch[0]
                     task.task_id = replica.tasks.SubmitTask(request, timeout=3).task.task_id
-                    break
-                except (grpc.RpcError, RuntimeError, ValueError) as err:
-                    self.retries += 1
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"submit {task.key} kept failing: {err}") from err
-                    time.sleep(0.1)
-            self.submitted.append(task)
-            time.sleep(self.pace_s)
+                else:
+                    calls = task_service_pb2.SubmitTasksRequest(tasks=[request for _, request in batch])
+                    results = replica.tasks.SubmitTasks(calls, timeout=3).results
+                    for (task, _), result in zip(batch, results, strict=True):
+                        task.task_id = result.task.task_id
+                return
+            except (grpc.RpcError, RuntimeError, ValueError) as err:
+                self.retries += 1
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"submit {batch[0][0].key} kept failing: {err}") from err
+                time.sleep(0.1)
