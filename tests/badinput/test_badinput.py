@@ -517,6 +517,22 @@ CASES: list[Case] = [
         task_service_pb2.SubmitTaskRequest(kind="k" * 300), timeout=5)), INVALID, ["kind", "256"]),
     ("kind with a wildcard", unary(lambda s: s.tasks.SubmitTask(
         task_service_pb2.SubmitTaskRequest(kind="build.*"), timeout=5)), INVALID, ["kind", "`*`"]),
+    # SubmitTasks: every task checked before any is stored, a bad one named by its index.
+    ("SubmitTasks with a bad third task", unary(lambda s: s.tasks.SubmitTasks(
+        task_service_pb2.SubmitTasksRequest(tasks=[
+            task_service_pb2.SubmitTaskRequest(kind="ok"), task_service_pb2.SubmitTaskRequest(kind="ok"),
+            task_service_pb2.SubmitTaskRequest(kind="two words")]), timeout=5)),
+     INVALID, ["tasks[2].kind", "white space"]),
+    ("SubmitTasks with no task", unary(lambda s: s.tasks.SubmitTasks(
+        task_service_pb2.SubmitTasksRequest(), timeout=5)), INVALID, ["tasks", "from 1 to 1000"]),
+    ("SubmitTasks of 1001 tasks", unary(lambda s: s.tasks.SubmitTasks(
+        task_service_pb2.SubmitTasksRequest(tasks=[task_service_pb2.SubmitTaskRequest(kind="ok")] * 1001),
+        timeout=5)), INVALID, ["tasks", "1001"]),
+    ("SubmitTasks relying on a later task's limit", unary(lambda s: s.tasks.SubmitTasks(
+        task_service_pb2.SubmitTasksRequest(tasks=[
+            task_service_pb2.SubmitTaskRequest(kind="ok", concurrency_key="bulk-new"),
+            task_service_pb2.SubmitTaskRequest(kind="ok", concurrency_key="bulk-new", concurrency_limit=5)]),
+        timeout=5)), INVALID, ["tasks[0].concurrency_limit"]),
     ("handled kind with a space", unary(register("bad-kinds", {"tags": []}, kinds=("exec", "two words"))),
      INVALID, ["handled_kinds[1]"]),
     ("handled kind pattern in the middle", unary(register("bad-pattern", {"tags": []}, kinds=("a.*.b",))),
