@@ -428,6 +428,7 @@ fn api_settings(config: &ServerConfig) -> ApiSettings {
         max_running_tasks_per_namespace: config.max_running_tasks_per_namespace,
         max_agents_per_namespace: config.max_agents_per_namespace,
         placement_policy: crate::api::PolicyDefaults::from_flags(&config.placement_policy),
+        max_message_bytes: config.max_message_bytes,
         ..ApiSettings::default()
     }
 }

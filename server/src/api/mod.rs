@@ -55,6 +55,10 @@ pub struct ApiSettings {
     /// The placement policy of tasks that do not say, by namespace
     /// (`--placement-policy`).
     pub placement_policy: PolicyDefaults,
+    /// The largest message the services send or take
+    /// (`--max-message-bytes`): a call whose answer could pass it is refused
+    /// before anything is stored.
+    pub max_message_bytes: usize,
 }
 
 /// The default placement policy of each namespace: its own if set, else the
@@ -101,6 +105,7 @@ impl Default for ApiSettings {
             max_running_tasks_per_namespace: 0,
             max_agents_per_namespace: 0,
             placement_policy: PolicyDefaults::default(),
+            max_message_bytes: 4 * 1024 * 1024,
         }
     }
 }

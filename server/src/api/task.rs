@@ -33,6 +33,11 @@ const MAX_NAME: usize = 256;
 /// The most tasks one `SubmitTasks` call queues.
 const MAX_SUBMITS_AT_ONCE: usize = 1_000;
 
+/// The most a task as stored (`Task`, in a `SubmitTaskResponse`) takes on
+/// the wire beyond the fields of the `SubmitTaskRequest` it came from: its
+/// ids, state, times, lease, defaults filled in, and its place in the list.
+const ANSWER_BYTES_PER_TASK: usize = 1_024;
+
 impl Api {
     /// A task on the wire, with its queued reason (from the whole fleet)
     /// when it is queued.
@@ -369,6 +374,25 @@ impl TaskService for TaskApi {
                 "tasks",
                 &format!(
                     "holds {} tasks: give from 1 to {MAX_SUBMITS_AT_ONCE}",
+                    requests.len()
+                ),
+            )
+            .into());
+        }
+        // The answer holds every task as stored: the request's fields and
+        // what the server adds. Refused now if it could pass the largest
+        // message, rather than stored and then not answered.
+        let answer: usize = requests
+            .iter()
+            .map(|task| prost::Message::encoded_len(task) + ANSWER_BYTES_PER_TASK)
+            .sum();
+        let largest = api.settings.max_message_bytes;
+        if answer > largest {
+            return Err(invalid(
+                "tasks",
+                &format!(
+                    "the answer to these {} tasks could take {answer} bytes, past the largest \
+                     message of {largest} (--max-message-bytes): send fewer a call",
                     requests.len()
                 ),
             )

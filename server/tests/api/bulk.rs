@@ -5,8 +5,11 @@
 //! whole call naming it as `tasks[i].field`, and so does an empty or
 //! oversized call; nothing is stored then, not even a concurrency limit
 //! an earlier task of the call gave. The namespace's queue cap counts every
-//! task of a call: one that would pass it is refused whole.
+//! task of a call: one that would pass it is refused whole. So is a call
+//! whose answer could pass the largest message: each task's answer takes
+//! at most 1,024 bytes more than its request, which a full task checks.
 
+use prost::Message;
 use serde_json::json;
 use switchyard_proto::v1 as pb;
 use switchyard_server::api::convert::json_to_struct;
@@ -20,6 +23,7 @@ on_both_stores!(
     a_bad_task_refuses_the_whole_call_naming_it,
     a_task_may_rely_on_a_limit_an_earlier_task_gives,
     the_queue_cap_counts_every_task_of_a_call,
+    a_call_whose_answer_could_pass_the_largest_message_is_refused,
 );
 
 /// An `exec` task whose payload carries `n`.
@@ -191,4 +195,75 @@ async fn the_queue_cap_counts_every_task_of_a_call(backend: Backend) {
 async fn submit_request_err(server: &TestServer, request: pb::SubmitTaskRequest) -> tonic::Status {
     let mut client = server.tasks().await;
     client.submit_task(request).await.expect_err("refused")
+}
+
+async fn a_call_whose_answer_could_pass_the_largest_message_is_refused(backend: Backend) {
+    let server = TestServer::start_with(backend, |c| c.max_message_bytes = 64 * 1024).await;
+    let _agent = TestAgent::start(&server, "a", json!({}), 1).await;
+    // Every field a task may carry: the answer repeats them and adds the
+    // server's (ids, state, times, the lease of one leased on the way in).
+    let full = |n: u64| pb::SubmitTaskRequest {
+        kind: "exec".into(),
+        payload: Some(json_to_struct(&json!({ "n": n }))),
+        placement: Some(pb::Placement {
+            selector: "".into(),
+            ..Default::default()
+        }),
+        priority: 3,
+        max_attempts: 5,
+        lease_ttl: Some(prost_types::Duration {
+            seconds: 60,
+            nanos: 0,
+        }),
+        idempotency_key: format!("full-{n}"),
+        labels: [("team".to_owned(), "web".to_owned())].into(),
+        retry: Some(pb::RetryPolicy {
+            multiplier: 2.0,
+            ..Default::default()
+        }),
+        start_timeout: Some(prost_types::Duration {
+            seconds: 600,
+            nanos: 0,
+        }),
+        execution_timeout: Some(prost_types::Duration {
+            seconds: 600,
+            nanos: 0,
+        }),
+        cancel_grace: Some(prost_types::Duration {
+            seconds: 5,
+            nanos: 0,
+        }),
+        fairness_key: "tenant-1".into(),
+        fairness_weight: 2,
+        concurrency_key: "deploy".into(),
+        concurrency_limit: 10,
+        ..Default::default()
+    };
+    let mut requests: Vec<_> = (0..3).map(full).collect();
+    // A keyed task waits for the round: the first is leased on the way in.
+    requests[0].concurrency_key.clear();
+    requests[0].concurrency_limit = 0;
+    let results = submit_tasks(&server, requests.clone()).await.unwrap();
+    assert_eq!(
+        results[0].task.as_ref().unwrap().state(),
+        pb::TaskState::Leased
+    );
+    for (request, result) in requests.iter().zip(&results) {
+        let (asked, answered) = (request.encoded_len(), result.encoded_len());
+        // 1,024: the server's allowance a task (`ANSWER_BYTES_PER_TASK`).
+        assert!(
+            answered + 3 <= asked + 1_024,
+            "{answered} bytes answered for {asked} asked"
+        );
+    }
+    // 70 small tasks: a request of about 1.5 KiB whose answer could pass
+    // 64 KiB. Refused, and nothing stored.
+    refused(
+        submit_tasks(&server, (0..70).map(numbered).collect()).await,
+        "past the largest message of 65536 (--max-message-bytes)",
+    );
+    assert_eq!(all_tasks(&server).await.len(), 3);
+    let fits = submit_tasks(&server, (0..50).map(numbered).collect()).await;
+    assert_eq!(fits.unwrap().len(), 50);
+    server.stop().await;
 }

@@ -141,7 +141,9 @@ class TaskServiceServicer(object):
         INVALID_ARGUMENT naming it as `tasks[i].field`, and nothing is queued.
         The tasks are queued in their order, as if submitted one after the
         other (a task may use the concurrency limit an earlier one gives its
-        key); idempotency keys work as for SubmitTask, each on its own.
+        key); idempotency keys work as for SubmitTask, each on its own. The
+        answer repeats every task: a call whose tasks, encoded, and 1 KiB more
+        each could pass the server's largest message is refused as a whole.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

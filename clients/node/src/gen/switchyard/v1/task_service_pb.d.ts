@@ -1022,7 +1022,9 @@ export declare const TaskService: GenService<{
    * INVALID_ARGUMENT naming it as `tasks[i].field`, and nothing is queued.
    * The tasks are queued in their order, as if submitted one after the
    * other (a task may use the concurrency limit an earlier one gives its
-   * key); idempotency keys work as for SubmitTask, each on its own.
+   * key); idempotency keys work as for SubmitTask, each on its own. The
+   * answer repeats every task: a call whose tasks, encoded, and 1 KiB more
+   * each could pass the server's largest message is refused as a whole.
    *
    * @generated from rpc switchyard.v1.TaskService.SubmitTasks
    */
