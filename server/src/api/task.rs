@@ -148,22 +148,23 @@ impl Api {
             checked.push(self.check_task(caller, req).map_err(|err| under(i, err))?);
         }
         // Reads first: a task that keeps its key's limit needs one, set
-        // before or by an earlier task of the call.
-        let mut given: std::collections::BTreeSet<(&str, &str)> = Default::default();
+        // before or by an earlier task of the call (each key read once).
+        let mut known: std::collections::BTreeSet<(&str, &str)> = Default::default();
         for (i, (task, _, limit)) in checked.iter().enumerate() {
             let Some(key) = task.concurrency_key.as_deref() else {
                 continue;
             };
             let namespace = task.namespace.as_str();
-            if *limit > 0 {
-                given.insert((namespace, key));
-            } else if !given.contains(&(namespace, key))
-                && self
+            let kept = *limit > 0
+                || known.contains(&(namespace, key))
+                || self
                     .store
                     .concurrency_limit(namespace, key)
                     .await?
-                    .is_none()
-            {
+                    .is_some();
+            if kept {
+                known.insert((namespace, key));
+            } else {
                 return Err(under(
                     i,
                     invalid(
@@ -185,13 +186,18 @@ impl Api {
                     .await?;
             }
         }
-        // Last, with everything valid and admitted: the limits given.
+        // Last, with everything valid and admitted: the limits given, each
+        // key's last (as one submit after another would leave it).
+        let mut limits: BTreeMap<(&str, &str), u32> = BTreeMap::new();
         for (task, _, limit) in &checked {
-            if let (Some(key), 1..) = (&task.concurrency_key, *limit) {
-                self.store
-                    .set_concurrency_limit(&task.namespace, key, *limit, self.now_ms())
-                    .await?;
+            if let (Some(key), 1..) = (task.concurrency_key.as_deref(), *limit) {
+                limits.insert((task.namespace.as_str(), key), *limit);
             }
+        }
+        for ((namespace, key), limit) in limits {
+            self.store
+                .set_concurrency_limit(namespace, key, limit, self.now_ms())
+                .await?;
         }
         Ok(checked
             .into_iter()
