@@ -126,7 +126,8 @@ impl Api {
 
     /// The tasks a submit asks for, validated before anything is stored (a
     /// bad field is INVALID_ARGUMENT naming it, under `field` and the
-    /// task's index when there are several), each with its placement
+    /// task's index when there are several, and a namespace the caller may
+    /// not submit to is PERMISSION_DENIED naming the task so), each with its placement
     /// compiled; then the namespaces' queue caps admit them, and the
     /// concurrency limits they give are set. A task may rely on a limit an
     /// earlier task of the same call gives its key.
@@ -141,6 +142,9 @@ impl Api {
                 field: format!("{list}[{i}].{field}"),
                 reason,
             },
+            (Some(list), Error::PermissionDenied(why)) => {
+                Error::PermissionDenied(format!("{list}[{i}]: {why}"))
+            }
             (_, err) => err,
         };
         let mut checked = Vec::with_capacity(requests.len());

@@ -579,6 +579,41 @@ async fn an_agent_reports_only_on_its_own_leases(backend: Backend) {
 
 /// Far below the cap a submit is admitted on a recent count; near it every
 /// submit counts afresh, so the cap still holds to the task.
+async fn a_bulk_submit_to_a_namespace_not_the_tokens_names_the_task(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = tokens_file(dir.path());
+    let server = TestServer::start_with(backend, |c| c.tokens_file = Some(file)).await;
+    let mut tasks = server.tasks().await;
+    let task = |namespace: &str| pb::SubmitTaskRequest {
+        namespace: namespace.into(),
+        kind: "k".into(),
+        ..Default::default()
+    };
+    let call = pb::SubmitTasksRequest {
+        tasks: vec![task("alpha"), task("beta")],
+    };
+    let err = tasks
+        .submit_tasks(req(call, Some(SUBMITTER_A)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().starts_with("tasks[1]: "), "{}", err.message());
+    let listed = tasks
+        .list_tasks(req(
+            pb::ListTasksRequest {
+                namespace: "alpha".into(),
+                ..Default::default()
+            },
+            Some(SUBMITTER_A),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .tasks;
+    assert!(listed.is_empty(), "nothing stored: {listed:?}");
+    server.stop().await;
+}
+
 async fn the_queue_cap_is_exact_near_the_cap(backend: Backend) {
     let server = TestServer::start_with(backend, |c| {
         c.max_queued_tasks_per_namespace = 20;
@@ -704,5 +739,6 @@ crate::on_both_stores!(
     auth_matrix,
     an_agent_reports_only_on_its_own_leases,
     limits_refuse_with_the_right_code_and_message,
-    the_queue_cap_is_exact_near_the_cap
+    the_queue_cap_is_exact_near_the_cap,
+    a_bulk_submit_to_a_namespace_not_the_tokens_names_the_task,
 );
