@@ -20,6 +20,7 @@ pub mod agent;
 pub mod bounds;
 mod live;
 pub mod status;
+mod submit;
 pub mod task;
 mod watch;
 
