@@ -211,11 +211,21 @@ struct Cli {
     /// answered at once.
     #[arg(long, env = "SWITCHYARD_BENCH_FLEET_ACK_RATE", default_value_t = 0.0)]
     fleet_ack_rate: f64,
+    /// Threads the load generator runs on (0: one per core). On a host it
+    /// shares with the server and its database, fewer threads leave them
+    /// more of the cores: `bench/run` takes 1, as the peers' Node.js
+    /// workers run on one.
+    #[arg(long, env = "SWITCHYARD_BENCH_THREADS", default_value_t = 0)]
+    threads: usize,
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if cli.threads > 0 {
+        runtime.worker_threads(cli.threads);
+    }
+    runtime
         .enable_all()
         .build()
         .context("starting the runtime")?
