@@ -833,6 +833,7 @@ async fn drive(
         }),
         target_rate: (cli.rate > 0.0).then_some(cli.rate),
         submit_batch: cli.submit_batch,
+        threads: tokio::runtime::Handle::current().metrics().num_workers(),
         selectivity: mix
             .classes
             .iter()

@@ -32,6 +32,9 @@ pub struct Report {
     /// Tasks per submit call (`--submit-batch`; 1: `SubmitTask`, more:
     /// `SubmitTasks`).
     pub submit_batch: u64,
+    /// Worker threads the load generator ran on (`--threads`, or one per
+    /// core), as its runtime counted them.
+    pub threads: usize,
     /// Selector and the fraction of the fleet that can run it.
     pub selectivity: Vec<(String, f64)>,
     /// Seconds to register and connect every agent.

@@ -1,7 +1,8 @@
 //! The load generator's `--release-secs` mode against a real server (SQLite,
-//! in this process): every task is submitted to the connected fleet not to
-//! run before the release, none is granted earlier, and each is granted
-//! and completed once after it.
+//! in this process), on one thread (`--threads 1`, as `bench/run` runs it):
+//! every task is submitted to the connected fleet not to run before the
+//! release, none is granted earlier, and each is granted and completed
+//! once after it.
 
 use std::process::Command;
 
@@ -29,6 +30,7 @@ async fn released_tasks_wait_for_the_release_and_all_complete() {
             .args(["--server", &format!("http://{addr}")])
             .args(["--agents", "4", "--capacity", "2", "--tasks", "40"])
             .args(["--placements", "any", "--release-secs", "1.5", "--json"])
+            .args(["--threads", "1"])
             .output()
             .unwrap()
     })
@@ -41,6 +43,8 @@ async fn released_tasks_wait_for_the_release_and_all_complete() {
     );
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["release_secs"], 1.5);
+    // On the one thread asked for, as bench/run runs it.
+    assert_eq!(report["threads"], 1, "{report}");
     assert_eq!(report["grants_before_release"], 0, "{report}");
     assert_eq!(report["submitted"], 40, "{report}");
     assert_eq!(report["grants"], 40, "{report}");
