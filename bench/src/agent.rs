@@ -8,7 +8,7 @@
 //! answered yet). What it sees goes into the shared
 //! [`Counters`].
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -84,13 +84,17 @@ pub struct Counters {
     pub next_answer_us: AtomicU64,
     /// Completions acknowledged, by second since `epoch`.
     pub completions_by_second: Vec<AtomicU64>,
+    /// By class of the placement mix (the payload's `class`): completions
+    /// acknowledged, and when the last was (microseconds since `epoch`).
+    pub by_class: Vec<(AtomicU64, AtomicU64)>,
 }
 
 /// The seconds `Counters::completions_by_second` counts.
 const COUNTED_SECONDS: usize = 3_600;
 
 impl Counters {
-    pub fn new() -> Self {
+    /// Counters for a run whose tasks fall into `classes` classes.
+    pub fn new(classes: usize) -> Self {
         Self {
             epoch: Instant::now(),
             grants: AtomicU64::new(0),
@@ -114,6 +118,9 @@ impl Counters {
             answer_every_us: AtomicU64::new(0),
             next_answer_us: AtomicU64::new(0),
             completions_by_second: (0..COUNTED_SECONDS).map(|_| AtomicU64::new(0)).collect(),
+            by_class: (0..classes)
+                .map(|_| (AtomicU64::new(0), AtomicU64::new(0)))
+                .collect(),
         }
     }
 
@@ -134,9 +141,13 @@ impl Counters {
         Some(turn.max(now))
     }
 
-    /// Counts a completion acknowledged now.
-    fn completed(&self) {
+    /// Counts a completion of a task of `class` acknowledged now.
+    fn completed(&self, class: Option<usize>) {
         let now = self.now_us();
+        if let Some((count, last)) = class.and_then(|c| self.by_class.get(c)) {
+            count.fetch_add(1, Ordering::Relaxed);
+            last.fetch_max(now, Ordering::Relaxed);
+        }
         self.completions.fetch_add(1, Ordering::Relaxed);
         self.last_completion_us.fetch_max(now, Ordering::Relaxed);
         if let Some(second) = self.completions_by_second.get((now / 1_000_000) as usize) {
@@ -324,7 +335,7 @@ pub async fn run(
         tx,
         sequence: 1,
         generation: reg.capability_generation,
-        succeeded: HashSet::new(),
+        succeeded: HashMap::new(),
         acked: Volatile::of(&document),
         pending: None,
     };
@@ -343,10 +354,8 @@ pub async fn run(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut welcomed = Some(welcomed);
     let mut beat = 0u64;
-    // Grants waiting for the fleet's turn (`--fleet-ack-rate`): when, the
-    // lease, its token and the task.
-    let mut waiting: std::collections::VecDeque<(tokio::time::Instant, String, u64, String)> =
-        std::collections::VecDeque::new();
+    // Grants waiting for the fleet's turn (`--fleet-ack-rate`).
+    let mut waiting: std::collections::VecDeque<Deferred> = std::collections::VecDeque::new();
     let mut leaving: Option<Leaving> = None;
     loop {
         if leaving.is_some_and(|l| l.done(!session.succeeded.is_empty())) {
@@ -369,10 +378,10 @@ pub async fn run(
             }
             _ = tokio::time::sleep_until(leaving.map_or_else(tokio::time::Instant::now, |l| l.next_check())),
                 if leaving.is_some() => {}
-            _ = tokio::time::sleep_until(waiting.front().map_or_else(tokio::time::Instant::now, |w| w.0)),
+            _ = tokio::time::sleep_until(waiting.front().map_or_else(tokio::time::Instant::now, |w| w.at)),
                 if !waiting.is_empty() => {
-                if let Some((_, lease_id, token, task_id)) = waiting.pop_front() {
-                    answer(&mut session, &lease_id, token, &task_id, output_lines).await?;
+                if let Some(w) = waiting.pop_front() {
+                    answer(&mut session, &w.lease_id, w.token, &w.task_id, w.class, output_lines).await?;
                 }
             }
             _ = ticker.tick(), if welcomed.is_none() && leaving.is_none() => {
@@ -435,6 +444,7 @@ pub async fn run(
                             counters.grants_before_release.fetch_add(1, Ordering::Relaxed);
                         }
                         let task = grant.task.unwrap_or_default();
+                        let class = payload_number(&task, "class").map(|c| c as usize);
                         if let Some(sent) = submitted_us(&task)
                             && let Ok(mut l) = counters.latencies_us.lock()
                         {
@@ -448,10 +458,16 @@ pub async fn run(
                             Some(at) => {
                                 let at = tokio::time::Instant::from_std(counters.epoch)
                                     + Duration::from_micros(at);
-                                waiting.push_back((at, grant.lease_id.clone(), grant.fencing_token, task.task_id));
+                                waiting.push_back(Deferred {
+                                    at,
+                                    lease_id: grant.lease_id.clone(),
+                                    token: grant.fencing_token,
+                                    task_id: task.task_id,
+                                    class,
+                                });
                             }
                             None => {
-                                answer(&mut session, &grant.lease_id, grant.fencing_token, &task.task_id, output_lines).await?;
+                                answer(&mut session, &grant.lease_id, grant.fencing_token, &task.task_id, class, output_lines).await?;
                             }
                         }
                     }
@@ -466,17 +482,17 @@ pub async fn run(
                                     session.acked = held;
                                     session.generation = ack.capability_generation;
                                 }
-                        let was_success = session.succeeded.remove(&ack.sequence);
+                        let success = session.succeeded.remove(&ack.sequence);
                         if ack.code != 0 {
                             counters.refused.fetch_add(1, Ordering::Relaxed);
-                        } else if was_success {
-                            counters.completed();
+                        } else if let Some(class) = success {
+                            counters.completed(class);
                         }
                     }
                     Down::LeaseRevocation(r) => {
                         counters.revocations.fetch_add(1, Ordering::Relaxed);
                         // Work not started yet is dropped, as a runner would.
-                        waiting.retain(|w| w.1 != r.lease_id);
+                        waiting.retain(|w| w.lease_id != r.lease_id);
                     }
                     Down::ResyncRequest(r) => {
                         counters.resyncs.fetch_add(1, Ordering::Relaxed);
@@ -505,6 +521,7 @@ async fn answer(
     lease_id: &str,
     fencing_token: u64,
     task_id: &str,
+    class: Option<usize>,
     output_lines: u32,
 ) -> anyhow::Result<()> {
     let output = (output_lines > 0).then(|| {
@@ -536,7 +553,7 @@ async fn answer(
             }))
             .await?;
         if last {
-            session.succeeded.insert(session.sequence);
+            session.succeeded.insert(session.sequence, class);
         }
     }
     Ok(())
@@ -596,8 +613,9 @@ struct Session {
     /// The capability generation the server last said it holds; the base of
     /// the next diff.
     generation: u64,
-    /// Sequence numbers of succeeded reports whose ack is outstanding.
-    succeeded: HashSet<u64>,
+    /// Sequence numbers of succeeded reports whose ack is outstanding, with
+    /// their task's class.
+    succeeded: HashMap<u64, Option<usize>>,
     /// The drifting facts of the document the server acknowledged holding
     /// at `generation` (the rest never changes).
     acked: Volatile,
@@ -622,10 +640,26 @@ impl Session {
     }
 }
 
+/// A grant waiting for the fleet's turn to be answered (`--fleet-ack-rate`).
+struct Deferred {
+    /// When it may be answered.
+    at: tokio::time::Instant,
+    lease_id: String,
+    token: u64,
+    task_id: String,
+    /// Its task's class in the placement mix.
+    class: Option<usize>,
+}
+
 /// The submit time the submitter put in the task's payload.
 fn submitted_us(task: &pb::Task) -> Option<u64> {
+    payload_number(task, "submitted_us")
+}
+
+/// A whole number the submitter put in the task's payload.
+fn payload_number(task: &pb::Task, field: &str) -> Option<u64> {
     let payload = task.payload.as_ref()?;
-    match payload.fields.get("submitted_us")?.kind.as_ref()? {
+    match payload.fields.get(field)?.kind.as_ref()? {
         Kind::NumberValue(n) => Some(*n as u64),
         _ => None,
     }

@@ -249,15 +249,30 @@ impl Mix {
         if let Some(p) = self.pinned {
             return Cow::Owned(slot_selector(p.slot(n)));
         }
+        Cow::Borrowed(&self.classes[self.class_of(n)].selector)
+    }
+
+    /// The class of task number `n`: an index into [`Mix::classes`].
+    pub fn class_of(&self, n: u64) -> usize {
+        if self.pinned.is_some() {
+            return 0;
+        }
         // A multiplicative hash so the classes interleave instead of coming in runs.
         let mut slot = (n.wrapping_mul(2_654_435_761) % u64::from(self.total)) as u32;
-        for c in &self.classes {
+        for (i, c) in self.classes.iter().enumerate() {
             if slot < c.weight {
-                return Cow::Borrowed(&c.selector);
+                return i;
             }
             slot -= c.weight;
         }
-        Cow::Borrowed(&self.classes[0].selector)
+        0
+    }
+
+    /// The fraction of the tasks in class `i` (by weight).
+    pub fn share(&self, i: usize) -> f64 {
+        self.classes
+            .get(i)
+            .map_or(0.0, |c| f64::from(c.weight) / f64::from(self.total))
     }
 
     /// Fills in each class's eligible fraction of `agents` agents with the
@@ -341,5 +356,25 @@ mod tests {
         seen.sort();
         seen.dedup();
         assert_eq!(seen.len(), agents);
+    }
+
+    /// A task's class is the one whose selector it carries, and the classes
+    /// take the tasks in proportion to their shares.
+    #[test]
+    fn each_task_carries_its_class_selector_in_proportion() {
+        let mix = Mix::named("mixed", 50).unwrap();
+        let shares: f64 = (0..mix.classes.len()).map(|i| mix.share(i)).sum();
+        assert!((shares - 1.0).abs() < 1e-9, "{shares}");
+        let mut counts = vec![0u64; mix.classes.len()];
+        let tasks = 100_000;
+        for n in 0..tasks {
+            let class = mix.class_of(n);
+            assert_eq!(mix.selector(n), mix.classes[class].selector);
+            counts[class] += 1;
+        }
+        for (i, count) in counts.iter().enumerate() {
+            let share = *count as f64 / tasks as f64;
+            assert!((share - mix.share(i)).abs() < 0.01, "class {i}: {share}");
+        }
     }
 }

@@ -50,7 +50,7 @@ use tokio::task::JoinSet;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::agent::Counters;
-use crate::report::{Percentiles, Report, ServerCost};
+use crate::report::{ClassDrain, Percentiles, Report, ServerCost};
 
 /// Load generator for Switchyard: simulated agents, tasks of varied
 /// selectivity, throughput, latency and server cost.
@@ -404,6 +404,7 @@ async fn submit_all(
             payload: Some(json_to_struct(&json!({
                 "submitted_us": release.as_ref().map_or_else(|| made.now_us(), |r| r.1),
                 "n": n,
+                "class": mix.class_of(n),
             }))),
             placement: Some(pb::Placement {
                 selector: mix.selector(n).into_owned(),
@@ -522,7 +523,7 @@ async fn drive(
     url: &str,
     pid: Option<u32>,
 ) -> anyhow::Result<Report> {
-    let counters = Arc::new(Counters::new());
+    let counters = Arc::new(Counters::new(mix.classes.len()));
     if cli.fleet_ack_rate > 0.0 {
         let every = (1e6 / cli.fleet_ack_rate).round().max(1.0) as u64;
         counters.answer_every_us.store(every, Ordering::Relaxed);
@@ -838,6 +839,24 @@ async fn drive(
             .classes
             .iter()
             .map(|c| (c.selector.clone(), c.eligible))
+            .collect(),
+        classes: mix
+            .classes
+            .iter()
+            .zip(&counters.by_class)
+            .enumerate()
+            .map(|(i, (c, (count, last)))| {
+                let completions = count.load(Ordering::Relaxed);
+                ClassDrain {
+                    selector: c.selector.clone(),
+                    task_share: mix.share(i),
+                    eligible: c.eligible,
+                    completions,
+                    drained_secs: (completions > 0).then(|| {
+                        last.load(Ordering::Relaxed).saturating_sub(clock_start_us) as f64 / 1e6
+                    }),
+                }
+            })
             .collect(),
         connect_seconds,
         run_seconds,

@@ -281,7 +281,7 @@ pub async fn drain(
     timeout: Duration,
     pid: Option<u32>,
 ) -> anyhow::Result<DrainReport> {
-    let counters = Arc::new(Counters::new());
+    let counters = Arc::new(Counters::new(0));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut sessions = JoinSet::new();
     let before = pid.and_then(server::sample);

@@ -37,6 +37,11 @@ pub struct Report {
     pub threads: usize,
     /// Selector and the fraction of the fleet that can run it.
     pub selectivity: Vec<(String, f64)>,
+    /// Each class of the placement mix: its share of the tasks and of the
+    /// fleet, and when its last task completed. A class whose share of the
+    /// tasks exceeds its share of the fleet's slots drains last, on its
+    /// eligible agents alone.
+    pub classes: Vec<ClassDrain>,
     /// Seconds to register and connect every agent.
     pub connect_seconds: f64,
     /// Seconds from the first submit (preloaded: the first Welcome) to the
@@ -90,6 +95,21 @@ pub struct Report {
     /// Parked tasks, churning agents and the parked tasks' drain
     /// (`--parked`).
     pub parked: Option<ParkedReport>,
+}
+
+/// One class of the placement mix, as the run drained it.
+#[derive(Debug, Serialize)]
+pub struct ClassDrain {
+    pub selector: String,
+    /// The fraction of the tasks that carry it.
+    pub task_share: f64,
+    /// The fraction of the fleet that can run it.
+    pub eligible: f64,
+    /// Its completions acknowledged.
+    pub completions: u64,
+    /// Seconds from the run clock's start to its last completion; null
+    /// when none completed.
+    pub drained_secs: Option<f64>,
 }
 
 /// The server's resource use.
@@ -197,13 +217,20 @@ impl Report {
                 ),
             ),
         ];
-        for (sel, frac) in &self.selectivity {
+        for c in &self.classes {
             rows.push((
                 "  placement".into(),
                 format!(
-                    "{:>5.1}% eligible  {}",
-                    frac * 100.0,
-                    if sel.is_empty() { "(none)" } else { sel }
+                    "{:>5.1}% eligible, {:>5.1}% of tasks, last done {}  {}",
+                    c.eligible * 100.0,
+                    c.task_share * 100.0,
+                    c.drained_secs
+                        .map_or_else(|| "-".to_owned(), |s| format!("{s:.2} s")),
+                    if c.selector.is_empty() {
+                        "(none)"
+                    } else {
+                        &c.selector
+                    }
                 ),
             ));
         }
