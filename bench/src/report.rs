@@ -1,5 +1,6 @@
-//! The result of a run: throughput, latency percentiles, heartbeat cost and
-//! the server's CPU and memory, printed as a table or as JSON.
+//! The result of a run: throughput, when each class of the placement mix
+//! drained, latency percentiles, heartbeat cost and the server's CPU and
+//! memory, printed as a table or as JSON.
 
 use serde::Serialize;
 
