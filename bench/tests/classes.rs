@@ -2,45 +2,15 @@
 //! (SQLite, in this process): every completion is counted in its class, and
 //! the class that drained last ends the run.
 
-use std::process::Command;
-
-use serde_json::Value;
-use switchyard_server::config::ServerConfig;
-use tokio::net::TcpListener;
+mod common;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_class_counts_its_completions_and_the_last_ends_the_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("bench.db").display());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(switchyard_server::run(
-        listener,
-        ServerConfig::for_tests(url),
-        async {
-            let _ = stopped.await;
-        },
-    ));
-
     // 50 agents: the fewest for which every class of the mix has one.
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_switchyard-bench"))
-            .args(["--server", &format!("http://{addr}")])
-            .args(["--agents", "50", "--capacity", "1", "--tasks", "300"])
-            .args(["--placements", "mixed", "--preload", "--json"])
-            .args(["--threads", "1"])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "bench failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let report = common::run_bench(
+        "--agents 50 --capacity 1 --tasks 300 --placements mixed --preload --threads 1",
+    )
+    .await;
     assert_eq!(report["completions"], 300, "{report}");
     let classes = report["classes"].as_array().unwrap();
     assert_eq!(classes.len(), 7, "{report}");
@@ -65,7 +35,4 @@ async fn each_class_counts_its_completions_and_the_last_ends_the_run() {
         .map(|c| c["task_share"].as_f64().unwrap())
         .sum();
     assert!((shares - 1.0).abs() < 1e-9, "{shares}");
-
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
 }
