@@ -835,11 +835,6 @@ async fn drive(
         target_rate: (cli.rate > 0.0).then_some(cli.rate),
         submit_batch: cli.submit_batch,
         threads: tokio::runtime::Handle::current().metrics().num_workers(),
-        selectivity: mix
-            .classes
-            .iter()
-            .map(|c| (c.selector.clone(), c.eligible))
-            .collect(),
         classes: mix
             .classes
             .iter()

@@ -36,8 +36,6 @@ pub struct Report {
     /// Worker threads the load generator ran on (`--threads`, or one per
     /// core), as its runtime counted them.
     pub threads: usize,
-    /// Selector and the fraction of the fleet that can run it.
-    pub selectivity: Vec<(String, f64)>,
     /// Each class of the placement mix: its share of the tasks and of the
     /// fleet, and when its last task completed. A class whose share of the
     /// tasks exceeds its share of the fleet's slots drains last, on its
