@@ -23,7 +23,10 @@ pub(super) const CHECK_EVERY: Duration = Duration::from_secs(2);
 /// autovacuum. Analyzing invalidates every connection's plans, and each
 /// statement is planned afresh for its next five runs: analyzing from 64
 /// pages on raised the latency run's p99 from 9.5 to 12.8 ms (medians of
-/// six), while the plans it saves cost little on tables this small.
+/// six), while the plans it saves cost little on tables this small. The
+/// cost is `leases`' statistics themselves: with them, PostgreSQL plans a
+/// one-task submit's statement afresh on every call instead of keeping
+/// one plan (`BENCHMARKS.md`, "`leases` analyzed early").
 const MIN_PAGES: i64 = 1_024;
 
 /// Switchyard's tables (those in the schema of `tasks`) at least twice
