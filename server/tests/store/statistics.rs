@@ -11,7 +11,7 @@ use sqlx::Connection;
 use switchyard_server::model::Submission;
 use uuid::Uuid;
 
-use crate::common::{Fixture, T0, task};
+use crate::common::{Fixture, T0, agents, task};
 
 /// `(relpages, times analyzed)` of `table`, as the catalog says.
 async fn counted(conn: &mut sqlx::PgConnection, table: &str) -> (i32, i64) {
@@ -173,6 +173,95 @@ async fn the_task_documents_are_left_out_of_the_statistics() {
             "{document} has statistics: {columns:?}"
         );
     }
+    conn.close().await.unwrap();
+    fx.finish().await;
+}
+
+/// The submit function's parameter types, for a statement of its body
+/// prepared on its own.
+const SUBMIT_TYPES: &str = "uuid[], text[], text[], text[], text[], int4[], int8[], int8[], \
+    text[], int8[], text[], uuid[], uuid[], text[], int8[], int8[], int8[], text[], int8[], \
+    int8[], text[], int8";
+
+/// A one-task submit runs a statement whose plan PostgreSQL keeps, on a
+/// fleet of 1,000 agents whose live leases the planner has counted (as
+/// autovacuum counts them in a deployment). The batch's statement, which
+/// one-task submits ran too, is kept with ten elements an array assumed:
+/// ten agents' and ten live-lease lookups, far above a one-task call's
+/// own plans here, so PostgreSQL planned it afresh on every call, which
+/// took longer than running it. The statement a one-task call runs (the
+/// first the function returns) is prepared from the function's own source
+/// and run eight times; PostgreSQL counts the plans it made.
+#[tokio::test]
+async fn a_one_task_submit_keeps_its_plan_on_a_large_fleet() {
+    let fx = Fixture::postgres().await;
+    let fleet = agents(fx.store.as_ref(), "ns", 1_000, 2).await;
+    let leased: Vec<Submission> = fleet
+        .iter()
+        .flat_map(|agent| {
+            (0..2).map(|_| Submission {
+                task: task("ns", 0, 3),
+                agent_id: Some(*agent),
+            })
+        })
+        .collect();
+    for batch in leased.chunks(500) {
+        for done in fx.store.submit_many(batch, T0).await.unwrap() {
+            assert!(done.unwrap().2.is_some());
+        }
+    }
+    let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
+    sqlx::query("ANALYZE leases")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+    let source: String =
+        sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = 'switchyard_submit_tasks'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    let start = source
+        .find("RETURN QUERY")
+        .expect("the function returns a query")
+        + 12;
+    let end = start + source[start..].find(';').expect("the statement ends");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "PREPARE one_task({SUBMIT_TYPES}) AS {}",
+        &source[start..end]
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    for agent in fleet.iter().take(8) {
+        let (task_id, lease_id) = (Uuid::now_v7(), Uuid::now_v7());
+        let call = format!(
+            "EXECUTE one_task(ARRAY['{task_id}'::uuid], ARRAY['ns'], ARRAY['k'], ARRAY['null'], \
+             ARRAY['{{}}'], ARRAY[0], ARRAY[3::int8], ARRAY[60000::int8], ARRAY[NULL::text], \
+             ARRAY[0::int8], ARRAY['{{}}'], ARRAY['{agent}'::uuid], ARRAY['{lease_id}'::uuid], \
+             ARRAY[NULL::text], ARRAY[NULL::int8], ARRAY[NULL::int8], ARRAY[NULL::int8], \
+             ARRAY[NULL::text], ARRAY[NULL::int8], ARRAY[0::int8], ARRAY[NULL::text], {T0})"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(call))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.rollback().await.unwrap();
+    let (generic, custom): (i64, i64) = sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'one_task'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    // PostgreSQL plans a statement afresh for its first five runs, then
+    // keeps one plan if it costs no more than theirs.
+    assert_eq!(
+        (generic, custom),
+        (3, 5),
+        "plans of a one-task submit: {generic} kept, {custom} made for one call"
+    );
     conn.close().await.unwrap();
     fx.finish().await;
 }

@@ -26,7 +26,81 @@ crate::both_backends!(
     a_schema_migrated_by_a_newer_release_still_opens,
     a_submit_writes_no_history_row_yet_its_history_starts_submitted,
     a_history_an_earlier_release_began_reads_the_same,
+    a_task_submitted_alone_for_an_agent_is_leased_as_in_a_batch,
 );
+
+/// A submit of one task (PostgreSQL answers it with a statement of its
+/// own) is leased on the way in exactly as a batch's task is: while its
+/// agent has room, with fencing token 1, its lease stored as answered and
+/// its `leased` entry; refused at capacity and for an unknown agent,
+/// queued then; a taken idempotency key inserts nothing.
+async fn a_task_submitted_alone_for_an_agent_is_leased_as_in_a_batch(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w1", 2).await;
+    let alone = |agent_id: Option<Uuid>, key: Option<&str>| {
+        let mut t = task("ns", 0, 3);
+        t.lease_ttl_ms = 30_000;
+        t.idempotency_key = key.map(str::to_owned);
+        vec![Submission { task: t, agent_id }]
+    };
+    let mut answers = Vec::new();
+    for (i, (agent_id, key)) in [
+        (Some(worker.id), Some("first")),
+        (Some(worker.id), None),
+        (Some(worker.id), None),
+        (Some(Uuid::now_v7()), None),
+        (None, Some("first")),
+        (None, None),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let now = T0 + 10 * i as i64;
+        let mut done = store.submit_many(&alone(agent_id, key), now).await.unwrap();
+        assert_eq!(done.len(), 1);
+        answers.push(done.remove(0).unwrap());
+    }
+    for (i, (task, created, outcome)) in answers.iter().enumerate().take(2) {
+        assert!(*created);
+        assert_eq!(task.state, TaskState::Leased);
+        let Some(GrantOutcome::Granted(lease)) = outcome else {
+            panic!("submit {i}: expected a lease, got {outcome:?}");
+        };
+        let stored = store.get_lease(lease.id).await.unwrap();
+        assert_eq!(&stored, lease);
+        assert_eq!(
+            (stored.task_id, stored.agent_id, stored.fencing_token),
+            (task.id, worker.id, 1)
+        );
+        assert_eq!(stored.expires_at_ms, T0 + 10 * i as i64 + 30_000);
+        let read = store.get_task(task.id).await.unwrap();
+        assert_eq!(
+            (read.state, read.lease_id, read.agent_id, read.fencing_token),
+            (TaskState::Leased, Some(lease.id), Some(worker.id), 1)
+        );
+        let history = store.task_events(task.id, 0, 10).await.unwrap();
+        let kinds: Vec<_> = history.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["submitted", "leased"]);
+        assert_eq!(history[1].lease_id, Some(lease.id));
+    }
+    for (i, refusal) in [
+        (2, GrantRefusal::AgentAtCapacity),
+        (3, GrantRefusal::AgentUnknown),
+    ] {
+        let (task, created, outcome) = &answers[i];
+        assert!(*created);
+        assert_eq!(outcome, &Some(GrantOutcome::Refused(refusal)), "submit {i}");
+        let read = store.get_task(task.id).await.unwrap();
+        assert_eq!((read.state, read.lease_id), (TaskState::Queued, None));
+    }
+    let (again, created, outcome) = &answers[4];
+    assert!(!*created && outcome.is_none());
+    assert_eq!(again.id, answers[0].0.id);
+    let (plain, created, outcome) = &answers[5];
+    assert!(*created && outcome.is_none());
+    assert_eq!(plain.state, TaskState::Queued);
+    assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 2);
+}
 
 /// A task submitted by a release that wrote its `submitted` row: the row
 /// is read, not a second entry beside it, and what follows is numbered

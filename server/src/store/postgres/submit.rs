@@ -1,5 +1,5 @@
 //! PostgreSQL's submit: a batch of submits in one round trip, the function
-//! of migration 0018 called once with one array per column, autocommitted;
+//! of migration 0019 called once with one array per column, autocommitted;
 //! a batch with keyed tasks in a transaction that first takes their
 //! queues' fair locks and reads each key's place.
 
@@ -19,11 +19,12 @@ use crate::store::sql::{fair, tasks};
 use switchyard_core::resources::Claim;
 
 /// One batch of submits in one round trip, autocommitted: the function of
-/// migration 0018 locks the reserved agents, then inserts the tasks and the
-/// leases of those leased on the way in. A task's `submitted` entry is
-/// implied by its row (`history::SUBMITTED`). A task is leased if its
-/// reserved agent's live leases plus the batch's earlier grants to it leave
-/// room; it is then inserted LEASED with its lease and a `leased` entry
+/// migration 0019 locks the reserved agents, then inserts the tasks and the
+/// leases of those leased on the way in (one task by a statement of its
+/// own, whose plan PostgreSQL keeps whatever the fleet's size). A task's
+/// `submitted` entry is implied by its row (`history::SUBMITTED`). A task
+/// is leased if its reserved agent's live leases plus the batch's earlier
+/// grants to it leave room; it is then inserted LEASED with its lease and a `leased` entry
 /// after the submit, and it is announced as changed, not queued. A task
 /// whose idempotency key is taken is not inserted.
 const SUBMIT_BATCH: &str = "SELECT id, leased, known FROM switchyard_submit_tasks($1::uuid[], \
