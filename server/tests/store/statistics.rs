@@ -101,6 +101,57 @@ async fn a_table_that_grew_is_analyzed_without_autovacuum() {
     fx.finish().await;
 }
 
+/// `leases` is counted once it reaches 64 pages if the planner never
+/// counted it, far below the 1,024 at which the keeper takes the other
+/// tables: a small fleet's leases may never reach those, and the plans its
+/// report batches kept from when the table held a few hundred uncounted
+/// rows read all of it.
+#[tokio::test]
+async fn leases_are_counted_once_early() {
+    let fx = Fixture::postgres().await;
+    let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
+    sqlx::query("ALTER TABLE leases SET (autovacuum_enabled = false)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let (_, before) = counted(&mut conn, "leases").await;
+    let fleet = agents(fx.store.as_ref(), "ns", 10, 1_000).await;
+    let mut grown = 0;
+    for round in 0..20 {
+        let batch: Vec<Submission> = (0..500)
+            .map(|i| Submission {
+                task: task("ns", 0, 3),
+                agent_id: Some(fleet[(round * 500 + i) % fleet.len()]),
+            })
+            .collect();
+        for done in fx.store.submit_many(&batch, T0).await.unwrap() {
+            assert!(done.unwrap().2.is_some());
+        }
+        grown = pages(&mut conn, "leases").await;
+        if grown > 80 {
+            break;
+        }
+    }
+    assert!((80..1_024).contains(&grown), "leases take {grown} pages");
+
+    // The keeper looks every 2 s; bounded, so a store without it fails.
+    let (relpages, times) = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let (relpages, times) = counted(&mut conn, "leases").await;
+            if relpages > 0 && times > before {
+                return (relpages, times);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("leases counted within 20 s");
+    assert!((64..=grown).contains(&i64::from(relpages)), "{relpages}");
+    assert_eq!(times, before + 1);
+    conn.close().await.unwrap();
+    fx.finish().await;
+}
+
 /// The planner has statistics for the start deadline's expression over the
 /// whole table: its partial index is empty while no task has a start
 /// timeout, and without them the planner guessed a third of the table for

@@ -10,7 +10,9 @@
 //! the size the planner last counted (and [`MIN_PAGES`] at least), and
 //! analyzes those, skipping one another session holds: the counts are
 //! then true within a factor of two, every connection plans again, and a
-//! table is analyzed only as often as it doubles.
+//! table is analyzed only as often as it doubles. `leases`, which every
+//! report batch reads by key, is also counted once at
+//! [`LEASES_FIRST_PAGES`] if the planner never counted it.
 
 use std::time::Duration;
 
@@ -20,23 +22,33 @@ use sqlx::postgres::PgPool;
 pub(super) const CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// Tables smaller than this (pages of 8 KiB: 8 MiB) are left to
-/// autovacuum. Analyzing invalidates every connection's plans, and each
-/// statement is planned afresh for its next five runs: analyzing from 64
+/// autovacuum, but for `leases`' first count ([`LEASES_FIRST_PAGES`]).
+/// Analyzing invalidates every connection's plans, and each statement is
+/// planned afresh for its next five runs: analyzing every table from 64
 /// pages on raised the latency run's p99 from 9.5 to 12.8 ms (medians of
-/// six), while the plans it saves cost little on tables this small. The
-/// cost is `leases`' statistics themselves: with them, PostgreSQL plans a
-/// one-task submit's statement afresh on every call instead of keeping
-/// one plan (`BENCHMARKS.md`, "`leases` analyzed early").
+/// six), while the plans it saves cost little on most tables this small.
 const MIN_PAGES: i64 = 1_024;
 
+/// `leases` is counted once when it reaches this size (64 pages: 512 KiB)
+/// if the planner never counted it, then as the other tables. Every report
+/// batch reads it by lease id and writes it, in statements each connection
+/// keeps one plan for: plans chosen while it held a few hundred uncounted
+/// rows (a sequential scan of it; a hash join over all of it) stayed in use
+/// while it grew towards [`MIN_PAGES`], which a small fleet's leases may
+/// never reach, and its report batches slowed as it grew. The plans chosen
+/// once it is counted look leases up by key, and stay right as it grows.
+const LEASES_FIRST_PAGES: i64 = 64;
+
 /// Switchyard's tables (those in the schema of `tasks`) at least twice
-/// the size (pages) the planner last counted, and [`MIN_PAGES`] at least;
-/// quoted for `ANALYZE`.
+/// the size (pages) the planner last counted, and [`MIN_PAGES`] at least,
+/// and `leases` never counted and [`LEASES_FIRST_PAGES`] at least; quoted
+/// for `ANALYZE`.
 const GROWN: &str = "SELECT quote_ident(c.relname) FROM pg_class c \
     WHERE c.relkind = 'r' \
     AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = to_regclass('tasks')) \
     AND pg_relation_size(c.oid) / current_setting('block_size')::int8 \
-        >= GREATEST(2 * c.relpages::int8, $1) \
+        >= CASE WHEN c.relname = 'leases' AND c.relpages = 0 THEN $2 \
+            ELSE GREATEST(2 * c.relpages::int8, $1) END \
     ORDER BY c.relname";
 
 /// Analyzes the tables that grew (see the module doc); answers their
@@ -44,6 +56,7 @@ const GROWN: &str = "SELECT quote_ident(c.relname) FROM pg_class c \
 pub(super) async fn analyze_grown(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
     let grown: Vec<String> = sqlx::query_scalar(GROWN)
         .bind(MIN_PAGES)
+        .bind(LEASES_FIRST_PAGES)
         .fetch_all(pool)
         .await?;
     if !grown.is_empty() {
