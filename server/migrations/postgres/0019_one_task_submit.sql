@@ -2,10 +2,11 @@
 -- (`$12[1]`, not the arrays joined by `UNNEST`), otherwise the same as the
 -- batch's statement of migration 0018 for one task. PL/pgSQL keeps a plan
 -- per statement and connection, and for the batch's statement PostgreSQL
--- estimates ten elements an array in the plan it would keep: once `leases`
--- has statistics (autovacuum analyzes it after 10% of it changed), that
--- plan's cost is far above a one-task call's own plans, so every one-task
--- submit was planned afresh, which took longer than running it. The
+-- estimates ten elements an array in the plan it would keep: on a fleet of
+-- about a thousand agents whose live leases it has counted (autovacuum
+-- analyzes `leases` after 10% of it changed), that plan's cost is far
+-- above a one-task call's own plans, so every one-task submit was planned
+-- afresh, which took longer than running it. The
 -- one-task statement's plans are the same whatever the values, so the
 -- plan kept is the right one. Batches go on as before.
 --
