@@ -22,14 +22,10 @@ CREATE OR REPLACE FUNCTION switchyard_submit_tasks(
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 BEGIN
-    IF cardinality($12) = 1 THEN
+    IF cardinality($1) = 1 THEN
         IF $12[1] IS NOT NULL THEN
             PERFORM 1 FROM agents a WHERE a.id = $12[1] FOR UPDATE;
         END IF;
-    ELSE
-        PERFORM 1 FROM agents a WHERE a.id = ANY($12) ORDER BY a.id FOR UPDATE;
-    END IF;
-    IF cardinality($1) = 1 THEN
         RETURN QUERY
         WITH live AS (
             SELECT COALESCE(SUM(l.slots), 0) AS n FROM leases l
@@ -67,6 +63,7 @@ BEGIN
         SELECT ins.id, ins.leased, p.known FROM ins, plan p;
         RETURN;
     END IF;
+    PERFORM 1 FROM agents a WHERE a.id = ANY($12) ORDER BY a.id FOR UPDATE;
     RETURN QUERY
     WITH s AS (
         SELECT * FROM UNNEST($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)

@@ -272,10 +272,8 @@ async fn a_one_task_submit_keeps_its_plan_on_a_large_fleet() {
             .fetch_one(&mut conn)
             .await
             .unwrap();
-    let start = source
-        .find("RETURN QUERY")
-        .expect("the function returns a query")
-        + 12;
+    let returned = "RETURN QUERY";
+    let start = source.find(returned).expect("the function returns a query") + returned.len();
     let end = start + source[start..].find(';').expect("the statement ends");
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "PREPARE one_task({SUBMIT_TYPES}) AS {}",
