@@ -314,3 +314,119 @@ async fn a_one_task_submit_keeps_its_plan_on_a_large_fleet() {
     conn.close().await.unwrap();
     fx.finish().await;
 }
+
+/// A batch submit runs a statement PostgreSQL plans once per connection,
+/// not for its calls: the submit function carries the setting that keeps
+/// one plan for each of its statements (`plan_cache_mode`, migration
+/// 0020). Without it PostgreSQL planned the batch's statement afresh for
+/// its first five runs on every connection and again whenever the plan it
+/// kept cost more than the calls' own, about 1.8 ms a plan. The batch's
+/// statement (the last the function returns) is prepared from the
+/// function's own source, with the function's settings applied as a call
+/// applies them, and run eight times on batches of 2 to 40 tasks, some
+/// reserved for agents with live leases; PostgreSQL counts the plans it
+/// made.
+#[tokio::test]
+async fn a_batch_submit_is_planned_once_per_connection() {
+    let fx = Fixture::postgres().await;
+    let fleet = agents(fx.store.as_ref(), "ns", 50, 4).await;
+    let leased: Vec<Submission> = fleet
+        .iter()
+        .map(|agent| Submission {
+            task: task("ns", 0, 3),
+            agent_id: Some(*agent),
+        })
+        .collect();
+    for done in fx.store.submit_many(&leased, T0).await.unwrap() {
+        assert!(done.unwrap().2.is_some());
+    }
+    let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
+    sqlx::query("ANALYZE leases, tasks, agents")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+    let (source, settings): (String, Option<Vec<String>>) = sqlx::query_as(
+        "SELECT prosrc, proconfig FROM pg_proc WHERE proname = 'switchyard_submit_tasks'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    for setting in settings.unwrap_or_default() {
+        let (name, value) = setting.split_once('=').expect("a setting is name=value");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET {name} = '{value}'")))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let returned = "RETURN QUERY";
+    let start = source
+        .rfind(returned)
+        .expect("the function returns a query")
+        + returned.len();
+    let end = start + source[start..].find(';').expect("the statement ends");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "PREPARE batch({SUBMIT_TYPES}) AS {}",
+        &source[start..end]
+    )))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    for (call, size) in [2usize, 15, 40, 3, 15, 2, 40, 8].into_iter().enumerate() {
+        // Every other call reserves its tasks for agents of the fleet.
+        let agent = |i: usize| match call % 2 {
+            0 => "NULL".to_owned(),
+            _ => format!("'{}'", fleet[(call + i) % fleet.len()]),
+        };
+        let column = |value: &dyn Fn(usize) -> String, ty: &str| {
+            let values: Vec<String> = (0..size).map(value).collect();
+            format!("ARRAY[{}]::{ty}[]", values.join(", "))
+        };
+        let new_id = |_: usize| format!("'{}'", Uuid::now_v7());
+        let execute = format!(
+            "EXECUTE batch({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, \
+             {}, {}, {}, {}, {T0})",
+            column(&new_id, "uuid"),
+            column(&|_| "'ns'".to_owned(), "text"),
+            column(&|_| "'k'".to_owned(), "text"),
+            column(&|_| "'null'".to_owned(), "text"),
+            column(&|_| "'{}'".to_owned(), "text"),
+            column(&|_| "0".to_owned(), "int4"),
+            column(&|_| "3".to_owned(), "int8"),
+            column(&|_| "60000".to_owned(), "int8"),
+            column(&|_| "NULL".to_owned(), "text"),
+            column(&|_| "0".to_owned(), "int8"),
+            column(&|_| "'{}'".to_owned(), "text"),
+            column(&agent, "uuid"),
+            column(&new_id, "uuid"),
+            column(&|_| "NULL".to_owned(), "text"),
+            column(&|_| "NULL".to_owned(), "int8"),
+            column(&|_| "NULL".to_owned(), "int8"),
+            column(&|_| "NULL".to_owned(), "int8"),
+            column(&|_| "NULL".to_owned(), "text"),
+            column(&|_| "NULL".to_owned(), "int8"),
+            column(&|_| "0".to_owned(), "int8"),
+            column(&|_| "NULL".to_owned(), "text"),
+        );
+        let inserted = sqlx::raw_sql(sqlx::AssertSqlSafe(execute))
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(inserted.len(), size, "every task of a call inserted");
+    }
+    tx.rollback().await.unwrap();
+    let (generic, custom): (i64, i64) = sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'batch'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        (generic, custom),
+        (8, 0),
+        "plans of a batch submit: {generic} kept, {custom} made for one call"
+    );
+    conn.close().await.unwrap();
+    fx.finish().await;
+}
