@@ -3,10 +3,10 @@
 -- keeps a plan per statement and connection, but PostgreSQL plans a
 -- statement afresh for its first five runs and then keeps a plan only
 -- while it costs no more than theirs. The batch's statement (`UNNEST` of
--- the call's arrays) takes about 1.8 ms to plan, as long as a batch of
--- fifteen takes to run, and a live run of 60,000 tasks on 50 agents
--- planned one call in four afresh (`pg_stat_statements`: 0.016 plans a
--- task over 0.060 calls).
+-- the call's arrays) takes as long to plan as a batch of fifteen takes to
+-- run, and a live run planned about one call in four afresh (BENCHMARKS.md,
+-- "Side by side: the submit function keeps one plan for each of its
+-- statements").
 -- The kept plan reads live leases by the partial index and runs a batch of
 -- 15 or of 1,000 tasks in the time a call's own plan does.
 --

@@ -320,12 +320,12 @@ async fn a_one_task_submit_keeps_its_plan_on_a_large_fleet() {
 /// one plan for each of its statements (`plan_cache_mode`, migration
 /// 0020). Without it PostgreSQL planned the batch's statement afresh for
 /// its first five runs on every connection and again whenever the plan it
-/// kept cost more than the calls' own, about 1.8 ms a plan. The batch's
-/// statement (the last the function returns) is prepared from the
-/// function's own source, with the function's settings applied as a call
-/// applies them, and run eight times on batches of 2 to 40 tasks, some
-/// reserved for agents with live leases; PostgreSQL counts the plans it
-/// made.
+/// kept cost more than the calls' own, each plan as long as a batch's run.
+/// The batch's statement (the last the function returns) is prepared from
+/// the function's own source, with the function's settings applied as a
+/// call applies them, and run eight times on batches of 2 to 40 tasks,
+/// some reserved for agents with live leases; PostgreSQL counts the plans
+/// it made.
 #[tokio::test]
 async fn a_batch_submit_is_planned_once_per_connection() {
     let fx = Fixture::postgres().await;
