@@ -21,14 +21,13 @@ use switchyard_core::resources::Claim;
 /// One batch of submits in one round trip, autocommitted: the function of
 /// migration 0019 locks the reserved agents, then inserts the tasks and the
 /// leases of those leased on the way in (one task by a statement of its
-/// own, whose plan PostgreSQL keeps whatever the fleet's size); migration
-/// 0020 has PostgreSQL keep one plan for each of its statements rather
-/// than plan a call's own. A task's
-/// `submitted` entry is implied by its row (`history::SUBMITTED`). A task
-/// is leased if its reserved agent's live leases plus the batch's earlier
-/// grants to it leave room; it is then inserted LEASED with its lease and a `leased` entry
-/// after the submit, and it is announced as changed, not queued. A task
-/// whose idempotency key is taken is not inserted.
+/// own); migration 0020 has PostgreSQL keep one plan for each of its
+/// statements rather than plan a call's own. A task's `submitted` entry is
+/// implied by its row (`history::SUBMITTED`). A task is leased if its
+/// reserved agent's live leases plus the batch's earlier grants to it
+/// leave room; it is then inserted LEASED with its lease and a `leased`
+/// entry after the submit, and it is announced as changed, not queued. A
+/// task whose idempotency key is taken is not inserted.
 const SUBMIT_BATCH: &str = "SELECT id, leased, known FROM switchyard_submit_tasks($1::uuid[], \
   $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::int8[], \
   $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::text[], $15::int8[], $16::int8[], $17::int8[], $18::text[], $19::int8[], \

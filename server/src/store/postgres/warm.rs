@@ -2,8 +2,9 @@
 //! compiling the submit function, cold catalog caches, the prepare round
 //! trip and planning afresh, so a freshly started replica's first grants
 //! and submits were slow. Each new connection prepares the statements every
-//! task goes through, runs each on no rows, and runs [`WARM_RUNS`] one-task
-//! submits that it rolls back: nothing is left behind.
+//! task goes through, runs each on no rows, and runs a one-task submit
+//! that it rolls back: nothing is left behind. One is enough: the submit
+//! function keeps the plan its first run makes (migration 0020).
 
 use sqlx::postgres::PgPool;
 use uuid::Uuid;
@@ -16,12 +17,6 @@ use crate::store::plan::db;
 /// Connections the pool opens as soon as the store opens, and keeps.
 pub(super) const WARM_CONNECTIONS: u32 = 8;
 
-/// How many rolled-back submits warm a new connection: one, since the
-/// submit function keeps the plan its first run makes (migration 0020).
-/// (Six, while PostgreSQL planned its statements afresh for five runs
-/// before it chose a plan to keep.)
-const WARM_RUNS: usize = 1;
-
 /// Readies one connection (see the module doc).
 pub(super) async fn connection(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
     let no_ids: Vec<Uuid> = Vec::new();
@@ -30,13 +25,7 @@ pub(super) async fn connection(conn: &mut sqlx::PgConnection) -> Result<(), sqlx
         .await?;
     let rows = SubmitRows::warm_up();
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-    for _ in 0..WARM_RUNS {
-        sqlx::query("SAVEPOINT warm").execute(&mut *tx).await?;
-        submit_query(&rows, 0).fetch_all(&mut *tx).await?;
-        sqlx::query("ROLLBACK TO SAVEPOINT warm")
-            .execute(&mut *tx)
-            .await?;
-    }
+    submit_query(&rows, 0).fetch_all(&mut *tx).await?;
     tx.rollback().await?;
     sqlx::query(WHOLE_ATTEMPT_TASKS)
         .bind(&no_ids)
