@@ -234,6 +234,97 @@ const SUBMIT_TYPES: &str = "uuid[], text[], text[], text[], text[], int4[], int8
     text[], int8[], text[], uuid[], uuid[], text[], int8[], int8[], int8[], text[], int8[], \
     int8[], text[], int8";
 
+/// Which of the submit function's statements to prepare: the first it
+/// returns (a one-task call's) or the last (a batch's).
+enum Returned {
+    First,
+    Last,
+}
+
+/// Prepares, as `name`, a statement of the submit function's body, read
+/// from the function's own source in the database.
+async fn prepare_submit_statement(conn: &mut sqlx::PgConnection, name: &str, which: Returned) {
+    let source: String =
+        sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = 'switchyard_submit_tasks'")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    let returned = "RETURN QUERY";
+    let at = match which {
+        Returned::First => source.find(returned),
+        Returned::Last => source.rfind(returned),
+    };
+    let start = at.expect("the function returns a query") + returned.len();
+    let end = start + source[start..].find(';').expect("the statement ends");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "PREPARE {name}({SUBMIT_TYPES}) AS {}",
+        &source[start..end]
+    )))
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+/// Runs `calls` of the statement prepared as `name`, each of as many tasks
+/// as `agents` holds (each reserved for its agent, an SQL uuid literal or
+/// `NULL`), in a transaction rolled back; each inserts all its tasks.
+async fn run_submit_calls(conn: &mut sqlx::PgConnection, name: &str, calls: &[Vec<String>]) {
+    let mut tx = conn.begin().await.unwrap();
+    for agents in calls {
+        let column = |value: &dyn Fn(usize) -> String, ty: &str| {
+            let values: Vec<String> = (0..agents.len()).map(value).collect();
+            format!("ARRAY[{}]::{ty}[]", values.join(", "))
+        };
+        let same = |value: &'static str, ty: &str| column(&|_| value.to_owned(), ty);
+        let new_id = |_: usize| format!("'{}'", Uuid::now_v7());
+        let execute = format!(
+            "EXECUTE {name}({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, \
+             {}, {}, {}, {}, {T0})",
+            column(&new_id, "uuid"),
+            same("'ns'", "text"),
+            same("'k'", "text"),
+            same("'null'", "text"),
+            same("'{}'", "text"),
+            same("0", "int4"),
+            same("3", "int8"),
+            same("60000", "int8"),
+            same("NULL", "text"),
+            same("0", "int8"),
+            same("'{}'", "text"),
+            column(&|i| agents[i].clone(), "uuid"),
+            column(&new_id, "uuid"),
+            same("NULL", "text"),
+            same("NULL", "int8"),
+            same("NULL", "int8"),
+            same("NULL", "int8"),
+            same("NULL", "text"),
+            same("NULL", "int8"),
+            same("0", "int8"),
+            same("NULL", "text"),
+        );
+        let inserted = sqlx::raw_sql(sqlx::AssertSqlSafe(execute))
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(
+            inserted.len(),
+            agents.len(),
+            "every task of a call inserted"
+        );
+    }
+    tx.rollback().await.unwrap();
+}
+
+/// `(kept, made for one call)`: the generic and the custom plans
+/// PostgreSQL made for the statement prepared as `name`.
+async fn plans(conn: &mut sqlx::PgConnection, name: &str) -> (i64, i64) {
+    sqlx::query_as("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = $1")
+        .bind(name)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
 /// A one-task submit runs a statement whose plan PostgreSQL keeps, on a
 /// fleet of 1,000 agents whose live leases the planner has counted (as
 /// autovacuum counts them in a deployment). The batch's statement, which
@@ -241,8 +332,9 @@ const SUBMIT_TYPES: &str = "uuid[], text[], text[], text[], text[], int4[], int8
 /// ten agents' and ten live-lease lookups, far above a one-task call's
 /// own plans here, so PostgreSQL planned it afresh on every call, which
 /// took longer than running it. The statement a one-task call runs (the
-/// first the function returns) is prepared from the function's own source
-/// and run eight times; PostgreSQL counts the plans it made.
+/// first the function returns) is prepared from the function's own source,
+/// without the function's settings (its own plans are kept even so), and
+/// run eight times; PostgreSQL counts the plans it made.
 #[tokio::test]
 async fn a_one_task_submit_keeps_its_plan_on_a_large_fleet() {
     let fx = Fixture::postgres().await;
@@ -267,43 +359,14 @@ async fn a_one_task_submit_keeps_its_plan_on_a_large_fleet() {
         .await
         .unwrap();
 
-    let source: String =
-        sqlx::query_scalar("SELECT prosrc FROM pg_proc WHERE proname = 'switchyard_submit_tasks'")
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
-    let returned = "RETURN QUERY";
-    let start = source.find(returned).expect("the function returns a query") + returned.len();
-    let end = start + source[start..].find(';').expect("the statement ends");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "PREPARE one_task({SUBMIT_TYPES}) AS {}",
-        &source[start..end]
-    )))
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    let mut tx = conn.begin().await.unwrap();
-    for agent in fleet.iter().take(8) {
-        let (task_id, lease_id) = (Uuid::now_v7(), Uuid::now_v7());
-        let call = format!(
-            "EXECUTE one_task(ARRAY['{task_id}'::uuid], ARRAY['ns'], ARRAY['k'], ARRAY['null'], \
-             ARRAY['{{}}'], ARRAY[0], ARRAY[3::int8], ARRAY[60000::int8], ARRAY[NULL::text], \
-             ARRAY[0::int8], ARRAY['{{}}'], ARRAY['{agent}'::uuid], ARRAY['{lease_id}'::uuid], \
-             ARRAY[NULL::text], ARRAY[NULL::int8], ARRAY[NULL::int8], ARRAY[NULL::int8], \
-             ARRAY[NULL::text], ARRAY[NULL::int8], ARRAY[0::int8], ARRAY[NULL::text], {T0})"
-        );
-        sqlx::raw_sql(sqlx::AssertSqlSafe(call))
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-    }
-    tx.rollback().await.unwrap();
-    let (generic, custom): (i64, i64) = sqlx::query_as(
-        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'one_task'",
-    )
-    .fetch_one(&mut conn)
-    .await
-    .unwrap();
+    prepare_submit_statement(&mut conn, "one_task", Returned::First).await;
+    let calls: Vec<Vec<String>> = fleet
+        .iter()
+        .take(8)
+        .map(|agent| vec![format!("'{agent}'")])
+        .collect();
+    run_submit_calls(&mut conn, "one_task", &calls).await;
+    let (generic, custom) = plans(&mut conn, "one_task").await;
     // PostgreSQL plans a statement afresh for its first five runs, then
     // keeps one plan if it costs no more than theirs.
     assert_eq!(
@@ -346,8 +409,8 @@ async fn a_batch_submit_is_planned_once_per_connection() {
         .await
         .unwrap();
 
-    let (source, settings): (String, Option<Vec<String>>) = sqlx::query_as(
-        "SELECT prosrc, proconfig FROM pg_proc WHERE proname = 'switchyard_submit_tasks'",
+    let settings: Option<Vec<String>> = sqlx::query_scalar(
+        "SELECT proconfig FROM pg_proc WHERE proname = 'switchyard_submit_tasks'",
     )
     .fetch_one(&mut conn)
     .await
@@ -359,69 +422,22 @@ async fn a_batch_submit_is_planned_once_per_connection() {
             .await
             .unwrap();
     }
-    let returned = "RETURN QUERY";
-    let start = source
-        .rfind(returned)
-        .expect("the function returns a query")
-        + returned.len();
-    let end = start + source[start..].find(';').expect("the statement ends");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "PREPARE batch({SUBMIT_TYPES}) AS {}",
-        &source[start..end]
-    )))
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    let mut tx = conn.begin().await.unwrap();
-    for (call, size) in [2usize, 15, 40, 3, 15, 2, 40, 8].into_iter().enumerate() {
-        // Every other call reserves its tasks for agents of the fleet.
-        let agent = |i: usize| match call % 2 {
-            0 => "NULL".to_owned(),
-            _ => format!("'{}'", fleet[(call + i) % fleet.len()]),
-        };
-        let column = |value: &dyn Fn(usize) -> String, ty: &str| {
-            let values: Vec<String> = (0..size).map(value).collect();
-            format!("ARRAY[{}]::{ty}[]", values.join(", "))
-        };
-        let new_id = |_: usize| format!("'{}'", Uuid::now_v7());
-        let execute = format!(
-            "EXECUTE batch({}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, \
-             {}, {}, {}, {}, {T0})",
-            column(&new_id, "uuid"),
-            column(&|_| "'ns'".to_owned(), "text"),
-            column(&|_| "'k'".to_owned(), "text"),
-            column(&|_| "'null'".to_owned(), "text"),
-            column(&|_| "'{}'".to_owned(), "text"),
-            column(&|_| "0".to_owned(), "int4"),
-            column(&|_| "3".to_owned(), "int8"),
-            column(&|_| "60000".to_owned(), "int8"),
-            column(&|_| "NULL".to_owned(), "text"),
-            column(&|_| "0".to_owned(), "int8"),
-            column(&|_| "'{}'".to_owned(), "text"),
-            column(&agent, "uuid"),
-            column(&new_id, "uuid"),
-            column(&|_| "NULL".to_owned(), "text"),
-            column(&|_| "NULL".to_owned(), "int8"),
-            column(&|_| "NULL".to_owned(), "int8"),
-            column(&|_| "NULL".to_owned(), "int8"),
-            column(&|_| "NULL".to_owned(), "text"),
-            column(&|_| "NULL".to_owned(), "int8"),
-            column(&|_| "0".to_owned(), "int8"),
-            column(&|_| "NULL".to_owned(), "text"),
-        );
-        let inserted = sqlx::raw_sql(sqlx::AssertSqlSafe(execute))
-            .fetch_all(&mut *tx)
-            .await
-            .unwrap();
-        assert_eq!(inserted.len(), size, "every task of a call inserted");
-    }
-    tx.rollback().await.unwrap();
-    let (generic, custom): (i64, i64) = sqlx::query_as(
-        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'batch'",
-    )
-    .fetch_one(&mut conn)
-    .await
-    .unwrap();
+    prepare_submit_statement(&mut conn, "batch", Returned::Last).await;
+    // Every other call reserves its tasks for agents of the fleet.
+    let calls: Vec<Vec<String>> = [2usize, 15, 40, 3, 15, 2, 40, 8]
+        .into_iter()
+        .enumerate()
+        .map(|(call, size)| {
+            (0..size)
+                .map(|i| match call % 2 {
+                    0 => "NULL".to_owned(),
+                    _ => format!("'{}'", fleet[(call + i) % fleet.len()]),
+                })
+                .collect()
+        })
+        .collect();
+    run_submit_calls(&mut conn, "batch", &calls).await;
+    let (generic, custom) = plans(&mut conn, "batch").await;
     assert_eq!(
         (generic, custom),
         (8, 0),
