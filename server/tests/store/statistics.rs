@@ -2,16 +2,31 @@
 //! that double, rather than leave each connection planning with the sizes
 //! autovacuum last counted (it looks about once a minute, and a plan made
 //! while `leases` was small once scanned the whole table for every report
-//! batch). SQLite plans without sizes.
+//! batch); its connections price a page read out of order as memory does,
+//! unless a price is set already; and the submit function's statements keep
+//! their plans. SQLite plans without sizes.
 
 use std::time::Duration;
 
 use serde_json::json;
 use sqlx::Connection;
-use switchyard_server::model::Submission;
+use switchyard_server::model::{
+    CompletionOutcome, GrantOutcome, LeaseRecord, LeaseReport, ReportKind, Submission,
+};
 use uuid::Uuid;
 
 use crate::common::{Fixture, T0, agents, task};
+
+/// The `round`th batch of `size` submits, each reserved for the next
+/// agent of `fleet` in turn.
+fn reserved(fleet: &[Uuid], round: usize, size: usize) -> Vec<Submission> {
+    (0..size)
+        .map(|i| Submission {
+            task: task("ns", 0, 3),
+            agent_id: Some(fleet[(round * size + i) % fleet.len()]),
+        })
+        .collect()
+}
 
 /// `(relpages, times analyzed)` of `table`, as the catalog says.
 async fn counted(conn: &mut sqlx::PgConnection, table: &str) -> (i32, i64) {
@@ -118,12 +133,7 @@ async fn leases_are_counted_once_early() {
     let fleet = agents(fx.store.as_ref(), "ns", 10, 1_000).await;
     let mut grown = 0;
     for round in 0..20 {
-        let batch: Vec<Submission> = (0..500)
-            .map(|i| Submission {
-                task: task("ns", 0, 3),
-                agent_id: Some(fleet[(round * 500 + i) % fleet.len()]),
-            })
-            .collect();
+        let batch = reserved(&fleet, round, 500);
         for done in fx.store.submit_many(&batch, T0).await.unwrap() {
             assert!(done.unwrap().2.is_some());
         }
@@ -445,4 +455,144 @@ async fn a_batch_submit_is_planned_once_per_connection() {
     );
     conn.close().await.unwrap();
     fx.finish().await;
+}
+
+/// `(rows read by sequential scans, rows updated)` of `leases`, as the
+/// statistics have them: each backend sends its counts when it exits at the
+/// latest, so the store is closed first (and opened again).
+async fn leases_read_and_updated(fx: &mut Fixture, conn: &mut sqlx::PgConnection) -> (i64, i64) {
+    fx.reopen().await;
+    sqlx::query_as(
+        "SELECT COALESCE(seq_tup_read, 0), n_tup_upd FROM pg_stat_user_tables \
+         WHERE relname = 'leases'",
+    )
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+/// The reports of `leases`, each `kinds` in turn.
+fn reports(leases: &[LeaseRecord], kinds: &[fn() -> ReportKind]) -> Vec<LeaseReport> {
+    leases
+        .iter()
+        .flat_map(|lease| {
+            kinds.iter().map(|kind| LeaseReport {
+                lease_id: lease.id,
+                task_id: lease.task_id,
+                agent_id: lease.agent_id,
+                fencing_token: lease.fencing_token,
+                kind: kind(),
+            })
+        })
+        .collect()
+}
+
+fn succeeded() -> ReportKind {
+    ReportKind::Final(CompletionOutcome::Succeeded { result: json!({}) })
+}
+
+/// Runs 12,000 leases' reports through the store, 400 of them (200 whole
+/// attempts, 200 ends of attempts reported started earlier) in one batch
+/// measured on its own; answers the rows of `leases` that batch read by
+/// sequential scans. With `price`, the database sets the planner's price
+/// of a page read out of order (`random_page_cost`) first.
+async fn rows_a_report_batch_reads(price: Option<&str>) -> i64 {
+    let mut fx = Fixture::postgres().await;
+    let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
+    if let Some(price) = price {
+        let database: String = sqlx::query_scalar("SELECT current_database()")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        let set = format!("ALTER DATABASE \"{database}\" SET random_page_cost = {price}");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(set))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        fx.reopen().await;
+    }
+    let fleet = agents(fx.store.as_ref(), "ns", 20, 1_000).await;
+    let mut leases = Vec::new();
+    for round in 0..24 {
+        let batch = reserved(&fleet, round, 500);
+        for done in fx.store.submit_many(&batch, T0).await.unwrap() {
+            match done.unwrap().2 {
+                Some(GrantOutcome::Granted(lease)) => leases.push(lease),
+                other => panic!("a reserved submit was not leased: {other:?}"),
+            }
+        }
+    }
+    let whole: [fn() -> ReportKind; 3] =
+        [|| ReportKind::Accepted, || ReportKind::Started, succeeded];
+    let (measured, earlier) = leases.split_at(400);
+    let (at_once, in_two) = measured.split_at(200);
+    for chunk in earlier.chunks(200) {
+        fx.store
+            .apply_reports(&reports(chunk, &whole), T0 + 10)
+            .await
+            .unwrap();
+    }
+    fx.store
+        .apply_reports(&reports(in_two, &whole[..2]), T0 + 10)
+        .await
+        .unwrap();
+    sqlx::query("ANALYZE leases")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let (read_before, updated_before) = leases_read_and_updated(&mut fx, &mut conn).await;
+
+    let mut batch = reports(at_once, &whole);
+    batch.extend(reports(in_two, &[succeeded]));
+    let applied = fx.store.apply_reports(&batch, T0 + 20).await.unwrap();
+    assert_eq!(
+        applied.iter().filter(|r| r.as_ref().unwrap().ended).count(),
+        400
+    );
+
+    // Bounded, so that counts never sent fail the test rather than hang it.
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let (read, updated) = leases_read_and_updated(&mut fx, &mut conn).await;
+            if updated >= updated_before + 400 {
+                return read - read_before;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the batch's counts sent within 20 s");
+    conn.close().await.unwrap();
+    fx.finish().await;
+    read
+}
+
+/// A report batch ends its leases by their keys, whatever the size of
+/// `leases`, which keeps every lease ever held: at PostgreSQL's default
+/// price of a page read out of order, the planner preferred one pass over
+/// all 12,000 leases to two hundred lookups, for the batch's whole
+/// attempts and again for its ends of attempts reported started earlier,
+/// and the pass grew with every lease until the table was large enough
+/// for the lookups to cost less. The store's connections price such a
+/// page as one in memory costs.
+#[tokio::test]
+async fn a_report_batch_reads_only_the_leases_it_ends() {
+    let read = rows_a_report_batch_reads(None).await;
+    assert!(
+        read < 1_000,
+        "a batch ending 400 of 12,000 leases read {read} by sequential scans"
+    );
+}
+
+/// A price of a page read out of order that the database sets (or the
+/// role, the server's configuration, the connection's options) is left as
+/// it is: at PostgreSQL's default, set on purpose, the batch reads the
+/// whole table as before.
+#[tokio::test]
+async fn a_price_of_pages_the_database_sets_is_kept() {
+    let read = rows_a_report_batch_reads(Some("4")).await;
+    assert!(
+        read >= 12_000,
+        "a batch read {read} rows by sequential scans"
+    );
 }

@@ -1,10 +1,22 @@
-//! Connection warm-up. A new backend's first runs of a statement pay for
-//! compiling the submit function, cold catalog caches, the prepare round
-//! trip and planning afresh, so a freshly started replica's first grants
-//! and submits were slow. Each new connection prepares the statements every
-//! task goes through, runs each on no rows, and runs a one-task submit
-//! that it rolls back: nothing is left behind. One is enough: the submit
-//! function keeps the plan its first run makes (migration 0020).
+//! Connection set-up: the planner's price of a page, then warm-up.
+//!
+//! PostgreSQL prices a page read out of order at four read in order
+//! (`random_page_cost`, for disks that seek); the rows the store writes
+//! and reads by key (live leases, the queue, tasks of this hour) are in
+//! memory, where the two cost the same. At the default the planner chose
+//! one pass over all of `leases`, which keeps every lease ever held, over
+//! a lookup per lease of a report batch, up to some tens of thousands of
+//! leases: a pass that grew with every task run. Each connection prices a
+//! page read out of order at [`RANDOM_PAGE_COST`] unless the database, the
+//! role or the connection set a price of its own.
+//!
+//! A new backend's first runs of a statement pay for compiling the submit
+//! function, cold catalog caches, the prepare round trip and planning
+//! afresh, so a freshly started replica's first grants and submits were
+//! slow. Each new connection prepares the statements every task goes
+//! through, runs each on no rows, and runs a one-task submit that it rolls
+//! back: nothing is left behind. One is enough: the submit function keeps
+//! the plan its first run makes (migration 0020).
 
 use sqlx::postgres::PgPool;
 use uuid::Uuid;
@@ -17,8 +29,23 @@ use crate::store::plan::db;
 /// Connections the pool opens as soon as the store opens, and keeps.
 pub(super) const WARM_CONNECTIONS: u32 = 8;
 
+/// The planner's price of a page read out of order on the store's
+/// connections, where PostgreSQL's own is its default (see the module doc):
+/// the value PostgreSQL's documentation gives for storage with no seek.
+pub(super) const RANDOM_PAGE_COST: &str = "1.1";
+
+/// Sets [`RANDOM_PAGE_COST`] for the session if the price in force is
+/// PostgreSQL's default, set by nobody (not the server's configuration,
+/// the database, the role nor the connection's options).
+const PRICE_PAGES: &str = "SELECT set_config('random_page_cost', $1, false) \
+  FROM pg_settings WHERE name = 'random_page_cost' AND source = 'default'";
+
 /// Readies one connection (see the module doc).
 pub(super) async fn connection(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query(PRICE_PAGES)
+        .bind(RANDOM_PAGE_COST)
+        .execute(&mut *conn)
+        .await?;
     let no_ids: Vec<Uuid> = Vec::new();
     submit_query(&SubmitRows::default(), 0)
         .fetch_all(&mut *conn)
