@@ -1,6 +1,6 @@
 """`bench/pgcost` on a private PostgreSQL cluster of its own, with the debug binaries: the CPU of each
-party per task in a real run, PostgreSQL's CPU per task for both shapes in plain SQL (`--shapes`), and
-a clear refusal of a batch or count below 1."""
+party per task in a real run and the plans made for its statements, PostgreSQL's CPU per task for both
+shapes in plain SQL (`--shapes`), and a clear refusal of a batch or count below 1."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def test_a_run_counts_the_cpu_of_each_party_per_task():
     cpu = figures["cpu_us_per_task"]
     assert set(cpu) == {"postgresql", "server", "rest"}
     assert cpu["postgresql"] > 0 and cpu["server"] > 0 and cpu["rest"] >= 0
+    statements = figures["statements"]
+    assert all(0 <= s["plans_per_task"] for s in statements), statements
+    assert sum(s["plans_per_task"] for s in statements) > 0, statements
 
 
 def test_shapes_measure_each_phase_of_both_shapes_without_a_server():
