@@ -7,8 +7,8 @@
 //! one pass over all of `leases`, which keeps every lease ever held, over
 //! a lookup per lease of a report batch, up to some tens of thousands of
 //! leases: a pass that grew with every task run. Each connection prices a
-//! page read out of order at [`RANDOM_PAGE_COST`] unless the database, the
-//! role or the connection set a price of its own.
+//! page read out of order at [`RANDOM_PAGE_COST`] unless PostgreSQL's
+//! configuration, the database, the role or the connection set a price.
 //!
 //! A new backend's first runs of a statement pay for compiling the submit
 //! function, cold catalog caches, the prepare round trip and planning
@@ -32,7 +32,7 @@ pub(super) const WARM_CONNECTIONS: u32 = 8;
 /// The planner's price of a page read out of order on the store's
 /// connections, where PostgreSQL's own is its default (see the module doc):
 /// the value PostgreSQL's documentation gives for storage with no seek.
-pub(super) const RANDOM_PAGE_COST: &str = "1.1";
+const RANDOM_PAGE_COST: &str = "1.1";
 
 /// Sets [`RANDOM_PAGE_COST`] for the session if the price in force is
 /// PostgreSQL's default, set by nobody (not the server's configuration,
