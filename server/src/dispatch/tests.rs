@@ -76,15 +76,10 @@ impl Fixture {
         }
     }
 
-    async fn finish(self) {
+    async fn finish(mut self) {
         self.store.close().await;
-        if let Some((admin, name)) = self.pg {
-            let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connect");
-            let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-            sqlx::query(sqlx::AssertSqlSafe(drop))
-                .execute(&mut conn)
-                .await
-                .expect("drop database");
+        if let Some((admin, name)) = self.pg.take() {
+            drop_database(&admin, &name).await;
         }
     }
 
@@ -152,6 +147,34 @@ impl Fixture {
             .note_queued_at(task.priority, task.queue_rank, task.id);
         task
     }
+}
+
+impl Drop for Fixture {
+    /// A test that panicked before [`Fixture::finish`] still drops its
+    /// database (on a thread of its own: the test's runtime is unwinding).
+    fn drop(&mut self) {
+        if let Some((admin, name)) = self.pg.take() {
+            let _ = std::thread::spawn(move || {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    rt.block_on(drop_database(&admin, &name));
+                }
+            })
+            .join();
+        }
+    }
+}
+
+/// Drops the test database `name` (its connections closed by force).
+async fn drop_database(admin: &str, name: &str) {
+    let mut conn = sqlx::PgConnection::connect(admin).await.expect("connect");
+    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+    sqlx::query(sqlx::AssertSqlSafe(drop))
+        .execute(&mut conn)
+        .await
+        .expect("drop database");
 }
 
 /// A connected agent's id and stream.
