@@ -227,6 +227,9 @@ impl SqlStore<PgBackend> {
             .min_connections(warm::WARM_CONNECTIONS)
             .after_connect(|conn, _| {
                 Box::pin(async move {
+                    if let Err(err) = warm::price_pages(conn).await {
+                        tracing::debug!(cause = %err, "a new connection kept the default price of a page");
+                    }
                     // A database not yet migrated has nothing to warm.
                     if let Err(err) = warm::connection(conn).await {
                         tracing::debug!(cause = %err, "a new connection was not warmed");

@@ -40,12 +40,18 @@ const RANDOM_PAGE_COST: &str = "1.1";
 const PRICE_PAGES: &str = "SELECT set_config('random_page_cost', $1, false) \
   FROM pg_settings WHERE name = 'random_page_cost' AND source = 'default'";
 
-/// Readies one connection (see the module doc).
-pub(super) async fn connection(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+/// Prices a page read out of order for a new connection's session (see
+/// the module doc), before anything on it is planned.
+pub(super) async fn price_pages(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
     sqlx::query(PRICE_PAGES)
         .bind(RANDOM_PAGE_COST)
-        .execute(&mut *conn)
+        .execute(conn)
         .await?;
+    Ok(())
+}
+
+/// Warms one connection (see the module doc).
+pub(super) async fn connection(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
     let no_ids: Vec<Uuid> = Vec::new();
     submit_query(&SubmitRows::default(), 0)
         .fetch_all(&mut *conn)
