@@ -349,16 +349,7 @@ async fn plans(conn: &mut sqlx::PgConnection, name: &str) -> (i64, i64) {
 async fn a_one_task_submit_keeps_its_plan_on_a_large_fleet() {
     let fx = Fixture::postgres().await;
     let fleet = agents(fx.store.as_ref(), "ns", 1_000, 2).await;
-    let leased: Vec<Submission> = fleet
-        .iter()
-        .flat_map(|agent| {
-            (0..2).map(|_| Submission {
-                task: task("ns", 0, 3),
-                agent_id: Some(*agent),
-            })
-        })
-        .collect();
-    for batch in leased.chunks(500) {
+    for batch in reserved(&fleet, 0, 2 * fleet.len()).chunks(500) {
         for done in fx.store.submit_many(batch, T0).await.unwrap() {
             assert!(done.unwrap().2.is_some());
         }
@@ -403,14 +394,12 @@ async fn a_one_task_submit_keeps_its_plan_on_a_large_fleet() {
 async fn a_batch_submit_is_planned_once_per_connection() {
     let fx = Fixture::postgres().await;
     let fleet = agents(fx.store.as_ref(), "ns", 50, 4).await;
-    let leased: Vec<Submission> = fleet
-        .iter()
-        .map(|agent| Submission {
-            task: task("ns", 0, 3),
-            agent_id: Some(*agent),
-        })
-        .collect();
-    for done in fx.store.submit_many(&leased, T0).await.unwrap() {
+    for done in fx
+        .store
+        .submit_many(&reserved(&fleet, 0, fleet.len()), T0)
+        .await
+        .unwrap()
+    {
         assert!(done.unwrap().2.is_some());
     }
     let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
