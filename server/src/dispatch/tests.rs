@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use serde_json::{Value, json};
-use sqlx::Connection;
 use switchyard_core::placement::{self, CompiledPlacement};
 use switchyard_core::selector;
 use switchyard_proto::v1::connect_response::Message as Down;
@@ -23,6 +22,7 @@ use crate::model::{
     AgentRegistration, Completion, CompletionOutcome, NewTask, QueueCursor, QueuedReason,
     ReleaseCause, Submission, TaskState,
 };
+use crate::store::test_db::TestDatabase;
 use crate::store::{self, Store};
 
 /// The start of the tests' clock.
@@ -34,32 +34,22 @@ struct Fixture {
     store: Arc<dyn Store>,
     clock: ManualClock,
     _dir: tempfile::TempDir,
-    pg: Option<(String, String)>,
+    /// A PostgreSQL store's database (dropped with the fixture).
+    pg: Option<TestDatabase>,
 }
 
 impl Fixture {
     async fn new(postgres: bool) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let (url, pg) = if postgres {
-            let admin = std::env::var("SWITCHYARD_TEST_PG")
-                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-            let name = format!("sy_dispatch_{}", Uuid::new_v4().simple());
-            let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connect");
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                .execute(&mut conn)
-                .await
-                .expect("create database");
-            let base = admin
-                .rsplit_once('/')
-                .map(|(b, _)| b.to_owned())
-                .expect("base");
-            (format!("{base}/{name}"), Some((admin, name)))
+        let pg = if postgres {
+            Some(TestDatabase::create("sy_dispatch").await)
         } else {
-            (
-                format!("sqlite://{}", dir.path().join("store.db").display()),
-                None,
-            )
+            None
         };
+        let url = pg.as_ref().map_or_else(
+            || format!("sqlite://{}", dir.path().join("store.db").display()),
+            |db| db.url.clone(),
+        );
         let store = store::open(&url).await.expect("open the store");
         store.migrate().await.expect("migrate");
         let (clock, manual) = Clock::manual(T0);
@@ -78,8 +68,8 @@ impl Fixture {
 
     async fn finish(mut self) {
         self.store.close().await;
-        if let Some((admin, name)) = self.pg.take() {
-            drop_database(&admin, &name).await;
+        if let Some(db) = self.pg.take() {
+            db.drop_now().await;
         }
     }
 
@@ -147,34 +137,6 @@ impl Fixture {
             .note_queued_at(task.priority, task.queue_rank, task.id);
         task
     }
-}
-
-impl Drop for Fixture {
-    /// A test that panicked before [`Fixture::finish`] still drops its
-    /// database (on a thread of its own: the test's runtime is unwinding).
-    fn drop(&mut self) {
-        if let Some((admin, name)) = self.pg.take() {
-            let _ = std::thread::spawn(move || {
-                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    rt.block_on(drop_database(&admin, &name));
-                }
-            })
-            .join();
-        }
-    }
-}
-
-/// Drops the test database `name` (its connections closed by force).
-async fn drop_database(admin: &str, name: &str) {
-    let mut conn = sqlx::PgConnection::connect(admin).await.expect("connect");
-    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-    sqlx::query(sqlx::AssertSqlSafe(drop))
-        .execute(&mut conn)
-        .await
-        .expect("drop database");
 }
 
 /// A connected agent's id and stream.

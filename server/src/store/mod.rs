@@ -30,6 +30,8 @@ pub mod plan;
 mod postgres;
 mod sql;
 mod sqlite;
+#[cfg(test)]
+pub(crate) mod test_db;
 
 use std::collections::HashMap;
 use std::sync::Arc;
