@@ -4,9 +4,12 @@
 //! their free slots allow, confirms that no live lease holds what the
 //! requesters did not see, and writes leases, tasks and history. Claims it
 //! cannot confirm are checked again against the live leases themselves.
+//! The tasks' lock makes the statements after it run on kept plans
+//! (`super::KEEP_PLANS`).
 
 use std::collections::{HashMap, HashSet};
 
+use const_format::concatcp;
 use serde_json::Value;
 use sqlx::Postgres;
 use sqlx::types::Json;
@@ -29,11 +32,16 @@ const LOCK_AGENTS: &str = "SELECT id FROM agents WHERE id = ANY($1) ORDER BY id 
 /// condition the planner may read the rows through the queue's partial
 /// index (it does whenever its statistics undercount the queue, as after a
 /// burst of submits) and filter the whole queue by id. The state is
-/// checked in `plan_grants`.
-const LOCK_TASKS_TO_GRANT: &str = "SELECT id, state, not_before_ms, fencing_token, \
-  lease_ttl_ms, namespace, concurrency_key, priority, \
-  CASE WHEN fairness_key IS NULL THEN NULL ELSE created_at_ms + fair_offset END AS fair_rank \
-  FROM tasks WHERE id = ANY($1) FOR UPDATE SKIP LOCKED";
+/// checked in `plan_grants`. The rest of the grant runs on kept plans
+/// ([`super::KEEP_PLANS`]).
+const LOCK_TASKS_TO_GRANT: &str = concatcp!(
+    "SELECT t.id, t.state, t.not_before_ms, t.fencing_token, \
+  t.lease_ttl_ms, t.namespace, t.concurrency_key, t.priority, \
+  CASE WHEN t.fairness_key IS NULL THEN NULL ELSE t.created_at_ms + t.fair_offset END AS fair_rank \
+  FROM tasks t WHERE t.id = ANY($1) AND ",
+    super::KEEP_PLANS,
+    " FOR UPDATE OF t SKIP LOCKED"
+);
 
 /// The grants of a batch that fit their agents' free slots, written: the
 /// leases, the tasks LEASED, one history entry each (numbered as
@@ -44,7 +52,7 @@ const LOCK_TASKS_TO_GRANT: &str = "SELECT id, state, not_before_ms, fencing_toke
 /// themselves. Answers the task ids that fit, those leased (the same, with
 /// the tasks locked) and those unconfirmed. A task is updated only if its
 /// fencing token is still the one the grant was planned on.
-const GRANT_LEASES: &str = "\
+pub(super) const GRANT_LEASES: &str = "\
 WITH g AS ( \
   SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[], $7::int8[], \
   $8::text[]) WITH ORDINALITY AS g(lease_id, task_id, agent_id, token, expires_at_ms, slots, \

@@ -13,7 +13,8 @@
 //!
 //! # Layout
 //! - `submit`, `grant`, `settle`, `heartbeat`, `output`: the set-based
-//!   paths.
+//!   paths. A grant and a report batch run their statements after the
+//!   first on the plans each connection keeps ([`KEEP_PLANS`]).
 //! - `warm`: connection warm-up.
 //! - `stats`: planner statistics kept up with tables that double.
 
@@ -23,6 +24,8 @@ mod output;
 mod settle;
 mod stats;
 mod submit;
+#[cfg(test)]
+mod tests;
 mod warm;
 
 use std::sync::Arc;
@@ -68,6 +71,17 @@ const NOTIFY: &str = "SELECT pg_notify($1, p) FROM UNNEST($2::text[]) AS p";
 const NOTIFY_UNFLUSHED: &str = "SELECT pg_notify($1, p) FROM \
   (SELECT set_config('synchronous_commit', 'off', TRUE)) AS unflushed, \
   UNNEST($2::text[]) AS p";
+
+/// A condition, added to the first statement of a grant or a report
+/// batch, that makes PostgreSQL keep one plan per connection for the
+/// statements after it in the transaction (`plan_cache_mode`, set for the
+/// transaction). PostgreSQL plans a prepared statement afresh for its
+/// first five runs on a connection, and the pool's connections take turns,
+/// so with the choice left to it nearly every grant and report batch was
+/// planned for its one run. Planned as a one-time filter: set once, before
+/// the statement reads a row, whether or not it finds any.
+const KEEP_PLANS: &str =
+    "(SELECT set_config('plan_cache_mode', 'force_generic_plan', TRUE)) IS NOT NULL";
 
 /// How many notifications may wait for the notifier.
 const NOTIFIER_QUEUE: usize = 65_536;

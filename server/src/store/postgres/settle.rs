@@ -3,7 +3,9 @@
 //! (`accepted`, `started` and a final report of a lease just granted,
 //! reported together as a quick task's agent does) written in one statement
 //! for the whole batch; the rest of a report batch goes row by row. A
-//! batch's output is written first (`super::output`).
+//! batch's output is written first (`super::output`). The tasks' lock that
+//! begins each makes the statements after it run on kept plans
+//! (`super::KEEP_PLANS`).
 
 use std::collections::HashMap;
 
@@ -28,8 +30,10 @@ pub(super) const LEASES_WITH_OUTCOME: &str =
 /// Locks a report batch's tasks in id order (`$1`: task ids), reading none
 /// of their documents, nor their leases' expiry: settling needs none of
 /// them. (It read the expiry by a join, and a plan made while `leases` was
-/// small, kept by the connection, scanned the whole table for it.)
-pub(super) const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, \
+/// small, kept by the connection, scanned the whole table for it.) The
+/// rest of the batch runs on kept plans ([`super::KEEP_PLANS`]).
+pub(super) const WHOLE_ATTEMPT_TASKS: &str = const_format::concatcp!(
+    "SELECT t.id, t.namespace, t.kind, \
   'null'::jsonb AS payload, 'null'::jsonb AS placement, t.priority, t.state, t.attempts, \
   t.releases, t.max_attempts, t.lease_ttl_ms, t.idempotency_key, t.not_before_ms, NULL::jsonb AS result, \
   NULL::jsonb AS error, t.fencing_token, t.lease_id, t.agent_id, \
@@ -37,7 +41,10 @@ pub(super) const WHOLE_ATTEMPT_TASKS: &str = "SELECT t.id, t.namespace, t.kind, 
   NULL::jsonb AS progress, '{}'::jsonb AS labels, t.retry, t.start_timeout_ms, \
   t.execution_timeout_ms, t.cancel_grace_ms, t.cancel_deadline_ms, t.fairness_key, t.fairness_weight, \
   t.created_at_ms + t.fair_offset AS queue_rank, t.concurrency_key, t.created_at_ms, t.updated_at_ms \
-  FROM tasks t WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t";
+  FROM tasks t WHERE t.id = ANY($1) AND ",
+    super::KEEP_PLANS,
+    " ORDER BY t.id FOR UPDATE OF t"
+);
 
 /// Applies whole fresh attempts in one statement: ends the leases
 /// (acknowledged), settles the tasks, records refusals, and appends to each
@@ -239,9 +246,14 @@ async fn locked_tasks(
     Ok(tasks)
 }
 
+/// Locks final reports' tasks in id order (`$1`: task ids) with their
+/// leases' expiry; the rest of the batch runs on kept plans
+/// ([`super::KEEP_PLANS`]).
 const LOCK_TASKS_TO_COMPLETE: &str = const_format::concatcp!(
     rows::TASK_SELECT,
-    "WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t"
+    "WHERE t.id = ANY($1) AND ",
+    super::KEEP_PLANS,
+    " ORDER BY t.id FOR UPDATE OF t"
 );
 
 /// `LeaseStore::complete_leases` in `w`: every task locked in id order and
