@@ -15,6 +15,7 @@ crate::both_backends!(
     register_is_an_upsert_with_new_epoch,
     document_generation_compare_and_set,
     status_drain_touch_and_list,
+    a_drain_keeps_its_reason_while_the_agent_reports_up,
 );
 
 async fn register_is_an_upsert_with_new_epoch(fx: &mut Fixture) {
@@ -259,4 +260,37 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
     assert_eq!(matching[0].document, full.document);
     assert_eq!(matching[0].reported, serde_json::Value::Null);
     assert_eq!(page_rejections, full.rejections);
+}
+
+/// An operator's drain reason stands while the drained agent reports
+/// itself ready or degraded: the first heartbeat after a drain replaced it
+/// with the agent's own reasons (none, for a healthy agent), so the console
+/// and `get-agent` showed DRAINING with no reason a moment later.
+async fn a_drain_keeps_its_reason_while_the_agent_reports_up(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let a = agent(store, "ns", "a", 1).await;
+    store
+        .set_agent_drained(a.id, true, Some("maintenance".into()), None, T0)
+        .await
+        .unwrap();
+    let low = ["low on memory".to_owned()];
+    for (status, reasons) in [
+        (AgentStatus::Ready, &[][..]),
+        (AgentStatus::Degraded, &low[..]),
+    ] {
+        store
+            .set_agent_status(a.id, status, reasons, Some(a.session_epoch), T0 + 1)
+            .await
+            .unwrap();
+        let stored = store.get_agent(a.id).await.unwrap();
+        assert_eq!(stored.status, AgentStatus::Draining, "after {status:?}");
+        assert_eq!(stored.status_reasons, ["maintenance"], "after {status:?}");
+    }
+    let undrained = store
+        .set_agent_drained(a.id, false, None, None, T0 + 2)
+        .await
+        .unwrap();
+    // Ready until the agent's next heartbeat says otherwise.
+    assert_eq!(undrained.status, AgentStatus::Ready);
+    assert!(undrained.status_reasons.is_empty());
 }

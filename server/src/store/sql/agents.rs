@@ -404,9 +404,11 @@ pub(crate) async fn set_overrides<DB: SqlDb>(
     rows::agent::<DB>(&row)
 }
 
-/// A drained agent stays DRAINING while it is up.
+/// A drained agent stays DRAINING while it is up, with the operator's
+/// reason (an agent's own reasons replaced it at its next heartbeat).
 const SET_STATUS: &str = "UPDATE agents SET status = CASE WHEN drained AND $2 IN \
-    ('ready', 'degraded') THEN 'draining' ELSE $2 END, status_reasons = $3, updated_at_ms = $5 \
+    ('ready', 'degraded') THEN 'draining' ELSE $2 END, status_reasons = CASE WHEN drained AND $2 IN \
+    ('ready', 'degraded') THEN status_reasons ELSE $3 END, updated_at_ms = $5 \
     WHERE id = $1 AND ($4 IS NULL OR session_epoch = $4)";
 
 /// Sets the status, only while the session epoch is still `session_epoch`
