@@ -4,7 +4,8 @@
 //! their free slots allow, confirms that no live lease holds what the
 //! requesters did not see, and writes leases, tasks and history. Claims it
 //! cannot confirm are checked again against the live leases themselves.
-//! The tasks' lock makes the statements after it run on kept plans
+//! Runs on the connections of the batch paths (`super::warm`); the tasks'
+//! lock makes the statements after it run on kept plans
 //! (`super::KEEP_PLANS`).
 
 use std::collections::{HashMap, HashSet};
@@ -34,7 +35,7 @@ const LOCK_AGENTS: &str = "SELECT id FROM agents WHERE id = ANY($1) ORDER BY id 
 /// burst of submits) and filter the whole queue by id. The state is
 /// checked in `plan_grants`. The rest of the grant runs on kept plans
 /// ([`super::KEEP_PLANS`]).
-const LOCK_TASKS_TO_GRANT: &str = concatcp!(
+pub(super) const LOCK_TASKS_TO_GRANT: &str = concatcp!(
     "SELECT t.id, t.state, t.not_before_ms, t.fencing_token, \
   t.lease_ttl_ms, t.namespace, t.concurrency_key, t.priority, \
   CASE WHEN t.fairness_key IS NULL THEN NULL ELSE t.created_at_ms + t.fair_offset END AS fair_rank \

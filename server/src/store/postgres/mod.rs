@@ -9,7 +9,8 @@
 //! queued or changed or a lease ended by the notifier task right after the
 //! commit (NOTIFY serialises the commits that issue it; the notifier's own
 //! commits do not wait for the log's flush, as they hold nothing to keep).
-//! New pool connections are warmed before their first use.
+//! New pool connections are warmed before their first use; grants and
+//! report batches run on a few connections of their own (`warm`).
 //!
 //! # Layout
 //! - `submit`, `grant`, `settle`, `heartbeat`, `output`: the set-based
@@ -76,10 +77,14 @@ const NOTIFY_UNFLUSHED: &str = "SELECT pg_notify($1, p) FROM \
 /// batch, that makes PostgreSQL keep one plan per connection for the
 /// statements after it in the transaction (`plan_cache_mode`, set for the
 /// transaction). PostgreSQL plans a prepared statement afresh for its
-/// first five runs on a connection, and the pool's connections take turns,
-/// so with the choice left to it nearly every grant and report batch was
-/// planned for its one run. Planned as a one-time filter: set once, before
-/// the statement reads a row, whether or not it finds any.
+/// first five runs on a connection, and after each analysis of its tables,
+/// before it may keep a plan; so with the choice left to it a grant or a
+/// report batch was planned for nearly every run on the 32 shared
+/// connections, and still for many on the three of their own (`warm`).
+/// The lock itself stays PostgreSQL's choice: PostgreSQL plans it for the
+/// table's size at each run, where a kept plan made while `tasks` was
+/// small passes over the whole table. Planned as a one-time filter: set once, before the statement
+/// reads a row, whether or not it finds any.
 const KEEP_PLANS: &str =
     "(SELECT set_config('plan_cache_mode', 'force_generic_plan', TRUE)) IS NOT NULL";
 
@@ -199,6 +204,9 @@ impl Dialect for Postgres {
 pub struct PgBackend {
     /// The connection pool shared by every request of this replica.
     pool: PgPool,
+    /// The few connections of the grants and the report batches, which
+    /// run them often enough to keep their plans (the `warm` module).
+    batches: PgPool,
     /// Fed by the listener with every replica's events (this one's too).
     events: broadcast::Sender<StoreEvent>,
     /// The listener task; stopped when the last handle goes.
@@ -233,44 +241,54 @@ impl Drop for BackgroundTask {
     }
 }
 
+/// Connections of the pool every request shares.
+const POOL_CONNECTIONS: u32 = 32;
+
+/// Opens a pool of at most `max` connections to `url`, `min` of them kept
+/// open, each priced and warmed as it opens (`warm`).
+async fn connect(url: &str, max: u32, min: u32) -> Result<PgPool> {
+    let pool = PgPoolOptions::new()
+        .max_connections(max)
+        .min_connections(min)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                if let Err(err) = warm::price_pages(conn).await {
+                    tracing::debug!(cause = %err, "a new connection kept the default price of a page");
+                }
+                // A database not yet migrated has nothing to warm.
+                if let Err(err) = warm::connection(conn).await {
+                    tracing::debug!(cause = %err, "a new connection was not warmed");
+                }
+                Ok(())
+            })
+        })
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await;
+    match pool {
+        Ok(pool) => Ok(pool),
+        // The pool says only that it timed out: one plain connection
+        // says why (refused, unknown host, bad password, no database).
+        Err(sqlx::Error::PoolTimedOut) => {
+            use sqlx::Connection;
+            let cause = match sqlx::PgConnection::connect(url).await {
+                Ok(conn) => {
+                    let _ = conn.close().await;
+                    sqlx::Error::PoolTimedOut
+                }
+                Err(cause) => cause,
+            };
+            Err(db("connecting to postgres")(cause))
+        }
+        Err(err) => Err(db("connecting to postgres")(err)),
+    }
+}
+
 impl SqlStore<PgBackend> {
     /// Connects to the database at `url` and starts listening for events.
     pub async fn open(url: &str, options: StoreOptions) -> Result<Self> {
-        let pool = PgPoolOptions::new()
-            .max_connections(32)
-            .min_connections(warm::WARM_CONNECTIONS)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    if let Err(err) = warm::price_pages(conn).await {
-                        tracing::debug!(cause = %err, "a new connection kept the default price of a page");
-                    }
-                    // A database not yet migrated has nothing to warm.
-                    if let Err(err) = warm::connection(conn).await {
-                        tracing::debug!(cause = %err, "a new connection was not warmed");
-                    }
-                    Ok(())
-                })
-            })
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(url)
-            .await;
-        let pool = match pool {
-            Ok(pool) => pool,
-            // The pool says only that it timed out: one plain connection
-            // says why (refused, unknown host, bad password, no database).
-            Err(sqlx::Error::PoolTimedOut) => {
-                use sqlx::Connection;
-                let cause = match sqlx::PgConnection::connect(url).await {
-                    Ok(conn) => {
-                        let _ = conn.close().await;
-                        sqlx::Error::PoolTimedOut
-                    }
-                    Err(cause) => cause,
-                };
-                return Err(db("connecting to postgres")(cause));
-            }
-            Err(err) => return Err(db("connecting to postgres")(err)),
-        };
+        let pool = connect(url, POOL_CONNECTIONS, warm::WARM_CONNECTIONS).await?;
+        let batches = connect(url, warm::BATCH_CONNECTIONS, warm::BATCH_CONNECTIONS).await?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         // Its own connection (a pool of one that reconnects and re-listens by
         // itself), listening before `open` returns so no event is missed.
@@ -289,6 +307,7 @@ impl SqlStore<PgBackend> {
         Ok(Self {
             backend: PgBackend {
                 pool,
+                batches,
                 events,
                 listener: Arc::new(BackgroundTask(task)),
                 statistics: Arc::new(BackgroundTask(statistics)),
@@ -303,11 +322,18 @@ impl SqlStore<PgBackend> {
     /// many it warmed. Fails if the schema is not migrated or does not fit
     /// this release's statements.
     pub async fn warm(&self) -> Result<usize> {
-        warm::pool(&self.backend.pool).await
+        self.backend.warm().await
     }
 }
 
 impl PgBackend {
+    /// Warms the first connections of both pools (see the `warm` module)
+    /// and answers how many it warmed.
+    async fn warm(&self) -> Result<usize> {
+        let shared = warm::pool(&self.pool, warm::WARM_CONNECTIONS).await?;
+        Ok(shared + warm::pool(&self.batches, warm::BATCH_CONNECTIONS).await?)
+    }
+
     /// Hands a committed change's notification to the notifier. A full
     /// queue (the database unreachable for long) drops it: every replica
     /// also re-reads the queue, lease counts and watched tasks on timers.
@@ -374,6 +400,16 @@ impl Backend for PgBackend {
         Ok(Write::new(tx))
     }
 
+    /// On the connections of the batch paths (the `warm` module).
+    async fn begin_batch(&self) -> Result<Write<Postgres>> {
+        let tx = self
+            .batches
+            .begin()
+            .await
+            .map_err(db("starting a transaction"))?;
+        Ok(Write::new(tx))
+    }
+
     /// An agent change or a revocation is notified in the transaction
     /// (delivered at commit, and only if it commits); the rest, after the
     /// commit, by the notifier.
@@ -420,7 +456,7 @@ impl Backend for PgBackend {
         // (a fresh database), so their warm-up failed; warm them now. On a
         // schema from a newer release the warm-up may no longer fit: that
         // only makes the first submits slower.
-        if let Err(err) = warm::pool(&self.pool).await {
+        if let Err(err) = self.warm().await {
             tracing::warn!(cause = %err, "the store's connections were not warmed");
         }
         self.check_autovacuum().await;
@@ -435,6 +471,7 @@ impl Backend for PgBackend {
         self.listener.0.abort();
         self.statistics.0.abort();
         self.pool.close().await;
+        self.batches.close().await;
     }
 
     async fn submit_many(

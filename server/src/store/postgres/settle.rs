@@ -3,8 +3,10 @@
 //! (`accepted`, `started` and a final report of a lease just granted,
 //! reported together as a quick task's agent does) written in one statement
 //! for the whole batch; the rest of a report batch goes row by row. A
-//! batch's output is written first (`super::output`). The tasks' lock that
-//! begins each makes the statements after it run on kept plans
+//! batch's output is written first (`super::output`). A report batch runs
+//! on the connections of the batch paths (`super::warm`); the final
+//! reports an agent sends as it reconnects, on the shared ones. The tasks'
+//! lock that begins each makes the statements after it run on kept plans
 //! (`super::KEEP_PLANS`).
 
 use std::collections::HashMap;

@@ -1,5 +1,5 @@
-//! The set-based paths on one connection of a database of their own, so
-//! that what PostgreSQL did on that connection can be read back.
+//! The set-based paths on a database of their own, so that what
+//! PostgreSQL did on the store's connections can be read back.
 
 use std::collections::BTreeMap;
 
@@ -12,23 +12,26 @@ use crate::model::{
     AgentRegistration, CompletionOutcome, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport,
     NewTask, ReportKind, Submission,
 };
-use crate::store::sql::Write;
+use crate::store::sql::Backend;
 use crate::store::test_db::TestDatabase;
-use crate::store::{self, StoreOptions};
+use crate::store::{AgentStore, LeaseStore, Store, StoreOptions, TaskStore};
 
 const T0: i64 = 1_700_000_000_000;
 
-/// Grants and report batches run each of their statements after the
-/// first on the plan the connection keeps: PostgreSQL plans a statement
-/// afresh for its first five runs on a connection, and the store's
-/// connections take turns, so with the choice left to PostgreSQL nearly
-/// every grant and report batch was planned for its one run (the grant's
-/// writing statement alone about 0.85 ms of each dispatch round).
+/// Grants and report batches run on a few connections of their own
+/// (`warm`), and each of their statements after the tasks' lock on the
+/// plan the connection keeps: PostgreSQL plans a statement afresh for its
+/// first five runs on a connection, and the 32 connections every request
+/// shares take turns, so there nearly every grant and report batch was
+/// planned for its one run (the grant's writing statement alone about 0.85
+/// ms of each dispatch round).
 #[tokio::test]
-async fn grants_and_report_batches_run_on_the_plans_a_connection_keeps() {
+async fn grants_and_report_batches_run_on_their_own_connections_and_kept_plans() {
     const RUNS: i64 = 8;
     let db = TestDatabase::create("sy_pgstore").await;
-    let store = store::open(&db.url).await.expect("open the store");
+    let store = super::PgStore::open(&db.url, StoreOptions::default())
+        .await
+        .expect("open the store");
     store.migrate().await.expect("migrate");
     let registration = AgentRegistration {
         namespace: "default".into(),
@@ -76,23 +79,17 @@ async fn grants_and_report_batches_run_on_the_plans_a_connection_keeps() {
         .into_iter()
         .map(|s| s.expect("stored").0.id)
         .collect();
-    store.close().await;
 
-    // One connection: every grant and report batch on it.
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&db.url)
-        .await
-        .expect("connect");
+    let before = plans_on_batch_connections(&store).await;
     let mut leases: Vec<LeaseRecord> = Vec::new();
     for task in &tasks {
-        let mut w = Write::new(pool.begin().await.expect("begin"));
         let request = GrantRequest::one_slot(*task, agent);
-        let outcomes = grant::grant(&mut w, &[request], u64::MAX, T0)
+        match store
+            .grant_leases(&[request], T0)
             .await
-            .expect("grant");
-        w.into_parts().0.commit().await.expect("commit");
-        match outcomes.as_slice() {
+            .expect("grant")
+            .as_slice()
+        {
             [GrantOutcome::Granted(lease)] => leases.push(lease.clone()),
             other => panic!("grant refused: {other:?}"),
         }
@@ -113,43 +110,79 @@ async fn grants_and_report_batches_run_on_the_plans_a_connection_keeps() {
                 kind,
             })
             .collect();
-        let mut w = Write::new(pool.begin().await.expect("begin"));
-        let applied = settle::apply_reports(&mut w, &reports, &StoreOptions::default(), T0 + 1)
+        let applied = store
+            .apply_reports(&reports, T0 + 1)
             .await
             .expect("reports");
         assert!(applied.iter().all(Result::is_ok), "{applied:?}");
-        w.into_parts().0.commit().await.expect("commit");
     }
 
-    // `(kept, made for one run)`: the plans of each statement on the
-    // connection.
-    let plans = async |sql: &str| -> (i64, i64) {
-        sqlx::query_as(
-            "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
-             WHERE statement = $1",
-        )
-        .bind(sql)
-        .fetch_one(&pool)
-        .await
-        .expect("the statement was prepared")
-    };
-    assert_eq!(
-        plans(grant::GRANT_LEASES).await,
-        (RUNS, 0),
-        "the grant's writing statement"
-    );
-    assert_eq!(
-        plans(settle::LEASES_WITH_OUTCOME).await,
-        (RUNS, 0),
-        "reading the leases"
-    );
-    assert_eq!(
-        plans(settle::WHOLE_ATTEMPTS).await,
-        (RUNS, 0),
-        "the whole attempts"
-    );
-    pool.close().await;
+    let after = plans_on_batch_connections(&store).await;
+    let made = |i: usize| (after[i].0 - before[i].0, after[i].1 - before[i].1);
+    // The locks ran once a grant or a batch there, on plans of PostgreSQL's
+    // choice; the rest on the plans the connections kept.
+    for (i, what) in ["the grant's lock", "the report batch's lock"]
+        .into_iter()
+        .enumerate()
+    {
+        let (kept, planned) = made(i);
+        assert_eq!(
+            kept + planned,
+            RUNS,
+            "{what}: runs on the batch paths' connections"
+        );
+    }
+    for (i, what) in [
+        (2, "the grant's writing statement"),
+        (3, "reading the leases"),
+        (4, "the whole attempts"),
+    ] {
+        assert_eq!(
+            made(i),
+            (RUNS, 0),
+            "{what}: (runs on kept plans, on plans made for one)"
+        );
+    }
+    store.backend.close().await;
     db.drop_now().await;
+}
+
+/// The statements of a grant and a report batch, as
+/// [`plans_on_batch_connections`] answers them.
+const BATCH_STATEMENTS: [&str; 5] = [
+    grant::LOCK_TASKS_TO_GRANT,
+    settle::WHOLE_ATTEMPT_TASKS,
+    grant::GRANT_LEASES,
+    settle::LEASES_WITH_OUTCOME,
+    settle::WHOLE_ATTEMPTS,
+];
+
+/// For each of [`BATCH_STATEMENTS`], its runs on kept plans and on plans
+/// made for one run, summed over the store's batch connections (every one
+/// of them held at once).
+async fn plans_on_batch_connections(store: &super::PgStore) -> Vec<(i64, i64)> {
+    let mut held = Vec::new();
+    for _ in 0..super::warm::BATCH_CONNECTIONS {
+        held.push(store.backend.batches.acquire().await.expect("acquire"));
+    }
+    let mut sums = Vec::new();
+    for sql in BATCH_STATEMENTS {
+        let mut sum = (0, 0);
+        for conn in &mut held {
+            let found: Option<(i64, i64)> = sqlx::query_as(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+                 WHERE statement = $1",
+            )
+            .bind(sql)
+            .fetch_optional(&mut **conn)
+            .await
+            .expect("the prepared statements");
+            let (kept, made) = found.unwrap_or_default();
+            sum = (sum.0 + kept, sum.1 + made);
+        }
+        sums.push(sum);
+    }
+    sums
 }
 
 /// `random_page_cost` on a connection of the store's pool, opened on

@@ -1,4 +1,5 @@
-//! Connection set-up: the planner's price of a page, then warm-up.
+//! Connection set-up: the planner's price of a page, then warm-up; the
+//! connections of the batch paths.
 //!
 //! PostgreSQL prices a page read out of order at four read in order
 //! (`random_page_cost`, for disks that seek); the rows the store writes
@@ -17,6 +18,18 @@
 //! through, runs each on no rows, and runs a one-task submit that it rolls
 //! back: nothing is left behind. One is enough: the submit function keeps
 //! the plan its first run makes (migration 0020).
+//!
+//! The grants and the report batches run on [`BATCH_CONNECTIONS`] of their
+//! own. On the 32 connections every request shares, which the pool hands
+//! out in turn, each of their statements met a connection that had run it
+//! a few times at most: PostgreSQL plans a prepared statement afresh for
+//! its first five runs on a connection before it may keep a plan, and
+//! again after each analysis of its tables, and each connection's caches
+//! were cold for them. On three of their own they reach the plans each
+//! connection keeps within a few batches, and stay warm. (Their sessions
+//! keep PostgreSQL's choice of plan for the tasks' lock that begins each:
+//! forced to keep one, a connection kept the plan it made while `tasks`
+//! was small, a pass over the whole table, as the queue grew.)
 
 use sqlx::postgres::PgPool;
 use uuid::Uuid;
@@ -28,6 +41,11 @@ use crate::store::plan::db;
 
 /// Connections the pool opens as soon as the store opens, and keeps.
 pub(super) const WARM_CONNECTIONS: u32 = 8;
+
+/// Connections of the grants and the report batches (see the module doc):
+/// one dispatcher grants at a time, and at most two report batches commit
+/// at once, so none waits for a connection.
+pub(super) const BATCH_CONNECTIONS: u32 = 3;
 
 /// The planner's price of a page read out of order on the store's
 /// connections, where PostgreSQL's own is its default (see the module doc):
@@ -74,11 +92,11 @@ pub(super) async fn connection(conn: &mut sqlx::PgConnection) -> Result<(), sqlx
     Ok(())
 }
 
-/// Warms [`WARM_CONNECTIONS`] of the pool's connections at once (each new
-/// connection is warmed too, as it opens) and answers how many it warmed.
-pub(super) async fn pool(pool: &PgPool) -> Result<usize> {
+/// Warms `count` of the pool's connections at once (each new connection is
+/// warmed too, as it opens) and answers how many it warmed.
+pub(super) async fn pool(pool: &PgPool, count: u32) -> Result<usize> {
     let mut held = Vec::new();
-    for _ in 0..WARM_CONNECTIONS {
+    for _ in 0..count {
         held.push(pool.acquire().await.map_err(db("acquiring a connection"))?);
     }
     let mut warming = tokio::task::JoinSet::new();

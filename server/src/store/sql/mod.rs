@@ -191,6 +191,11 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
     fn pool(&self) -> &Pool<Self::Db>;
     /// Starts a write transaction.
     async fn begin(&self) -> Result<Write<Self::Db>>;
+    /// Starts a write transaction of a grant or a report batch, which may
+    /// run on connections of their own ([`Backend::begin`]'s by default).
+    async fn begin_batch(&self) -> Result<Write<Self::Db>> {
+        self.begin().await
+    }
     /// Commits `write`, then announces its events to every replica.
     async fn commit(&self, write: Write<Self::Db>) -> Result<()>;
     /// Runs the migrations (idempotent).
@@ -272,7 +277,31 @@ impl<B: Backend> SqlStore<B> {
             + Send
             + 'a,
     {
-        let mut w = self.backend.begin().await?;
+        let w = self.backend.begin().await?;
+        self.commit_after(w, change).await
+    }
+
+    /// [`SqlStore::write`] for a grant or a report batch
+    /// ([`Backend::begin_batch`]).
+    pub(crate) async fn write_batch<'a, T, F>(&'a self, change: F) -> Result<T>
+    where
+        T: Send,
+        F: for<'t> FnOnce(&'t mut Write<B::Db>, Within<'t, 'a>) -> BoxFuture<'t, Result<T>>
+            + Send
+            + 'a,
+    {
+        let w = self.backend.begin_batch().await?;
+        self.commit_after(w, change).await
+    }
+
+    /// Runs `change` in `w` and commits it.
+    async fn commit_after<'a, T, F>(&'a self, mut w: Write<B::Db>, change: F) -> Result<T>
+    where
+        T: Send,
+        F: for<'t> FnOnce(&'t mut Write<B::Db>, Within<'t, 'a>) -> BoxFuture<'t, Result<T>>
+            + Send
+            + 'a,
+    {
         let out = change(&mut w, &&()).await?;
         self.backend.commit(w).await?;
         Ok(out)
@@ -437,7 +466,7 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
             return Ok(Vec::new());
         }
         let (backend, options) = (&self.backend, &self.options);
-        self.write(|w, _| Box::pin(backend.grant(w, requests, options, now_ms)))
+        self.write_batch(|w, _| Box::pin(backend.grant(w, requests, options, now_ms)))
             .await
     }
 
@@ -475,7 +504,7 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
             return Ok(Vec::new());
         }
         let (backend, options) = (&self.backend, &self.options);
-        self.write(|w, _| Box::pin(backend.apply_reports(w, reports, options, now_ms)))
+        self.write_batch(|w, _| Box::pin(backend.apply_reports(w, reports, options, now_ms)))
             .await
     }
 
