@@ -83,8 +83,8 @@ const NOTIFY_UNFLUSHED: &str = "SELECT pg_notify($1, p) FROM \
 /// connections, and still for many on the three of their own (`warm`).
 /// The lock itself stays PostgreSQL's choice: PostgreSQL plans it for the
 /// table's size at each run, where a kept plan made while `tasks` was
-/// small passes over the whole table. Planned as a one-time filter: set once, before the statement
-/// reads a row, whether or not it finds any.
+/// small passes over the whole table. Planned as a one-time filter: set
+/// once, before the statement reads a row, whether or not it finds any.
 const KEEP_PLANS: &str =
     "(SELECT set_config('plan_cache_mode', 'force_generic_plan', TRUE)) IS NOT NULL";
 
