@@ -276,7 +276,7 @@ async fn the_pool_warm_up_fits_the_migrated_schema() {
     let store = PgStore::open(&fx.url, StoreOptions::default())
         .await
         .unwrap();
-    assert_eq!(store.warm().await.unwrap(), 8 + 3);
+    assert_eq!(store.warm().await.unwrap(), 8 + 4);
     // The warm-up's own submits were rolled back: no task of any state.
     assert_eq!(store.count_tasks().await.unwrap(), Vec::new());
 

@@ -9,8 +9,9 @@
 //! queued or changed or a lease ended by the notifier task right after the
 //! commit (NOTIFY serialises the commits that issue it; the notifier's own
 //! commits do not wait for the log's flush, as they hold nothing to keep).
-//! New pool connections are warmed before their first use; grants and
-//! report batches run on a few connections of their own (`warm`).
+//! New pool connections are warmed before their first use; grants, report
+//! batches and submits' batches run on a few connections of their own
+//! (`warm`).
 //!
 //! # Layout
 //! - `submit`, `grant`, `settle`, `heartbeat`, `output`: the set-based
@@ -80,7 +81,7 @@ const NOTIFY_UNFLUSHED: &str = "SELECT pg_notify($1, p) FROM \
 /// first five runs on a connection, and after each analysis of its tables,
 /// before it may keep a plan; so with the choice left to it a grant or a
 /// report batch was planned for nearly every run on the 32 shared
-/// connections, and still for many on the three of their own (`warm`).
+/// connections, and still for many on the four of their own (`warm`).
 /// The lock itself stays PostgreSQL's choice: PostgreSQL plans it for the
 /// table's size at each run, where a kept plan made while `tasks` was
 /// small passes over the whole table. Planned as a one-time filter: set
@@ -204,8 +205,9 @@ impl Dialect for Postgres {
 pub struct PgBackend {
     /// The connection pool shared by every request of this replica.
     pool: PgPool,
-    /// The few connections of the grants and the report batches, which
-    /// run them often enough to keep their plans (the `warm` module).
+    /// The few connections of the grants, the report batches and the
+    /// submits' batches, which run them often enough to keep their plans
+    /// (the `warm` module).
     batches: PgPool,
     /// Fed by the listener with every replica's events (this one's too).
     events: broadcast::Sender<StoreEvent>,
@@ -480,7 +482,7 @@ impl Backend for PgBackend {
         _options: &StoreOptions,
         now_ms: i64,
     ) -> Result<Vec<Result<Submitted>>> {
-        let (out, events) = submit::submit_batch(&self.pool, submissions, now_ms).await?;
+        let (out, events) = submit::submit_batch(&self.batches, submissions, now_ms).await?;
         self.announce_committed(events)?;
         Ok(out)
     }

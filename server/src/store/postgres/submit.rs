@@ -28,7 +28,7 @@ use switchyard_core::resources::Claim;
 /// leave room; it is then inserted LEASED with its lease and a `leased`
 /// entry after the submit, and it is announced as changed, not queued. A
 /// task whose idempotency key is taken is not inserted.
-const SUBMIT_BATCH: &str = "SELECT id, leased, known FROM switchyard_submit_tasks($1::uuid[], \
+pub(super) const SUBMIT_BATCH: &str = "SELECT id, leased, known FROM switchyard_submit_tasks($1::uuid[], \
   $2::text[], $3::text[], $4::text[], $5::text[], $6::int4[], $7::int8[], $8::int8[], \
   $9::text[], $10::int8[], $11::text[], $12::uuid[], $13::uuid[], $14::text[], $15::int8[], $16::int8[], $17::int8[], $18::text[], $19::int8[], \
   $20::int8[], $21::text[], $22::int8)";

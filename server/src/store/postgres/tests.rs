@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
-use super::{grant, settle};
+use super::{grant, settle, submit};
 use crate::model::{
     AgentRegistration, CompletionOutcome, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport,
     NewTask, ReportKind, Submission,
@@ -18,15 +18,15 @@ use crate::store::{AgentStore, LeaseStore, Store, StoreOptions, TaskStore};
 
 const T0: i64 = 1_700_000_000_000;
 
-/// Grants and report batches run on a few connections of their own
-/// (`warm`), and each of their statements after the tasks' lock on the
-/// plan the connection keeps: PostgreSQL plans a statement afresh for its
+/// Grants, report batches and submits' batches run on a few connections of
+/// their own (`warm`), and each statement of a grant or a report batch
+/// after the tasks' lock on the plan the connection keeps: PostgreSQL plans a statement afresh for its
 /// first five runs on a connection, and the 32 connections every request
 /// shares take turns, so there nearly every grant and report batch was
 /// planned for its one run (the grant's writing statement alone about 0.85
 /// ms of each dispatch round).
 #[tokio::test]
-async fn grants_and_report_batches_run_on_their_own_connections_and_kept_plans() {
+async fn grants_reports_and_submits_run_on_their_own_connections_and_kept_plans() {
     const RUNS: i64 = 8;
     let db = TestDatabase::create("sy_pgstore").await;
     let store = super::PgStore::open(&db.url, StoreOptions::default())
@@ -72,6 +72,7 @@ async fn grants_and_report_batches_run_on_their_own_connections_and_kept_plans()
             agent_id: None,
         })
         .collect();
+    let before = plans_on_batch_connections(&store).await;
     let tasks: Vec<Uuid> = store
         .submit_many(&submissions, T0)
         .await
@@ -80,7 +81,6 @@ async fn grants_and_report_batches_run_on_their_own_connections_and_kept_plans()
         .map(|s| s.expect("stored").0.id)
         .collect();
 
-    let before = plans_on_batch_connections(&store).await;
     let mut leases: Vec<LeaseRecord> = Vec::new();
     for task in &tasks {
         let request = GrantRequest::one_slot(*task, agent);
@@ -119,16 +119,18 @@ async fn grants_and_report_batches_run_on_their_own_connections_and_kept_plans()
 
     let after = plans_on_batch_connections(&store).await;
     let made = |i: usize| (after[i].0 - before[i].0, after[i].1 - before[i].1);
-    // The locks ran once a grant or a batch there, on plans of PostgreSQL's
-    // choice; the rest on the plans the connections kept.
-    for (i, what) in ["the grant's lock", "the report batch's lock"]
-        .into_iter()
-        .enumerate()
-    {
+    // The submits' batch ran there, and the locks once a grant or a batch,
+    // on plans of PostgreSQL's choice; the rest on the plans the
+    // connections kept.
+    for (i, what, runs) in [
+        (5, "the submits' batch", 1),
+        (0, "the grant's lock", RUNS),
+        (1, "the report batch's lock", RUNS),
+    ] {
         let (kept, planned) = made(i);
         assert_eq!(
             kept + planned,
-            RUNS,
+            runs,
             "{what}: runs on the batch paths' connections"
         );
     }
@@ -147,14 +149,15 @@ async fn grants_and_report_batches_run_on_their_own_connections_and_kept_plans()
     db.drop_now().await;
 }
 
-/// The statements of a grant and a report batch, as
+/// The statements of a grant, a report batch and a submits' batch, as
 /// [`plans_on_batch_connections`] answers them.
-const BATCH_STATEMENTS: [&str; 5] = [
+const BATCH_STATEMENTS: [&str; 6] = [
     grant::LOCK_TASKS_TO_GRANT,
     settle::WHOLE_ATTEMPT_TASKS,
     grant::GRANT_LEASES,
     settle::LEASES_WITH_OUTCOME,
     settle::WHOLE_ATTEMPTS,
+    submit::SUBMIT_BATCH,
 ];
 
 /// For each of [`BATCH_STATEMENTS`], its runs on kept plans and on plans

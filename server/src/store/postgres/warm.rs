@@ -19,15 +19,18 @@
 //! back: nothing is left behind. One is enough: the submit function keeps
 //! the plan its first run makes (migration 0020).
 //!
-//! The grants and the report batches run on [`BATCH_CONNECTIONS`] of their
-//! own. On the 32 connections every request shares, which the pool hands
-//! out in turn, each of their statements met a connection that had run it
-//! a few times at most: PostgreSQL plans a prepared statement afresh for
-//! its first five runs on a connection before it may keep a plan, and
-//! again after each analysis of its tables, and each connection's caches
-//! were cold for them. On three of their own they reach the plans each
-//! connection keeps within a few batches, and stay warm. (Their sessions
-//! keep PostgreSQL's choice of plan for the tasks' lock that begins each:
+//! The grants, the report batches and the submits' batches run on
+//! [`BATCH_CONNECTIONS`] of their own. On the 32 connections every request
+//! shares, which the pool hands out in turn, each of their statements met
+//! a connection that had run it a few times at most: PostgreSQL plans a
+//! prepared statement afresh for its first five runs on a connection
+//! before it may keep a plan, and again after each analysis of its tables,
+//! and each connection's caches (the submit function's compiled body
+//! among them) were cold for them. On four of their own they reach the
+//! plans each connection keeps within a few batches, and stay warm. (Their
+//! sessions
+//! keep PostgreSQL's choice of plan for the tasks' lock that begins a
+//! grant or a report batch:
 //! forced to keep one, a connection kept the plan it made while `tasks`
 //! was small, a pass over the whole table, as the queue grew.)
 
@@ -42,10 +45,11 @@ use crate::store::plan::db;
 /// Connections the pool opens as soon as the store opens, and keeps.
 pub(super) const WARM_CONNECTIONS: u32 = 8;
 
-/// Connections of the grants and the report batches (see the module doc):
-/// one dispatcher grants at a time, and at most two report batches commit
-/// at once, so none waits for a connection.
-pub(super) const BATCH_CONNECTIONS: u32 = 3;
+/// Connections of the grants, the report batches and the submits' batches
+/// (see the module doc): one dispatcher grants at a time, at most two
+/// report batches and one batch of submits commit at once, so none waits
+/// for a connection.
+pub(super) const BATCH_CONNECTIONS: u32 = 4;
 
 /// The planner's price of a page read out of order on the store's
 /// connections, where PostgreSQL's own is its default (see the module doc):
