@@ -28,11 +28,10 @@
 //! and each connection's caches (the submit function's compiled body
 //! among them) were cold for them. On four of their own they reach the
 //! plans each connection keeps within a few batches, and stay warm. (Their
-//! sessions
-//! keep PostgreSQL's choice of plan for the tasks' lock that begins a
-//! grant or a report batch:
-//! forced to keep one, a connection kept the plan it made while `tasks`
-//! was small, a pass over the whole table, as the queue grew.)
+//! sessions keep PostgreSQL's choice of plan for the tasks' lock that
+//! begins a grant or a report batch: forced to keep one, a connection kept
+//! the plan it made while `tasks` was small, a pass over the whole table,
+//! as the queue grew.)
 
 use sqlx::postgres::PgPool;
 use uuid::Uuid;
