@@ -243,6 +243,12 @@ impl Drop for BackgroundTask {
     }
 }
 
+/// Starts a write transaction on a connection of `pool`.
+async fn begin_on(pool: &PgPool) -> Result<Write<Postgres>> {
+    let tx = pool.begin().await.map_err(db("starting a transaction"))?;
+    Ok(Write::new(tx))
+}
+
 /// Connections of the pool every request shares.
 const POOL_CONNECTIONS: u32 = 32;
 
@@ -394,22 +400,12 @@ impl Backend for PgBackend {
     }
 
     async fn begin(&self) -> Result<Write<Postgres>> {
-        let tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(db("starting a transaction"))?;
-        Ok(Write::new(tx))
+        begin_on(&self.pool).await
     }
 
     /// On the connections of the batch paths (the `warm` module).
     async fn begin_batch(&self) -> Result<Write<Postgres>> {
-        let tx = self
-            .batches
-            .begin()
-            .await
-            .map_err(db("starting a transaction"))?;
-        Ok(Write::new(tx))
+        begin_on(&self.batches).await
     }
 
     /// An agent change or a revocation is notified in the transaction

@@ -277,25 +277,12 @@ impl<B: Backend> SqlStore<B> {
             + Send
             + 'a,
     {
-        let w = self.backend.begin().await?;
-        self.commit_after(w, change).await
+        self.write_in(self.backend.begin().await?, change).await
     }
 
-    /// [`SqlStore::write`] for a grant or a report batch
-    /// ([`Backend::begin_batch`]).
-    pub(crate) async fn write_batch<'a, T, F>(&'a self, change: F) -> Result<T>
-    where
-        T: Send,
-        F: for<'t> FnOnce(&'t mut Write<B::Db>, Within<'t, 'a>) -> BoxFuture<'t, Result<T>>
-            + Send
-            + 'a,
-    {
-        let w = self.backend.begin_batch().await?;
-        self.commit_after(w, change).await
-    }
-
-    /// Runs `change` in `w` and commits it.
-    async fn commit_after<'a, T, F>(&'a self, mut w: Write<B::Db>, change: F) -> Result<T>
+    /// [`SqlStore::write`] in the transaction `w` begun already (a grant's
+    /// or a report batch's, [`Backend::begin_batch`]).
+    async fn write_in<'a, T, F>(&'a self, mut w: Write<B::Db>, change: F) -> Result<T>
     where
         T: Send,
         F: for<'t> FnOnce(&'t mut Write<B::Db>, Within<'t, 'a>) -> BoxFuture<'t, Result<T>>
@@ -466,8 +453,11 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
             return Ok(Vec::new());
         }
         let (backend, options) = (&self.backend, &self.options);
-        self.write_batch(|w, _| Box::pin(backend.grant(w, requests, options, now_ms)))
-            .await
+        let w = backend.begin_batch().await?;
+        self.write_in(w, |w, _| {
+            Box::pin(backend.grant(w, requests, options, now_ms))
+        })
+        .await
     }
 
     async fn ack_leases(&self, agent_id: Uuid, leases: &[(Uuid, u64)], now_ms: i64) -> Result<u64> {
@@ -504,8 +494,11 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
             return Ok(Vec::new());
         }
         let (backend, options) = (&self.backend, &self.options);
-        self.write_batch(|w, _| Box::pin(backend.apply_reports(w, reports, options, now_ms)))
-            .await
+        let w = backend.begin_batch().await?;
+        self.write_in(w, |w, _| {
+            Box::pin(backend.apply_reports(w, reports, options, now_ms))
+        })
+        .await
     }
 
     async fn revoke_unacked(
