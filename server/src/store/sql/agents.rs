@@ -1,21 +1,23 @@
 //! Agents: registered (an upsert on namespace and name), read, listed by
 //! name, their documents replaced under a generation compare-and-set, their
 //! status and drain, and heartbeats row by row (for a backend without a
-//! set-based way).
+//! set-based way); and [`SqlStore`]'s [`AgentStore`] implementation over
+//! them.
 
+use async_trait::async_trait;
 use serde_json::Value;
 use uuid::Uuid;
 
 use super::db::{Cols, SqlDb, StatementExt, built, placeholders, query};
 use super::rows::{self, AGENT_COLUMNS};
-use super::{Write, leases, tasks};
+use super::{Backend, SqlStore, Write, leases, tasks};
 use crate::error::{Error, Result};
 use crate::model::{
     AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatApplied, BeatOutcome,
     DocumentWrite, NameContention, Page, StoreEvent, StoredName,
 };
-use crate::store::ReportedDocument;
 use crate::store::plan::{db, to_i64, to_u64};
+use crate::store::{AgentStore, ReportedDocument};
 
 const BY_ID: &str = const_format::concatcp!("SELECT ", AGENT_COLUMNS, " FROM agents WHERE id = $1");
 
@@ -471,4 +473,132 @@ pub(crate) async fn set_drained<DB: SqlDb>(
         .ok_or_else(|| not_found(agent_id))?;
     w.announce(StoreEvent::AgentChanged { agent_id });
     rows::agent::<DB>(&row)
+}
+
+#[async_trait]
+impl<B: Backend> AgentStore for SqlStore<B> {
+    async fn register_agent(
+        &self,
+        registration: &AgentRegistration,
+        now_ms: i64,
+    ) -> Result<AgentRecord> {
+        self.write(|w, _| Box::pin(register(w, registration, now_ms)))
+            .await
+    }
+
+    async fn get_agent(&self, agent_id: Uuid) -> Result<AgentRecord> {
+        self.read(|c, _| Box::pin(must_fetch::<B::Db>(c, agent_id)))
+            .await
+    }
+
+    async fn list_agents(
+        &self,
+        namespace: &str,
+        statuses: &[AgentStatus],
+        page: &Page,
+        parts: AgentParts,
+    ) -> Result<(Vec<AgentRecord>, Option<String>)> {
+        self.read(|c, _| Box::pin(list::<B::Db>(c, namespace, statuses, page, parts)))
+            .await
+    }
+
+    async fn agents_by_ids(&self, ids: &[Uuid], parts: AgentParts) -> Result<Vec<AgentRecord>> {
+        self.read(|c, _| Box::pin(by_ids::<B::Db>(c, ids, parts)))
+            .await
+    }
+
+    async fn agent_ids(&self, namespace: &str) -> Result<Vec<Uuid>> {
+        self.read(|c, _| Box::pin(ids::<B::Db>(c, namespace))).await
+    }
+
+    async fn agents_in_namespace(&self, namespace: &str) -> Result<u64> {
+        self.read(|c, _| Box::pin(count::<B::Db>(c, namespace)))
+            .await
+    }
+
+    async fn update_agent_document(
+        &self,
+        agent_id: Uuid,
+        expected_generation: u64,
+        document: &ReportedDocument,
+        now_ms: i64,
+    ) -> Result<u64> {
+        self.write(|w, _| {
+            Box::pin(replace_document(
+                w,
+                agent_id,
+                expected_generation,
+                document,
+                now_ms,
+            ))
+        })
+        .await
+    }
+
+    async fn set_operator_overrides(
+        &self,
+        agent_id: Uuid,
+        overrides: &Value,
+        document: &Value,
+        provenance: &Value,
+        now_ms: i64,
+    ) -> Result<AgentRecord> {
+        self.write(|w, _| {
+            Box::pin(set_overrides(
+                w, agent_id, overrides, document, provenance, now_ms,
+            ))
+        })
+        .await
+    }
+
+    async fn set_agent_status(
+        &self,
+        agent_id: Uuid,
+        status: AgentStatus,
+        reasons: &[String],
+        session_epoch: Option<u64>,
+        now_ms: i64,
+    ) -> Result<bool> {
+        self.write(|w, _| {
+            Box::pin(set_status(
+                w,
+                agent_id,
+                status,
+                reasons,
+                session_epoch,
+                now_ms,
+            ))
+        })
+        .await
+    }
+
+    async fn set_agent_drained(
+        &self,
+        agent_id: Uuid,
+        drained: bool,
+        reason: Option<String>,
+        deadline_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Result<AgentRecord> {
+        self.write(|w, _| {
+            Box::pin(set_drained(
+                w,
+                agent_id,
+                drained,
+                reason,
+                deadline_ms,
+                now_ms,
+            ))
+        })
+        .await
+    }
+
+    async fn heartbeats(&self, beats: &[Beat], now_ms: i64) -> Result<Vec<Result<BeatOutcome>>> {
+        if beats.is_empty() {
+            return Ok(Vec::new());
+        }
+        let backend = &self.backend;
+        self.write(|w, _| Box::pin(backend.heartbeats(w, beats, now_ms)))
+            .await
+    }
 }

@@ -26,8 +26,11 @@
 //! - `db`: the sqlx bounds the shared SQL needs ([`db::SqlDb`]).
 //! - `rows`: column lists and decoding of records.
 //! - `tasks`, `leases`, `reports`, `agents`, `tokens`, `history`: the
-//!   shared SQL of each aggregate; `limits`: concurrency limits, checked
-//!   where grants are written; `fair`: fair share's ranks and clock;
+//!   shared SQL of each aggregate (`agents` and `tokens` with their
+//!   [`AgentStore`](super::AgentStore) and
+//!   [`TokenStore`](super::TokenStore) implementations); `limits`:
+//!   concurrency limits, checked where grants are written; `fair`: fair
+//!   share's ranks and clock;
 //!   `queue`: the queue read in order and past its parked placements,
 //!   counted and grouped;
 //!   `output`: tasks' output, written with the lease reports, read in
@@ -50,20 +53,19 @@ pub(crate) mod tokens;
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-use serde_json::Value;
 use sqlx::{Database, Pool, Transaction};
 use switchyard_core::resources::Claim;
 use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use self::db::{BoxFuture, SqlDb, StatementExt};
-use super::{AgentStore, LeaseStore, ReportedDocument, Store, StoreOptions, TaskStore, TokenStore};
+use super::{LeaseStore, Store, StoreOptions, TaskStore};
 use crate::error::Result;
 use crate::model::{
-    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Beat, BeatOutcome, Completion,
-    CompletionResult, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport, LimitUsage, Page,
-    ParkedPlacement, QueueCursor, QueueGroupRow, ReportApplied, RevocationCause, StoreEvent,
-    Submission, Submitted, TaskEventRecord, TaskFilter, TaskRecord, TaskState, TokenRecord,
+    Beat, BeatOutcome, Completion, CompletionResult, GrantOutcome, GrantRequest, LeaseRecord,
+    LeaseReport, LimitUsage, Page, ParkedPlacement, QueueCursor, QueueGroupRow, ReportApplied,
+    RevocationCause, StoreEvent, Submission, Submitted, TaskEventRecord, TaskFilter, TaskRecord,
+    TaskState,
 };
 
 /// The statements that differ between the two databases, each written out
@@ -240,7 +242,7 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
     ) -> Result<Vec<Result<ReportApplied>>> {
         reports::apply_all(w, reports, options, now_ms).await
     }
-    /// Heartbeats inside `w` (see [`AgentStore::heartbeats`]).
+    /// Heartbeats inside `w` (see [`AgentStore::heartbeats`](super::AgentStore::heartbeats)).
     async fn heartbeats(
         &self,
         w: &mut Write<Self::Db>,
@@ -567,190 +569,6 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
 
     async fn failed_agents(&self, task_id: Uuid) -> Result<Vec<Uuid>> {
         self.read(|c, _| Box::pin(leases::failed_agents::<B::Db>(c, task_id)))
-            .await
-    }
-}
-
-#[async_trait]
-impl<B: Backend> AgentStore for SqlStore<B> {
-    async fn register_agent(
-        &self,
-        registration: &AgentRegistration,
-        now_ms: i64,
-    ) -> Result<AgentRecord> {
-        self.write(|w, _| Box::pin(agents::register(w, registration, now_ms)))
-            .await
-    }
-
-    async fn get_agent(&self, agent_id: Uuid) -> Result<AgentRecord> {
-        self.read(|c, _| Box::pin(agents::must_fetch::<B::Db>(c, agent_id)))
-            .await
-    }
-
-    async fn list_agents(
-        &self,
-        namespace: &str,
-        statuses: &[AgentStatus],
-        page: &Page,
-        parts: AgentParts,
-    ) -> Result<(Vec<AgentRecord>, Option<String>)> {
-        self.read(|c, _| Box::pin(agents::list::<B::Db>(c, namespace, statuses, page, parts)))
-            .await
-    }
-
-    async fn agents_by_ids(&self, ids: &[Uuid], parts: AgentParts) -> Result<Vec<AgentRecord>> {
-        self.read(|c, _| Box::pin(agents::by_ids::<B::Db>(c, ids, parts)))
-            .await
-    }
-
-    async fn agent_ids(&self, namespace: &str) -> Result<Vec<Uuid>> {
-        self.read(|c, _| Box::pin(agents::ids::<B::Db>(c, namespace)))
-            .await
-    }
-
-    async fn agents_in_namespace(&self, namespace: &str) -> Result<u64> {
-        self.read(|c, _| Box::pin(agents::count::<B::Db>(c, namespace)))
-            .await
-    }
-
-    async fn update_agent_document(
-        &self,
-        agent_id: Uuid,
-        expected_generation: u64,
-        document: &ReportedDocument,
-        now_ms: i64,
-    ) -> Result<u64> {
-        self.write(|w, _| {
-            Box::pin(agents::replace_document(
-                w,
-                agent_id,
-                expected_generation,
-                document,
-                now_ms,
-            ))
-        })
-        .await
-    }
-
-    async fn set_operator_overrides(
-        &self,
-        agent_id: Uuid,
-        overrides: &Value,
-        document: &Value,
-        provenance: &Value,
-        now_ms: i64,
-    ) -> Result<AgentRecord> {
-        self.write(|w, _| {
-            Box::pin(agents::set_overrides(
-                w, agent_id, overrides, document, provenance, now_ms,
-            ))
-        })
-        .await
-    }
-
-    async fn set_agent_status(
-        &self,
-        agent_id: Uuid,
-        status: AgentStatus,
-        reasons: &[String],
-        session_epoch: Option<u64>,
-        now_ms: i64,
-    ) -> Result<bool> {
-        self.write(|w, _| {
-            Box::pin(agents::set_status(
-                w,
-                agent_id,
-                status,
-                reasons,
-                session_epoch,
-                now_ms,
-            ))
-        })
-        .await
-    }
-
-    async fn set_agent_drained(
-        &self,
-        agent_id: Uuid,
-        drained: bool,
-        reason: Option<String>,
-        deadline_ms: Option<i64>,
-        now_ms: i64,
-    ) -> Result<AgentRecord> {
-        self.write(|w, _| {
-            Box::pin(agents::set_drained(
-                w,
-                agent_id,
-                drained,
-                reason,
-                deadline_ms,
-                now_ms,
-            ))
-        })
-        .await
-    }
-
-    async fn heartbeats(&self, beats: &[Beat], now_ms: i64) -> Result<Vec<Result<BeatOutcome>>> {
-        if beats.is_empty() {
-            return Ok(Vec::new());
-        }
-        let backend = &self.backend;
-        self.write(|w, _| Box::pin(backend.heartbeats(w, beats, now_ms)))
-            .await
-    }
-}
-
-#[async_trait]
-impl<B: Backend> TokenStore for SqlStore<B> {
-    async fn insert_token(&self, token: &TokenRecord, hash: &str) -> Result<()> {
-        self.write(|w, _| Box::pin(tokens::insert(w, token, hash)))
-            .await
-    }
-
-    async fn any_tokens(&self) -> Result<bool> {
-        self.read(|c, _| Box::pin(tokens::any::<B::Db>(c))).await
-    }
-
-    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
-        self.read(|c, _| Box::pin(tokens::find::<B::Db>(c, hash)))
-            .await
-    }
-
-    async fn list_tokens(&self, namespace: &str) -> Result<Vec<TokenRecord>> {
-        self.read(|c, _| Box::pin(tokens::list::<B::Db>(c, namespace)))
-            .await
-    }
-
-    async fn revoke_token(&self, namespace: &str, name: &str, at_ms: i64) -> Result<u64> {
-        self.write(|w, _| Box::pin(tokens::revoke(w, namespace, name, at_ms)))
-            .await
-    }
-
-    async fn rotate_token(
-        &self,
-        namespace: &str,
-        name: &str,
-        new_hash: &str,
-        expires_at_ms: Option<i64>,
-        now_ms: i64,
-        grace_ms: i64,
-    ) -> Result<Option<TokenRecord>> {
-        self.write(|w, _| {
-            Box::pin(tokens::rotate(
-                w,
-                namespace,
-                name,
-                new_hash,
-                expires_at_ms,
-                now_ms,
-                grace_ms,
-            ))
-        })
-        .await
-    }
-
-    async fn touch_token(&self, hash: &str, at_ms: i64) -> Result<()> {
-        self.write(|w, _| Box::pin(tokens::touch(w, hash, at_ms)))
             .await
     }
 }

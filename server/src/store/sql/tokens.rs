@@ -1,12 +1,16 @@
 //! Bearer tokens, stored by the SHA-256 of the token (never the token):
 //! created, listed, revoked, rotated (the new token stored under the old
-//! one's name, the old one's revocation put off by a grace) and marked used.
+//! one's name, the old one's revocation put off by a grace) and marked used;
+//! and [`SqlStore`]'s [`TokenStore`] implementation over them.
 
-use super::Write;
+use async_trait::async_trait;
+
 use super::db::{Cols, SqlDb, StatementExt, query};
 use super::rows::{self, TOKEN_COLUMNS};
+use super::{Backend, SqlStore, Write};
 use crate::error::Result;
 use crate::model::TokenRecord;
+use crate::store::TokenStore;
 use crate::store::plan::db;
 
 const INSERT: &str = "INSERT INTO tokens (hash, name, namespace, role, created_at_ms, \
@@ -159,4 +163,56 @@ pub(crate) async fn touch<DB: SqlDb>(w: &mut Write<DB>, hash: &str, at_ms: i64) 
         .await
         .map_err(db("noting a token's use"))?;
     Ok(())
+}
+
+#[async_trait]
+impl<B: Backend> TokenStore for SqlStore<B> {
+    async fn insert_token(&self, token: &TokenRecord, hash: &str) -> Result<()> {
+        self.write(|w, _| Box::pin(insert(w, token, hash))).await
+    }
+
+    async fn any_tokens(&self) -> Result<bool> {
+        self.read(|c, _| Box::pin(any::<B::Db>(c))).await
+    }
+
+    async fn find_token(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        self.read(|c, _| Box::pin(find::<B::Db>(c, hash))).await
+    }
+
+    async fn list_tokens(&self, namespace: &str) -> Result<Vec<TokenRecord>> {
+        self.read(|c, _| Box::pin(list::<B::Db>(c, namespace)))
+            .await
+    }
+
+    async fn revoke_token(&self, namespace: &str, name: &str, at_ms: i64) -> Result<u64> {
+        self.write(|w, _| Box::pin(revoke(w, namespace, name, at_ms)))
+            .await
+    }
+
+    async fn rotate_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        new_hash: &str,
+        expires_at_ms: Option<i64>,
+        now_ms: i64,
+        grace_ms: i64,
+    ) -> Result<Option<TokenRecord>> {
+        self.write(|w, _| {
+            Box::pin(rotate(
+                w,
+                namespace,
+                name,
+                new_hash,
+                expires_at_ms,
+                now_ms,
+                grace_ms,
+            ))
+        })
+        .await
+    }
+
+    async fn touch_token(&self, hash: &str, at_ms: i64) -> Result<()> {
+        self.write(|w, _| Box::pin(touch(w, hash, at_ms))).await
+    }
 }
