@@ -20,11 +20,11 @@ const T0: i64 = 1_700_000_000_000;
 
 /// Grants, report batches and submits' batches run on a few connections of
 /// their own (`warm`), and each statement of a grant or a report batch
-/// after the tasks' lock on the plan the connection keeps: PostgreSQL plans a statement afresh for its
-/// first five runs on a connection, and the 32 connections every request
-/// shares take turns, so there nearly every grant and report batch was
-/// planned for its one run (the grant's writing statement alone about 0.85
-/// ms of each dispatch round).
+/// after the tasks' lock on the plan the connection keeps: PostgreSQL
+/// plans a statement afresh for its first five runs on a connection, and
+/// the 32 connections every request shares take turns, so there nearly
+/// every grant and report batch was planned for its one run (the grant's
+/// writing statement alone about 0.85 ms of each dispatch round).
 #[tokio::test]
 async fn grants_reports_and_submits_run_on_their_own_connections_and_kept_plans() {
     const RUNS: i64 = 8;
