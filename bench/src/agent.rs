@@ -454,6 +454,11 @@ pub async fn run(
                         if let Ok(mut g) = counters.first_grant_us.lock() {
                             g.entry(task.task_id.clone()).or_insert(now);
                         }
+                        if payload_number(&task, crate::busy::HOLD).is_some() {
+                            // A busy task's holder keeps it.
+                            hold(&mut session, &grant.lease_id, grant.fencing_token, &task.task_id).await?;
+                            continue;
+                        }
                         match counters.answer_at() {
                             Some(at) => {
                                 let at = tokio::time::Instant::from_std(counters.epoch)
@@ -510,6 +515,29 @@ pub async fn run(
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Accepts and starts a grant, and never finishes it.
+async fn hold(
+    session: &mut Session,
+    lease_id: &str,
+    fencing_token: u64,
+    task_id: &str,
+) -> anyhow::Result<()> {
+    for update in [
+        Update::Accepted(pb::LeaseAccepted {}),
+        Update::Started(pb::LeaseStarted {}),
+    ] {
+        session
+            .send(Up::LeaseUpdate(pb::LeaseUpdate {
+                lease_id: lease_id.to_owned(),
+                task_id: task_id.to_owned(),
+                fencing_token,
+                update: Some(update),
+            }))
+            .await?;
     }
     Ok(())
 }

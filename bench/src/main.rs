@@ -21,15 +21,19 @@
 //! With `--parked N` the queue first gets N tasks no agent can run, ahead of
 //! every other; `--churn R` has agents join and leave while the tasks flow;
 //! `--drain-parked D` then connects agents that can run the parked tasks.
+//! With `--busy N` the queue's head holds N tasks that one agent can run
+//! but that has no room: they wait busy, not parked.
 //!
 //! # Layout
 //! - [`fleet`]: the agents' capability documents and the placement mix.
 //! - [`parked`]: parked tasks, churning agents, and the parked tasks' drain.
+//! - [`busy`]: busy tasks, and the agent that keeps them busy.
 //! - [`agent`]: one simulated agent's session, and the shared counters.
 //! - [`server`]: starting a server binary, and reading `/proc` for its cost.
 //! - [`report`]: percentiles and the printed result.
 
 mod agent;
+mod busy;
 mod fleet;
 mod parked;
 mod report;
@@ -186,6 +190,11 @@ struct Cli {
     /// the others) that no agent of the fleet can run: they stay parked.
     #[arg(long, env = "SWITCHYARD_BENCH_PARKED", default_value_t = 0)]
     parked: u64,
+    /// Before the fleet connects, submit this many tasks (priority 10,
+    /// ahead of the others) that only one more agent can run, with room
+    /// for one: it takes one and keeps it, and the rest wait busy.
+    #[arg(long, env = "SWITCHYARD_BENCH_BUSY", default_value_t = 0)]
+    busy: u64,
     /// Distinct placements the parked tasks are spread over.
     #[arg(long, env = "SWITCHYARD_BENCH_PARKED_PLACEMENTS", default_value_t = 16)]
     parked_placements: usize,
@@ -571,6 +580,33 @@ async fn drive(
         });
     }
 
+    // Busy tasks next, and the one agent that can run them, holding one.
+    let mut busy_report = None;
+    let mut holder = None;
+    if cli.busy > 0 {
+        let (ok, errors) = busy::submit(
+            channel(url).await?,
+            cli.busy,
+            cli.submitters,
+            cli.submit_batch,
+        )
+        .await;
+        holder = Some(
+            busy::Holder::start(
+                channel(url).await?,
+                &run_id,
+                cli.agents + 2_000_000,
+                Duration::from_secs(cli.timeout_secs),
+            )
+            .await?,
+        );
+        busy_report = Some(busy::BusyReport {
+            tasks: ok,
+            submit_errors: errors,
+            held: 1,
+        });
+    }
+
     // Preloaded: queue every task while no agent exists.
     let mut preload_cpu_seconds = None;
     let mut submitted = None;
@@ -743,6 +779,9 @@ async fn drive(
         );
     }
     let _ = stop_tx.send(true);
+    if let Some(holder) = holder {
+        holder.stop().await?;
+    }
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(joined) = sessions.join_next().await {
             note_session(joined, &mut session_errors);
@@ -907,5 +946,6 @@ async fn drive(
         heartbeat_interval_ms: cli.heartbeat_interval_ms,
         server,
         parked: parked_report,
+        busy: busy_report,
     })
 }

@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use crate::busy::BusyReport;
 use crate::parked::ParkedReport;
 
 /// Everything a run measured.
@@ -94,6 +95,8 @@ pub struct Report {
     /// Parked tasks, churning agents and the parked tasks' drain
     /// (`--parked`).
     pub parked: Option<ParkedReport>,
+    /// Busy tasks at the head of the queue (`--busy`).
+    pub busy: Option<BusyReport>,
 }
 
 /// One class of the placement mix, as the run drained it.
@@ -340,6 +343,15 @@ impl Report {
                 format!(
                     "{:.1} MiB (RSS {:.1} MiB connected, {:.1} MiB at end; {} threads, pid {})",
                     s.peak_rss_mib, s.connected_rss_mib, s.rss_mib, s.threads, s.pid
+                ),
+            ));
+        }
+        if let Some(b) = &self.busy {
+            rows.push((
+                "busy".into(),
+                format!(
+                    "{} tasks, priority 10, one held by the only agent that can run them ({} errors)",
+                    b.tasks, b.submit_errors
                 ),
             ));
         }
