@@ -114,7 +114,7 @@ const GROUPS: &str = concatcp!(
     f AS (SELECT f.priority, f.queue_rank, f.id FROM g CROSS JOIN LATERAL "
 );
 
-/// The first due task of group `g` (the range follows).
+/// The first due task of group `g` (a place it comes after may follow).
 const GROUP_FIRST: &str = concatcp!(
     "SELECT t.priority, t.created_at_ms + t.fair_offset AS queue_rank, t.id FROM tasks t \
     WHERE t.state = 'queued' AND ",
@@ -122,8 +122,22 @@ const GROUP_FIRST: &str = concatcp!(
     " = g.grp AND t.not_before_ms <= $1 "
 );
 
-/// Queue order, one task.
-const FIRST: &str = "ORDER BY t.priority DESC, t.created_at_ms + t.fair_offset, t.id LIMIT 1";
+/// A group's tasks after the place `$3` (priority), `$4` (rank), `$5` (id)
+/// in the queue: one row comparison in the order of `tasks_queue_groups`,
+/// which only that index serves (see its migration, 0021).
+const GROUP_AFTER: &str = concatcp!(
+    "AND (",
+    GROUP,
+    ", -(t.priority::int8), t.created_at_ms + t.fair_offset, t.id) \
+    > (g.grp, -($3::int8), $4, $5) "
+);
+
+/// Queue order within a group, one task: the order of `tasks_queue_groups`.
+const FIRST: &str = concatcp!(
+    "ORDER BY ",
+    GROUP,
+    ", -(t.priority::int8), t.created_at_ms + t.fair_offset, t.id LIMIT 1"
+);
 
 /// The groups of the parked placements in `$2` left out, and the first
 /// place of those that remain; then [`GROUP_RESULT`].
@@ -178,16 +192,11 @@ impl Dialect for Postgres {
     ));
     const UNPARKED_AFTER: Option<&'static str> = Some(concatcp!(
         GROUPS,
-        "((",
+        "(",
         GROUP_FIRST,
-        "AND t.priority = $3 AND t.created_at_ms + t.fair_offset >= $4 \
-        AND (t.created_at_ms + t.fair_offset > $4 OR t.id > $5) ",
+        GROUP_AFTER,
         FIRST,
-        ") UNION ALL (",
-        GROUP_FIRST,
-        "AND t.priority < $3 ",
-        FIRST,
-        "))",
+        ")",
         GROUP_NOT_PARKED
     ));
     const LOCK_LIMIT_KEY: &'static str =
