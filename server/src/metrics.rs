@@ -52,6 +52,9 @@ pub const CONNECTED_AGENTS: &str = "switchyard_connected_agents";
 /// Distinct placements no agent on this replica can run, whose tasks the
 /// dispatcher's queue walk leaves out.
 pub const PARKED_PLACEMENTS: &str = "switchyard_parked_placements";
+/// Distinct placements an agent on this replica can run but none has room
+/// for, whose tasks the queue walk leaves out until one has.
+pub const BUSY_PLACEMENTS: &str = "switchyard_busy_placements";
 /// Messages waiting in an agent stream's queue when one is pushed.
 pub const STREAM_QUEUE_DEPTH: &str = "switchyard_stream_queue_depth";
 /// Store call latency by operation.
@@ -102,6 +105,10 @@ fn describe() {
     describe_gauge!(
         PARKED_PLACEMENTS,
         "Distinct placements no agent on this replica can run (their tasks are parked)."
+    );
+    describe_gauge!(
+        BUSY_PLACEMENTS,
+        "Distinct placements an agent on this replica can run but none has room for (the queue walk leaves their tasks out until one has)."
     );
     describe_histogram!(
         STREAM_QUEUE_DEPTH,

@@ -3,7 +3,9 @@
 //! matches in one store batch, until no agent has room or the queue ends.
 //! A parked task is skipped, never a blocker: the walk goes on to lower
 //! priorities, and the tasks of placements known to be parked are not read
-//! at all. A retried task avoids the agents its earlier attempts failed on
+//! at all; nor are those of placements found busy (an agent here can run
+//! them, none has room) while no agent here has room for them. A retried
+//! task avoids the agents its earlier attempts failed on
 //! while another agent here could take it (read from the store once per
 //! attempt count, and cached while it waits). A round grants no more than
 //! the congestion window has room for, and never to an agent held back for
@@ -79,6 +81,13 @@ pub(super) struct Walk {
     /// Just before the first task of this walk from the head that is not
     /// parked (where the next walk from the head may start).
     first_live: Option<QueueCursor>,
+    /// Where the first page that left busy placements out began, if no
+    /// task before it was found that is not parked (`Some(None)`: the
+    /// head): the busy tasks it passed over may be anywhere after it.
+    busy_from: Option<Option<QueueCursor>>,
+    /// The busy epoch when a page first left busy placements out (their
+    /// tasks wait unread), if one did.
+    busy_epoch: Option<u64>,
     /// No agent had a free slot.
     full: bool,
     /// The walk reached the end of the queue.
@@ -204,6 +213,8 @@ impl Dispatcher {
             skip_from: cursor,
             skip_read,
             first_live: None,
+            busy_from: None,
+            busy_epoch: None,
             full: false,
             walked: false,
             granted: 0,
@@ -237,9 +248,12 @@ impl Dispatcher {
         let limit = u32::try_from(free.saturating_mul(2))
             .unwrap_or(u32::MAX)
             .clamp(walk.min_page, batch);
-        let (parked, unparked) = {
-            let state = self.state();
-            (state.queue.parked_keys(), state.queue.unparked)
+        let (mut parked, unparked, busy) = {
+            let mut state = self.state();
+            let state = &mut *state;
+            let busy = state.queue.busy_keys(&state.index, walk.now);
+            let busy = (!busy.is_empty()).then_some((busy, state.queue.busy_epoch));
+            (state.queue.parked_keys(), state.queue.unparked, busy)
         };
         if unparked != walk.seen_unparked {
             // Tasks passed over may be placeable now: start again.
@@ -248,6 +262,24 @@ impl Dispatcher {
             walk.left = 0;
             walk.from_head = true;
             walk.first_live = None;
+            walk.busy_from = None;
+            walk.busy_epoch = None;
+        }
+        if let Some((busy, epoch)) = busy {
+            let first = walk.busy_epoch.is_none();
+            walk.busy_epoch.get_or_insert(epoch);
+            if walk.first_live.is_none() && walk.busy_from.is_none() {
+                walk.busy_from = Some(walk.cursor);
+            }
+            parked.extend(busy);
+            // The page would leave the busy tasks out, but read each to do
+            // so, and a backlog of them lies in one stretch at the head of
+            // the queue as often as not: the first page that leaves them
+            // out goes on from the first task neither parked nor busy (one
+            // statement more a walk; later pages pass the few that remain).
+            if first && !self.go_past(walk, &parked).await? {
+                return Ok(false);
+            }
         }
         let store = &self.shared.store;
         let read = store.queued_tasks(None, walk.now, walk.cursor.as_ref(), &parked, limit);
@@ -283,35 +315,65 @@ impl Dispatcher {
             // leaves them out but reads each to do so. Go on from the
             // first task that is not parked, found without reading them.
             let parked = self.state().queue.parked_keys();
-            let next = store.first_unparked(walk.now, walk.cursor.as_ref(), &parked);
-            match crate::metrics::timed("first_unparked", next).await? {
-                Some(at) => {
-                    walk.cursor = Some(QueueCursor::before_place(at.priority, at.rank, at.task_id));
-                }
-                None => {
-                    walk.walked = true;
-                    return Ok(false);
-                }
-            }
+            return self.go_past(walk, &parked).await;
         }
         Ok(true)
+    }
+
+    /// Moves the walk on to just before the first task after its cursor
+    /// that is not of a placement in `left_out`, found without reading the
+    /// tasks it passes (`first_unparked`); whether there is one (if not,
+    /// the walk has reached the end of what it reads).
+    async fn go_past(&self, walk: &mut Walk, left_out: &[ParkedPlacement]) -> Result<bool> {
+        let next = self
+            .shared
+            .store
+            .first_unparked(walk.now, walk.cursor.as_ref(), left_out);
+        match crate::metrics::timed("first_unparked", next).await? {
+            Some(at) => {
+                walk.cursor = Some(QueueCursor::before_place(at.priority, at.rank, at.task_id));
+                Ok(true)
+            }
+            None => {
+                walk.walked = true;
+                Ok(false)
+            }
+        }
     }
 
     /// What the walk learned: whether nothing runnable waits, how far the
     /// head is parked, where the next round goes on.
     pub(super) fn finish_walk(&self, walk: &Walk) {
         if walk.walked && walk.from_head && walk.left == 0 {
-            // Nothing an agent here can run was left waiting as of `signals`.
-            self.mark_clear(walk.signals);
+            match walk.busy_epoch {
+                // Nothing an agent here can run was left waiting as of
+                // `signals`.
+                None => self.mark_clear(walk.signals),
+                // Nothing but busy placements' tasks, if none was
+                // forgotten since they were first left out.
+                Some(epoch) => {
+                    let mut state = self.state();
+                    if state.queue.busy_epoch == epoch {
+                        state.queue.clear_but_busy = Some((walk.signals, epoch));
+                    }
+                }
+            }
         }
         if walk.from_head {
-            let to = match (walk.first_live, walk.walked, walk.cursor.or(walk.skip_from)) {
-                (Some(at), _, _) => Some(Some(at)),
-                (None, true, _) => Some(None),
+            let to = match (
+                walk.busy_from,
+                walk.first_live,
+                walk.walked,
+                walk.cursor.or(walk.skip_from),
+            ) {
+                // Parked up to where busy tasks were left out, unread.
+                (Some(from), ..) => from.map(Some),
+                (None, Some(at), _, _) => Some(Some(at)),
+                (None, None, true, _) => Some(None),
                 // Every task read was parked: up to the last one.
-                (None, false, Some(last)) => Some(Some(last)),
+                (None, None, false, Some(last)) => Some(Some(last)),
                 // Nothing read (no free slot): nothing learned.
-                (None, false, None) => None,
+                (None, None, false, None) => None,
             };
             let mut state = self.state();
             let epoch_holds = state.queue.parked_epoch == walk.epoch;
@@ -357,6 +419,8 @@ impl Dispatcher {
         let mut requests = Vec::new();
         let mut picked: Vec<&TaskRecord> = Vec::new();
         let mut outcome = PageOutcome::default();
+        // Placements found busy for every task of theirs, one entry each.
+        let mut busy: Vec<(&TaskRecord, Arc<CompiledPlacement>)> = Vec::new();
         let failed = self.failed_agents(tasks).await?;
         // Tasks whose concurrency limit was full when last tried, no lease
         // having ended since (read once for the page): they wait, not parked.
@@ -387,16 +451,29 @@ impl Dispatcher {
                 continue;
             };
             let avoid = failed.get(&task.id).map_or(&[][..], |a| a);
-            match self.pick(task, compiled, avoid, now) {
+            match self.pick(task, &compiled, avoid, now) {
                 Pick::Agent(request) => {
                     outcome.first_live.get_or_insert(i);
                     requests.push(request);
                     picked.push(task);
                 }
-                Pick::Busy => {
+                Pick::Busy { placement_wide } => {
                     outcome.first_live.get_or_insert(i);
+                    if placement_wide
+                        && !busy.iter().any(|(t, c)| {
+                            Arc::ptr_eq(c, &compiled) && t.namespace == task.namespace
+                        })
+                    {
+                        busy.push((task, compiled));
+                    }
                 }
                 Pick::Parked => outcome.parked += 1,
+            }
+        }
+        if !busy.is_empty() {
+            let mut state = self.state();
+            for (task, compiled) in busy {
+                state.queue.note_busy(placement_key(task), compiled, now);
             }
         }
         if requests.is_empty() {
@@ -432,17 +509,17 @@ impl Dispatcher {
     fn pick(
         &self,
         task: &TaskRecord,
-        compiled: Arc<CompiledPlacement>,
+        compiled: &Arc<CompiledPlacement>,
         failed: &[AgentId],
         now: i64,
     ) -> Pick {
         let mut state = self.state();
         let started = std::time::Instant::now();
-        state.refused.matched(task.id, &compiled);
+        state.refused.matched(task.id, compiled);
         let refused = state.refused.of(task.id);
         let selected = state
             .index
-            .select_retry(&compiled, &task.namespace, refused, failed);
+            .select_retry(compiled, &task.namespace, refused, failed);
         metrics::histogram!(crate::metrics::MATCH_SECONDS).record(started.elapsed().as_secs_f64());
         if let Some(selection) = selected {
             let mut request = GrantRequest::one_slot(task.id, selection.agent_id.uuid());
@@ -465,21 +542,18 @@ impl Dispatcher {
         }
         if state
             .index
-            .any_capable_except(&compiled, &task.namespace, refused)
+            .any_capable_except(compiled, &task.namespace, refused)
         {
-            return Pick::Busy;
+            return Pick::Busy {
+                placement_wide: refused.is_empty() && failed.is_empty(),
+            };
         }
-        if !refused.is_empty() && state.index.any_capable(&compiled, &task.namespace) {
+        if !refused.is_empty() && state.index.any_capable(compiled, &task.namespace) {
             // Every agent here that could run it refused it: it waits on
             // its own until one changes; its placement is not parked.
             return Pick::Parked;
         }
-        let key = ParkedPlacement {
-            namespace: task.namespace.clone(),
-            kind: task.kind.clone(),
-            placement: task.placement.to_string(),
-        };
-        if state.queue.park(key, compiled) {
+        if state.queue.park(placement_key(task), compiled.clone()) {
             // Until the walk finds the forgotten placements' tasks again,
             // nothing overtakes them.
             self.note_queued();
@@ -571,8 +645,19 @@ impl Dispatcher {
 enum Pick {
     /// The request for this agent, what the lease would hold there reserved.
     Agent(GrantRequest),
-    /// A capable agent, but none with room.
-    Busy,
+    /// A capable agent, but none with room; for any task of its placement
+    /// (`placement_wide`: this one has no agents to avoid) or this one.
+    Busy { placement_wide: bool },
     /// No agent here can run it (or every one that could refused it).
     Parked,
+}
+
+/// The placement a task is parked or busy under: its namespace, kind and
+/// placement.
+fn placement_key(task: &TaskRecord) -> ParkedPlacement {
+    ParkedPlacement {
+        namespace: task.namespace.clone(),
+        kind: task.kind.clone(),
+        placement: task.placement.to_string(),
+    }
 }

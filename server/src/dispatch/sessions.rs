@@ -408,7 +408,7 @@ impl Dispatcher {
         }
         drop(state);
         self.fleet_moved();
-        if !self.queue_clear() {
+        if !self.nothing_leasable_waits() {
             self.wake();
         }
     }

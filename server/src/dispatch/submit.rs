@@ -1,6 +1,6 @@
 //! The submit protocol, whole: a task due now may be leased on the way in
 //! to an agent connected here that has room, when nothing waits in the
-//! queue (so it overtakes no one). The agent's slot is reserved before the
+//! queue that an agent with room could run (so it overtakes no one). The agent's slot is reserved before the
 //! commit, the task and its lease are stored in one group-committed
 //! transaction, and then the grant is pushed, or the reservation given back
 //! whatever went wrong; a task left queued is noted so the next round
@@ -159,17 +159,17 @@ impl Dispatcher {
     /// Picks and reserves an agent for a task being submitted, if one
     /// connected here has room (and is not held back for a late
     /// acknowledgement), the congestion window has room, and nothing waits
-    /// in the queue. A task with
+    /// in the queue that an agent with room could run. A task with
     /// a resource request or a spread is left to the dispatch round, whose
     /// grant records (and checks) its claim against the agent's live
     /// leases; so is one a concurrency limit counts (its key's, or the
     /// namespace's), whose grant checks the limit.
     fn place_now(&self, placement: &CompiledPlacement, task: &NewTask) -> Option<Uuid> {
         if self.stopping()
-            || !self.queue_clear()
             || placement.claims_beyond_slots()
             || task.concurrency_key.is_some()
             || self.shared.settings.max_running_per_namespace > 0
+            || !self.nothing_leasable_waits()
         {
             return None;
         }

@@ -226,6 +226,7 @@ on_both_stores!(
     a_task_queued_during_a_walk_leaves_the_skip_standing_up_to_it,
     a_skip_past_its_time_is_read_again_beside_the_rounds,
     a_walk_goes_on_past_a_page_of_parked_tasks_where_the_first_is_not_parked,
+    a_busy_placement_is_left_out_of_the_walk_while_no_agent_has_room_for_it,
     a_replica_does_not_hear_its_own_submit_queued_again,
     a_delayed_task_is_granted_once_it_comes_due,
     a_lapsed_lease_is_expired_revoked_and_granted_again,
@@ -515,6 +516,81 @@ async fn a_walk_goes_on_past_a_page_of_parked_tasks_where_the_first_is_not_parke
     let mut walk = fx.dispatcher.start_walk().expect("a walk");
     assert!(!fx.dispatcher.walk_page(&mut walk).await.expect("page"));
     assert!(walk.walked(), "every task left is parked: the end");
+}
+
+/// Tasks an agent here can run but that no agent has room for are read by
+/// a page, then left out of every page while no agent here has room for
+/// their placement, as a parked placement's are: a backlog for a busy
+/// agent at the head of the queue was read again by every page of every
+/// round (up to 64 pages a round), before the walk reached anything it
+/// could lease. A walk that left them out does not find the queue clear,
+/// but a submit that no busy placement's agent could take is still leased
+/// on the way in; once a slot frees, or the finding is a second old, they
+/// are read again.
+async fn a_busy_placement_is_left_out_of_the_walk_while_no_agent_has_room_for_it(fx: &Fixture) {
+    let mut gpu = fx.connect("g", &["gpu"], 1).await;
+    let mut linux = fx.connect("l", &["linux"], 4).await;
+    let mut gpu_tasks = Vec::new();
+    for _ in 0..40 {
+        gpu_tasks.push(fx.queue("gpu", 9, None).await);
+    }
+    let first_linux = fx.queue("linux", 0, None).await;
+    fx.dispatcher.note_queued();
+    let mut walk = fx.dispatcher.start_walk().expect("a walk");
+    // A page of gpu tasks: one leased, the rest busy.
+    assert!(fx.dispatcher.walk_page(&mut walk).await.expect("page"));
+    assert_eq!(gpu.grants(), [gpu_tasks[0]]);
+    // The next page leaves them out and reaches the linux task.
+    assert!(!fx.dispatcher.walk_page(&mut walk).await.expect("page"));
+    assert_eq!(linux.grants(), [first_linux]);
+    fx.dispatcher.finish_walk(&walk);
+    assert!(!fx.dispatcher.queue_clear(), "busy tasks wait");
+
+    // The next walk's first page leaves them out from the start.
+    let second_linux = fx.queue("linux", 0, None).await;
+    fx.dispatcher.note_queued();
+    let mut walk = fx.dispatcher.start_walk().expect("a walk");
+    assert!(!fx.dispatcher.walk_page(&mut walk).await.expect("page"));
+    assert_eq!(linux.grants(), [second_linux]);
+    fx.dispatcher.finish_walk(&walk);
+    assert!(!fx.dispatcher.queue_clear(), "busy tasks wait");
+    let next = fx
+        .dispatcher
+        .start_walk()
+        .expect("busy tasks are not parked");
+    assert_eq!(next.starts_at(), None, "the walk learned no parked head");
+    fx.dispatcher.finish_walk(&next);
+    assert!(
+        fx.dispatcher.nothing_leasable_waits(),
+        "only busy tasks wait"
+    );
+    let submitted = fx
+        .dispatcher
+        .submit_task(task("linux", 0, None), &compiled("linux"))
+        .await
+        .expect("submit");
+    assert_eq!(submitted.task.state, TaskState::Leased, "on the way in");
+    assert_eq!(linux.grants(), [submitted.task.id]);
+
+    // A slot frees: they are read again, in order.
+    let done = CompletionOutcome::Succeeded { result: json!({}) };
+    settle(fx, &gpu, gpu_tasks[0], done).await;
+    assert!(
+        !fx.dispatcher.nothing_leasable_waits(),
+        "a busy placement has room"
+    );
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 1);
+    assert_eq!(gpu.grants(), [gpu_tasks[1]]);
+
+    // Found busy a second ago or more, they are read again too.
+    let busy = |fx: &Fixture| {
+        let mut state = fx.dispatcher.state();
+        let state = &mut *state;
+        state.queue.busy_keys(&state.index, fx.now()).len()
+    };
+    assert_eq!(busy(fx), 1);
+    fx.clock.advance(1_000);
+    assert_eq!(busy(fx), 0);
 }
 
 /// Settles the lease of `task_id` with `outcome` and tells the dispatcher
