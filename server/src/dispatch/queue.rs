@@ -35,6 +35,14 @@ const MAX_BUSY_PLACEMENTS: usize = 256;
 /// leased on the way in while their tasks wait.
 const MAX_BUSY_CHECKED: usize = 16;
 
+/// Tasks of one busy placement in a page (and half the page at least) from
+/// which they are taken to lie in a stretch of the queue, a backlog the
+/// walk then leaves out and goes past in one probe. Busy tasks scattered
+/// among others are read by the pages that pass them: leaving them out
+/// saved no page and made each cost more (every row the page passed is
+/// matched against the list of placements left out).
+pub(super) const BUSY_STRETCH: usize = 8;
+
 /// How long a placement found busy is left out of the walk at most, while
 /// no agent here has room for it: then a page reads its tasks again. What
 /// no read confirms (tasks leased by another replica, cancelled) is not
@@ -72,6 +80,14 @@ pub(super) struct Skip {
     pub(super) made_at_ms: i64,
     /// How long that reading holds.
     pub(super) ttl_ms: i64,
+}
+
+/// A placement found busy: every agent here that can run it without room.
+#[derive(Debug)]
+struct Busy {
+    placement: Arc<CompiledPlacement>,
+    /// When a page found it so.
+    since_ms: i64,
 }
 
 /// What was queued while a walk from the head was under way: a task
@@ -160,7 +176,7 @@ pub(super) struct QueueState {
     /// that was found (at most [`MAX_BUSY_PLACEMENTS`]): while no agent here
     /// has room for one, the walk leaves its tasks out, as it does a parked
     /// placement's. Matched on every page, not remembered past a slot.
-    busy: HashMap<ParkedPlacement, (Arc<CompiledPlacement>, i64)>,
+    busy: HashMap<ParkedPlacement, Busy>,
     /// Counts busy placements forgotten (an agent had room, the finding
     /// was old, or all of them at the cap): their tasks may be leasable.
     pub(super) busy_epoch: u64,
@@ -275,7 +291,8 @@ impl QueueState {
     }
 
     /// Remembers that a page found every agent here that can run `key`'s
-    /// tasks without room, at `now_ms`.
+    /// tasks without room, at `now_ms`, with a stretch of them
+    /// ([`BUSY_STRETCH`]).
     pub(super) fn note_busy(
         &mut self,
         key: ParkedPlacement,
@@ -286,7 +303,11 @@ impl QueueState {
             self.busy.clear();
             self.busy_epoch += 1;
         }
-        self.busy.insert(key, (placement, now_ms));
+        let busy = Busy {
+            placement,
+            since_ms: now_ms,
+        };
+        self.busy.insert(key, busy);
         metrics::gauge!(crate::metrics::BUSY_PLACEMENTS).set(self.busy.len() as f64);
     }
 
@@ -307,10 +328,10 @@ impl QueueState {
             return;
         }
         let before = self.busy.len();
-        self.busy.retain(|key, (placement, since)| {
-            now_ms - *since < BUSY_TTL_MS
+        self.busy.retain(|key, busy| {
+            now_ms - busy.since_ms < BUSY_TTL_MS
                 && index
-                    .select_best_except(placement, &key.namespace, &[])
+                    .select_best_except(&busy.placement, &key.namespace, &[])
                     .is_none()
         });
         if self.busy.len() < before {

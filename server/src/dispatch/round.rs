@@ -3,10 +3,10 @@
 //! matches in one store batch, until no agent has room or the queue ends.
 //! A parked task is skipped, never a blocker: the walk goes on to lower
 //! priorities, and the tasks of placements known to be parked are not read
-//! at all; nor are those of placements found busy (an agent here can run
-//! them, none has room) while no agent here has room for them. A retried
-//! task avoids the agents its earlier attempts failed on
-//! while another agent here could take it (read from the store once per
+//! at all; nor are those of placements found busy in a stretch (a backlog:
+//! an agent here can run them, none has room) while no agent here has room
+//! for them. A retried task avoids the agents its earlier attempts failed
+//! on while another agent here could take it (read from the store once per
 //! attempt count, and cached while it waits). A round grants no more than
 //! the congestion window has room for, and never to an agent held back for
 //! a late acknowledgement (see `congestion`).
@@ -22,7 +22,7 @@ use switchyard_core::placement::{self, CompiledPlacement, Placement};
 use tracing::{debug, warn};
 
 use super::Dispatcher;
-use super::queue::{QueuedInWalk, SKIP_TTL_MS, Skip};
+use super::queue::{BUSY_STRETCH, QueuedInWalk, SKIP_TTL_MS, Skip};
 use crate::error::Result;
 use crate::model::{
     GrantOutcome, GrantRefusal, GrantRequest, ParkedPlacement, QueueCursor, TaskRecord,
@@ -273,10 +273,8 @@ impl Dispatcher {
             }
             parked.extend(busy);
             // The page would leave the busy tasks out, but read each to do
-            // so, and a backlog of them lies in one stretch at the head of
-            // the queue as often as not: the first page that leaves them
-            // out goes on from the first task neither parked nor busy (one
-            // statement more a walk; later pages pass the few that remain).
+            // so, and they lie in a stretch: the first page that leaves
+            // them out goes on from the first task neither parked nor busy.
             if first && !self.go_past(walk, &parked).await? {
                 return Ok(false);
             }
@@ -419,8 +417,10 @@ impl Dispatcher {
         let mut requests = Vec::new();
         let mut picked: Vec<&TaskRecord> = Vec::new();
         let mut outcome = PageOutcome::default();
-        // Placements found busy for every task of theirs, one entry each.
-        let mut busy: Vec<(&TaskRecord, Arc<CompiledPlacement>)> = Vec::new();
+        // Placements found busy for every task of theirs, one entry each,
+        // with how many of the page's tasks they hold (a stretch of them
+        // is left out of later pages).
+        let mut busy: Vec<(&TaskRecord, Arc<CompiledPlacement>, usize)> = Vec::new();
         let failed = self.failed_agents(tasks).await?;
         // Tasks whose concurrency limit was full when last tried, no lease
         // having ended since (read once for the page): they wait, not parked.
@@ -459,20 +459,24 @@ impl Dispatcher {
                 }
                 Pick::Busy { placement_wide } => {
                     outcome.first_live.get_or_insert(i);
-                    if placement_wide
-                        && !busy.iter().any(|(t, c)| {
-                            Arc::ptr_eq(c, &compiled) && t.namespace == task.namespace
-                        })
-                    {
-                        busy.push((task, compiled));
+                    if placement_wide {
+                        let same =
+                            |(t, c, _): &&mut (&TaskRecord, Arc<CompiledPlacement>, usize)| {
+                                Arc::ptr_eq(c, &compiled) && t.namespace == task.namespace
+                            };
+                        match busy.iter_mut().find(same) {
+                            Some((_, _, tasks)) => *tasks += 1,
+                            None => busy.push((task, compiled, 1)),
+                        }
                     }
                 }
                 Pick::Parked => outcome.parked += 1,
             }
         }
+        busy.retain(|(_, _, of_page)| *of_page >= BUSY_STRETCH && of_page * 2 >= tasks.len());
         if !busy.is_empty() {
             let mut state = self.state();
-            for (task, compiled) in busy {
+            for (task, compiled, _) in busy {
                 state.queue.note_busy(placement_key(task), compiled, now);
             }
         }

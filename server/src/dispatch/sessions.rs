@@ -406,9 +406,15 @@ impl Dispatcher {
                 }
             }
         }
+        // Under the lock already held: a lease ends for every task.
+        let waits = !self.queue_clear() && {
+            let (signals, now) = (self.signals(), self.now_ms());
+            let state = &mut *state;
+            !state.queue.clear_but_busy(signals, &state.index, now)
+        };
         drop(state);
         self.fleet_moved();
-        if !self.nothing_leasable_waits() {
+        if waits {
             self.wake();
         }
     }
