@@ -29,6 +29,10 @@ use tonic::transport::Channel;
 
 use crate::fleet;
 
+/// The payload field that has an agent hold its lease (accepted and started,
+/// never finished) instead of answering it (`--busy`).
+pub const HOLD: &str = "hold";
+
 /// What every agent and submitter of a run adds to; read by the report.
 #[derive(Debug)]
 pub struct Counters {
@@ -454,7 +458,7 @@ pub async fn run(
                         if let Ok(mut g) = counters.first_grant_us.lock() {
                             g.entry(task.task_id.clone()).or_insert(now);
                         }
-                        if payload_number(&task, crate::busy::HOLD).is_some() {
+                        if payload_number(&task, HOLD).is_some() {
                             // A busy task's holder keeps it.
                             hold(&mut session, &grant.lease_id, grant.fencing_token, &task.task_id).await?;
                             continue;

@@ -20,14 +20,11 @@ use switchyard_proto::v1 as pb;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
-use crate::agent::{self, Counters, Leave};
+use crate::agent::{self, Counters, HOLD, Leave};
 use crate::fleet;
 
 /// The tag only the holder has.
 const TAG: &str = "bench-busy";
-
-/// The payload field that has an agent hold its lease instead of finishing.
-pub const HOLD: &str = "hold";
 
 /// What `--busy` did.
 #[derive(Debug, Serialize)]
