@@ -3,10 +3,11 @@
 //! clear), when delayed tasks come due, which placements are parked (no
 //! agent here can run them, so the walk leaves their tasks out; a
 //! placement is its namespace, task kind and placement), how far the
-//! head of the queue is parked tasks only, which placements are busy (an
-//! agent here can run them, none has room: the walk leaves their tasks out
-//! while that lasts), and which concurrency limits a grant found full
-//! (their tasks wait unmatched until a lease ends).
+//! head of the queue is parked tasks only, which placements are busy in a
+//! stretch of the queue (an agent here can run them, none has room: the
+//! walk leaves their tasks out while that lasts), and which concurrency
+//! limits a grant found full (their tasks wait unmatched until a lease
+//! ends).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

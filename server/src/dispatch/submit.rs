@@ -1,13 +1,13 @@
 //! The submit protocol, whole: a task due now may be leased on the way in
 //! to an agent connected here that has room, when nothing waits in the
-//! queue that an agent with room could run (so it overtakes no one). The agent's slot is reserved before the
-//! commit, the task and its lease are stored in one group-committed
-//! transaction, and then the grant is pushed, or the reservation given back
-//! whatever went wrong; a task left queued is noted so the next round
-//! reads it. A call's tasks go in one batch, in order. While more submitted
-//! tasks wait for the store than `--max-submits-waiting`, a submit is
-//! pushed back (RESOURCE_EXHAUSTED, with a `RetryInfo`) before anything is
-//! stored.
+//! queue that an agent with room could run (so it overtakes no one). The
+//! agent's slot is reserved before the commit, the task and its lease are
+//! stored in one group-committed transaction, and then the grant is pushed,
+//! or the reservation given back whatever went wrong; a task left queued is
+//! noted so the next round reads it. A call's tasks go in one batch, in
+//! order. While more submitted tasks wait for the store than
+//! `--max-submits-waiting`, a submit is pushed back (RESOURCE_EXHAUSTED,
+//! with a `RetryInfo`) before anything is stored.
 
 use switchyard_core::placement::CompiledPlacement;
 use switchyard_core::resources::Claim;
