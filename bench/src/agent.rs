@@ -535,12 +535,7 @@ async fn hold(
         Update::Started(pb::LeaseStarted {}),
     ] {
         session
-            .send(Up::LeaseUpdate(pb::LeaseUpdate {
-                lease_id: lease_id.to_owned(),
-                task_id: task_id.to_owned(),
-                fencing_token,
-                update: Some(update),
-            }))
+            .report(lease_id, fencing_token, task_id, update)
             .await?;
     }
     Ok(())
@@ -577,12 +572,7 @@ async fn answer(
     for update in updates.into_iter().flatten() {
         let last = matches!(update, Update::Succeeded(_));
         session
-            .send(Up::LeaseUpdate(pb::LeaseUpdate {
-                lease_id: lease_id.to_owned(),
-                task_id: task_id.to_owned(),
-                fencing_token,
-                update: Some(update),
-            }))
+            .report(lease_id, fencing_token, task_id, update)
             .await?;
         if last {
             session.succeeded.insert(session.sequence, class);
@@ -657,6 +647,24 @@ struct Session {
 
 impl Session {
     /// Sends a message; returns its encoded size.
+    /// Sends one report on a lease.
+    async fn report(
+        &mut self,
+        lease_id: &str,
+        fencing_token: u64,
+        task_id: &str,
+        update: Update,
+    ) -> anyhow::Result<()> {
+        self.send(Up::LeaseUpdate(pb::LeaseUpdate {
+            lease_id: lease_id.to_owned(),
+            task_id: task_id.to_owned(),
+            fencing_token,
+            update: Some(update),
+        }))
+        .await?;
+        Ok(())
+    }
+
     async fn send(&mut self, message: Up) -> anyhow::Result<usize> {
         self.sequence += 1;
         let request = pb::ConnectRequest {
