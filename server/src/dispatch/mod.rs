@@ -35,6 +35,7 @@
 //!   which agents are too slow to be given more, and when an
 //!   unacknowledged grant is revoked.
 
+mod busy;
 mod congestion;
 mod events;
 mod explain;

@@ -4,51 +4,27 @@
 //! agent here can run them, so the walk leaves their tasks out; a
 //! placement is its namespace, task kind and placement), how far the
 //! head of the queue is parked tasks only, which placements are busy in a
-//! stretch of the queue (an agent here can run them, none has room: the
-//! walk leaves their tasks out while that lasts), and which concurrency
-//! limits a grant found full (their tasks wait unmatched until a lease
-//! ends).
+//! stretch of the queue (`busy`), and which concurrency limits a grant
+//! found full (their tasks wait unmatched until a lease ends).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use switchyard_core::index::AgentIndex;
 use switchyard_core::matcher::{self, AgentView};
 use switchyard_core::placement::CompiledPlacement;
 use tracing::warn;
 use uuid::Uuid;
 
 use super::Dispatcher;
+use super::busy::BusyPlacements;
 use crate::model::{ParkedPlacement, QueueCursor, TaskRecord};
 
 /// The most distinct parked placements a dispatcher remembers. One more
 /// makes it forget them all and find again those whose tasks still wait
 /// (each costs a page of the next walk).
 const MAX_PARKED_PLACEMENTS: usize = 256;
-
-/// The most distinct busy placements a dispatcher remembers; one more
-/// makes it forget them all (the walk finds those still busy again).
-const MAX_BUSY_PLACEMENTS: usize = 256;
-
-/// The most busy placements a submit matches to learn whether it may be
-/// leased on the way in while their tasks wait.
-const MAX_BUSY_CHECKED: usize = 16;
-
-/// Tasks of one busy placement in a page (and half the page at least) from
-/// which they are taken to lie in a stretch of the queue, a backlog the
-/// walk then leaves out and goes past in one probe. Busy tasks scattered
-/// among others are read by the pages that pass them: leaving them out
-/// saved no page and made each cost more (every row the page passed is
-/// matched against the list of placements left out).
-pub(super) const BUSY_STRETCH: usize = 8;
-
-/// How long a placement found busy is left out of the walk at most, while
-/// no agent here has room for it: then a page reads its tasks again. What
-/// no read confirms (tasks leased by another replica, cancelled) is not
-/// tested against the agents for longer than this.
-const BUSY_TTL_MS: i64 = 1_000;
 
 /// The most distinct due times a dispatcher keeps; past that the latest are
 /// dropped, and their tasks are found by the periodic re-check.
@@ -81,14 +57,6 @@ pub(super) struct Skip {
     pub(super) made_at_ms: i64,
     /// How long that reading holds.
     pub(super) ttl_ms: i64,
-}
-
-/// A placement found busy: every agent here that can run it without room.
-#[derive(Debug)]
-struct Busy {
-    placement: Arc<CompiledPlacement>,
-    /// When a page found it so.
-    since_ms: i64,
 }
 
 /// What was queued while a walk from the head was under way: a task
@@ -173,19 +141,9 @@ pub(super) struct QueueState {
     /// the queue walk leaves their tasks out, and an agent that connects or
     /// changes is tested against each, to put its tasks back in the walk.
     parked: HashMap<ParkedPlacement, Arc<CompiledPlacement>>,
-    /// Placements an agent here can run but none has room for, with when
-    /// that was found (at most [`MAX_BUSY_PLACEMENTS`]): while no agent here
-    /// has room for one, the walk leaves its tasks out, as it does a parked
-    /// placement's. Matched on every page, not remembered past a slot.
-    busy: HashMap<ParkedPlacement, Busy>,
-    /// Counts busy placements forgotten (an agent had room, the finding
-    /// was old, or all of them at the cap): their tasks may be leasable.
-    pub(super) busy_epoch: u64,
-    /// The last walk from the head left nothing waiting that an agent here
-    /// can run but the tasks of busy placements, as of these queue signals
-    /// and this `busy_epoch`: while both hold and no busy placement has
-    /// room, nothing a submit could overtake waits.
-    pub(super) clear_but_busy: Option<(u64, u64)>,
+    /// Placements busy in a stretch of the queue, which the walk leaves out
+    /// while no agent here has room for them.
+    pub(super) busy: BusyPlacements,
     /// Counts placements forgotten from `parked`; a round that sees it move
     /// walks again from the head, so their oldest tasks go first.
     pub(super) unparked: u64,
@@ -289,72 +247,6 @@ impl QueueState {
     /// The parked placements, for the store's queue page.
     pub(super) fn parked_keys(&self) -> Vec<ParkedPlacement> {
         self.parked.keys().cloned().collect()
-    }
-
-    /// Remembers that a page found every agent here that can run `key`'s
-    /// tasks without room, at `now_ms`, with a stretch of them
-    /// ([`BUSY_STRETCH`]).
-    pub(super) fn note_busy(
-        &mut self,
-        key: ParkedPlacement,
-        placement: Arc<CompiledPlacement>,
-        now_ms: i64,
-    ) {
-        if !self.busy.contains_key(&key) && self.busy.len() >= MAX_BUSY_PLACEMENTS {
-            self.busy.clear();
-            self.busy_epoch += 1;
-        }
-        let busy = Busy {
-            placement,
-            since_ms: now_ms,
-        };
-        self.busy.insert(key, busy);
-        metrics::gauge!(crate::metrics::BUSY_PLACEMENTS).set(self.busy.len() as f64);
-    }
-
-    /// The placements still busy at `now_ms`, for the store's queue page to
-    /// leave out beside the parked ones: those for which no agent in `index`
-    /// has room (the matcher's own choice, as for a task of theirs with no
-    /// agent to avoid), found so within [`BUSY_TTL_MS`]. The others are
-    /// forgotten: their tasks are read again.
-    pub(super) fn busy_keys(&mut self, index: &AgentIndex, now_ms: i64) -> Vec<ParkedPlacement> {
-        self.forget_unbusy(index, now_ms);
-        self.busy.keys().cloned().collect()
-    }
-
-    /// Forgets the busy placements an agent in `index` has room for, or
-    /// found so [`BUSY_TTL_MS`] or more before `now_ms`.
-    fn forget_unbusy(&mut self, index: &AgentIndex, now_ms: i64) {
-        if self.busy.is_empty() {
-            return;
-        }
-        let before = self.busy.len();
-        self.busy.retain(|key, busy| {
-            now_ms - busy.since_ms < BUSY_TTL_MS
-                && index
-                    .select_best_except(&busy.placement, &key.namespace, &[])
-                    .is_none()
-        });
-        if self.busy.len() < before {
-            self.busy_epoch += 1;
-            metrics::gauge!(crate::metrics::BUSY_PLACEMENTS).set(self.busy.len() as f64);
-        }
-    }
-
-    /// Whether the last walk from the head, as of queue signals `signals`,
-    /// left only busy placements' tasks waiting and none of those
-    /// placements has room at `now_ms` (so a submit leased on the way in
-    /// overtakes no task an agent with room could run). Checked only while
-    /// at most [`MAX_BUSY_CHECKED`] placements are busy: each is matched.
-    pub(super) fn clear_but_busy(&mut self, signals: u64, index: &AgentIndex, now_ms: i64) -> bool {
-        let Some((at, epoch)) = self.clear_but_busy else {
-            return false;
-        };
-        if at != signals || epoch != self.busy_epoch || self.busy.len() > MAX_BUSY_CHECKED {
-            return false;
-        }
-        self.forget_unbusy(index, now_ms);
-        epoch == self.busy_epoch
     }
 }
 
@@ -531,7 +423,7 @@ impl Dispatcher {
 
     /// Whether nothing waits that an agent here with room could run: the
     /// queue is clear, or holds only tasks of busy placements that still
-    /// have no room (see `QueueState::clear_but_busy`). A submit is leased
+    /// have no room (see `BusyPlacements::clear_but_busy`). A submit is leased
     /// on the way in, and a freed slot or a changed agent wakes no round,
     /// only then.
     pub(super) fn nothing_leasable_waits(&self) -> bool {
@@ -541,7 +433,7 @@ impl Dispatcher {
         let (signals, now) = (self.signals(), self.now_ms());
         let mut state = self.state();
         let state = &mut *state;
-        state.queue.clear_but_busy(signals, &state.index, now)
+        state.queue.busy.clear_but_busy(signals, &state.index, now)
     }
 
     /// Records that a round starting at `signals` left nothing waiting that

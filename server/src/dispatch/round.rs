@@ -22,7 +22,8 @@ use switchyard_core::placement::{self, CompiledPlacement, Placement};
 use tracing::{debug, warn};
 
 use super::Dispatcher;
-use super::queue::{BUSY_STRETCH, QueuedInWalk, SKIP_TTL_MS, Skip};
+use super::busy::BUSY_STRETCH;
+use super::queue::{QueuedInWalk, SKIP_TTL_MS, Skip};
 use crate::error::Result;
 use crate::model::{
     GrantOutcome, GrantRefusal, GrantRequest, ParkedPlacement, QueueCursor, TaskRecord,
@@ -251,8 +252,8 @@ impl Dispatcher {
         let (mut parked, unparked, busy) = {
             let mut state = self.state();
             let state = &mut *state;
-            let busy = state.queue.busy_keys(&state.index, walk.now);
-            let busy = (!busy.is_empty()).then_some((busy, state.queue.busy_epoch));
+            let busy = state.queue.busy.keys(&state.index, walk.now);
+            let busy = (!busy.is_empty()).then_some((busy, state.queue.busy.epoch));
             (state.queue.parked_keys(), state.queue.unparked, busy)
         };
         if unparked != walk.seen_unparked {
@@ -351,8 +352,8 @@ impl Dispatcher {
                 // forgotten since they were first left out.
                 Some(epoch) => {
                     let mut state = self.state();
-                    if state.queue.busy_epoch == epoch {
-                        state.queue.clear_but_busy = Some((walk.signals, epoch));
+                    if state.queue.busy.epoch == epoch {
+                        state.queue.busy.clear_at = Some((walk.signals, epoch));
                     }
                 }
             }
@@ -477,7 +478,7 @@ impl Dispatcher {
         if !busy.is_empty() {
             let mut state = self.state();
             for (task, compiled, _) in busy {
-                state.queue.note_busy(placement_key(task), compiled, now);
+                state.queue.busy.note(placement_key(task), compiled, now);
             }
         }
         if requests.is_empty() {

@@ -410,7 +410,7 @@ impl Dispatcher {
         let waits = !self.queue_clear() && {
             let (signals, now) = (self.signals(), self.now_ms());
             let state = &mut *state;
-            !state.queue.clear_but_busy(signals, &state.index, now)
+            !state.queue.busy.clear_but_busy(signals, &state.index, now)
         };
         drop(state);
         self.fleet_moved();

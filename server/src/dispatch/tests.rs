@@ -586,7 +586,7 @@ async fn a_busy_placement_is_left_out_of_the_walk_while_no_agent_has_room_for_it
     let busy = |fx: &Fixture| {
         let mut state = fx.dispatcher.state();
         let state = &mut *state;
-        state.queue.busy_keys(&state.index, fx.now()).len()
+        state.queue.busy.keys(&state.index, fx.now()).len()
     };
     assert_eq!(busy(fx), 1);
     fx.clock.advance(1_000);
