@@ -2,8 +2,11 @@
 //! tasks (a backlog) with every agent here that can run them without room.
 //! The queue walk leaves their tasks out, beside the parked placements',
 //! while the agent index still has no agent with room for them, and for a
-//! second at most; a walk that left them out may still find that nothing
-//! else waits, which lets a submit be leased on the way in.
+//! second at most (then a page reads them again, and finds them busy
+//! again or not); a walk that left them out may still find that nothing
+//! else waits, which lets a submit be leased on the way in, for as long
+//! as the finding is renewed (forgotten two seconds after it was last
+//! made).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,10 +33,17 @@ const MAX_BUSY_CHECKED: usize = 16;
 pub(super) const BUSY_STRETCH: usize = 8;
 
 /// How long a placement found busy is left out of the walk at most, while
-/// no agent here has room for it: then a page reads its tasks again. What
-/// no read confirms (tasks leased by another replica, cancelled) is not
-/// tested against the agents for longer than this.
+/// no agent here has room for it: then a page reads its tasks again, and
+/// finds it busy again (or not).
 const BUSY_TTL_MS: i64 = 1_000;
+
+/// How long a placement found busy is remembered at most without a page
+/// finding it so again: what no read confirms (tasks leased by another
+/// replica, cancelled) is not tested against the agents for longer. Until
+/// then, a finding past [`BUSY_TTL_MS`] still counts for
+/// [`BusyPlacements::clear_but_busy`]: while the rounds (at least one a
+/// second) read its tasks again, submits need not wait for them.
+const BUSY_FORGET_MS: i64 = 2 * BUSY_TTL_MS;
 
 /// A placement found busy: every agent here that can run it without room.
 #[derive(Debug)]
@@ -86,22 +96,26 @@ impl BusyPlacements {
     /// The placements still busy at `now_ms`, for the store's queue page to
     /// leave out beside the parked ones: those for which no agent in `index`
     /// has room (the matcher's own choice, as for a task of theirs with no
-    /// agent to avoid), found so within [`BUSY_TTL_MS`]. The others are
-    /// forgotten: their tasks are read again.
+    /// agent to avoid), found so within [`BUSY_TTL_MS`]. Those with room are
+    /// forgotten; the tasks of both are read again.
     pub(super) fn keys(&mut self, index: &AgentIndex, now_ms: i64) -> Vec<ParkedPlacement> {
         self.forget_unbusy(index, now_ms);
-        self.placements.keys().cloned().collect()
+        self.placements
+            .iter()
+            .filter(|(_, busy)| now_ms - busy.since_ms < BUSY_TTL_MS)
+            .map(|(key, _)| key.clone())
+            .collect()
     }
 
     /// Forgets the busy placements an agent in `index` has room for, or
-    /// found so [`BUSY_TTL_MS`] or more before `now_ms`.
+    /// found so [`BUSY_FORGET_MS`] or more before `now_ms`.
     fn forget_unbusy(&mut self, index: &AgentIndex, now_ms: i64) {
         if self.placements.is_empty() {
             return;
         }
         let before = self.placements.len();
         self.placements.retain(|key, busy| {
-            now_ms - busy.since_ms < BUSY_TTL_MS
+            now_ms - busy.since_ms < BUSY_FORGET_MS
                 && index
                     .select_best_except(&busy.placement, &key.namespace, &[])
                     .is_none()

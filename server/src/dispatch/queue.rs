@@ -109,6 +109,15 @@ impl QueuedInWalk {
         })
     }
 
+    /// Whether, as of `signals`, every signal since `from` said where its
+    /// task is and a walk from `start` (`None`: the head) reaches each.
+    pub(super) fn read_from(&self, signals: u64, start: Option<QueueCursor>) -> bool {
+        signals.checked_sub(self.from) == Some(self.placed)
+            && self.foremost.is_none_or(|first| {
+                start.is_none_or(|start| start.reaches(first.priority, first.rank, first.task_id))
+            })
+    }
+
     /// A task was queued at `place`.
     fn queued(&mut self, place: QueueCursor) {
         self.placed += 1;

@@ -9,7 +9,11 @@
 //! on while another agent here could take it (read from the store once per
 //! attempt count, and cached while it waits). A round grants no more than
 //! the congestion window has room for, and never to an agent held back for
-//! a late acknowledgement (see `congestion`).
+//! a late acknowledgement (see `congestion`). A walk from the head that
+//! reads to the end of the queue and leaves nothing waiting but the tasks
+//! it is granting says so before the grant commits, counting as read the
+//! tasks queued during it that its last read reached: under a steady
+//! stream of submits, nearly every walk has some.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -52,12 +56,24 @@ pub(super) const MAX_TASKS_COMPILED: usize = 65_536;
 struct PageOutcome {
     /// Tasks leased.
     granted: usize,
+    /// Grants the store refused (their tasks wait).
+    refused: usize,
     /// Tasks left out of later pages: no agent here can run them.
     parked: usize,
     /// The first task of the page that is not parked.
     first_live: Option<usize>,
     /// The congestion window filled before the page's end.
     window_full: bool,
+}
+
+/// A page matched, not yet granted.
+struct Matched<'t> {
+    /// A grant request for each task picked, its agent's room reserved.
+    requests: Vec<GrantRequest>,
+    /// The tasks picked, in the order of `requests`.
+    picked: Vec<&'t TaskRecord>,
+    /// What matching found (no lease granted yet).
+    outcome: PageOutcome,
 }
 
 /// One round's walk down the queue.
@@ -93,6 +109,9 @@ pub(super) struct Walk {
     full: bool,
     /// The walk reached the end of the queue.
     walked: bool,
+    /// The queue signals as of which the walk read to the end of the
+    /// queue every task queued since it began (`None`: as of `signals`).
+    clear_from: Option<u64>,
     /// Leases granted.
     granted: usize,
     /// Tasks read and left waiting that an agent here could run.
@@ -101,6 +120,19 @@ pub(super) struct Walk {
     /// left tasks behind, so a walk past many parked tasks soon reads whole
     /// batches and goes as deep as it did with whole batches.
     min_page: u32,
+}
+
+impl Walk {
+    /// A read from `from` reached the end of the queue, begun `before` (the
+    /// queue signals then, and what was queued in this walk by then): if
+    /// every task queued since the walk began was placed where the read
+    /// reaches, the walk has read them all, as of those signals.
+    fn read_to_end(&mut self, before: (u64, Option<QueuedInWalk>), from: Option<QueueCursor>) {
+        let (signals, queued) = before;
+        if queued.is_some_and(|q| q.from == self.signals && q.read_from(signals, from)) {
+            self.clear_from = Some(signals);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -218,6 +250,7 @@ impl Dispatcher {
             busy_epoch: None,
             full: false,
             walked: false,
+            clear_from: None,
             granted: 0,
             left: 0,
             min_page: MIN_PAGE.min(self.shared.settings.batch_size),
@@ -281,14 +314,32 @@ impl Dispatcher {
             }
         }
         let store = &self.shared.store;
-        let read = store.queued_tasks(None, walk.now, walk.cursor.as_ref(), &parked, limit);
+        let (from, before) = (walk.cursor, self.before_read());
+        let read = store.queued_tasks(None, walk.now, from.as_ref(), &parked, limit);
         let tasks = crate::metrics::timed("queued_tasks", read).await?;
         let Some(last) = tasks.last() else {
             walk.walked = true;
+            walk.read_to_end(before, from);
             return Ok(false);
         };
         walk.cursor = Some(QueueCursor::after(last));
-        let page = self.grant_page(&tasks, walk.now, room).await?;
+        let matched = self.match_page(&tasks, walk.now, room).await?;
+        let to_end = tasks.len() < limit as usize && !matched.outcome.window_full;
+        let left = tasks.len() - matched.requests.len() - matched.outcome.parked;
+        let clear = to_end && walk.left + left == 0;
+        if clear {
+            walk.read_to_end(before, from);
+            // Nothing the walk read waits but what it is about to grant,
+            // reserved already: a submit need not wait for the grant's
+            // commit to be leased on the way in.
+            self.mark_walk_clear(walk);
+        }
+        let granted = self.grant_matched(matched, walk.now).await;
+        if clear && granted.as_ref().map_or(true, |p| p.refused > 0) {
+            // A grant refused or failed: its task may wait after all.
+            self.note_queued();
+        }
+        let page = granted?;
         if walk.first_live.is_none()
             && let Some(i) = page.first_live
         {
@@ -324,10 +375,11 @@ impl Dispatcher {
     /// tasks it passes (`first_unparked`); whether there is one (if not,
     /// the walk has reached the end of what it reads).
     async fn go_past(&self, walk: &mut Walk, left_out: &[ParkedPlacement]) -> Result<bool> {
+        let (from, before) = (walk.cursor, self.before_read());
         let next = self
             .shared
             .store
-            .first_unparked(walk.now, walk.cursor.as_ref(), left_out);
+            .first_unparked(walk.now, from.as_ref(), left_out);
         match crate::metrics::timed("first_unparked", next).await? {
             Some(at) => {
                 walk.cursor = Some(QueueCursor::before_place(at.priority, at.rank, at.task_id));
@@ -335,7 +387,38 @@ impl Dispatcher {
             }
             None => {
                 walk.walked = true;
+                walk.read_to_end(before, from);
                 Ok(false)
+            }
+        }
+    }
+
+    /// The queue signals counted just before a read of the queue, and what
+    /// this walk from the head has heard queued since it began, read
+    /// together (a task's place is noted under the same lock as its
+    /// signal): every task they count was stored before the read began.
+    fn before_read(&self) -> (u64, Option<QueuedInWalk>) {
+        let state = self.state();
+        (self.signals(), state.queue.in_walk)
+    }
+
+    /// Records that nothing an agent here can run waits, as of the queue
+    /// signals the walk read to the end at (its own if it did not say),
+    /// if the walk began at the head and left nothing waiting that an
+    /// agent here can run (busy placements' tasks aside, while none of
+    /// them is forgotten).
+    fn mark_walk_clear(&self, walk: &Walk) {
+        if !walk.from_head || walk.left > 0 {
+            return;
+        }
+        let signals = walk.clear_from.unwrap_or(walk.signals);
+        match walk.busy_epoch {
+            None => self.mark_clear(signals),
+            Some(epoch) => {
+                let mut state = self.state();
+                if state.queue.busy.epoch == epoch {
+                    state.queue.busy.clear_at = Some((signals, epoch));
+                }
             }
         }
     }
@@ -343,20 +426,8 @@ impl Dispatcher {
     /// What the walk learned: whether nothing runnable waits, how far the
     /// head is parked, where the next round goes on.
     pub(super) fn finish_walk(&self, walk: &Walk) {
-        if walk.walked && walk.from_head && walk.left == 0 {
-            match walk.busy_epoch {
-                // Nothing an agent here can run was left waiting as of
-                // `signals`.
-                None => self.mark_clear(walk.signals),
-                // Nothing but busy placements' tasks, if none was
-                // forgotten since they were first left out.
-                Some(epoch) => {
-                    let mut state = self.state();
-                    if state.queue.busy.epoch == epoch {
-                        state.queue.busy.clear_at = Some((walk.signals, epoch));
-                    }
-                }
-            }
+        if walk.walked {
+            self.mark_walk_clear(walk);
         }
         if walk.from_head {
             let to = match (
@@ -394,6 +465,8 @@ impl Dispatcher {
                 ?to,
                 walked = walk.walked,
                 queued_since = now_signals - walk.signals,
+                read_to_end_at = ?walk.clear_from.map(|at| at - walk.signals),
+                left = walk.left,
                 standing = signals == now_signals,
                 "a walk from the head ended"
             );
@@ -411,10 +484,16 @@ impl Dispatcher {
         }
     }
 
-    /// Matches one page of queued tasks and grants in one batch, at most
-    /// `room` of them (the congestion window's room); remembers the
-    /// placements of tasks no agent here can run.
-    async fn grant_page(&self, tasks: &[TaskRecord], now: i64, room: usize) -> Result<PageOutcome> {
+    /// Matches one page of queued tasks, at most `room` of them (the
+    /// congestion window's room), reserving each its agent's room;
+    /// remembers the placements of tasks no agent here can run, and those
+    /// busy in a stretch of the page.
+    async fn match_page<'t>(
+        &self,
+        tasks: &'t [TaskRecord],
+        now: i64,
+        room: usize,
+    ) -> Result<Matched<'t>> {
         let mut requests = Vec::new();
         let mut picked: Vec<&TaskRecord> = Vec::new();
         let mut outcome = PageOutcome::default();
@@ -481,6 +560,20 @@ impl Dispatcher {
                 state.queue.busy.note(placement_key(task), compiled, now);
             }
         }
+        Ok(Matched {
+            requests,
+            picked,
+            outcome,
+        })
+    }
+
+    /// Grants a matched page's requests in one batch and pushes each lease.
+    async fn grant_matched(&self, matched: Matched<'_>, now: i64) -> Result<PageOutcome> {
+        let Matched {
+            requests,
+            picked,
+            mut outcome,
+        } = matched;
         if requests.is_empty() {
             return Ok(outcome);
         }
@@ -497,6 +590,7 @@ impl Dispatcher {
                     self.push_grant(task, &lease);
                 }
                 GrantOutcome::Refused(refusal) => {
+                    outcome.refused += 1;
                     debug!(task = %task.id, agent = %request.agent_id, ?refusal, "grant refused");
                     if refusal == GrantRefusal::ConcurrencyLimit {
                         self.state().queue.limit_reached(task, now);

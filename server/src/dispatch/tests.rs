@@ -227,6 +227,7 @@ on_both_stores!(
     a_skip_past_its_time_is_read_again_beside_the_rounds,
     a_walk_goes_on_past_a_page_of_parked_tasks_where_the_first_is_not_parked,
     a_busy_placement_is_left_out_of_the_walk_while_no_agent_has_room_for_it,
+    a_walk_that_read_what_was_queued_during_it_leaves_nothing_waiting,
     a_replica_does_not_hear_its_own_submit_queued_again,
     a_delayed_task_is_granted_once_it_comes_due,
     a_lapsed_lease_is_expired_revoked_and_granted_again,
@@ -364,22 +365,14 @@ async fn a_task_queued_during_a_walk_leaves_the_skip_standing_up_to_it(fx: &Fixt
     for _ in 0..3 {
         fx.queue("gpu", 9, None).await;
     }
-    let submit = |priority: i32| async move {
-        let submitted = fx
-            .dispatcher
-            .submit_task(task("linux", priority, None), &compiled("linux"))
-            .await
-            .expect("submit");
-        assert_eq!(submitted.task.state, TaskState::Queued);
-        submitted.task
-    };
-    // A walk reads its pages, then a task is submitted before it ends (not
-    // leased on the way in: the walk has not yet found the queue clear).
+    // A walk reads its pages, then a task is queued before it ends (by
+    // another replica: a submit here would be leased on the way in, the
+    // walk having read the whole queue).
     let queue_while_walking = |priority: i32| async move {
         fx.dispatcher.note_queued();
         let mut walk = fx.dispatcher.start_walk().expect("a walk");
         while fx.dispatcher.walk_page(&mut walk).await.expect("page") {}
-        let during = submit(priority).await;
+        let during = fx.queued_elsewhere("linux", priority).await;
         fx.dispatcher.finish_walk(&walk);
         during
     };
@@ -591,6 +584,101 @@ async fn a_busy_placement_is_left_out_of_the_walk_while_no_agent_has_room_for_it
     assert_eq!(busy(fx), 1);
     fx.clock.advance(1_000);
     assert_eq!(busy(fx), 0);
+}
+
+/// A walk that read to the end of the queue every task queued while it
+/// was under way leaves nothing waiting, as of its last read: under a
+/// steady stream of submits nearly every walk had one, so once a submit was
+/// queued (beside a busy backlog, each time its finding lapsed) every later
+/// one was queued too and waited for a round of its own. A task queued
+/// after the walk's last read still waits, and overtaking it is not allowed.
+async fn a_walk_that_read_what_was_queued_during_it_leaves_nothing_waiting(fx: &Fixture) {
+    let mut gpu = fx.connect("g", &["gpu"], 1).await;
+    let mut linux = fx.connect("l", &["linux"], 8).await;
+    let submit = || async {
+        fx.dispatcher
+            .submit_task(task("linux", 0, None), &compiled("linux"))
+            .await
+            .expect("submit")
+            .task
+    };
+    let walk_all = |mut walk| async move {
+        while fx.dispatcher.walk_page(&mut walk).await.expect("page") {}
+        walk
+    };
+    // Nothing busy yet: the task queued once the walk began is read and
+    // leased by it.
+    fx.dispatcher.note_queued();
+    let walk = fx.dispatcher.start_walk().expect("a walk");
+    let during = submit().await;
+    assert_eq!(during.state, TaskState::Queued);
+    let walk = walk_all(walk).await;
+    fx.dispatcher.finish_walk(&walk);
+    assert_eq!(linux.grants(), [during.id]);
+    assert!(fx.dispatcher.nothing_leasable_waits(), "read and leased");
+    let next = submit().await;
+    assert_eq!(next.state, TaskState::Leased, "on the way in");
+    assert_eq!(linux.grants(), [next.id]);
+
+    // Queued after the walk's last read: it waits for a round.
+    fx.dispatcher.note_queued();
+    let walk = walk_all(fx.dispatcher.start_walk().expect("a walk")).await;
+    let after = submit().await;
+    fx.dispatcher.finish_walk(&walk);
+    assert!(!fx.dispatcher.nothing_leasable_waits(), "not read");
+    assert_eq!(submit().await.state, TaskState::Queued, "no overtaking");
+    assert_eq!(fx.dispatcher.dispatch_round().await.unwrap(), 2);
+    assert_eq!(linux.grants().first(), Some(&after.id));
+
+    // Beside a backlog for the busy gpu agent, left out of the walk.
+    for _ in 0..40 {
+        fx.queue("gpu", 9, None).await;
+    }
+    fx.dispatcher.note_queued();
+    fx.dispatcher.dispatch_round().await.unwrap();
+    assert_eq!(gpu.grants().len(), 1);
+    fx.dispatcher.note_queued();
+    let walk = fx.dispatcher.start_walk().expect("a walk");
+    let during = submit().await;
+    let walk = walk_all(walk).await;
+    fx.dispatcher.finish_walk(&walk);
+    assert_eq!(linux.grants(), [during.id]);
+    assert!(
+        fx.dispatcher.nothing_leasable_waits(),
+        "only busy tasks wait"
+    );
+    assert_eq!(submit().await.state, TaskState::Leased, "on the way in");
+    // A second later the next page reads them again, but until a page
+    // finds them otherwise, submits are still leased on the way in.
+    fx.clock.advance(1_000);
+    assert!(fx.dispatcher.nothing_leasable_waits(), "a finding to renew");
+    let busy = |fx: &Fixture| {
+        let mut state = fx.dispatcher.state();
+        let state = &mut *state;
+        state.queue.busy.keys(&state.index, fx.now()).len()
+    };
+    assert_eq!(busy(fx), 0, "read again");
+    // (A walk by hand: the grants here are never acknowledged, and a
+    // round would hold their agents back by now.)
+    let walk = walk_all(fx.dispatcher.start_walk().expect("a walk")).await;
+    fx.dispatcher.finish_walk(&walk);
+    assert_eq!(busy(fx), 1, "found busy again");
+    assert!(
+        fx.dispatcher.nothing_leasable_waits(),
+        "only busy tasks wait"
+    );
+    // A busy task queued while a walk finds nothing past the backlog.
+    linux.grants();
+    fx.dispatcher.note_queued();
+    let walk = fx.dispatcher.start_walk().expect("a walk");
+    fx.queued_elsewhere("gpu", 9).await;
+    let walk = walk_all(walk).await;
+    fx.dispatcher.finish_walk(&walk);
+    assert!(
+        fx.dispatcher.nothing_leasable_waits(),
+        "only busy tasks wait"
+    );
+    assert!(gpu.grants().is_empty());
 }
 
 /// Settles the lease of `task_id` with `outcome` and tells the dispatcher
