@@ -39,6 +39,7 @@ mod busy;
 mod congestion;
 mod events;
 mod explain;
+mod page;
 mod queue;
 mod refusals;
 mod round;
@@ -132,10 +133,10 @@ struct State {
     sessions: HashMap<Uuid, sessions::Session>,
     /// Compiled placements by task kind and placement (as JSON text), so
     /// the tasks of one placement share one, compiled once (at most
-    /// `round::MAX_COMPILED`; one more clears them).
+    /// `page::MAX_COMPILED`; one more clears them).
     placements: HashMap<(String, String), Arc<CompiledPlacement>>,
     /// The shared compiled placement of each task read, so a task read
-    /// again is not keyed again (at most `round::MAX_TASKS_COMPILED`; one
+    /// again is not keyed again (at most `page::MAX_TASKS_COMPILED`; one
     /// more clears them).
     task_placements: HashMap<Uuid, Arc<CompiledPlacement>>,
     /// By retried task id: its attempt count when read, and the agents its
