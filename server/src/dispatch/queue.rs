@@ -92,7 +92,7 @@ impl QueuedInWalk {
         signals: u64,
         to: Option<QueueCursor>,
     ) -> Option<Option<QueueCursor>> {
-        if signals.checked_sub(self.from) != Some(self.placed) {
+        if !self.all_placed(signals) {
             return None;
         }
         Some(match self.foremost {
@@ -112,10 +112,16 @@ impl QueuedInWalk {
     /// Whether, as of `signals`, every signal since `from` said where its
     /// task is and a walk from `start` (`None`: the head) reaches each.
     pub(super) fn read_from(&self, signals: u64, start: Option<QueueCursor>) -> bool {
-        signals.checked_sub(self.from) == Some(self.placed)
+        self.all_placed(signals)
             && self.foremost.is_none_or(|first| {
                 start.is_none_or(|start| start.reaches(first.priority, first.rank, first.task_id))
             })
+    }
+
+    /// Whether every signal from `from` up to `signals` said where its
+    /// task is.
+    fn all_placed(&self, signals: u64) -> bool {
+        signals.checked_sub(self.from) == Some(self.placed)
     }
 
     /// A task was queued at `place`.
