@@ -1,5 +1,6 @@
 //! Criterion benchmarks for the core's hot paths: merging a SheetBot-shaped document's tiers,
-//! diffing two generations where only memory and load average changed, and selecting the best
+//! diffing two generations where only memory and load average changed, the index's part of
+//! the common heartbeat (those five numbers set in place among 10,000 agents), and selecting the best
 //! agent among 1,000 and 10,000 indexed agents for a task of kind `exec` (the kind a hard
 //! constraint, as the server compiles it; one placement of a kind only a third of the agents
 //! handle), once on a fixed index and once as a server's picks rotate the rank order (plus a
@@ -113,6 +114,60 @@ fn bench_diff(c: &mut Criterion) {
     c.bench_function("apply_memory_loadavg", |bench| {
         bench.iter(|| diff::apply(black_box(&a), 1, 1, black_box(&patch), &limits))
     });
+}
+
+/// The common heartbeat as the index sees it: five volatile numbers (free
+/// and available memory, the three load averages) set in place in one
+/// agent's document among 10,000 indexed agents, agents in turn, each with
+/// values it has not held before; with the SheetBot document's dotted
+/// capability names (`ai.llm`) and without them.
+fn bench_heartbeat(c: &mut Criterion) {
+    for dotted in [false, true] {
+        let mut agents = fleet(10_000);
+        if !dotted {
+            for a in &mut agents {
+                Arc::make_mut(&mut a.document)
+                    .as_object_mut()
+                    .expect("an object")
+                    .remove("provides");
+            }
+        }
+        let mut index = AgentIndex::new();
+        let mut held: Vec<Arc<Value>> = Vec::with_capacity(agents.len());
+        for a in &agents {
+            index.upsert(a.clone());
+            held.push(a.document.clone());
+        }
+        let key = |path: &[&str]| path.iter().map(|k| (*k).to_owned()).collect::<Vec<_>>();
+        let (free, available) = (key(&["memory", "free"]), key(&["memory", "available"]));
+        let loads = [
+            key(&["loadavg", "1min"]),
+            key(&["loadavg", "5min"]),
+            key(&["loadavg", "15min"]),
+        ];
+        let mut beat = 0u64;
+        let name = if dotted {
+            "index_heartbeat_volatile_dotted_10000"
+        } else {
+            "index_heartbeat_volatile_10000"
+        };
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                beat += 1;
+                let i = (beat as usize * 7_919) % agents.len();
+                let w = beat.wrapping_mul(40_503) % 1_000;
+                let load = |f: f64| json!(((w as f64) * f).round() / 100.0);
+                let leaves = [
+                    (free.clone(), json!(1_000 + w)),
+                    (available.clone(), json!(2_000 + w)),
+                    (loads[0].clone(), load(0.4)),
+                    (loads[1].clone(), load(0.32)),
+                    (loads[2].clone(), load(0.24)),
+                ];
+                assert!(index.set_leaves(agents[i].agent_id, &mut held[i], black_box(&leaves)));
+            })
+        });
+    }
 }
 
 /// A placement for a task of kind `exec`, as the server compiles it.
@@ -358,5 +413,11 @@ fn bench_select(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_merge, bench_diff, bench_select);
+criterion_group!(
+    benches,
+    bench_merge,
+    bench_diff,
+    bench_heartbeat,
+    bench_select
+);
 criterion_main!(benches);

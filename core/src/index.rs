@@ -9,7 +9,11 @@
 //! - `values`: for every scalar leaf reached through objects, and every scalar item of an array
 //!   of at most 64 items (under the array's path), the agents whose document holds that value
 //!   there — `tags` postings are `values["tags"]`. A path where some agent has a longer array is
-//!   marked partial and its value postings are not used to narrow.
+//!   marked partial and its value postings are not used to narrow. Volatile facts
+//!   ([`crate::diff::VOLATILE`]: free memory, load) have their paths posted but never their
+//!   values: they change on nearly every heartbeat, so [`AgentIndex::set_leaves`] sets them in
+//!   place and moves no posting, whatever else the document holds; a requirement on them
+//!   narrows by the path's presence only and is evaluated.
 //!
 //! Requirement keys with an all-digit segment (which may index an array) are not used to narrow.
 //!
@@ -42,7 +46,8 @@
 //! all available agents. Updating an agent's load
 //! costs O(log n); inserting, replacing or removing a document costs O(m log n) for `m` indexed
 //! paths and values, and [`AgentIndex::replace_document_at`] (a heartbeat's patch) only the `m`
-//! of the subtrees the patch touched.
+//! of the subtrees the patch touched; setting volatile numbers ([`AgentIndex::set_leaves`])
+//! moves no posting.
 //!
 //! Resources: each agent's view holds the claims of its leases that hold more than a slot (by
 //! task: [`AgentIndex::hold`], [`AgentIndex::release`]); a placement with a resource request
@@ -60,6 +65,7 @@
 //! `select_best` does not say why — call [`AgentIndex::explain`] (O(n · e)) to tell parked from
 //! waiting for capacity and to get reasons.
 
+use crate::diff::VOLATILE;
 use crate::kinds::{HandledKinds, parents};
 use crate::matcher::{self, AgentId, AgentStatus, AgentView, Availability, Explanation};
 use crate::placement::{CompiledPlacement, Operator, PlacementPolicy, PreferenceCondition};
@@ -75,6 +81,40 @@ use std::sync::{Arc, LazyLock};
 /// What a session's document is while [`AgentIndex::set_leaves`] changes
 /// the shared one in place.
 static NO_DOCUMENT: LazyLock<Arc<Value>> = LazyLock::new(|| Arc::new(Value::Null));
+
+/// The object keys of each [`VOLATILE`] path (`/memory/free`: `memory`, `free`).
+static VOLATILE_KEYS: LazyLock<Vec<Vec<&'static str>>> = LazyLock::new(|| {
+    VOLATILE
+        .iter()
+        .map(|p| p.trim_start_matches('/').split('/').collect())
+        .collect()
+});
+
+/// Whether the leaf at `keys` (object keys from the top) is at or under a [`VOLATILE`] path.
+fn volatile_keys(keys: &[String]) -> bool {
+    VOLATILE_KEYS
+        .iter()
+        .any(|v| v.len() <= keys.len() && v.iter().zip(keys).all(|(a, b)| *a == b.as_str()))
+}
+
+/// Whether dotted `path` is at or under a [`VOLATILE`] path's dotted form: its values are not
+/// posted (see the module doc). A key containing `.` can make a path look volatile that is not;
+/// its values are then only not posted, which narrows less and is never wrong.
+fn volatile_path(path: &str) -> bool {
+    VOLATILE_KEYS.iter().any(|v| {
+        let mut rest = path;
+        v.iter().enumerate().all(|(i, key)| {
+            let sep = if i == 0 { "" } else { "." };
+            match rest.strip_prefix(sep).and_then(|r| r.strip_prefix(key)) {
+                Some(r) => {
+                    rest = r;
+                    true
+                }
+                None => false,
+            }
+        }) && (rest.is_empty() || rest.starts_with('.'))
+    })
+}
 
 /// A scalar as a hashable posting key; numbers compare numerically (`1` and `1.0` are one key).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -192,6 +232,12 @@ impl<'a> From<Cow<'a, Posting>> for Held<'a> {
 }
 
 impl NamespacePostings {
+    /// Whether the value postings of `path` are complete, so that they may narrow: no agent has
+    /// an array there too long to post, and the path is not volatile (never value-posted).
+    fn values_complete(&self, path: &str) -> bool {
+        !self.partial.contains_key(path) && !volatile_path(path)
+    }
+
     /// Counts (`add`) or uncounts the spread marks of an agent's held claims.
     fn count_marks(&mut self, held: &resources::Held, add: bool) {
         for mark in held.spread_marks() {
@@ -465,6 +511,7 @@ impl DocumentPostings {
                     path.truncate(len);
                 }
             }
+            _ if volatile_path(path) => {}
             Value::Array(items) => {
                 if items.len() > MAX_INDEXED_ARRAY_ITEMS {
                     self.partial.push(path.clone());
@@ -639,10 +686,13 @@ impl AgentIndex {
     /// the top. `held` must be the very document indexed (the session's
     /// copy, shared with the index); it gives up its reference for the
     /// change, so that nothing is cloned when the two are the only holders,
-    /// and gets the changed document back. Only those leaves' postings are
-    /// compared. Returns false and changes nothing if the agent is not
-    /// indexed, holds another document, has a dotted key, or some path is
-    /// not a scalar of it: the caller then replaces the document whole.
+    /// and gets the changed document back. When every leaf is volatile
+    /// ([`VOLATILE`], the common heartbeat) no posting moves: their paths
+    /// stay, their values are never posted. Otherwise only those leaves'
+    /// postings are compared. Returns false and changes nothing if the agent
+    /// is not indexed, holds another document, some path is not a scalar of
+    /// it, or (for a leaf that is not volatile) it has a dotted key: the
+    /// caller then replaces the document whole.
     pub fn set_leaves(
         &mut self,
         agent_id: AgentId,
@@ -658,7 +708,8 @@ impl AgentIndex {
             return false;
         };
         let scalar = |v: &Value| !v.is_object() && !v.is_array();
-        let fits = !agent.dotted_keys
+        let volatile = leaves.iter().all(|(keys, _)| volatile_keys(keys));
+        let fits = (volatile || !agent.dotted_keys)
             && Arc::ptr_eq(&agent.view.document, held)
             && leaves.iter().all(|(keys, value)| {
                 !keys.is_empty()
@@ -671,7 +722,9 @@ impl AgentIndex {
         let mut roots: Vec<Vec<String>> = leaves.iter().map(|(keys, _)| keys.clone()).collect();
         roots.sort();
         roots.dedup();
-        let old = DocumentPostings::of_subtrees(&agent.view.document, &roots);
+        // A scalar replaced by a scalar leaves the document's paths as they
+        // were, and a volatile leaf's value is posted nowhere.
+        let old = (!volatile).then(|| DocumentPostings::of_subtrees(&agent.view.document, &roots));
         // The session's reference goes, so the index's is the only one left
         // (unless a reader holds a view): `make_mut` then changes it in place.
         *held = Arc::clone(&NO_DOCUMENT);
@@ -686,10 +739,12 @@ impl AgentIndex {
             }
             *node = value.clone();
         }
-        let new = DocumentPostings::of_subtrees(&agent.view.document, &roots);
         *held = Arc::clone(&agent.view.document);
         if let Some(ns) = self.namespaces.get_mut(&agent.view.namespace) {
-            ns.repost(agent.ord, &old, &new);
+            if let Some(old) = old {
+                let new = DocumentPostings::of_subtrees(&agent.view.document, &roots);
+                ns.repost(agent.ord, &old, &new);
+            }
             ns.forget_spread_groups(Some(&roots));
         }
         true
@@ -882,7 +937,7 @@ impl AgentIndex {
             required.push(ns.handling(kind)?);
         }
         let value_posting = |path: &str, v: &Value| -> Option<&'a Posting> {
-            if ns.partial.contains_key(path) {
+            if !ns.values_complete(path) {
                 return ns.paths.get(path);
             }
             ns.values.get(path)?.get(&ScalarKey::of(v)?)
@@ -961,7 +1016,7 @@ impl AgentIndex {
             Operator::In => r.values.iter().all(|v| ScalarKey::of(v).is_some()),
             _ => false,
         };
-        if !indexable || ns.partial.contains_key(r.key.as_str()) {
+        if !indexable || !ns.values_complete(r.key.as_str()) {
             return None;
         }
         let values = ns.values.get(r.key.as_str())?;
@@ -1028,7 +1083,7 @@ impl AgentIndex {
     ) -> Vec<(u64, Option<&'a Posting>)> {
         let empty: Option<&Posting> = None;
         let value_posting = |path: &str, v: &Value| -> Option<Option<&'a Posting>> {
-            if ns.partial.contains_key(path) {
+            if !ns.values_complete(path) {
                 return ns.paths.get(path).map(Some);
             }
             ns.values.get(path)?.get(&ScalarKey::of(v)?).map(Some)
@@ -1872,6 +1927,109 @@ mod tests {
         let mut other = Arc::new((*held).clone());
         assert!(!index.set_leaves(id("a"), &mut other, &leaves));
         assert!(!index.set_leaves(id("nobody"), &mut held, &leaves));
+    }
+
+    #[test]
+    fn a_volatile_heartbeat_moves_no_posting_even_beside_dotted_capability_names() {
+        // A capability pack's names are dotted (`ai.llm`): such a document
+        // was re-indexed whole on every heartbeat.
+        let doc = |free: u64, load: f64| {
+            json!({
+                "memory": {"free": free, "available": free + 100, "total": 8192},
+                "loadavg": {"1min": load, "5min": load},
+                "provides": {"ai.llm": {"version": "1.2.0"}},
+                "tags": ["linux"],
+                "name": "a"
+            })
+        };
+        let keys = |path: &str| -> Vec<String> { path.split('/').map(str::to_owned).collect() };
+        let mut index = AgentIndex::new();
+        index.upsert(view("a", doc(100, 0.5)));
+        for (i, free) in [3000u64, 5000, 7000].into_iter().enumerate() {
+            index.upsert(view(&format!("b{i}"), doc(free, 1.0)));
+        }
+        let paths = index.namespaces["default"].paths.clone();
+        let values = index.namespaces["default"].values.clone();
+        // Volatile facts: their paths are posted, their values never.
+        for path in [
+            "memory.free",
+            "memory.available",
+            "loadavg.1min",
+            "loadavg.5min",
+        ] {
+            assert!(paths.contains_key(path), "{path}");
+            assert!(!values.contains_key(path), "{path}");
+        }
+        assert!(values.contains_key("memory.total"));
+
+        let mut held = index.get(id("a")).unwrap().document.clone();
+        let address = Arc::as_ptr(&held);
+        let leaves = vec![
+            (keys("memory/free"), json!(6000)),
+            (keys("memory/available"), json!(6100)),
+            (keys("loadavg/1min"), json!(2.5)),
+        ];
+        assert!(index.set_leaves(id("a"), &mut held, &leaves));
+        assert_eq!(Arc::as_ptr(&held), address);
+        let mut changed = doc(6000, 0.5);
+        changed["loadavg"]["1min"] = json!(2.5);
+        assert_eq!(*held, changed);
+        let ns = &index.namespaces["default"];
+        assert_eq!(ns.paths, paths);
+        assert_eq!(ns.values, values);
+
+        let mut fresh = AgentIndex::new();
+        fresh.upsert(view("a", changed.clone()));
+        for (i, free) in [3000u64, 5000, 7000].into_iter().enumerate() {
+            fresh.upsert(view(&format!("b{i}"), doc(free, 1.0)));
+        }
+        let (ns_s, ns_f) = (&index.namespaces["default"], &fresh.namespaces["default"]);
+        assert_eq!(ns_s.paths, ns_f.paths);
+        assert_eq!(ns_s.values, ns_f.values);
+        for text in [
+            "memory.free>=5500",
+            "memory.free=6000",
+            "memory.free=100",
+            "memory.available>6050, memory.free<6500",
+            "loadavg.1min>2",
+            "loadavg.5min=0.5",
+            "provides ai.llm@1",
+            "prefer 3: memory.free=6000",
+        ] {
+            assert_eq!(best(&index, text), best(&fresh, text), "{text}");
+        }
+        assert_eq!(best(&index, "memory.free=6000"), Some(id("a")));
+        assert_eq!(best(&index, "loadavg.1min>2"), Some(id("a")));
+
+        // A leaf that is not volatile, on a document with a dotted key, is
+        // still refused (its postings could be shared across dotted paths).
+        let before = held.clone();
+        assert!(!index.set_leaves(id("a"), &mut held, &[(keys("name"), json!("z"))]));
+        assert!(Arc::ptr_eq(&held, &before));
+    }
+
+    #[test]
+    fn volatile_paths_are_the_dotted_forms_of_the_volatile_pointers() {
+        for (path, volatile) in [
+            ("memory.free", true),
+            ("memory.available", true),
+            ("loadavg", true),
+            ("loadavg.1min", true),
+            ("memory", false),
+            ("memory.total", false),
+            ("memory.freely", false),
+            ("loadavgs", false),
+            ("memoryfree", false),
+            ("tags", false),
+        ] {
+            assert_eq!(volatile_path(path), volatile, "{path}");
+        }
+        let keys = |path: &str| -> Vec<String> { path.split('/').map(str::to_owned).collect() };
+        assert!(volatile_keys(&keys("memory/free")));
+        assert!(volatile_keys(&keys("loadavg/15min")));
+        assert!(!volatile_keys(&keys("memory")));
+        assert!(!volatile_keys(&keys("memory/total")));
+        assert!(!volatile_keys(&keys("loadavgs/1min")));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! most [`PERSIST_VOLATILE_MS`] later, or later beside a fleet too large
 //! for that ([`VOLATILE_WRITES_PER_SEC`]). One that only replaces numbers
 //! there, the common heartbeat, is set in place in the document the session
-//! shares with the index: no copy, no walk of the whole document. Any other
+//! shares with the index: no copy, no walk of the whole document, no
+//! posting moved (the index never posts volatile values). Any other
 //! diff reaches the index once its write committed, and a write that lost
 //! its compare-and-set (an operator changed the document meanwhile) puts
 //! the stored document back in the index and asks the agent to resync.
@@ -311,8 +312,8 @@ impl Session {
     /// ([`Dispatcher::set_leaves`]): no copy of the document, no walk for its
     /// limits (numbers change neither its shape nor, beyond the bytes
     /// counted here, its size), no redaction (a number in the document is at
-    /// no sensitive path, where redaction leaves a string) and only those
-    /// leaves re-indexed. The result is what [`Session::apply_diff`] gives.
+    /// no sensitive path, where redaction leaves a string) and no posting
+    /// of the index moved. The result is what [`Session::apply_diff`] gives.
     /// False, with nothing changed, for any other diff: it then goes that
     /// general way, which also explains any refusal.
     ///
