@@ -131,6 +131,18 @@ pub fn document(i: usize, capacity: u32) -> Value {
     })
 }
 
+/// Makes `document` provide `n` capabilities, named with a dot as
+/// capability packs name theirs (`bench.cap-0`, `bench.cap-1`, …).
+pub fn provide(document: &mut Value, n: usize) {
+    if n == 0 {
+        return;
+    }
+    let provides: serde_json::Map<String, Value> = (0..n)
+        .map(|k| (format!("bench.cap-{k}"), json!({"version": "1.0.0"})))
+        .collect();
+    document["provides"] = Value::Object(provides);
+}
+
 /// The next heartbeat's document: memory and load average drift, as a real
 /// machine's do; nothing else changes.
 pub fn drift(document: &mut Value, agent: usize, beat: u64) {

@@ -138,6 +138,11 @@ struct Cli {
     /// share ignores the field: the same run then measures it without.
     #[arg(long, env = "SWITCHYARD_BENCH_FAIRNESS_KEYS", default_value_t = 0)]
     fairness_keys: u64,
+    /// Capabilities every agent of the fleet provides (0: none), named as
+    /// capability packs name theirs, with a dot (`bench.cap-K`): the shape
+    /// of a real agent's document, which a bench fleet otherwise lacks.
+    #[arg(long, env = "SWITCHYARD_BENCH_PROVIDES", default_value_t = 0)]
+    provides: usize,
     /// Submit every task (flat out) before any agent connects, then connect
     /// the fleet. The run clock (run seconds, grants/s, completions/s) then
     /// starts at the first agent's Welcome instead of the first submit, and
@@ -330,10 +335,12 @@ async fn connect_fleet(
         let ch = channels[i % channels.len()].clone();
         let permit = limit.clone().acquire_owned().await?;
         let (run_id, capacity, output_lines) = (run_id.to_owned(), cli.capacity, cli.output_lines);
+        let mut document = fleet::document(i, capacity);
+        fleet::provide(&mut document, cli.provides);
         let (counters, stop) = (counters.clone(), stop_rx.clone());
         let (welcomed_tx, welcomed_rx) = tokio::sync::oneshot::channel();
         sessions.spawn(async move {
-            let registered = agent::register(ch.clone(), &run_id, i, capacity).await?;
+            let registered = agent::register_as(ch.clone(), &run_id, i, document, capacity).await?;
             agent::run(
                 ch,
                 registered,
