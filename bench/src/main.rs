@@ -138,9 +138,11 @@ struct Cli {
     /// share ignores the field: the same run then measures it without.
     #[arg(long, env = "SWITCHYARD_BENCH_FAIRNESS_KEYS", default_value_t = 0)]
     fairness_keys: u64,
-    /// Capabilities every agent of the fleet provides (0: none), named as
-    /// capability packs name theirs, with a dot (`bench.cap-K`): the shape
-    /// of a real agent's document, which a bench fleet otherwise lacks.
+    /// Capabilities each agent of the `--agents` fleet provides (0: none),
+    /// named as capability packs name theirs, with a dot (`bench.cap-K`):
+    /// the shape of a real agent's document, which a bench fleet otherwise
+    /// lacks. The agents of `--churn`, `--drain-parked` and `--busy` keep
+    /// their documents.
     #[arg(long, env = "SWITCHYARD_BENCH_PROVIDES", default_value_t = 0)]
     provides: usize,
     /// Submit every task (flat out) before any agent connects, then connect
