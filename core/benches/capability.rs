@@ -118,8 +118,8 @@ fn bench_diff(c: &mut Criterion) {
 
 /// The common heartbeat as the index sees it: five volatile numbers (free
 /// and available memory, the three load averages) set in place in one
-/// agent's document among 10,000 indexed agents, agents in turn, each with
-/// values it has not held before; with the SheetBot document's dotted
+/// agent's document among 10,000 indexed agents, agents in turn, with
+/// values that vary from beat to beat; with the SheetBot document's dotted
 /// capability names (`ai.llm`) and without them.
 fn bench_heartbeat(c: &mut Criterion) {
     for dotted in [false, true] {
