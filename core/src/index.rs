@@ -97,22 +97,17 @@ fn volatile_keys(keys: &[String]) -> bool {
         .any(|v| v.len() <= keys.len() && v.iter().zip(keys).all(|(a, b)| *a == b.as_str()))
 }
 
+/// The dotted form of each [`VOLATILE`] path (`/memory/free`: `memory.free`).
+static VOLATILE_PATHS: LazyLock<Vec<String>> =
+    LazyLock::new(|| VOLATILE_KEYS.iter().map(|keys| keys.join(".")).collect());
+
 /// Whether dotted `path` is at or under a [`VOLATILE`] path's dotted form: its values are not
 /// posted (see the module doc). A key containing `.` can make a path look volatile that is not;
 /// its values are then only not posted, which narrows less and is never wrong.
 fn volatile_path(path: &str) -> bool {
-    VOLATILE_KEYS.iter().any(|v| {
-        let mut rest = path;
-        v.iter().enumerate().all(|(i, key)| {
-            let sep = if i == 0 { "" } else { "." };
-            match rest.strip_prefix(sep).and_then(|r| r.strip_prefix(key)) {
-                Some(r) => {
-                    rest = r;
-                    true
-                }
-                None => false,
-            }
-        }) && (rest.is_empty() || rest.starts_with('.'))
+    VOLATILE_PATHS.iter().any(|v| {
+        path.strip_prefix(v.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
     })
 }
 
@@ -1379,6 +1374,19 @@ mod tests {
         index.select_best(&sel(text), "default").map(|s| s.agent_id)
     }
 
+    /// Asserts that `index`, changed in place, posts what `fresh` (the same
+    /// documents upserted anew) posts, and picks what it picks for each of
+    /// `queries`; `after` names the change in a failure.
+    fn agrees_with_fresh(index: &AgentIndex, fresh: &AgentIndex, queries: &[&str], after: &str) {
+        let (ns, ns_f) = (&index.namespaces["default"], &fresh.namespaces["default"]);
+        assert_eq!(ns.paths, ns_f.paths, "{after}");
+        assert_eq!(ns.values, ns_f.values, "{after}");
+        assert_eq!(ns.partial, ns_f.partial, "{after}");
+        for text in queries {
+            assert_eq!(best(index, text), best(fresh, text), "{text} after {after}");
+        }
+    }
+
     #[test]
     fn any_capable_is_not_parked() {
         let mut index = AgentIndex::new();
@@ -1778,18 +1786,7 @@ mod tests {
             let mut fresh = AgentIndex::new();
             fresh.upsert(view("a", doc.clone()));
             fresh.upsert(view("b", json!({"tags": ["linux"]})));
-            for text in queries {
-                assert_eq!(
-                    best(&replaced, text),
-                    best(&fresh, text),
-                    "{text} after {doc}"
-                );
-            }
-            let ns_r = &replaced.namespaces["default"];
-            let ns_f = &fresh.namespaces["default"];
-            assert_eq!(ns_r.paths, ns_f.paths, "{doc}");
-            assert_eq!(ns_r.values, ns_f.values, "{doc}");
-            assert_eq!(ns_r.partial, ns_f.partial, "{doc}");
+            agrees_with_fresh(&replaced, &fresh, &queries, &doc.to_string());
         }
         assert!(!replaced.replace_document(id("nobody"), Arc::new(json!({}))));
     }
@@ -1848,18 +1845,7 @@ mod tests {
             let mut fresh = AgentIndex::new();
             fresh.upsert(view("a", doc.clone()));
             fresh.upsert(view("b", json!({"tags": ["linux"], "n": 1})));
-            let ns_r = &replaced.namespaces["default"];
-            let ns_f = &fresh.namespaces["default"];
-            assert_eq!(ns_r.paths, ns_f.paths, "{doc}");
-            assert_eq!(ns_r.values, ns_f.values, "{doc}");
-            assert_eq!(ns_r.partial, ns_f.partial, "{doc}");
-            for text in queries {
-                assert_eq!(
-                    best(&replaced, text),
-                    best(&fresh, text),
-                    "{text} after {doc}"
-                );
-            }
+            agrees_with_fresh(&replaced, &fresh, &queries, &doc.to_string());
         }
     }
 
@@ -1893,18 +1879,17 @@ mod tests {
         let mut fresh = AgentIndex::new();
         fresh.upsert(view("a", doc.clone()));
         fresh.upsert(view("b", json!({"memory": {"free": 3000}})));
-        let (ns_s, ns_f) = (&index.namespaces["default"], &fresh.namespaces["default"]);
-        assert_eq!(ns_s.paths, ns_f.paths);
-        assert_eq!(ns_s.values, ns_f.values);
-        assert_eq!(ns_s.partial, ns_f.partial);
-        for text in [
-            "memory.free>=3500",
-            "memory.free=100",
-            "loadavg.one>1",
-            "linux",
-        ] {
-            assert_eq!(best(&index, text), best(&fresh, text), "{text}");
-        }
+        agrees_with_fresh(
+            &index,
+            &fresh,
+            &[
+                "memory.free>=3500",
+                "memory.free=100",
+                "loadavg.one>1",
+                "linux",
+            ],
+            "set_leaves",
+        );
         // A reader's copy is left as it was: the change is made on a clone.
         let reader = held.clone();
         assert!(index.set_leaves(id("a"), &mut held, &[(keys("memory/free"), json!(1))]));
@@ -1943,11 +1928,16 @@ mod tests {
             })
         };
         let keys = |path: &str| -> Vec<String> { path.split('/').map(str::to_owned).collect() };
-        let mut index = AgentIndex::new();
-        index.upsert(view("a", doc(100, 0.5)));
-        for (i, free) in [3000u64, 5000, 7000].into_iter().enumerate() {
-            index.upsert(view(&format!("b{i}"), doc(free, 1.0)));
-        }
+        // Agent `a` with `first`, and three others.
+        let fleet = |first: Value| {
+            let mut index = AgentIndex::new();
+            index.upsert(view("a", first));
+            for (i, free) in [3000u64, 5000, 7000].into_iter().enumerate() {
+                index.upsert(view(&format!("b{i}"), doc(free, 1.0)));
+            }
+            index
+        };
+        let mut index = fleet(doc(100, 0.5));
         let paths = index.namespaces["default"].paths.clone();
         let values = index.namespaces["default"].values.clone();
         // Volatile facts: their paths are posted, their values never.
@@ -1978,26 +1968,21 @@ mod tests {
         assert_eq!(ns.paths, paths);
         assert_eq!(ns.values, values);
 
-        let mut fresh = AgentIndex::new();
-        fresh.upsert(view("a", changed.clone()));
-        for (i, free) in [3000u64, 5000, 7000].into_iter().enumerate() {
-            fresh.upsert(view(&format!("b{i}"), doc(free, 1.0)));
-        }
-        let (ns_s, ns_f) = (&index.namespaces["default"], &fresh.namespaces["default"]);
-        assert_eq!(ns_s.paths, ns_f.paths);
-        assert_eq!(ns_s.values, ns_f.values);
-        for text in [
-            "memory.free>=5500",
-            "memory.free=6000",
-            "memory.free=100",
-            "memory.available>6050, memory.free<6500",
-            "loadavg.1min>2",
-            "loadavg.5min=0.5",
-            "provides ai.llm@1",
-            "prefer 3: memory.free=6000",
-        ] {
-            assert_eq!(best(&index, text), best(&fresh, text), "{text}");
-        }
+        agrees_with_fresh(
+            &index,
+            &fleet(changed),
+            &[
+                "memory.free>=5500",
+                "memory.free=6000",
+                "memory.free=100",
+                "memory.available>6050, memory.free<6500",
+                "loadavg.1min>2",
+                "loadavg.5min=0.5",
+                "provides ai.llm@1",
+                "prefer 3: memory.free=6000",
+            ],
+            "a volatile heartbeat",
+        );
         assert_eq!(best(&index, "memory.free=6000"), Some(id("a")));
         assert_eq!(best(&index, "loadavg.1min>2"), Some(id("a")));
 
