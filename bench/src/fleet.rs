@@ -370,6 +370,25 @@ mod tests {
         assert_eq!(seen.len(), agents);
     }
 
+    /// `--provides`: capabilities named with a dot, each one a placement
+    /// can ask for; none leaves the document as it was.
+    #[test]
+    fn provided_capabilities_are_dotted_and_matched() {
+        use switchyard_core::placement::compile;
+        use switchyard_core::selector;
+        let plain = document(7, 4);
+        let mut doc = plain.clone();
+        provide(&mut doc, 0);
+        assert_eq!(doc, plain);
+        provide(&mut doc, 3);
+        let names: Vec<&String> = doc["provides"].as_object().unwrap().keys().collect();
+        assert_eq!(names, ["bench.cap-0", "bench.cap-1", "bench.cap-2"]);
+        let wants = |text: &str| compile(&selector::parse(text).unwrap()).unwrap();
+        assert!(wants("provides bench.cap-2@1").satisfied_by(&doc));
+        assert!(!wants("provides bench.cap-3@1").satisfied_by(&doc));
+        assert!(!wants("provides bench.cap-0@1").satisfied_by(&plain));
+    }
+
     /// A task's class is the one whose selector it carries, and the classes
     /// take the tasks in proportion to their shares.
     #[test]
