@@ -262,6 +262,14 @@ impl Prepared {
             .and_then(|(listener, _)| listener.local_addr().ok())
     }
 
+    /// Where the metrics endpoint listens, with `--metrics-listen` (its
+    /// port, if the address asked for any).
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics
+            .as_ref()
+            .and_then(|listener| listener.local_addr().ok())
+    }
+
     /// Serves gRPC on `listener` until `shutdown` completes.
     pub async fn serve(
         self,

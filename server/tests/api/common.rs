@@ -63,6 +63,10 @@ pub fn pg_admin_url() -> String {
 /// A running server; call [`TestServer::stop`] at the end.
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The metrics endpoint's address, when the test configured one.
+    pub metrics_addr: Option<SocketAddr>,
+    /// The console's address, when the test configured one.
+    pub console_addr: Option<SocketAddr>,
     /// The database the server runs on (for a second store instance).
     pub url: String,
     shutdown: Option<oneshot::Sender<()>>,
@@ -114,12 +118,23 @@ impl TestServer {
         adjust(&mut config);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
+        // Prepared here, so that the metrics and console listeners are
+        // bound (on port 0 in tests: a port picked and let go could be
+        // taken by a parallel test's server before this one binds it).
+        let prepared =
+            switchyard_server::server::prepare(config, switchyard_server::clock::Clock::system())
+                .await
+                .expect("server prepares");
+        let metrics_addr = prepared.metrics_addr();
+        let console_addr = prepared.console_addr();
         let (tx, rx) = oneshot::channel::<()>();
-        let handle = tokio::spawn(switchyard_server::run(listener, config, async {
+        let handle = tokio::spawn(prepared.serve(listener, async {
             let _ = rx.await;
         }));
         Self {
             addr,
+            metrics_addr,
+            console_addr,
             url,
             shutdown: Some(tx),
             handle,

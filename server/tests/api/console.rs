@@ -275,11 +275,11 @@ fn get(path: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_serves_its_page_and_the_services_over_grpc_web() {
-    let addr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
-    let server = TestServer::start_with(Backend::Sqlite, |c| c.console_listen = Some(addr)).await;
+    let server = TestServer::start_with(Backend::Sqlite, |c| {
+        c.console_listen = Some("127.0.0.1:0".parse().unwrap())
+    })
+    .await;
+    let addr = server.console_addr.expect("the console address");
     // The gRPC port is up once a call answers; the console was bound before it.
     summary(&server).await;
 

@@ -160,11 +160,11 @@ async fn http_get(addr: std::net::SocketAddr, method: &str, path: &str) -> Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_speak_prometheus_and_count_finished_tasks() {
-    let addr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
-    let server = TestServer::start_with(Backend::Sqlite, |c| c.metrics_listen = Some(addr)).await;
+    let server = TestServer::start_with(Backend::Sqlite, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap())
+    })
+    .await;
+    let addr = server.metrics_addr.expect("the metrics address");
     let mut agent = TestAgent::start(&server, "m", json!({"tags": ["m"]}), 1).await;
     let task = crate::common::submit(&server, "k", "m").await;
     let grant = agent.grant().await;

@@ -418,11 +418,11 @@ fn signal_term(pid: i32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_endpoint_reports_grants_and_agents() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
-    let server = TestServer::start_with(Backend::Sqlite, |c| c.metrics_listen = Some(port)).await;
+    let server = TestServer::start_with(Backend::Sqlite, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().unwrap())
+    })
+    .await;
+    let port = server.metrics_addr.expect("the metrics address");
     let mut agent = TestAgent::start(&server, "m", json!({"tags": ["m"]}), 1).await;
     crate::common::submit(&server, "k", "m").await;
     let grant = agent.grant().await;
