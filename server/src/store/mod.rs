@@ -372,6 +372,16 @@ pub trait AgentStore: Send + Sync {
         session_epoch: Option<u64>,
         now_ms: i64,
     ) -> Result<bool>;
+    /// Marks the agent READY for a new session of `session_epoch` (DRAINING
+    /// while an operator drains it), as [`AgentStore::set_agent_status`]
+    /// does, and returns it as stored: `None` when it has registered again
+    /// since (the epoch moved on) or is gone.
+    async fn ready_for_session(
+        &self,
+        agent_id: Uuid,
+        session_epoch: u64,
+        now_ms: i64,
+    ) -> Result<Option<AgentRecord>>;
     /// Starts or ends an operator drain. A drain with a deadline: the
     /// leases the agent still holds at `deadline_ms` are revoked and their
     /// tasks requeued (see [`LeaseStore::reclaim_overdue`]); ending a drain

@@ -1,5 +1,6 @@
 //! Agent registration (upsert, epochs, generations), document
-//! compare-and-set, operator overrides, status, drain, last seen, listing
+//! compare-and-set, operator overrides, status (and a new session's
+//! readying), drain, last seen, listing
 //! (by pages, and every id at once).
 
 use serde_json::json;
@@ -16,6 +17,7 @@ crate::both_backends!(
     document_generation_compare_and_set,
     status_drain_touch_and_list,
     a_drain_keeps_its_reason_while_the_agent_reports_up,
+    a_session_readies_its_agent_and_gets_it_as_stored,
 );
 
 async fn register_is_an_upsert_with_new_epoch(fx: &mut Fixture) {
@@ -293,4 +295,61 @@ async fn a_drain_keeps_its_reason_while_the_agent_reports_up(fx: &mut Fixture) {
     // Ready until the agent's next heartbeat says otherwise.
     assert_eq!(undrained.status, AgentStatus::Ready);
     assert!(undrained.status_reasons.is_empty());
+}
+
+async fn a_session_readies_its_agent_and_gets_it_as_stored(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let a = agent(store, "ns", "a", 2).await;
+    let reasons = vec!["went away".to_owned()];
+    store
+        .set_agent_status(a.id, AgentStatus::Offline, &reasons, None, T0)
+        .await
+        .unwrap();
+    let ready = store
+        .ready_for_session(a.id, a.session_epoch, T0 + 5)
+        .await
+        .unwrap()
+        .expect("the current epoch readies the agent");
+    assert_eq!(ready.status, AgentStatus::Ready);
+    assert!(ready.status_reasons.is_empty());
+    // What it returns is the whole record as stored, documents included.
+    assert_eq!(ready, store.get_agent(a.id).await.unwrap());
+    assert_eq!(ready.document, a.document);
+
+    // A session of an epoch the agent has registered past changes nothing.
+    store
+        .set_agent_status(a.id, AgentStatus::Offline, &reasons, None, T0 + 6)
+        .await
+        .unwrap();
+    let again = agent(store, "ns", "a", 2).await;
+    assert_eq!(again.session_epoch, a.session_epoch + 1);
+    let before = store.get_agent(a.id).await.unwrap();
+    assert!(
+        store
+            .ready_for_session(a.id, a.session_epoch, T0 + 7)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(store.get_agent(a.id).await.unwrap(), before);
+    assert!(
+        store
+            .ready_for_session(Uuid::now_v7(), 1, T0 + 7)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // A drained agent comes back DRAINING, its reason kept.
+    store
+        .set_agent_drained(a.id, true, Some("maintenance".into()), None, T0 + 8)
+        .await
+        .unwrap();
+    let draining = store
+        .ready_for_session(a.id, again.session_epoch, T0 + 9)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(draining.status, AgentStatus::Draining);
+    assert_eq!(draining.status_reasons, ["maintenance"]);
 }

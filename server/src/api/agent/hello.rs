@@ -15,7 +15,7 @@ use crate::api::{Api, parse_id};
 use crate::auth::{Caller, Need};
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentRecord, AgentStatus, Completion, CompletionOutcome, LeaseRecord, RevocationCause,
+    AgentParts, AgentRecord, Completion, CompletionOutcome, LeaseRecord, RevocationCause,
 };
 use crate::wire::session::revocation;
 
@@ -39,7 +39,17 @@ impl Api {
     /// counts the orphaned ones lost, and marks the agent READY.
     pub(super) async fn open_session(&self, caller: &Caller, hello: pb::Hello) -> Result<Opened> {
         let agent_id = parse_id("hello.agent_id", &hello.agent_id)?;
-        let record = self.store.get_agent(agent_id).await?;
+        // Only who it is and its epoch are checked here: the documents are
+        // read once, as the session's update stores them.
+        let record = self
+            .store
+            .agents_by_ids(&[agent_id], AgentParts::Listing)
+            .await?
+            .pop()
+            .ok_or_else(|| Error::NotFound {
+                what: "agent",
+                id: agent_id.to_string(),
+            })?;
         if !caller.sees(&record.namespace) {
             return Err(Error::NotFound {
                 what: "agent",
@@ -54,12 +64,16 @@ impl Api {
             )));
         }
         let (resumed, revoked, held) = self.resume(agent_id, &hello.held_leases).await?;
-        let now = self.now_ms();
         let epoch = record.session_epoch;
-        self.store
-            .set_agent_status(agent_id, AgentStatus::Ready, &[], Some(epoch), now)
-            .await?;
-        let record = self.store.get_agent(agent_id).await?;
+        let record = self
+            .store
+            .ready_for_session(agent_id, epoch, self.now_ms())
+            .await?
+            .ok_or_else(|| {
+                Error::FailedPrecondition(format!(
+                    "session epoch {epoch} is no longer the agent's current epoch; register again"
+                ))
+            })?;
         Ok(Opened {
             record,
             resumed,

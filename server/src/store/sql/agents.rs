@@ -439,6 +439,35 @@ pub(crate) async fn set_status<DB: SqlDb>(
     Ok(changed)
 }
 
+const READY_FOR_SESSION: &str =
+    const_format::concatcp!(SET_STATUS, " RETURNING ", AGENT_COLUMNS);
+
+/// [`set_status`] READY for a session of `session_epoch`, returning the
+/// agent as stored (`None` if the epoch moved on): the session opens on
+/// what it wrote, without reading the agent again.
+pub(crate) async fn ready_for_session<DB: SqlDb>(
+    w: &mut Write<DB>,
+    agent_id: Uuid,
+    session_epoch: u64,
+    now_ms: i64,
+) -> Result<Option<AgentRecord>> {
+    let no_reasons: [String; 0] = [];
+    let Some(row) = query::<DB>(READY_FOR_SESSION)
+        .arg(agent_id)
+        .text(StoredName::stored(AgentStatus::Ready))
+        .json(&no_reasons[..])
+        .arg(Some(to_i64(session_epoch)))
+        .arg(now_ms)
+        .optional(w.conn())
+        .await
+        .map_err(db("readying an agent for its session"))?
+    else {
+        return Ok(None);
+    };
+    w.announce(StoreEvent::AgentChanged { agent_id });
+    rows::agent::<DB>(&row).map(Some)
+}
+
 const SET_DRAINED: &str = const_format::concatcp!(
     "UPDATE agents SET drained = $2, drain_deadline_ms = $5, \
      status = CASE WHEN $2 THEN 'draining' WHEN status = 'draining' THEN 'ready' \
@@ -570,6 +599,16 @@ impl<B: Backend> AgentStore for SqlStore<B> {
             ))
         })
         .await
+    }
+
+    async fn ready_for_session(
+        &self,
+        agent_id: Uuid,
+        session_epoch: u64,
+        now_ms: i64,
+    ) -> Result<Option<AgentRecord>> {
+        self.write(|w, _| Box::pin(ready_for_session(w, agent_id, session_epoch, now_ms)))
+            .await
     }
 
     async fn set_agent_drained(
