@@ -43,6 +43,19 @@ async fn register_is_an_upsert_with_new_epoch(fx: &mut Fixture) {
     assert_eq!(all, 2);
     let missing = store.get_agent(Uuid::now_v7()).await.unwrap_err();
     assert!(matches!(missing, Error::NotFound { what: "agent", .. }));
+
+    // What a registration returns is what a read finds, documents, nested
+    // numbers and the operator tier kept over it included.
+    let gpu = crate::common::gpu_agent(store, "ns", "host-g", 2).await;
+    assert_eq!(store.get_agent(gpu.id).await.unwrap(), gpu);
+    let tier = json!({"tags": ["blessed"]});
+    store
+        .set_operator_overrides(gpu.id, &tier, &gpu.document, &gpu.provenance, T0)
+        .await
+        .unwrap();
+    let back = crate::common::gpu_agent(store, "ns", "host-g", 2).await;
+    assert_eq!(back.operator_overrides, tier);
+    assert_eq!(store.get_agent(gpu.id).await.unwrap(), back);
 }
 
 async fn document_generation_compare_and_set(fx: &mut Fixture) {

@@ -72,7 +72,7 @@ const REGISTER: &str = const_format::concatcp!(
      WHERE agents.registered_by = excluded.registered_by OR agents.registered_by = '' \
      OR agents.status = 'offline' \
      RETURNING ",
-    AGENT_COLUMNS
+    rows::AGENT_REGISTERED_COLUMNS
 );
 
 /// Registers an agent: the same id for the same (namespace, name), a new
@@ -110,7 +110,7 @@ pub(crate) async fn register<DB: SqlDb>(
                 registration.name
             ))
         })?;
-    let agent = rows::agent::<DB>(&row)?;
+    let agent = rows::registered::<DB>(&row, registration)?;
     tasks::lift_refusals(w, agent.id).await?;
     w.announce(StoreEvent::AgentChanged { agent_id: agent.id });
     Ok(agent)
@@ -439,8 +439,7 @@ pub(crate) async fn set_status<DB: SqlDb>(
     Ok(changed)
 }
 
-const READY_FOR_SESSION: &str =
-    const_format::concatcp!(SET_STATUS, " RETURNING ", AGENT_COLUMNS);
+const READY_FOR_SESSION: &str = const_format::concatcp!(SET_STATUS, " RETURNING ", AGENT_COLUMNS);
 
 /// [`set_status`] READY for a session of `session_epoch`, returning the
 /// agent as stored (`None` if the epoch moved on): the session opens on

@@ -11,9 +11,9 @@ use sqlx::types::Json;
 use super::db::{Cols, SqlDb};
 use crate::error::{Error, Result};
 use crate::model::{
-    AgentParts, AgentRecord, AgentStatus, Deadlines, Fairness, LeaseEnd, LeaseRecord, LeaseState,
-    NameContention, OutputStream, RetryPolicy, Role, StoredChunk, StoredName, TaskEventRecord,
-    TaskRecord, TaskState, TokenRecord,
+    AgentParts, AgentRecord, AgentRegistration, AgentStatus, Deadlines, Fairness, LeaseEnd,
+    LeaseRecord, LeaseState, NameContention, OutputStream, RetryPolicy, Role, StoredChunk,
+    StoredName, TaskEventRecord, TaskRecord, TaskState, TokenRecord,
 };
 use crate::store::plan::{to_u32, to_u64};
 use switchyard_core::resources::Claim;
@@ -60,6 +60,11 @@ pub(crate) fn agent_columns(parts: AgentParts) -> &'static str {
         AgentParts::Full => AGENT_COLUMNS,
     }
 }
+
+/// The columns a registration returns: the listing's and the operator
+/// tier (its other documents are the ones it wrote).
+pub(crate) const AGENT_REGISTERED_COLUMNS: &str =
+    const_format::concatcp!(AGENT_LISTING_COLUMNS, ", operator_overrides");
 
 /// The columns that read a [`TaskEventRecord`] and the steps its row implies
 /// before it (`history::IMPLIED_STEPS`).
@@ -261,6 +266,23 @@ pub(crate) fn agent_parts<DB: SqlDb>(row: &DB::Row, parts: AgentParts) -> Result
             replaced_runner: cols.get("replaced_runner")?,
         },
     })
+}
+
+/// The agent `registration` wrote, from [`AGENT_REGISTERED_COLUMNS`]: the
+/// documents it wrote are taken as written, not read back and parsed.
+pub(crate) fn registered<DB: SqlDb>(
+    row: &DB::Row,
+    registration: &AgentRegistration,
+) -> Result<AgentRecord> {
+    let mut agent = agent_parts::<DB>(row, AgentParts::Listing)?;
+    agent.operator_overrides = json(
+        &Cols::<DB>::new(row, "reading a registered agent row"),
+        "operator_overrides",
+    )?;
+    agent.document = registration.document.clone();
+    agent.provenance = registration.provenance.clone();
+    agent.reported = registration.reported.clone();
+    Ok(agent)
 }
 
 /// A history entry and how many steps its row implies before it, from
