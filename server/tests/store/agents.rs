@@ -329,13 +329,14 @@ async fn a_session_readies_its_agent_and_gets_it_as_stored(fx: &mut Fixture) {
     assert_eq!(ready, store.get_agent(a.id).await.unwrap());
     assert_eq!(ready.document, a.document);
 
-    // A session of an epoch the agent has registered past changes nothing.
+    // A session of an epoch the agent has registered past changes nothing
+    // (the agent is left OFFLINE, so a READY written anyway would show).
+    let again = agent(store, "ns", "a", 2).await;
+    assert_eq!(again.session_epoch, a.session_epoch + 1);
     store
         .set_agent_status(a.id, AgentStatus::Offline, &reasons, None, T0 + 6)
         .await
         .unwrap();
-    let again = agent(store, "ns", "a", 2).await;
-    assert_eq!(again.session_epoch, a.session_epoch + 1);
     let before = store.get_agent(a.id).await.unwrap();
     assert!(
         store
