@@ -15,6 +15,7 @@ mod events;
 mod fairness;
 mod leases;
 mod limits;
+mod pages;
 mod race;
 mod releases;
 mod reports;
