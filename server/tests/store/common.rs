@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use sqlx::Connection;
 use switchyard_server::error::Result;
 use switchyard_server::model::{
-    AgentParts, AgentRecord, AgentRegistration, Beat, GrantOutcome, GrantRequest, LeaseRecord,
-    LeaseReport, NewTask, Page, ReportKind, Submission, TaskRecord,
+    AgentParts, AgentRecord, AgentRegistration, Beat, Completion, CompletionOutcome, GrantOutcome,
+    GrantRequest, LeaseRecord, LeaseReport, NewTask, Page, ReportKind, Submission, TaskRecord,
 };
 use switchyard_server::store::{self, Store, StoreOptions};
 use uuid::Uuid;
@@ -455,6 +455,17 @@ pub async fn grant(store: &dyn Store, task_id: Uuid, agent_id: Uuid, now_ms: i64
     match outcomes.as_slice() {
         [GrantOutcome::Granted(lease)] => lease.clone(),
         other => panic!("grant refused: {other:?}"),
+    }
+}
+
+/// The final report `outcome` of `lease`, as its holder sends it.
+pub fn completion(lease: &LeaseRecord, outcome: CompletionOutcome) -> Completion {
+    Completion {
+        lease_id: lease.id,
+        task_id: lease.task_id,
+        agent_id: lease.agent_id,
+        fencing_token: lease.fencing_token,
+        outcome,
     }
 }
 

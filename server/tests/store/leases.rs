@@ -14,8 +14,8 @@ use switchyard_server::store::Store;
 use uuid::Uuid;
 
 use crate::common::{
-    BACKOFF_BASE_MS, Fixture, Lcg, T0, TestStore, agent, agents, claiming, gpu_agent, grant,
-    seeing, submit, submit_tasks, task,
+    BACKOFF_BASE_MS, Fixture, Lcg, T0, TestStore, agent, agents, claiming, completion, gpu_agent,
+    grant, seeing, submit, submit_tasks, task,
 };
 
 crate::both_backends!(
@@ -77,19 +77,6 @@ async fn live_lease_counts_count_granted_and_active_only(fx: &mut Fixture) {
     assert_eq!(held, want);
     assert_eq!(claims.len(), 1, "{claims:?}");
     assert!(store.live_claims(&[]).await.unwrap().is_empty());
-}
-
-fn completion(
-    lease: &switchyard_server::model::LeaseRecord,
-    outcome: CompletionOutcome,
-) -> Completion {
-    Completion {
-        lease_id: lease.id,
-        task_id: lease.task_id,
-        agent_id: lease.agent_id,
-        fencing_token: lease.fencing_token,
-        outcome,
-    }
 }
 
 fn succeeded() -> CompletionOutcome {

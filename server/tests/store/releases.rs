@@ -8,12 +8,12 @@
 
 use serde_json::json;
 use switchyard_server::model::{
-    Beat, Completion, CompletionOutcome, LeaseRecord, LeaseReport, ReleaseCause, ReportKind,
-    TaskState, release_backoff_ms,
+    Beat, CompletionOutcome, LeaseRecord, LeaseReport, ReleaseCause, ReportKind, TaskState,
+    release_backoff_ms,
 };
 use switchyard_server::store::{ReportedDocument, Store};
 
-use crate::common::{Fixture, MAX_RELEASES, T0, agent, grant, submit, task};
+use crate::common::{Fixture, MAX_RELEASES, T0, agent, completion, grant, submit, task};
 
 crate::both_backends!(
     every_hand_back_counts_and_the_bound_fails_the_task,
@@ -110,16 +110,6 @@ fn report(lease: &LeaseRecord, kind: ReportKind) -> LeaseReport {
         agent_id: lease.agent_id,
         fencing_token: lease.fencing_token,
         kind,
-    }
-}
-
-fn completion(lease: &LeaseRecord, outcome: CompletionOutcome) -> Completion {
-    Completion {
-        lease_id: lease.id,
-        task_id: lease.task_id,
-        agent_id: lease.agent_id,
-        fencing_token: lease.fencing_token,
-        outcome,
     }
 }
 
