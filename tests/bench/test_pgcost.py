@@ -1,6 +1,7 @@
 """`bench/pgcost` on a private PostgreSQL cluster of its own, with the debug binaries: the CPU of each
-party per task in a real run and the plans made for its statements, PostgreSQL's CPU per task for both
-shapes in plain SQL (`--shapes`), and a clear refusal of a batch or count below 1."""
+party per task in a real run, the plans made for its statements and PostgreSQL's CPU charged to them
+(pg_stat_kcache, which `.ci/run` installs), PostgreSQL's CPU per task for both shapes in plain SQL
+(`--shapes`), and a clear refusal of a batch or count below 1."""
 
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ def test_a_run_counts_the_cpu_of_each_party_per_task():
     statements = figures["statements"]
     assert all(0 <= s["plans_per_task"] for s in statements), statements
     assert sum(s["plans_per_task"] for s in statements) > 0, statements
+    assert "postgresql_cpu_us_per_task_by_statement" in figures, (
+        "no CPU by statement: install pg_stat_kcache for this PostgreSQL "
+        "(Debian: postgresql-15-pg-stat-kcache; .ci/run does)")
+    by_statement = figures["postgresql_cpu_us_per_task_by_statement"]
+    assert all(s["us_per_task"] >= s["planning_us_per_task"] >= 0 for s in by_statement), by_statement
+    # Every task is submitted through the submit function.
+    assert any("switchyard_submit_tasks" in s["query"] for s in by_statement), by_statement
+    in_statements = sum(s["us_per_task"] for s in by_statement)
+    assert 0 < in_statements <= cpu["postgresql"], (in_statements, cpu)
 
 
 def test_shapes_measure_each_phase_of_both_shapes_without_a_server():
