@@ -4,8 +4,9 @@
 use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::model::{
-    Completion, CompletionOutcome, Deadlines, GrantOutcome, GrantRefusal, Page, ParkedPlacement,
-    QueueCursor, RetryPolicy, StoreEvent, Submission, TaskFilter, TaskRecord, TaskState,
+    Completion, CompletionOutcome, Deadlines, Fairness, GrantOutcome, GrantRefusal, Page,
+    ParkedPlacement, QueueCursor, RetryPolicy, StoreEvent, Submission, TaskFilter, TaskRecord,
+    TaskState,
 };
 use uuid::Uuid;
 
@@ -22,6 +23,7 @@ crate::both_backends!(
     list_tasks_filters_and_pages,
     close_and_reopen_loses_nothing,
     submit_many_answers_each_submit_in_one_commit,
+    a_batch_with_no_agent_reserved_is_answered_as_any_batch,
     count_tasks_counts_live_tasks_by_namespace_and_state,
     a_schema_migrated_by_a_newer_release_still_opens,
     a_submit_writes_no_history_row_yet_its_history_starts_submitted,
@@ -418,6 +420,84 @@ async fn submit_get_and_history(fx: &mut Fixture) {
         matches!(missing, Error::NotFound { what: "task", .. }),
         "{missing:?}"
     );
+}
+
+/// A batch none of whose submits has an agent reserved (on PostgreSQL one
+/// plain insert, migration 0023): each submit answered as in any batch:
+/// queued and not leased, one refused by the store, an idempotency key
+/// used twice in the batch and one taken before it, fairness kept.
+async fn a_batch_with_no_agent_reserved_is_answered_as_any_batch(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let keyed = |key: &str| {
+        let mut t = task("ns", 0, 3);
+        t.idempotency_key = Some(key.to_owned());
+        t
+    };
+    let (taken, _) = store.submit_task(keyed("taken"), T0).await.unwrap();
+    let mut refused = task("ns", 0, 3);
+    refused.max_attempts = 0;
+    let mut fair = task("ns", 2, 3);
+    fair.fairness = Some(Fairness {
+        key: "tenant-a".to_owned(),
+        weight: 3,
+    });
+    let batch = [
+        task("ns", 0, 3),
+        refused,
+        keyed("k1"),
+        keyed("k1"),
+        keyed("taken"),
+        fair,
+    ]
+    .map(|task| Submission {
+        task,
+        agent_id: None,
+    });
+    let results = store.submit_many(&batch, T0 + 1).await.unwrap();
+    assert_eq!(results.len(), 6);
+    assert!(
+        matches!(&results[1], Err(Error::Invalid { field, .. }) if field == "max_attempts"),
+        "{:?}",
+        results[1]
+    );
+    let answered: Vec<(&TaskRecord, bool)> = [0, 2, 3, 4, 5]
+        .map(|i| {
+            let (record, created, grant) = results[i].as_ref().unwrap();
+            assert!(grant.is_none(), "{i}: {grant:?}");
+            assert_eq!(record.state, TaskState::Queued, "{i}");
+            (record, *created)
+        })
+        .to_vec();
+    let created: Vec<bool> = answered.iter().map(|(_, c)| *c).collect();
+    assert_eq!(created, [true, true, false, false, true]);
+    assert_eq!(answered[1].0.id, answered[2].0.id);
+    assert_eq!(answered[3].0.id, taken.id);
+    assert_eq!(
+        answered[4].0.fairness,
+        Some(Fairness {
+            key: "tenant-a".to_owned(),
+            weight: 3
+        })
+    );
+    for (record, _) in &answered {
+        assert_eq!(&store.get_task(record.id).await.unwrap(), *record);
+    }
+    // Stored as answered: the one taken before, and three of the batch.
+    let listed = store
+        .list_tasks(
+            &TaskFilter {
+                namespace: "ns".into(),
+                ..Default::default()
+            },
+            &Page {
+                size: 100,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(listed.len(), 4);
 }
 
 /// SQLite inserts a batch's tasks without an idempotency key in one

@@ -21,7 +21,8 @@ use switchyard_core::resources::Claim;
 /// One batch of submits in one round trip, autocommitted: the function of
 /// migration 0019 locks the reserved agents, then inserts the tasks and the
 /// leases of those leased on the way in (one task by a statement of its
-/// own); migration 0020 has PostgreSQL keep one plan for each of its
+/// own; since migration 0023 a batch with no agent reserved by one plain
+/// insert); migration 0020 has PostgreSQL keep one plan for each of its
 /// statements rather than plan a call's own. A task's `submitted` entry is
 /// implied by its row (`history::SUBMITTED`). A task is leased if its
 /// reserved agent's live leases plus the batch's earlier grants to it
