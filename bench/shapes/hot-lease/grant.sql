@@ -1,6 +1,8 @@
--- The head of the queue (a batch) leased to one agent: out of the queue, the
--- lease in the task row (its fencing token one up, in place), a live lease
--- row and a history row each.
+-- The `hot-lease` shape: `hot-task` and `live-leases` together (both their
+-- schemas; `hot-task`'s submit, `live-leases`' settle: `SHAPE_PLANS` in
+-- bench/pgcost). Its grant: the head of the queue (a batch) leased to one
+-- agent: out of the queue, the lease in the task row (its fencing token one
+-- up, in place), a live lease row and a history row each.
 WITH q AS (
     DELETE FROM queue WHERE task_id IN (
         SELECT task_id FROM queue ORDER BY priority DESC, rank, task_id
