@@ -9,7 +9,8 @@ use sqlx::Connection;
 use switchyard_server::error::Result;
 use switchyard_server::model::{
     AgentParts, AgentRecord, AgentRegistration, Beat, Completion, CompletionOutcome, GrantOutcome,
-    GrantRequest, LeaseRecord, LeaseReport, NewTask, Page, ReportKind, Submission, TaskRecord,
+    GrantRequest, LeaseRecord, LeaseReport, NewTask, Page, ReportKind, Submission, TaskFilter,
+    TaskRecord,
 };
 use switchyard_server::store::{self, Store, StoreOptions};
 use uuid::Uuid;
@@ -229,6 +230,19 @@ pub async fn submit_tasks(store: &dyn Store, ns: &str, count: i64) -> Vec<Uuid> 
         ids.push(submit(store, task(ns, 0, 3), T0 + i).await.id);
     }
     ids
+}
+
+/// The tasks of `ns` as listed (the first hundred, newest first).
+pub async fn tasks_in(store: &dyn Store, ns: &str) -> Vec<TaskRecord> {
+    let filter = TaskFilter {
+        namespace: ns.into(),
+        ..Default::default()
+    };
+    let page = Page {
+        size: 100,
+        ..Default::default()
+    };
+    store.list_tasks(&filter, &page).await.expect("list").0
 }
 
 /// What the tests ask of a store beyond the server's own calls, each made

@@ -10,7 +10,7 @@ use switchyard_server::model::{
 };
 use uuid::Uuid;
 
-use crate::common::{Fixture, T0, TestStore, agent, grant, submit, submit_tasks, task};
+use crate::common::{Fixture, T0, TestStore, agent, grant, submit, submit_tasks, task, tasks_in};
 
 crate::both_backends!(
     submit_get_and_history,
@@ -343,20 +343,7 @@ async fn submit_many_answers_each_submit_in_one_commit(fx: &mut Fixture) {
         assert_eq!(store.get_task(result.0.id).await.unwrap(), result.0);
     }
     // Stored as answered: four tasks, one of them leased.
-    let listed = store
-        .list_tasks(
-            &TaskFilter {
-                namespace: "ns".into(),
-                ..Default::default()
-            },
-            &Page {
-                size: 100,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap()
-        .0;
+    let listed = tasks_in(store, "ns").await;
     assert_eq!(listed.len(), 4);
     assert_eq!(
         listed
@@ -483,20 +470,7 @@ async fn a_batch_with_no_agent_reserved_is_answered_as_any_batch(fx: &mut Fixtur
         assert_eq!(&store.get_task(record.id).await.unwrap(), *record);
     }
     // Stored as answered: the one taken before, and three of the batch.
-    let listed = store
-        .list_tasks(
-            &TaskFilter {
-                namespace: "ns".into(),
-                ..Default::default()
-            },
-            &Page {
-                size: 100,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap()
-        .0;
+    let listed = tasks_in(store, "ns").await;
     assert_eq!(listed.len(), 4);
 }
 
