@@ -8,8 +8,11 @@ use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::model::{
     AgentStatus, Beat, BeatApplied, BeatOutcome, CompletionOutcome, DocumentWrite, LeaseRecord,
-    LeaseReport, LeaseState, ReleaseCause, RenewedLease, ReportApplied, ReportKind, TaskState,
+    LeaseReport, LeaseState, OutputChunk, OutputStream, ReleaseCause, RenewedLease, ReportApplied,
+    ReportKind, TaskState,
 };
+
+use sqlx::Connection as _;
 
 use crate::common::{Fixture, T0, agent, grant, submit, task};
 
@@ -17,6 +20,7 @@ crate::both_backends!(
     whole_attempts_in_one_batch_match_one_by_one,
     a_refused_report_leaves_the_rest_of_the_batch,
     many_whole_attempts_settle_like_one_by_one,
+    whole_successes_no_longer_fresh_are_refused_as_one_by_one,
     a_whole_attempts_history_reads_like_one_by_one_in_any_page,
     heartbeats_renew_touch_and_write_documents,
 );
@@ -273,6 +277,189 @@ async fn many_whole_attempts_settle_like_one_by_one(fx: &mut Fixture) {
         assert!(l.acked && !l.state.is_live(), "{l:?}");
     }
     assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 0);
+}
+
+/// A whole attempt's three reports (accepted, started, success).
+fn whole_success(lease: &LeaseRecord) -> [LeaseReport; 3] {
+    [
+        report(lease, ReportKind::Accepted),
+        report(lease, ReportKind::Started),
+        report(lease, succeeded()),
+    ]
+}
+
+/// Whole successes that are no longer fresh attempts of the lease's holder
+/// (a stale token, another agent, a lease revoked before the batch) are
+/// refused and change nothing, as one by one; a fresh one beside them
+/// settles, and so does one whose output is in the batch. (PostgreSQL
+/// settles fresh successes apart from the batch's transaction:
+/// `switchyard_settle_successes`.)
+async fn whole_successes_no_longer_fresh_are_refused_as_one_by_one(fx: &mut Fixture) {
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w1", 5).await;
+    let intruder = agent(store, "ns", "w2", 5).await;
+    let mut leases = Vec::new();
+    for i in 0..5 {
+        let t = submit(store, task("ns", 0, 3), T0 + i).await;
+        leases.push(grant(store, t.id, worker.id, T0 + 10 + i).await);
+    }
+    // Lease 3 is revoked before the batch: never acknowledged.
+    let revoked = store
+        .revoke_unacked(Some(worker.id), T0 + 14, T0 + 15)
+        .await
+        .unwrap();
+    assert_eq!(revoked.len(), 4, "{revoked:?}");
+    let mut leases3 = Vec::new();
+    for lease in &leases[..3] {
+        leases3.push(grant(store, lease.task_id, worker.id, T0 + 16).await);
+    }
+    let (fresh, stale, foreign, gone) = (&leases3[0], &leases3[1], &leases3[2], &leases[3]);
+    let output = report(
+        &leases[4],
+        ReportKind::Output(vec![OutputChunk {
+            stream: OutputStream::Stdout,
+            sequence: 1,
+            text: "done\n".to_owned(),
+            dropped_bytes: 0,
+        }]),
+    );
+    let mut batch: Vec<LeaseReport> = Vec::new();
+    batch.extend(whole_success(fresh));
+    batch.extend(whole_success(stale).map(|mut r| {
+        r.fencing_token -= 1;
+        r
+    }));
+    batch.extend(whole_success(foreign).map(|mut r| {
+        r.agent_id = intruder.id;
+        r
+    }));
+    batch.extend(whole_success(gone));
+    batch.push(output);
+    batch.extend(whole_success(&leases[4]));
+    let results = store.apply_reports(&batch, T0 + 20).await.unwrap();
+
+    let ended: Vec<Option<bool>> = results
+        .iter()
+        .map(|r| r.as_ref().ok().map(|a| a.ended))
+        .collect();
+    let (yes, no) = (Some(true), Some(false));
+    assert_eq!(
+        ended,
+        [
+            no, no, yes, // fresh
+            None, None, None, // stale
+            None, None, None, // foreign
+            None, None, None, // gone
+            no, no, no, yes // output, then the whole attempt
+        ],
+        "{results:?}"
+    );
+    for (i, result) in results.iter().enumerate().skip(3).take(9) {
+        assert!(
+            matches!(
+                result,
+                Err(Error::LeaseNotHeld { .. } | Error::StaleFencingToken { .. })
+            ),
+            "report {i}: {result:?}"
+        );
+    }
+    let task = |lease: &LeaseRecord| {
+        let id = lease.task_id;
+        async move { store.get_task(id).await.unwrap() }
+    };
+    let fresh_task = task(fresh).await;
+    assert_eq!(
+        (fresh_task.state, fresh_task.result, fresh_task.lease_id),
+        (TaskState::Succeeded, Some(json!({"exit": 0})), None)
+    );
+    for lease in [stale, foreign] {
+        assert_eq!(task(lease).await.state, TaskState::Leased);
+        let stored = store.get_lease(lease.id).await.unwrap();
+        assert_eq!((stored.state, stored.acked), (LeaseState::Granted, false));
+        let kinds: Vec<String> = store
+            .task_events(lease.task_id, 0, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, ["submitted", "leased", "released", "leased"]);
+    }
+    assert_eq!(task(gone).await.state, TaskState::Queued);
+    assert_eq!(
+        store.get_lease(gone.id).await.unwrap().state,
+        LeaseState::Released
+    );
+    assert_eq!(task(&leases[4]).await.state, TaskState::Succeeded);
+    let kept = store
+        .task_output(leases[4].task_id, 0, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let history = store.task_events(fresh.task_id, 0, 100).await.unwrap();
+    assert_eq!(
+        history.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
+        [
+            "submitted",
+            "leased",
+            "released",
+            "leased",
+            "accepted",
+            "started",
+            "succeeded"
+        ]
+    );
+    assert!(
+        history[4..]
+            .iter()
+            .all(|e| e.lease_id == Some(fresh.id) && e.agent_id == Some(worker.id)),
+        "{history:?}"
+    );
+    assert_eq!(store.get_agent(worker.id).await.unwrap().active_leases, 2);
+}
+
+/// PostgreSQL only: a report batch's fresh whole successes go through
+/// `switchyard_settle_successes`, in a call of their own. With the function
+/// gone, a batch holding one fails, writing nothing of it; a batch without
+/// one still applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_successes_are_settled_in_a_call_of_their_own() {
+    let fx = Fixture::postgres().await;
+    let store = fx.store.as_ref();
+    let worker = agent(store, "ns", "w1", 4).await;
+    let mut leases = Vec::new();
+    for i in 0..2 {
+        let t = submit(store, task("ns", 0, 3), T0 + i).await;
+        leases.push(grant(store, t.id, worker.id, T0 + 10).await);
+    }
+    let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
+    sqlx::query("DROP FUNCTION switchyard_settle_successes")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let failed = store
+        .apply_reports(&whole_success(&leases[0]), T0 + 20)
+        .await;
+    assert!(failed.is_err(), "{failed:?}");
+    let untouched = store.get_task(leases[0].task_id).await.unwrap();
+    assert_eq!(untouched.state, TaskState::Leased);
+    let started = store
+        .apply_reports(
+            &[
+                report(&leases[1], ReportKind::Accepted),
+                report(&leases[1], ReportKind::Started),
+            ],
+            T0 + 21,
+        )
+        .await
+        .unwrap();
+    assert!(started.iter().all(Result::is_ok), "{started:?}");
+    assert_eq!(
+        store.get_task(leases[1].task_id).await.unwrap().state,
+        TaskState::Running
+    );
+    sqlx::Connection::close(conn).await.unwrap();
+    fx.finish().await;
 }
 
 async fn heartbeats_renew_touch_and_write_documents(fx: &mut Fixture) {

@@ -560,3 +560,89 @@ async fn a_report_batch_reads_only_the_leases_it_ends() {
         "a batch ending 400 of 12,000 leases read {read} by sequential scans"
     );
 }
+
+/// `table`'s rows read by sequential scans, as the statistics have them
+/// once the store's connections have sent their counts (see
+/// [`leases_read_and_updated`]): after its rows updated reach `updated`.
+async fn rows_scanned(
+    fx: &mut Fixture,
+    conn: &mut sqlx::PgConnection,
+    table: &str,
+    updated: i64,
+) -> i64 {
+    // Bounded, so that counts never sent fail the test rather than hang it.
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            fx.reopen().await;
+            let (read, n): (i64, i64) = sqlx::query_as(
+                "SELECT COALESCE(seq_tup_read, 0), n_tup_upd FROM pg_stat_user_tables \
+                 WHERE relname = $1",
+            )
+            .bind(table)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+            if n >= updated {
+                return read;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the counts sent within 20 s")
+}
+
+/// A report batch's whole successes (`switchyard_settle_successes`) lock
+/// and check their tasks by key however small `tasks` was when the
+/// connection made the function's plans, which it keeps: made by the
+/// warm-up of a store opened on migrated, empty tables, they passed over
+/// the whole of `tasks` twice a call once it held thousands of tasks.
+#[tokio::test]
+async fn whole_successes_read_tasks_by_key_on_plans_made_when_it_was_empty() {
+    let mut fx = Fixture::postgres().await;
+    let mut conn = sqlx::PgConnection::connect(&fx.url).await.unwrap();
+    // No analysis may remake the plans meanwhile.
+    for table in ["tasks", "leases", "task_events"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {table} SET (autovacuum_enabled = false)"
+        )))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    // Opened on the migrated, empty tables: every connection warms then.
+    fx.reopen().await;
+    let fleet = agents(fx.store.as_ref(), "ns", 20, 1_000).await;
+    let mut leases = Vec::new();
+    for round in 0..8 {
+        for done in fx
+            .store
+            .submit_many(&reserved(&fleet, round, 500), T0)
+            .await
+            .unwrap()
+        {
+            match done.unwrap().2 {
+                Some(GrantOutcome::Granted(lease)) => leases.push(lease),
+                other => panic!("a reserved submit was not leased: {other:?}"),
+            }
+        }
+    }
+    let whole: [fn() -> ReportKind; 3] =
+        [|| ReportKind::Accepted, || ReportKind::Started, succeeded];
+    let applied = fx
+        .store
+        .apply_reports(&reports(&leases[..200], &whole), T0 + 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        applied.iter().filter(|r| r.as_ref().unwrap().ended).count(),
+        200
+    );
+    let read = rows_scanned(&mut fx, &mut conn, "tasks", 200).await;
+    assert!(
+        read < 1_000,
+        "whole successes of 200 of 4,000 tasks read {read} by sequential scans"
+    );
+    conn.close().await.unwrap();
+    fx.finish().await;
+}

@@ -16,7 +16,9 @@
 //! # Layout
 //! - `submit`, `grant`, `settle`, `heartbeat`, `output`: the set-based
 //!   paths. A grant and a report batch run their statements after the
-//!   first on the plans each connection keeps ([`KEEP_PLANS`]).
+//!   first on the plans each connection keeps ([`KEEP_PLANS`]); a report
+//!   batch's whole fresh successes are settled before its transaction, in
+//!   one call of their own (`settle::settle_successes`).
 //! - `warm`: connection warm-up.
 //! - `stats`: planner statistics kept up with tables that double.
 
@@ -510,6 +512,19 @@ impl Backend for PgBackend {
         now_ms: i64,
     ) -> Result<Vec<Result<CompletionResult>>> {
         settle::complete(w, completions, options, now_ms).await
+    }
+
+    /// The whole fresh attempts that succeeded, in one call of their own
+    /// on the connections of the batch paths (`settle::settle_successes`).
+    async fn settle_apart(
+        &self,
+        reports: &[LeaseReport],
+        now_ms: i64,
+    ) -> Result<Vec<Option<Result<ReportApplied>>>> {
+        let (results, events) = settle::settle_successes(&self.batches, reports, now_ms).await?;
+        crate::metrics::count_finished(&events);
+        self.announce_committed(events)?;
+        Ok(results)
     }
 
     async fn apply_reports(

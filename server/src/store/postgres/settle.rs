@@ -2,25 +2,29 @@
 //! order and written in one statement, and *whole fresh attempts*
 //! (`accepted`, `started` and a final report of a lease just granted,
 //! reported together as a quick task's agent does) written in one statement
-//! for the whole batch; the rest of a report batch goes row by row. A
+//! for the whole batch; the rest of a report batch goes row by row. The
+//! whole fresh attempts that succeeded go first, in one call that commits
+//! on its own (`switchyard_settle_successes`, migration 0024), before the
+//! batch's transaction. A
 //! batch's output is written first (`super::output`). A report batch runs
 //! on the connections of the batch paths (`super::warm`); the final
 //! reports an agent sends as it reconnects, on the shared ones. The tasks'
 //! lock that begins each makes the statements after it run on kept plans
 //! (`super::KEEP_PLANS`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sqlx::Postgres;
-use sqlx::postgres::PgArguments;
+use sqlx::postgres::{PgArguments, PgPool};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::model::{
-    Completion, CompletionResult, LeaseRecord, LeaseReport, ReportApplied, TaskRecord,
+    Completion, CompletionOutcome, CompletionResult, LeaseRecord, LeaseReport, ReportApplied,
+    ReportKind, StoreEvent, TaskRecord, TaskState,
 };
 use crate::store::StoreOptions;
-use crate::store::plan::{CompletionPlan, SettledAttempt, db, plan_completion};
+use crate::store::plan::{CompletionPlan, SettledAttempt, db, plan_completion, to_i64};
 use crate::store::sql::reports::{self, WholeAttempt};
 use crate::store::sql::rows::{self, LEASE_COLUMNS};
 use crate::store::sql::{Write, output};
@@ -324,15 +328,7 @@ pub(super) async fn complete(
             result.task = task.clone();
         }
     }
-    Ok(results
-        .into_iter()
-        .map(|r| {
-            r.unwrap_or(Err(Error::Corrupt {
-                context: "completing leases",
-                detail: "an item was not decided".to_owned(),
-            }))
-        })
-        .collect())
+    Ok(reports::decided(results, "completing leases"))
 }
 
 /// Runs [`COMPLETE`] for the settled attempts; the tasks as settled, by id
@@ -437,6 +433,72 @@ async fn whole_attempts(
     write_whole_attempts(w, &settle, now_ms).await?;
     reports::whole_attempts_written(w, &settle, results);
     Ok(settle.len())
+}
+
+/// Settles whole fresh attempts that succeeded, each checked under its
+/// task's lock to be a fresh attempt of the lease's holder (migration 0024;
+/// `$1`-`$5`: lease, task and agent ids, fencing tokens, results; `$6`:
+/// `now_ms`); answers the tasks it settled.
+pub(super) const SETTLE_SUCCESSES: &str =
+    "SELECT s FROM switchyard_settle_successes($1, $2, $3, $4, $5, $6) AS s";
+
+/// `Backend::settle_apart` on PostgreSQL: the batch's whole fresh attempts
+/// that succeeded ([`reports::whole_success_candidates`]), settled in one
+/// call that commits on its own, a round trip where the batch's
+/// transaction takes five. Answers those it settled, with their events;
+/// the rest of the batch (and any attempt the call found no longer fresh)
+/// is left to the transaction.
+pub(super) async fn settle_successes(
+    pool: &PgPool,
+    reports: &[LeaseReport],
+    now_ms: i64,
+) -> Result<(Vec<Option<Result<ReportApplied>>>, Vec<StoreEvent>)> {
+    let mut results: Vec<Option<Result<ReportApplied>>> = reports.iter().map(|_| None).collect();
+    let candidates = reports::whole_success_candidates(reports);
+    if candidates.is_empty() {
+        return Ok((results, Vec::new()));
+    }
+    let n = candidates.len();
+    let (mut lease_ids, mut task_ids, mut agent_ids) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut tokens, mut outcomes) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for c in &candidates {
+        let (first, last) = (&reports[c[0]], &reports[c[2]]);
+        let ReportKind::Final(CompletionOutcome::Succeeded { result }) = &last.kind else {
+            continue;
+        };
+        lease_ids.push(first.lease_id);
+        task_ids.push(first.task_id);
+        agent_ids.push(first.agent_id);
+        tokens.push(to_i64(first.fencing_token));
+        outcomes.push(result.to_string());
+    }
+    let settled: Vec<Uuid> = sqlx::query_scalar(SETTLE_SUCCESSES)
+        .bind(&lease_ids)
+        .bind(&task_ids)
+        .bind(&agent_ids)
+        .bind(&tokens)
+        .bind(&outcomes)
+        .bind(now_ms)
+        .fetch_all(pool)
+        .await
+        .map_err(db("settling successful attempts"))?;
+    let settled: HashSet<Uuid> = settled.into_iter().collect();
+    let mut events = Vec::with_capacity(settled.len());
+    for c in candidates {
+        let task_id = reports[c[0]].task_id;
+        if settled.contains(&task_id) {
+            reports::whole_attempt_answered(c, &mut results);
+            events.push(StoreEvent::TaskChanged {
+                task_id,
+                state: TaskState::Succeeded,
+            });
+        }
+    }
+    Ok((results, events))
 }
 
 /// Runs [`WHOLE_ATTEMPTS`]; every attempt is written, or the transaction is

@@ -24,7 +24,10 @@ const T0: i64 = 1_700_000_000_000;
 /// plans a statement afresh for its first five runs on a connection, and
 /// the 32 connections every request shares take turns, so there nearly
 /// every grant and report batch was planned for its one run (the grant's
-/// writing statement alone about 0.85 ms of each dispatch round).
+/// writing statement alone about 0.85 ms of each dispatch round). A
+/// report batch's whole successes are settled there too, in a call of
+/// their own (`settle::SETTLE_SUCCESSES`); its other whole attempts (here
+/// failures) in the batch's transaction.
 #[tokio::test]
 async fn grants_reports_and_submits_run_on_their_own_connections_and_kept_plans() {
     const RUNS: i64 = 8;
@@ -51,7 +54,7 @@ async fn grants_reports_and_submits_run_on_their_own_connections_and_kept_plans(
         .await
         .expect("register")
         .id;
-    let submissions: Vec<Submission> = (0..RUNS)
+    let submissions: Vec<Submission> = (0..2 * RUNS)
         .map(|_| Submission {
             task: NewTask {
                 namespace: "default".into(),
@@ -94,11 +97,19 @@ async fn grants_reports_and_submits_run_on_their_own_connections_and_kept_plans(
             other => panic!("grant refused: {other:?}"),
         }
     }
-    for lease in &leases {
+    for (i, lease) in leases.iter().enumerate() {
+        let end = if i < RUNS as usize {
+            CompletionOutcome::Failed {
+                error: json!({"message": "exit 1", "retryable": false}),
+                retryable: false,
+            }
+        } else {
+            CompletionOutcome::Succeeded { result: json!({}) }
+        };
         let kinds = [
             ReportKind::Accepted,
             ReportKind::Started,
-            ReportKind::Final(CompletionOutcome::Succeeded { result: json!({}) }),
+            ReportKind::Final(end),
         ];
         let reports: Vec<LeaseReport> = kinds
             .into_iter()
@@ -124,8 +135,9 @@ async fn grants_reports_and_submits_run_on_their_own_connections_and_kept_plans(
     // connections kept.
     for (i, what, runs) in [
         (5, "the submits' batch", 1),
-        (0, "the grant's lock", RUNS),
+        (0, "the grant's lock", 2 * RUNS),
         (1, "the report batch's lock", RUNS),
+        (6, "the whole successes' call", RUNS),
     ] {
         let (kept, planned) = made(i);
         assert_eq!(
@@ -134,14 +146,14 @@ async fn grants_reports_and_submits_run_on_their_own_connections_and_kept_plans(
             "{what}: runs on the batch paths' connections"
         );
     }
-    for (i, what) in [
-        (2, "the grant's writing statement"),
-        (3, "reading the leases"),
-        (4, "the whole attempts"),
+    for (i, what, runs) in [
+        (2, "the grant's writing statement", 2 * RUNS),
+        (3, "reading the leases", RUNS),
+        (4, "the whole attempts", RUNS),
     ] {
         assert_eq!(
             made(i),
-            (RUNS, 0),
+            (runs, 0),
             "{what}: (runs on kept plans, on plans made for one)"
         );
     }
@@ -151,13 +163,14 @@ async fn grants_reports_and_submits_run_on_their_own_connections_and_kept_plans(
 
 /// The statements of a grant, a report batch and a submits' batch, as
 /// [`plans_on_batch_connections`] answers them.
-const BATCH_STATEMENTS: [&str; 6] = [
+const BATCH_STATEMENTS: [&str; 7] = [
     grant::LOCK_TASKS_TO_GRANT,
     settle::WHOLE_ATTEMPT_TASKS,
     grant::GRANT_LEASES,
     settle::LEASES_WITH_OUTCOME,
     settle::WHOLE_ATTEMPTS,
     submit::SUBMIT_BATCH,
+    settle::SETTLE_SUCCESSES,
 ];
 
 /// For each of [`BATCH_STATEMENTS`], its runs on kept plans and on plans

@@ -36,7 +36,9 @@
 use sqlx::postgres::PgPool;
 use uuid::Uuid;
 
-use super::settle::{LEASES_WITH_OUTCOME, SettledColumns, WHOLE_ATTEMPT_TASKS, WHOLE_ATTEMPTS};
+use super::settle::{
+    LEASES_WITH_OUTCOME, SETTLE_SUCCESSES, SettledColumns, WHOLE_ATTEMPT_TASKS, WHOLE_ATTEMPTS,
+};
 use super::submit::{SubmitRows, submit_query};
 use crate::error::{Error, Result};
 use crate::store::plan::db;
@@ -90,6 +92,15 @@ pub(super) async fn connection(conn: &mut sqlx::PgConnection) -> Result<(), sqlx
         .fetch_all(&mut *conn)
         .await?;
     sqlx::query_with(WHOLE_ATTEMPTS, SettledColumns::default().arguments(0)?)
+        .fetch_all(&mut *conn)
+        .await?;
+    sqlx::query(SETTLE_SUCCESSES)
+        .bind(&no_ids)
+        .bind(&no_ids)
+        .bind(&no_ids)
+        .bind(Vec::<i64>::new())
+        .bind(Vec::<String>::new())
+        .bind(0_i64)
         .fetch_all(&mut *conn)
         .await?;
     Ok(())

@@ -232,6 +232,16 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
     ) -> Result<Vec<Result<CompletionResult>>> {
         reports::complete_rows(w, completions, options, now_ms).await
     }
+    /// The reports of a batch this backend settles before, and apart from,
+    /// the batch's transaction, committed on their own: each one's answer,
+    /// `None` for those left to [`Backend::apply_reports`] (by default all).
+    async fn settle_apart(
+        &self,
+        reports: &[LeaseReport],
+        _now_ms: i64,
+    ) -> Result<Vec<Option<Result<ReportApplied>>>> {
+        Ok(reports.iter().map(|_| None).collect())
+    }
     /// Lease reports inside `w` (see [`LeaseStore::apply_reports`]).
     async fn apply_reports(
         &self,
@@ -496,11 +506,30 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
             return Ok(Vec::new());
         }
         let (backend, options) = (&self.backend, &self.options);
+        let mut results = backend.settle_apart(reports, now_ms).await?;
+        let rest: Vec<usize> = (0..reports.len())
+            .filter(|&i| results[i].is_none())
+            .collect();
+        if rest.is_empty() {
+            return Ok(results.into_iter().flatten().collect());
+        }
+        let subset: Vec<LeaseReport>;
+        let undecided = if rest.len() == reports.len() {
+            reports
+        } else {
+            subset = rest.iter().map(|&i| reports[i].clone()).collect();
+            &subset
+        };
         let w = backend.begin_batch().await?;
-        self.write_in(w, |w, _| {
-            Box::pin(backend.apply_reports(w, reports, options, now_ms))
-        })
-        .await
+        let applied = self
+            .write_in(w, |w, _| {
+                Box::pin(backend.apply_reports(w, undecided, options, now_ms))
+            })
+            .await?;
+        for (i, answer) in rest.into_iter().zip(applied) {
+            results[i] = Some(answer);
+        }
+        Ok(reports::decided(results, "applying lease reports"))
     }
 
     async fn revoke_unacked(

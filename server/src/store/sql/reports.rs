@@ -234,16 +234,25 @@ impl<T> InOrder<T> {
     }
 
     fn into_results(self, context: &'static str) -> Vec<Result<T>> {
-        self.0
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or(Err(Error::Corrupt {
-                    context,
-                    detail: "an item was not processed".to_owned(),
-                }))
-            })
-            .collect()
+        decided(self.0, context)
     }
+}
+
+/// Every item's outcome, in order; an item left undecided (`None`) is a
+/// fault of the store's own, answered as corruption.
+pub(crate) fn decided<T>(
+    outcomes: Vec<Option<Result<T>>>,
+    context: &'static str,
+) -> Vec<Result<T>> {
+    outcomes
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or(Err(Error::Corrupt {
+                context,
+                detail: "an item was not decided".to_owned(),
+            }))
+        })
+        .collect()
 }
 
 /// Indices of `items` in `key` order (a stable sort: items with one key
@@ -454,6 +463,38 @@ pub(crate) fn whole_attempt_candidates(reports: &[LeaseReport]) -> Vec<[usize; 3
         .collect()
 }
 
+/// The candidates for a whole fresh attempt (see
+/// [`whole_attempt_candidates`]) that end in success and whose task has no
+/// output in the batch: what a backend may settle before, and apart from,
+/// the batch's transaction, as nothing else of the batch touches their
+/// tasks.
+pub(crate) fn whole_success_candidates(reports: &[LeaseReport]) -> Vec<[usize; 3]> {
+    let with_output: std::collections::HashSet<Uuid> = reports
+        .iter()
+        .filter(|r| matches!(r.kind, ReportKind::Output(_)))
+        .map(|r| r.task_id)
+        .collect();
+    let mut candidates: Vec<[usize; 3]> = whole_attempt_candidates(reports)
+        .into_iter()
+        .filter(|c| {
+            matches!(
+                reports[c[2]].kind,
+                ReportKind::Final(CompletionOutcome::Succeeded { .. })
+            ) && !with_output.contains(&reports[c[0]].task_id)
+        })
+        .collect();
+    candidates.sort_unstable();
+    candidates
+}
+
+/// The answers of a whole attempt's three reports, settled (`c`: their
+/// places in the batch).
+pub(crate) fn whole_attempt_answered(c: [usize; 3], results: &mut [Option<Result<ReportApplied>>]) {
+    results[c[0]] = Some(Ok(ReportApplied { ended: false }));
+    results[c[1]] = Some(Ok(ReportApplied { ended: false }));
+    results[c[2]] = Some(Ok(ReportApplied { ended: true }));
+}
+
 /// A whole fresh attempt to write: its three reports' places in the batch
 /// (accepted, started, the end), the lease as the attempt ends it, the task
 /// as running, and how the attempt settles.
@@ -520,9 +561,7 @@ pub(crate) fn whole_attempts_written<DB: Database>(
 ) {
     for (c, _, task, settled) in settle {
         settled_events(w, task, settled);
-        results[c[0]] = Some(Ok(ReportApplied { ended: false }));
-        results[c[1]] = Some(Ok(ReportApplied { ended: false }));
-        results[c[2]] = Some(Ok(ReportApplied { ended: true }));
+        whole_attempt_answered(*c, results);
     }
 }
 
@@ -545,13 +584,5 @@ pub(crate) async fn apply_rest<DB: Dialect>(
             results[i] = Some(result);
         }
     }
-    Ok(results
-        .into_iter()
-        .map(|r| {
-            r.unwrap_or(Err(Error::Corrupt {
-                context: "applying lease reports",
-                detail: "a report was not decided".to_owned(),
-            }))
-        })
-        .collect())
+    Ok(decided(results, "applying lease reports"))
 }
