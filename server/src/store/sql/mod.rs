@@ -511,7 +511,7 @@ impl<B: Backend> LeaseStore for SqlStore<B> {
             .filter(|&i| results[i].is_none())
             .collect();
         if rest.is_empty() {
-            return Ok(results.into_iter().flatten().collect());
+            return Ok(reports::decided(results, "applying lease reports"));
         }
         let subset: Vec<LeaseReport>;
         let undecided = if rest.len() == reports.len() {
