@@ -445,18 +445,46 @@ async fn a_batch_submit_is_planned_once_per_connection() {
     fx.finish().await;
 }
 
-/// `(rows read by sequential scans, rows updated)` of `leases`, as the
+/// `(rows read by sequential scans, rows updated)` of `table`, as the
 /// statistics have them: each backend sends its counts when it exits at the
 /// latest, so the store is closed first (and opened again).
-async fn leases_read_and_updated(fx: &mut Fixture, conn: &mut sqlx::PgConnection) -> (i64, i64) {
+async fn read_and_updated(
+    fx: &mut Fixture,
+    conn: &mut sqlx::PgConnection,
+    table: &str,
+) -> (i64, i64) {
     fx.reopen().await;
     sqlx::query_as(
         "SELECT COALESCE(seq_tup_read, 0), n_tup_upd FROM pg_stat_user_tables \
-         WHERE relname = 'leases'",
+         WHERE relname = $1",
     )
+    .bind(table)
     .fetch_one(conn)
     .await
     .unwrap()
+}
+
+/// `table`'s rows read by sequential scans once the store's connections
+/// have sent counts of at least `updated` of its rows updated (see
+/// [`read_and_updated`]).
+async fn rows_scanned(
+    fx: &mut Fixture,
+    conn: &mut sqlx::PgConnection,
+    table: &str,
+    updated: i64,
+) -> i64 {
+    // Bounded, so that counts never sent fail the test rather than hang it.
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let (read, n) = read_and_updated(fx, conn, table).await;
+            if n >= updated {
+                return read;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the counts sent within 20 s")
 }
 
 /// The reports of `leases`, each `kinds` in turn.
@@ -515,7 +543,7 @@ async fn rows_a_report_batch_reads() -> i64 {
         .execute(&mut conn)
         .await
         .unwrap();
-    let (read_before, updated_before) = leases_read_and_updated(&mut fx, &mut conn).await;
+    let (read_before, updated_before) = read_and_updated(&mut fx, &mut conn, "leases").await;
 
     let mut batch = reports(at_once, &whole);
     batch.extend(reports(in_two, &[succeeded]));
@@ -525,18 +553,7 @@ async fn rows_a_report_batch_reads() -> i64 {
         400
     );
 
-    // Bounded, so that counts never sent fail the test rather than hang it.
-    let read = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            let (read, updated) = leases_read_and_updated(&mut fx, &mut conn).await;
-            if updated >= updated_before + 400 {
-                return read - read_before;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .expect("the batch's counts sent within 20 s");
+    let read = rows_scanned(&mut fx, &mut conn, "leases", updated_before + 400).await - read_before;
     conn.close().await.unwrap();
     fx.finish().await;
     read
@@ -559,37 +576,6 @@ async fn a_report_batch_reads_only_the_leases_it_ends() {
         read < 1_000,
         "a batch ending 400 of 12,000 leases read {read} by sequential scans"
     );
-}
-
-/// `table`'s rows read by sequential scans, as the statistics have them
-/// once the store's connections have sent their counts (see
-/// [`leases_read_and_updated`]): after its rows updated reach `updated`.
-async fn rows_scanned(
-    fx: &mut Fixture,
-    conn: &mut sqlx::PgConnection,
-    table: &str,
-    updated: i64,
-) -> i64 {
-    // Bounded, so that counts never sent fail the test rather than hang it.
-    tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            fx.reopen().await;
-            let (read, n): (i64, i64) = sqlx::query_as(
-                "SELECT COALESCE(seq_tup_read, 0), n_tup_upd FROM pg_stat_user_tables \
-                 WHERE relname = $1",
-            )
-            .bind(table)
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap();
-            if n >= updated {
-                return read;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .expect("the counts sent within 20 s")
 }
 
 /// A report batch's whole successes (`switchyard_settle_successes`) lock
