@@ -8,12 +8,13 @@
 -- it first, so its lease cannot change after), then in a fresh snapshot
 -- settles each attempt whose task is still LEASED at the reported fencing
 -- token and whose lease is still GRANTED to the reporter at that token: the
--- checks `plan_whole_attempt` makes of a success. It writes what the
--- general statement (`WHOLE_ATTEMPTS`) writes for one: the lease COMPLETED
--- (acknowledged, ended now, outcome succeeded), one history row implying
--- accepted and started, the task SUCCEEDED with its result. It answers the
--- tasks it settled; the server applies the rest of the batch as before.
--- A shortfall between the attempts checked and the rows written refuses
+-- checks `plan_whole_attempt` makes of a success, made as the lease's
+-- update. From the leases it ended it writes what the general statement
+-- (`WHOLE_ATTEMPTS`) writes for one: the lease COMPLETED (acknowledged,
+-- ended now, outcome succeeded), one history row implying accepted and
+-- started, the task SUCCEEDED with its result. It answers the tasks it
+-- settled; the server applies the rest of the batch as before. A shortfall
+-- between the leases ended and the history rows or tasks written refuses
 -- the call: nothing is written.
 --
 -- Every row it reads, it reads by key. Its plans are kept as the submit
@@ -32,7 +33,6 @@ CREATE FUNCTION switchyard_settle_successes(
 LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan SET enable_seqscan = off AS $$
 #variable_conflict use_column
 DECLARE
-    n_checked bigint;
     n_ended bigint;
     n_written bigint;
     settled_ids uuid[];
@@ -41,36 +41,33 @@ BEGIN
     WITH u AS MATERIALIZED (
         SELECT u.*, 'granted'::text AS held
         FROM UNNEST($1, $2, $3, $4, $5) AS u(lease_id, task_id, agent_id, token, result)
-    ), ok AS MATERIALIZED (
-        SELECT u.lease_id, u.task_id, u.agent_id, u.result, u.held,
-        COALESCE((SELECT MAX(e.sequence) FROM task_events e WHERE e.task_id = u.task_id), 1)
-            AS last_sequence
-        FROM u JOIN tasks t ON t.id = u.task_id
-        JOIN leases l ON l.id = u.lease_id AND l.state = u.held
-        WHERE t.state = 'leased' AND t.fencing_token = u.token AND l.task_id = u.task_id
-        AND l.agent_id = u.agent_id AND l.fencing_token = u.token
     ), ended AS (
         UPDATE leases l SET state = 'completed', outcome = 'succeeded', acked = TRUE,
         ended_at_ms = $6
-        FROM ok WHERE l.id = ok.lease_id AND l.state = ok.held RETURNING l.id
+        FROM u JOIN tasks t ON t.id = u.task_id
+        WHERE l.id = u.lease_id AND l.state = u.held AND l.task_id = u.task_id
+        AND l.agent_id = u.agent_id AND l.fencing_token = u.token
+        AND t.state = 'leased' AND t.fencing_token = u.token
+        RETURNING l.id AS lease_id, l.task_id, l.agent_id, u.result
     ), history AS (
         INSERT INTO task_events (task_id, sequence, kind, state, message, agent_id, lease_id,
         occurred_at_ms, implied_steps)
-        SELECT ok.task_id, ok.last_sequence + 3, 'succeeded', 'succeeded',
-        'the agent reported success', ok.agent_id, ok.lease_id, $6, 2 FROM ok
+        SELECT e.task_id,
+        COALESCE((SELECT MAX(s.sequence) FROM task_events s WHERE s.task_id = e.task_id), 1) + 3,
+        'succeeded', 'succeeded', 'the agent reported success', e.agent_id, e.lease_id, $6, 2
+        FROM ended e
         RETURNING task_id
     ), done AS (
-        UPDATE tasks t SET state = 'succeeded', result = COALESCE(ok.result::jsonb, t.result),
+        UPDATE tasks t SET state = 'succeeded', result = COALESCE(e.result::jsonb, t.result),
         lease_id = NULL, agent_id = NULL, updated_at_ms = $6
-        FROM ok WHERE t.id = ok.task_id RETURNING t.id
+        FROM ended e WHERE t.id = e.task_id RETURNING t.id
     )
-    SELECT (SELECT COUNT(*) FROM ok), (SELECT COUNT(*) FROM ended),
-        (SELECT COUNT(*) FROM history), (SELECT array_agg(done.id) FROM done)
-    INTO n_checked, n_ended, n_written, settled_ids;
-    IF n_ended <> n_checked OR n_written <> n_checked
-        OR COALESCE(cardinality(settled_ids), 0) <> n_checked THEN
-        RAISE EXCEPTION 'settling successes: % attempts checked, % leases ended, % history rows, % tasks settled',
-            n_checked, n_ended, n_written, COALESCE(cardinality(settled_ids), 0);
+    SELECT (SELECT COUNT(*) FROM ended), (SELECT COUNT(*) FROM history),
+        (SELECT array_agg(done.id) FROM done)
+    INTO n_ended, n_written, settled_ids;
+    IF n_written <> n_ended OR COALESCE(cardinality(settled_ids), 0) <> n_ended THEN
+        RAISE EXCEPTION 'settling successes: % leases ended, % history rows, % tasks settled',
+            n_ended, n_written, COALESCE(cardinality(settled_ids), 0);
     END IF;
     RETURN QUERY SELECT s FROM UNNEST(settled_ids) AS s;
 END;
