@@ -20,8 +20,8 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::model::{
-    Completion, CompletionOutcome, CompletionResult, LeaseRecord, LeaseReport, ReportApplied,
-    ReportKind, StoreEvent, TaskRecord, TaskState,
+    Completion, CompletionResult, LeaseRecord, LeaseReport, ReportApplied, StoreEvent, TaskRecord,
+    TaskState,
 };
 use crate::store::StoreOptions;
 use crate::store::plan::{CompletionPlan, SettledAttempt, db, plan_completion, to_i64};
@@ -465,11 +465,8 @@ pub(super) async fn settle_successes(
         Vec::with_capacity(n),
     );
     let (mut tokens, mut outcomes) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    for c in &candidates {
-        let (first, last) = (&reports[c[0]], &reports[c[2]]);
-        let ReportKind::Final(CompletionOutcome::Succeeded { result }) = &last.kind else {
-            continue;
-        };
+    for (c, result) in &candidates {
+        let first = &reports[c[0]];
         lease_ids.push(first.lease_id);
         task_ids.push(first.task_id);
         agent_ids.push(first.agent_id);
@@ -488,7 +485,7 @@ pub(super) async fn settle_successes(
         .map_err(db("settling successful attempts"))?;
     let settled: HashSet<Uuid> = settled.into_iter().collect();
     let mut events = Vec::with_capacity(settled.len());
-    for c in candidates {
+    for (c, _) in candidates {
         let task_id = reports[c[0]].task_id;
         if settled.contains(&task_id) {
             reports::whole_attempt_answered(c, &mut results);

@@ -464,27 +464,24 @@ pub(crate) fn whole_attempt_candidates(reports: &[LeaseReport]) -> Vec<[usize; 3
 }
 
 /// The candidates for a whole fresh attempt (see
-/// [`whole_attempt_candidates`]) that end in success and whose task has no
-/// output in the batch: what a backend may settle before, and apart from,
-/// the batch's transaction, as nothing else of the batch touches their
-/// tasks.
-pub(crate) fn whole_success_candidates(reports: &[LeaseReport]) -> Vec<[usize; 3]> {
+/// [`whole_attempt_candidates`]) that end in success, with the success's
+/// result, whose task has no output in the batch: what a backend may
+/// settle before, and apart from, the batch's transaction, as nothing else
+/// of the batch touches their tasks.
+pub(crate) fn whole_success_candidates(reports: &[LeaseReport]) -> Vec<([usize; 3], &Value)> {
     let with_output: std::collections::HashSet<Uuid> = reports
         .iter()
         .filter(|r| matches!(r.kind, ReportKind::Output(_)))
         .map(|r| r.task_id)
         .collect();
-    let mut candidates: Vec<[usize; 3]> = whole_attempt_candidates(reports)
+    whole_attempt_candidates(reports)
         .into_iter()
-        .filter(|c| {
-            matches!(
-                reports[c[2]].kind,
-                ReportKind::Final(CompletionOutcome::Succeeded { .. })
-            ) && !with_output.contains(&reports[c[0]].task_id)
+        .filter(|c| !with_output.contains(&reports[c[0]].task_id))
+        .filter_map(|c| match &reports[c[2]].kind {
+            ReportKind::Final(CompletionOutcome::Succeeded { result }) => Some((c, result)),
+            _ => None,
         })
-        .collect();
-    candidates.sort_unstable();
-    candidates
+        .collect()
 }
 
 /// The answers of a whole attempt's three reports, settled (`c`: their
