@@ -4,8 +4,8 @@
 //! reported together as a quick task's agent does) written in one statement
 //! for the whole batch; the rest of a report batch goes row by row. The
 //! whole fresh attempts that succeeded go first, in one call that commits
-//! on its own (`switchyard_settle_successes`, migration 0024), before the
-//! batch's transaction. A
+//! on its own (`switchyard_settle_successes`, migrations 0024 and 0025),
+//! before the batch's transaction. A
 //! batch's output is written first (`super::output`). A report batch runs
 //! on the connections of the batch paths (`super::warm`); the final
 //! reports an agent sends as it reconnects, on the shared ones. The tasks'
@@ -436,7 +436,8 @@ async fn whole_attempts(
 }
 
 /// Settles whole fresh attempts that succeeded, each checked under its
-/// task's lock to be a fresh attempt of the lease's holder (migration 0024;
+/// task's lock to be a fresh attempt of the lease's holder (migrations 0024
+/// and 0025: every row it reads, it looks up by key;
 /// `$1`-`$5`: lease, task and agent ids, fencing tokens, results; `$6`:
 /// `now_ms`); answers the tasks it settled.
 pub(super) const SETTLE_SUCCESSES: &str =
