@@ -45,7 +45,7 @@ use uuid::Uuid;
 
 use super::StoreOptions;
 use super::plan::db;
-use super::sql::queue::{QUEUE_AFTER, QUEUE_BELOW, QUEUE_ORDER, QUEUE_WHERE};
+use super::sql::queue::{QUEUE_BELOW, QUEUE_ORDER, QUEUE_WHERE};
 use super::sql::rows::TASK_SELECT;
 use super::sql::{Backend, Dialect, SqlStore, Write};
 use crate::error::{Error, Result};
@@ -90,6 +90,15 @@ const NOTIFY_UNFLUSHED: &str = "SELECT pg_notify($1, p) FROM \
 /// once, before the statement reads a row, whether or not it finds any.
 const KEEP_PLANS: &str =
     "(SELECT set_config('plan_cache_mode', 'force_generic_plan', TRUE)) IS NOT NULL";
+
+/// A queue page's range after a cursor within its priority, as one row
+/// comparison, which `tasks_queue` seeks: the scan starts just after the
+/// cursor. The range SQLite needs (`sql::queue::QUEUE_AFTER`, written out)
+/// starts at the cursor's rank and leaves the tasks of that rank before
+/// the cursor to a filter, so a page after a cursor among many tasks of
+/// one rank (a batch submitted in one millisecond) read all of them again.
+const QUEUE_AFTER: &str =
+    "AND t.priority = $5 AND (t.created_at_ms + t.fair_offset, t.id) > ($6, $7) ";
 
 /// How many notifications may wait for the notifier.
 const NOTIFIER_QUEUE: usize = 65_536;

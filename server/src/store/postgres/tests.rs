@@ -10,9 +10,9 @@ use uuid::Uuid;
 use super::{grant, settle, submit};
 use crate::model::{
     AgentRegistration, CompletionOutcome, GrantOutcome, GrantRequest, LeaseRecord, LeaseReport,
-    NewTask, ReportKind, Submission,
+    NewTask, QueueCursor, ReportKind, Submission,
 };
-use crate::store::sql::Backend;
+use crate::store::sql::{Backend, Dialect};
 use crate::store::test_db::TestDatabase;
 use crate::store::{AgentStore, LeaseStore, Store, StoreOptions, TaskStore};
 
@@ -54,27 +54,7 @@ async fn grants_reports_and_submits_run_on_their_own_connections_and_kept_plans(
         .await
         .expect("register")
         .id;
-    let submissions: Vec<Submission> = (0..2 * RUNS)
-        .map(|_| Submission {
-            task: NewTask {
-                namespace: "default".into(),
-                kind: "exec".into(),
-                payload: Value::Null,
-                placement: json!({}),
-                priority: 0,
-                max_attempts: 3,
-                retry: None,
-                deadlines: Default::default(),
-                fairness: None,
-                concurrency_key: None,
-                lease_ttl_ms: 10_000,
-                idempotency_key: None,
-                not_before_ms: None,
-                labels: BTreeMap::new(),
-            },
-            agent_id: None,
-        })
-        .collect();
+    let submissions = queued(2 * RUNS);
     let before = plans_on_batch_connections(&store).await;
     let tasks: Vec<Uuid> = store
         .submit_many(&submissions, T0)
@@ -172,6 +152,90 @@ const BATCH_STATEMENTS: [&str; 7] = [
     submit::SUBMIT_BATCH,
     settle::SETTLE_SUCCESSES,
 ];
+
+/// `n` submits of a plain task in namespace `default`, none reserved.
+fn queued(n: i64) -> Vec<Submission> {
+    (0..n)
+        .map(|_| Submission {
+            task: NewTask {
+                namespace: "default".into(),
+                kind: "exec".into(),
+                payload: Value::Null,
+                placement: json!({}),
+                priority: 0,
+                max_attempts: 3,
+                retry: None,
+                deadlines: Default::default(),
+                fairness: None,
+                concurrency_key: None,
+                lease_ttl_ms: 10_000,
+                idempotency_key: None,
+                not_before_ms: None,
+                labels: BTreeMap::new(),
+            },
+            agent_id: None,
+        })
+        .collect()
+}
+
+/// A page of the queue after a cursor starts just after it, however many
+/// tasks share the cursor's rank: the range as SQLite reads it started at
+/// the cursor's rank and left the tasks of that rank before the cursor to
+/// a filter, so each page after a cursor among a thousand tasks submitted
+/// in one millisecond read all the tasks before it again.
+#[tokio::test]
+async fn a_queue_page_after_a_cursor_reads_no_task_before_it() {
+    let db = TestDatabase::create("sy_pgqueue").await;
+    let store = super::PgStore::open(&db.url, StoreOptions::default())
+        .await
+        .expect("open the store");
+    store.migrate().await.expect("migrate");
+    store.submit_many(&queued(1_000), T0).await.expect("submit");
+    let head = store
+        .queued_tasks(Some("default"), T0 + 10, None, &[], 500)
+        .await
+        .expect("a page");
+    let last = head.last().expect("a page of tasks");
+    assert_eq!(head[0].queue_rank, last.queue_rank, "one rank for all");
+    let cursor = QueueCursor::after(last);
+
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .expect("connect");
+    let plan: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) {}",
+        <sqlx::Postgres as Dialect>::QUEUE_AFTER
+    )))
+    .bind(T0 + 10)
+    .bind("default")
+    .bind(100_i64)
+    .bind("[]")
+    .bind(cursor.priority)
+    .bind(cursor.rank)
+    .bind(cursor.task_id)
+    .fetch_one(&pool)
+    .await
+    .expect("explain a page after the cursor");
+    assert_eq!(plan[0]["Plan"]["Actual Rows"], 100, "{plan}");
+    assert_eq!(rows_removed(&plan[0]["Plan"]), 0, "{plan}");
+    pool.close().await;
+    store.backend.close().await;
+    db.drop_now().await;
+}
+
+/// The rows every node of `plan` read and dropped by a filter.
+fn rows_removed(plan: &Value) -> u64 {
+    let own = ["Rows Removed by Filter", "Rows Removed by Join Filter"]
+        .iter()
+        .filter_map(|k| plan[k].as_u64())
+        .sum::<u64>();
+    let children = plan["Plans"]
+        .as_array()
+        .map_or(0, |plans| plans.iter().map(rows_removed).sum());
+    own + children
+}
 
 /// For each of [`BATCH_STATEMENTS`], its runs on kept plans and on plans
 /// made for one run, summed over the store's batch connections (every one
