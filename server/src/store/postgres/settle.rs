@@ -437,7 +437,7 @@ async fn whole_attempts(
 
 /// Settles whole fresh attempts that succeeded, each checked under its
 /// task's lock to be a fresh attempt of the lease's holder (migrations 0024
-/// and 0025: every row it reads, it looks up by key;
+/// and 0025: each task looked up by its key, whatever plan is kept;
 /// `$1`-`$5`: lease, task and agent ids, fencing tokens, results; `$6`:
 /// `now_ms`); answers the tasks it settled.
 pub(super) const SETTLE_SUCCESSES: &str =
