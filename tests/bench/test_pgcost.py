@@ -1,7 +1,9 @@
 """`bench/pgcost` on a private PostgreSQL cluster of its own, with the debug binaries: the CPU of each
 party per task in a real run, the plans made for its statements and PostgreSQL's CPU charged to them
 (pg_stat_kcache, which `.ci/run` installs), PostgreSQL's CPU per task for five shapes in plain SQL
-(`--shapes`) with the share of task rows updated in place, and a clear refusal of a batch or count below 1."""
+(`--shapes`) with the share of task rows updated in place, a preload in calls of a thousand tasks run whole
+(the submitters fitted under the server's cap of tasks waiting), and a clear refusal of a batch or count
+below 1."""
 
 from __future__ import annotations
 
@@ -47,6 +49,17 @@ def test_a_run_counts_the_cpu_of_each_party_per_task():
     assert any("switchyard_submit_tasks" in s["query"] for s in by_statement), by_statement
     in_statements = sum(s["us_per_task"] for s in by_statement)
     assert 0 < in_statements <= cpu["postgresql"], (in_statements, cpu)
+
+
+def test_a_preload_a_thousand_a_call_completes_every_task():
+    # From the bench's 32 submitters, a thousand a call put all eight calls in flight at once, past
+    # the server's cap of 2,048 tasks waiting: the calls past it were pushed back (6,000 of 8,000
+    # ran here), and the figures of those that ran were divided by all 8,000.
+    figures = pgcost("--tasks", "8000", "--submit-batch", "1000")
+    assert figures["completions"] == 8000
+    submit = [s for s in figures["postgresql_cpu_us_per_task_by_statement"]
+              if "switchyard_submit_tasks" in s["query"]]
+    assert submit and submit[0]["us_per_task"] > 0, figures
 
 
 def test_shapes_measure_each_phase_of_both_shapes_without_a_server():
