@@ -93,7 +93,7 @@ const KEEP_PLANS: &str =
 
 /// A queue page's range after a cursor within its priority, as one row
 /// comparison, which `tasks_queue` seeks: the scan starts just after the
-/// cursor. The range SQLite needs (`sql::queue::QUEUE_AFTER`, written out)
+/// cursor. The range SQLite needs (its dialect's, written out)
 /// starts at the cursor's rank and leaves the tasks of that rank before
 /// the cursor to a filter, so a page after a cursor among many tasks of
 /// one rank (a batch submitted in one millisecond) read all of them again.

@@ -16,12 +16,6 @@ use crate::store::plan::{db, to_u64};
 /// `WHERE` of a queue page: leasable at `$1`, namespace `$2` (any if NULL).
 pub(crate) const QUEUE_WHERE: &str = "WHERE t.state = 'queued' AND t.not_before_ms <= $1 \
     AND ($2 IS NULL OR t.namespace = $2) ";
-/// A queue page's range after a cursor within its priority, as SQLite
-/// reads it. (The rank's range is written out, not as a row comparison:
-/// SQLite seeks an expression index by a plain comparison only.
-/// PostgreSQL's dialect compares the row, which its index seeks.)
-pub(crate) const QUEUE_AFTER: &str = "AND t.priority = $5 AND t.created_at_ms + t.fair_offset >= $6 \
-    AND (t.created_at_ms + t.fair_offset > $6 OR t.id > $7) ";
 /// A queue page's range below a cursor's priority.
 pub(crate) const QUEUE_BELOW: &str = "AND t.priority < $5 ";
 /// A queue page's order and size (`$3`).

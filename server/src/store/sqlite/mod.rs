@@ -38,7 +38,7 @@ use tokio::sync::broadcast;
 
 use super::StoreOptions;
 use super::plan::db;
-use super::sql::queue::{QUEUE_AFTER, QUEUE_BELOW, QUEUE_ORDER, QUEUE_WHERE};
+use super::sql::queue::{QUEUE_BELOW, QUEUE_ORDER, QUEUE_WHERE};
 use super::sql::rows::TASK_SELECT;
 use super::sql::{Backend, Dialect, SqlStore, Write};
 use crate::error::{Error, Result};
@@ -64,6 +64,12 @@ const DUE: &str = "SELECT l.id FROM leases l JOIN tasks t ON t.id = l.task_id \
 const UNACKED: &str = "SELECT l.id FROM leases l JOIN tasks t ON t.id = l.task_id \
     WHERE l.state = 'granted' AND NOT l.acked AND l.granted_at_ms < $1 \
     AND ($2 IS NULL OR l.agent_id = $2) ORDER BY t.id";
+
+/// A queue page's range after a cursor within its priority, the rank's
+/// range written out: SQLite seeks an expression index by a plain
+/// comparison only, not by a row comparison as PostgreSQL's dialect does.
+const QUEUE_AFTER: &str = "AND t.priority = $5 AND t.created_at_ms + t.fair_offset >= $6 \
+    AND (t.created_at_ms + t.fair_offset > $6 OR t.id > $7) ";
 
 impl Dialect for Sqlite {
     const LOCK_TASK: &'static str = concatcp!(TASK_SELECT, "WHERE t.id = $1");
