@@ -32,12 +32,14 @@
 //!   concurrency limits, checked where grants are written; `fair`: fair
 //!   share's ranks and clock;
 //!   `queue`: the queue read in order and past its parked placements,
-//!   counted and grouped;
+//!   counted and grouped; `cancel`: a task's cancel, which may revoke its
+//!   lease;
 //!   `output`: tasks' output, written with the lease reports, read in
 //!   pages, bounded per task and per namespace (and its
 //!   [`OutputStore`](super::OutputStore) implementation).
 
 pub(crate) mod agents;
+pub(crate) mod cancel;
 pub(crate) mod db;
 pub(crate) mod fair;
 pub(crate) mod history;
@@ -391,7 +393,7 @@ impl<B: Backend> TaskStore for SqlStore<B> {
         grace_ms: Option<i64>,
         now_ms: i64,
     ) -> Result<(TaskRecord, Option<LeaseRecord>)> {
-        self.write(|w, _| Box::pin(tasks::cancel(w, task_id, reason, grace_ms, now_ms)))
+        self.write(|w, _| Box::pin(cancel::cancel(w, task_id, reason, grace_ms, now_ms)))
             .await
     }
 
