@@ -25,7 +25,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use json_patch::jsonptr::{Pointer, PointerBuf};
+use json_patch::jsonptr::Pointer;
 use serde_json::Value;
 use switchyard_core::kinds::HandledKinds;
 use switchyard_core::limits::serialized_len;
@@ -36,7 +36,7 @@ use tonic::Code;
 use tracing::warn;
 
 use super::register::handled_kinds;
-use super::session::Session;
+use super::session::{AppliedDiff, Session};
 use crate::api::convert::{timestamp, value_to_json};
 use crate::error::{Error, Result};
 use crate::model::{AgentStatus, Beat, BeatApplied, DocumentWrite};
@@ -62,19 +62,6 @@ fn persist_volatile_every_ms(sessions: usize) -> i64 {
 
 /// How often a session refreshes the agent's stored last-seen time.
 const TOUCH_EVERY_MS: i64 = 30_000;
-
-/// A diff applied to the session's document.
-pub(crate) struct AppliedDiff {
-    /// What the index matches on.
-    document: Arc<Value>,
-    /// Whether only volatile facts changed.
-    volatile: bool,
-    /// Where the document changed, when the index may re-index only there
-    /// (`None`: compare the whole document), and the document the patch was
-    /// applied to: only if the index still holds that very one does it
-    /// differ from the new one just there.
-    touched: Option<(Arc<Value>, Vec<PointerBuf>)>,
-}
 
 /// What the ack of a heartbeat whose diff was not applied says: the diff's
 /// fate and why, and that the rest of the heartbeat was applied.

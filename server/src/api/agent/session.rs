@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use json_patch::jsonptr::PointerBuf;
 use serde_json::Value;
 use switchyard_core::limits::serialized_len;
 use switchyard_proto::v1::{self as pb, connect_request::Message as Up};
@@ -72,12 +73,26 @@ pub(super) struct Session {
     /// facts, and the index follows the committed document, so it waits for
     /// the heartbeat that writes it (a volatile diff after it waits too: the
     /// document it yields holds the change).
-    pub(super) unindexed: Option<super::heartbeat::AppliedDiff>,
+    pub(super) unindexed: Option<AppliedDiff>,
     /// The task kinds the agent handles, as stored.
     pub(super) kinds: Vec<String>,
     /// Kinds the agent announced that are not written yet (a heartbeat's
     /// write failed): every heartbeat carries them until one commits.
     pub(super) pending_kinds: Option<Vec<String>>,
+}
+
+/// A diff applied to the session's document (by a heartbeat), which the
+/// session holds until the index takes it.
+pub(super) struct AppliedDiff {
+    /// What the index matches on.
+    pub(super) document: Arc<Value>,
+    /// Whether only volatile facts changed.
+    pub(super) volatile: bool,
+    /// Where the document changed, when the index may re-index only there
+    /// (`None`: compare the whole document), and the document the patch was
+    /// applied to: only if the index still holds that very one does it
+    /// differ from the new one just there.
+    pub(super) touched: Option<(Arc<Value>, Vec<PointerBuf>)>,
 }
 
 impl Session {
