@@ -1,7 +1,8 @@
 //! PostgreSQL only: two store instances (two pools, as two replicas would
 //! have) on one database racing to grant 1,000 tasks to 50 agents, and to
 //! hand out one agent's devices and memory,
-//! LISTEN/NOTIFY carrying an event from one instance to the other, and the
+//! LISTEN/NOTIFY carrying an event from one instance to the other (and
+//! none while an instance is alone), and the
 //! pool's warm-up fitting the migrated schema.
 
 use std::collections::HashSet;
@@ -191,6 +192,42 @@ async fn an_event_from_one_replica_reaches_the_other() {
     })
     .await;
     assert_ne!(seen, ended, "the sweeping replica heard its own lease end");
+    other.close().await;
+    fx.finish().await;
+}
+
+/// A replica alone on its database notifies nobody: its own subscribers
+/// hear its changes at their commit, and every notification took a
+/// transaction, a commit and a delivery back to itself. Once another
+/// replica has started beside it, it notifies every change. A session
+/// listening on the channel by another statement than a replica's
+/// listener is not counted as a replica, and hears what the replicas
+/// notify.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_alone_notifies_nobody_until_another_starts() {
+    let fx = Fixture::postgres().await;
+    let mut outsider = sqlx::postgres::PgListener::connect(&fx.url).await.unwrap();
+    sqlx::Executor::execute(&mut outsider, "LISTEN switchyard_events")
+        .await
+        .unwrap();
+    let alone = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    let other = fx.another_instance().await;
+    let joined = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    // Notifications arrive in commit order: the first is the one after the
+    // other replica started.
+    let first = tokio::time::timeout(std::time::Duration::from_secs(20), outsider.recv())
+        .await
+        .expect("a notification within 20 s")
+        .unwrap();
+    let payload = first.payload();
+    assert!(
+        payload.contains(&joined.id.to_string()),
+        "the first notification: {payload}"
+    );
+    assert!(
+        !payload.contains(&alone.id.to_string()),
+        "the replica alone notified its submit: {payload}"
+    );
     other.close().await;
     fx.finish().await;
 }

@@ -3,8 +3,10 @@
 //! replica is working on); submits, grants, whole attempts, completions and
 //! heartbeats go to the database as one set-based statement per batch, over
 //! arrays (`UNNEST`), deciding through the same [`crate::store::plan`]
-//! functions as the row-by-row SQL, so both agree. Every change is announced on `switchyard_events` so every
-//! replica's [`PgListener`] learns of it: an agent change or a revocation by
+//! functions as the row-by-row SQL, so both agree. A change reaches this
+//! replica's subscribers at its commit, and, while another replica listens
+//! (`peers`), is announced on `switchyard_events` so every other replica's
+//! [`PgListener`] learns of it: an agent change or a revocation by
 //! `pg_notify` in its own transaction (delivered at its commit), a task
 //! queued or changed or a lease ended by the notifier task right after the
 //! commit (NOTIFY serialises the commits that issue it; the notifier's own
@@ -20,11 +22,13 @@
 //!   batch's whole fresh successes are settled before its transaction, in
 //!   one call of their own (`settle::settle_successes`).
 //! - `warm`: connection warm-up.
+//! - `peers`: whether another replica listens, and greeting them.
 //! - `stats`: planner statistics kept up with tables that double.
 
 mod grant;
 mod heartbeat;
 mod output;
+mod peers;
 mod settle;
 mod stats;
 mod submit;
@@ -38,7 +42,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use const_format::concatcp;
 use sqlx::Postgres;
-use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
@@ -229,7 +233,8 @@ pub struct PgBackend {
     /// submits' batches, which run them often enough to keep their plans
     /// (the `warm` module).
     batches: PgPool,
-    /// Fed by the listener with every replica's events (this one's too).
+    /// This replica's events, at their commit, and the other replicas',
+    /// from the listener.
     events: broadcast::Sender<StoreEvent>,
     /// The listener task; stopped when the last handle goes.
     listener: Arc<BackgroundTask>,
@@ -239,10 +244,15 @@ pub struct PgBackend {
     origin: Uuid,
     /// Where committed changes' notifications wait for the notifier.
     notifier: mpsc::Sender<String>,
+    /// Whether another replica listens (`peers`).
+    peers: Arc<peers::Peers>,
+    /// The count of the other replicas' listeners; stopped when the last
+    /// handle goes.
+    watcher: Arc<BackgroundTask>,
 }
 
 /// An event as announced: with the replica that made it, so a replica can
-/// skip its own agent changes (whoever made them applied them already).
+/// skip its own (its subscribers heard them at their commit).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Announced {
     /// The announcing replica.
@@ -318,17 +328,38 @@ impl SqlStore<PgBackend> {
         let pool = connect(url, POOL_CONNECTIONS, warm::WARM_CONNECTIONS).await?;
         let batches = connect(url, warm::BATCH_CONNECTIONS, warm::BATCH_CONNECTIONS).await?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let origin = Uuid::now_v7();
         // Its own connection (a pool of one that reconnects and re-listens by
-        // itself), listening before `open` returns so no event is missed.
-        let mut listener = PgListener::connect(url)
+        // itself), named as this replica's for the others' counts (`peers`),
+        // listening before `open` returns so no event is missed.
+        let named: PgConnectOptions = url.parse().map_err(db("reading the database URL"))?;
+        let listening = PgPoolOptions::new()
+            .max_connections(1)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .connect_with(named.application_name(&peers::listener_name(origin)))
             .await
             .map_err(db("connecting the event listener"))?;
+        let mut listener = PgListener::connect_with(&listening)
+            .await
+            .map_err(db("connecting the event listener"))?;
+        listener.ignore_pool_close_event(true);
         listener
-            .listen(CHANNEL)
+            .listen_all([CHANNEL, peers::GREETINGS])
             .await
             .map_err(db("listening for store events"))?;
-        let origin = Uuid::now_v7();
-        let task = tokio::spawn(forward_notifications(listener, events.clone(), origin));
+        let peers = Arc::new(peers::Peers::new());
+        let (answers, mut answered) = mpsc::channel(64);
+        let forwarding = Forwarding {
+            events: events.clone(),
+            origin,
+            peers: peers.clone(),
+            pool: pool.clone(),
+            answers,
+        };
+        let task = tokio::spawn(forward_notifications(listener, forwarding));
+        peers::greet(&pool, origin, &peers, &mut answered).await;
+        let watcher = tokio::spawn(peers::watch(pool.clone(), origin, peers.clone()));
         let (notifier, queue) = mpsc::channel(NOTIFIER_QUEUE);
         tokio::spawn(notify_committed(pool.clone(), queue));
         let statistics = tokio::spawn(stats::keep(pool.clone()));
@@ -341,6 +372,8 @@ impl SqlStore<PgBackend> {
                 statistics: Arc::new(BackgroundTask(statistics)),
                 origin,
                 notifier,
+                peers,
+                watcher: Arc::new(BackgroundTask(watcher)),
             },
             options,
         })
@@ -383,8 +416,21 @@ impl PgBackend {
         })
     }
 
-    /// Announces, through the notifier, changes already committed.
+    /// Hands committed changes to this replica's subscribers (those only
+    /// other replicas need left out: whoever made them here applied them).
+    fn deliver(&self, events: &[StoreEvent]) {
+        for event in events.iter().filter(|e| !e.for_other_replicas()) {
+            let _ = self.events.send(event.clone());
+        }
+    }
+
+    /// Hands changes already committed to this replica's subscribers and,
+    /// while another replica listens, to the notifier.
     fn announce_committed(&self, events: Vec<StoreEvent>) -> Result<()> {
+        self.deliver(&events);
+        if !self.peers.listening() {
+            return Ok(());
+        }
         for event in events {
             self.notify_later(self.announce(event)?);
         }
@@ -428,9 +474,10 @@ impl Backend for PgBackend {
         begin_on(&self.batches).await
     }
 
-    /// An agent change or a revocation is notified in the transaction
-    /// (delivered at commit, and only if it commits); the rest, after the
-    /// commit, by the notifier.
+    /// While another replica listens, an agent change or a revocation is
+    /// notified in the transaction (delivered at commit, and only if it
+    /// commits); the rest, after the commit, by the notifier. This
+    /// replica's subscribers hear them all at the commit.
     async fn commit(&self, write: Write<Postgres>) -> Result<()> {
         let (mut tx, events, _) = write.into_parts();
         let (urgent, lazy): (Vec<StoreEvent>, Vec<StoreEvent>) =
@@ -440,10 +487,10 @@ impl Backend for PgBackend {
                     StoreEvent::AgentChanged { .. } | StoreEvent::LeaseRevoked { .. }
                 )
             });
-        if !urgent.is_empty() {
+        if !urgent.is_empty() && self.peers.listening() {
             let payloads = urgent
-                .into_iter()
-                .map(|event| self.announce(event))
+                .iter()
+                .map(|event| self.announce(event.clone()))
                 .collect::<Result<Vec<_>>>()?;
             sqlx::query(NOTIFY)
                 .bind(CHANNEL)
@@ -454,6 +501,7 @@ impl Backend for PgBackend {
         }
         tx.commit().await.map_err(db("committing"))?;
         crate::metrics::count_finished(&lazy);
+        self.deliver(&urgent);
         self.announce_committed(lazy)
     }
 
@@ -487,6 +535,7 @@ impl Backend for PgBackend {
 
     async fn close(&self) {
         self.listener.0.abort();
+        self.watcher.0.abort();
         self.statistics.0.abort();
         self.pool.close().await;
         self.batches.close().await;
@@ -579,23 +628,63 @@ async fn notify_committed(pool: PgPool, mut queue: mpsc::Receiver<String>) {
     }
 }
 
-/// Feeds notifications to the broadcast until the store is dropped. The
-/// listener reconnects (and re-listens) by itself; while it is down nothing
-/// is emitted, and the dispatcher's slow safety sweep covers what was missed.
-async fn forward_notifications(
-    mut listener: PgListener,
+/// What the listener needs to forward notifications and answer greetings.
+struct Forwarding {
+    /// Where the other replicas' events go.
     events: broadcast::Sender<StoreEvent>,
+    /// This replica.
     origin: Uuid,
-) {
+    /// Told of every greeting.
+    peers: Arc<peers::Peers>,
+    /// Where answers are sent from.
+    pool: PgPool,
+    /// The replicas that answered this one's greeting.
+    answers: mpsc::Sender<Uuid>,
+}
+
+/// Feeds the other replicas' events to the broadcast until the store is
+/// dropped, and answers their greetings (`peers`), once this replica
+/// notifies. The listener reconnects (and re-listens) by itself; while it
+/// is down nothing is emitted, and the dispatcher's slow safety sweep
+/// covers what was missed.
+async fn forward_notifications(mut listener: PgListener, to: Forwarding) {
     loop {
         match listener.recv().await {
+            Ok(notification) if notification.channel() == peers::GREETINGS => {
+                match serde_json::from_str::<peers::Greeting>(notification.payload()) {
+                    Ok(greeting) if greeting.origin == to.origin => {}
+                    Ok(peers::Greeting {
+                        origin,
+                        welcome: None,
+                    }) => {
+                        to.peers.greeted();
+                        let answer = peers::Greeting {
+                            origin: to.origin,
+                            welcome: Some(origin),
+                        };
+                        if let Err(err) = peers::send(&to.pool, &answer).await {
+                            tracing::warn!(cause = %err, "cannot answer a replica's greeting");
+                        }
+                    }
+                    Ok(peers::Greeting {
+                        origin,
+                        welcome: Some(welcomed),
+                    }) => {
+                        if welcomed == to.origin {
+                            let _ = to.answers.try_send(origin);
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(cause = %err, "ignoring an unreadable greeting");
+                    }
+                }
+            }
             Ok(notification) => match serde_json::from_str::<Announced>(notification.payload()) {
                 Ok(announced) => {
-                    // What this replica changed, it applied itself.
-                    if announced.origin == origin && announced.event.for_other_replicas() {
-                        continue;
+                    // This replica's own were heard at their commit.
+                    if announced.origin != to.origin {
+                        let _ = to.events.send(announced.event);
                     }
-                    let _ = events.send(announced.event);
                 }
                 Err(err) => {
                     tracing::warn!(cause = %err, "ignoring an unreadable store event");
