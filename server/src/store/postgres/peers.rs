@@ -76,26 +76,34 @@ impl Peers {
 
     /// Whether this replica's changes are to be notified.
     pub(super) fn listening(&self) -> bool {
-        self.listening.load(Ordering::Acquire)
+        self.listening.load(Ordering::SeqCst)
     }
 
     /// Greetings heard so far, to be given back to [`Peers::counted`].
     fn greetings(&self) -> u64 {
-        self.greetings.load(Ordering::Acquire)
+        self.greetings.load(Ordering::SeqCst)
     }
 
     /// A count begun when `greetings` greetings had been heard found others
-    /// listening or not; a greeting heard since outweighs a count of none.
+    /// listening or not; a greeting heard since outweighs a count of none,
+    /// even one heard while this stores it: a greeting counted after the
+    /// second look stores its `true` after this `false`.
     fn counted(&self, listening: bool, greetings: u64) {
-        if listening || self.greetings() == greetings {
-            self.listening.store(listening, Ordering::Release);
+        if listening {
+            self.listening.store(true, Ordering::SeqCst);
+        } else if self.greetings() == greetings {
+            self.listening.store(false, Ordering::SeqCst);
+            if self.greetings() != greetings {
+                self.listening.store(true, Ordering::SeqCst);
+            }
         }
     }
 
-    /// Another replica greeted this one: it listens from now on.
+    /// Another replica greeted this one: it listens from now on (the
+    /// greeting counted first, see [`Peers::counted`]).
     pub(super) fn greeted(&self) {
-        self.greetings.fetch_add(1, Ordering::AcqRel);
-        self.listening.store(true, Ordering::Release);
+        self.greetings.fetch_add(1, Ordering::SeqCst);
+        self.listening.store(true, Ordering::SeqCst);
     }
 }
 
@@ -204,5 +212,29 @@ pub(super) async fn greet(
             listening = expected,
             "not every replica answered this one's greeting; the others notify it from their next count of listeners"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! What a count may say against the greetings heard.
+
+    use super::*;
+
+    #[test]
+    fn a_greeting_heard_during_a_count_outweighs_a_count_of_none() {
+        let peers = Peers::new();
+        assert!(peers.listening(), "not counted yet: notify");
+        let before = peers.greetings();
+        peers.counted(false, before);
+        assert!(!peers.listening(), "counted alone");
+        let before = peers.greetings();
+        peers.greeted();
+        peers.counted(false, before);
+        assert!(peers.listening(), "a count begun before the greeting");
+        peers.counted(false, peers.greetings());
+        assert!(!peers.listening(), "a count begun after it, of none");
+        peers.counted(true, 0);
+        assert!(peers.listening());
     }
 }
