@@ -851,48 +851,12 @@ async fn list_tasks_filters_and_pages(fx: &mut Fixture) {
         namespace: "ns".to_owned(),
         ..TaskFilter::default()
     };
-    let (page1, next) = store
-        .list_tasks(
-            &filter,
-            &Page {
-                size: 2,
-                after: None,
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        page1.iter().map(|t| t.id).collect::<Vec<_>>(),
-        vec![submitted[4].id, submitted[3].id]
-    );
-    let (page2, next) = store
-        .list_tasks(
-            &filter,
-            &Page {
-                size: 2,
-                after: next,
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        page2.iter().map(|t| t.id).collect::<Vec<_>>(),
-        vec![submitted[2].id, submitted[1].id]
-    );
-    let (page3, next) = store
-        .list_tasks(
-            &filter,
-            &Page {
-                size: 2,
-                after: next,
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        page3.iter().map(|t| t.id).collect::<Vec<_>>(),
-        vec![submitted[0].id]
-    );
+    let (page1, next) = page(store, &filter, 2, None).await;
+    assert_eq!(page1, vec![submitted[4].id, submitted[3].id]);
+    let (page2, next) = page(store, &filter, 2, next).await;
+    assert_eq!(page2, vec![submitted[2].id, submitted[1].id]);
+    let (page3, next) = page(store, &filter, 2, next).await;
+    assert_eq!(page3, vec![submitted[0].id]);
     assert_eq!(next, None);
 
     let canceled = TaskFilter {
@@ -900,39 +864,15 @@ async fn list_tasks_filters_and_pages(fx: &mut Fixture) {
         states: vec![TaskState::Canceled],
         kind: None,
     };
-    let (only, _) = store
-        .list_tasks(
-            &canceled,
-            &Page {
-                size: 10,
-                after: None,
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        only.iter().map(|t| t.id).collect::<Vec<_>>(),
-        vec![submitted[0].id]
-    );
+    let (only, _) = page(store, &canceled, 10, None).await;
+    assert_eq!(only, vec![submitted[0].id]);
     let builds = TaskFilter {
         namespace: "ns".to_owned(),
         states: vec![TaskState::Queued, TaskState::Leased],
         kind: Some("build".to_owned()),
     };
-    let (only, _) = store
-        .list_tasks(
-            &builds,
-            &Page {
-                size: 10,
-                after: None,
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        only.iter().map(|t| t.id).collect::<Vec<_>>(),
-        vec![submitted[4].id]
-    );
+    let (only, _) = page(store, &builds, 10, None).await;
+    assert_eq!(only, vec![submitted[4].id]);
     // A cursor the store did not make is refused, not read as the end.
     let forged = store
         .list_tasks(
@@ -950,6 +890,21 @@ async fn list_tasks_filters_and_pages(fx: &mut Fixture) {
         ),
         "{forged:?}"
     );
+}
+
+/// One page of `filter`'s tasks (`size` of them after `after`): their ids
+/// in order, and the cursor after the page.
+async fn page(
+    store: &dyn switchyard_server::store::Store,
+    filter: &TaskFilter,
+    size: u32,
+    after: Option<String>,
+) -> (Vec<Uuid>, Option<String>) {
+    let (tasks, next) = store
+        .list_tasks(filter, &Page { size, after })
+        .await
+        .unwrap();
+    (tasks.iter().map(|t| t.id).collect(), next)
 }
 
 async fn close_and_reopen_loses_nothing(fx: &mut Fixture) {
