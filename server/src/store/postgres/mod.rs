@@ -651,33 +651,8 @@ async fn forward_notifications(mut listener: PgListener, to: Forwarding) {
     loop {
         match listener.recv().await {
             Ok(notification) if notification.channel() == peers::GREETINGS => {
-                match serde_json::from_str::<peers::Greeting>(notification.payload()) {
-                    Ok(greeting) if greeting.origin == to.origin => {}
-                    Ok(peers::Greeting {
-                        origin,
-                        welcome: None,
-                    }) => {
-                        to.peers.greeted();
-                        let answer = peers::Greeting {
-                            origin: to.origin,
-                            welcome: Some(origin),
-                        };
-                        if let Err(err) = peers::send(&to.pool, &answer).await {
-                            tracing::warn!(cause = %err, "cannot answer a replica's greeting");
-                        }
-                    }
-                    Ok(peers::Greeting {
-                        origin,
-                        welcome: Some(welcomed),
-                    }) => {
-                        if welcomed == to.origin {
-                            let _ = to.answers.try_send(origin);
-                        }
-                    }
-                    Err(err) => {
-                        tracing::warn!(cause = %err, "ignoring an unreadable greeting");
-                    }
-                }
+                let payload = notification.payload();
+                peers::heard(&to.pool, to.origin, &to.peers, &to.answers, payload).await;
             }
             Ok(notification) => match serde_json::from_str::<Announced>(notification.payload()) {
                 Ok(announced) => {

@@ -137,17 +137,17 @@ pub(super) async fn watch(pool: PgPool, origin: Uuid, peers: Arc<Peers>) {
 
 /// A greeting (`welcome: None`) or its answer, as notified on [`GREETINGS`].
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub(super) struct Greeting {
+struct Greeting {
     /// The replica that sent it.
     #[serde(rename = "o")]
-    pub origin: Uuid,
+    origin: Uuid,
     /// The replica it answers.
     #[serde(rename = "w", default, skip_serializing_if = "Option::is_none")]
-    pub welcome: Option<Uuid>,
+    welcome: Option<Uuid>,
 }
 
 /// Sends `greeting` on [`GREETINGS`].
-pub(super) async fn send(pool: &PgPool, greeting: &Greeting) -> Result<()> {
+async fn send(pool: &PgPool, greeting: &Greeting) -> Result<()> {
     let payload = serde_json::to_string(greeting).map_err(|err| crate::error::Error::Corrupt {
         context: "encoding a greeting",
         detail: err.to_string(),
@@ -159,6 +159,45 @@ pub(super) async fn send(pool: &PgPool, greeting: &Greeting) -> Result<()> {
         .await
         .map_err(db("greeting the other replicas"))?;
     Ok(())
+}
+
+/// What the replica `origin` does with a notification heard on
+/// [`GREETINGS`] (`payload`): another replica's greeting is counted
+/// ([`Peers::greeted`]) and then answered, so an answer means this replica
+/// notifies; an answer to this one's greeting goes to `answers`; its own
+/// greeting is ignored.
+pub(super) async fn heard(
+    pool: &PgPool,
+    origin: Uuid,
+    peers: &Peers,
+    answers: &mpsc::Sender<Uuid>,
+    payload: &str,
+) {
+    match serde_json::from_str::<Greeting>(payload) {
+        Ok(greeting) if greeting.origin == origin => {}
+        Ok(Greeting {
+            origin: from,
+            welcome: None,
+        }) => {
+            peers.greeted();
+            let answer = Greeting {
+                origin,
+                welcome: Some(from),
+            };
+            if let Err(err) = send(pool, &answer).await {
+                tracing::warn!(cause = %err, "cannot answer a replica's greeting");
+            }
+        }
+        Ok(Greeting {
+            origin: from,
+            welcome: Some(welcomed),
+        }) => {
+            if welcomed == origin {
+                let _ = answers.try_send(from);
+            }
+        }
+        Err(err) => tracing::warn!(cause = %err, "ignoring an unreadable greeting"),
+    }
 }
 
 /// Counts the other replicas for `peers` and greets those listening
