@@ -272,7 +272,7 @@ impl QueueWatch {
 
     async fn run(mut self) {
         // A parked group waits on the fleet: either moving is a reason to look.
-        let mut queue = self.api.dispatcher.follow_queue();
+        let (mut queue, _following) = self.api.dispatcher.follow_queue().await;
         let mut fleet = self.api.dispatcher.follow_fleet();
         // First what is at hand: the summary made a moment ago for another
         // caller if it still holds, else the groups as counted, at once

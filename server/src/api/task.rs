@@ -292,7 +292,7 @@ impl TaskService for TaskApi {
             return Err(invalid("output_offset", "only with output").into());
         }
         // Subscribe before the first read so no change falls in between.
-        let changes = api.dispatcher.watch_tasks();
+        let changes = api.dispatcher.watch_tasks().await;
         let record = api.task_for(&caller, id).await?;
         Ok(Response::new(Watch::start(api, record, changes, output)))
     }

@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use super::{Api, bounds};
 use crate::model::{TaskRecord, TaskState};
+use crate::store::Following;
 use crate::wire;
 
 /// How long a watch waits for a change notification before it re-reads the
@@ -33,6 +34,8 @@ pub(super) struct Watch {
     id: Uuid,
     /// Subscribed before the first read, so no change falls in between.
     changes: broadcast::Receiver<Uuid>,
+    /// Other replicas' changes reach `changes` while held.
+    _following: Following,
     tx: mpsc::Sender<Result<pb::WatchTaskResponse, Status>>,
     /// The last history entry sent.
     last_sequence: u64,
@@ -55,7 +58,7 @@ impl Watch {
     pub(super) fn start(
         api: Api,
         record: TaskRecord,
-        changes: broadcast::Receiver<Uuid>,
+        (changes, following): (broadcast::Receiver<Uuid>, Following),
         output: Option<u64>,
     ) -> WatchStream {
         let (tx, rx) = mpsc::channel(64);
@@ -63,6 +66,7 @@ impl Watch {
             api,
             id: record.id,
             changes,
+            _following: following,
             tx,
             last_sequence: 0,
             sent_state: None,

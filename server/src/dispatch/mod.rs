@@ -65,7 +65,7 @@ use crate::batch::{GroupCommit, Linger};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::model::{Beat, BeatOutcome, LeaseReport, ReportApplied, Submission, Submitted};
-use crate::store::Store;
+use crate::store::{Following, Store};
 
 /// How the dispatcher behaves; defaults suit production, tests shorten them.
 #[derive(Debug, Clone)]
@@ -393,9 +393,11 @@ impl Dispatcher {
         self.shared.wake.notify_one();
     }
 
-    /// Subscribes to task-change notifications (task ids).
-    pub fn watch_tasks(&self) -> broadcast::Receiver<Uuid> {
-        self.shared.task_changes.subscribe()
+    /// Subscribes to task-change notifications (task ids), from every
+    /// replica while the [`Following`] is held (the others are told first).
+    pub async fn watch_tasks(&self) -> (broadcast::Receiver<Uuid>, Following) {
+        let following = self.shared.store.follow_tasks().await;
+        (self.shared.task_changes.subscribe(), following)
     }
 
     /// Tells watchers that `task_id` changed.
@@ -410,9 +412,11 @@ impl Dispatcher {
         self.shared.fleet_pulse.subscribe()
     }
 
-    /// Changes to the queue seen here, likewise.
-    pub fn follow_queue(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.shared.queue_pulse.subscribe()
+    /// Changes to the queue seen here, likewise (a task leased or ended
+    /// on another replica, while the [`Following`] is held).
+    pub async fn follow_queue(&self) -> (tokio::sync::watch::Receiver<u64>, Following) {
+        let following = self.shared.store.follow_tasks().await;
+        (self.shared.queue_pulse.subscribe(), following)
     }
 
     /// Notes a change to the fleet for its followers (a counter bumped;

@@ -127,6 +127,15 @@ impl StoreEvent {
         }
     }
 
+    /// Whether only followers of tasks' changes read it (watchers of a task
+    /// or of the queue): another replica needs it only while it has one.
+    pub fn for_followers(&self) -> bool {
+        matches!(
+            self,
+            StoreEvent::TaskChanged { .. } | StoreEvent::TaskOutput { .. }
+        )
+    }
+
     /// Whether only other replicas need to hear it: whoever made the change
     /// on this replica applied it here already.
     pub fn for_other_replicas(&self) -> bool {

@@ -451,8 +451,39 @@ pub trait Store:
     async fn close(&self);
     /// Events from every replica (this one included) from now on; agent
     /// changes and lease ends only from other replicas (a change made here
-    /// is applied to this replica by whoever made it).
+    /// is applied to this replica by whoever made it). Another replica's
+    /// task changes and output (which only watchers read) only while this
+    /// one follows them ([`Store::follow_tasks`]).
     fn subscribe(&self) -> broadcast::Receiver<StoreEvent>;
+    /// Follows tasks' changes and output from every replica while the
+    /// answer is held: once this returns, the other replicas notify them
+    /// (they are told, and have answered, or will hear of it from their
+    /// next count). Taken before a watcher subscribes.
+    async fn follow_tasks(&self) -> Following;
+}
+
+/// Held while something on this replica follows tasks' changes (a watcher
+/// of a task, or of the queue); see [`Store::follow_tasks`].
+#[must_use = "tasks' changes are followed only while this is held"]
+pub struct Following(#[allow(dead_code)] Option<Box<dyn Send + Sync>>);
+
+impl Following {
+    /// Nothing to hold: every change reaches this replica anyway (one
+    /// replica alone, on SQLite).
+    pub fn always() -> Self {
+        Self(None)
+    }
+
+    /// Followed while `held` is not dropped.
+    pub(crate) fn held(held: impl Send + Sync + 'static) -> Self {
+        Self(Some(Box::new(held)))
+    }
+}
+
+impl std::fmt::Debug for Following {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Following")
+    }
 }
 
 /// Settings of a store beyond its URL.

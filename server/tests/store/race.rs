@@ -2,7 +2,8 @@
 //! have) on one database racing to grant 1,000 tasks to 50 agents, and to
 //! hand out one agent's devices and memory,
 //! LISTEN/NOTIFY carrying an event from one instance to the other (and
-//! none while an instance is alone), and the
+//! none while an instance is alone; a task's changes only while the other
+//! follows them), and the
 //! pool's warm-up fitting the migrated schema.
 
 use std::collections::HashSet;
@@ -229,6 +230,77 @@ async fn a_replica_alone_notifies_nobody_until_another_starts() {
         "the replica alone notified its submit: {payload}"
     );
     other.close().await;
+    fx.finish().await;
+}
+
+/// A task's changes and output, which only watchers read, reach another
+/// replica only while it follows them: it has told the others, and they
+/// answered, before `follow_tasks` returns. Notifications arrive in the
+/// order their changes committed, so whatever the other heard before the
+/// next submit's is what it heard of the grant before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_change_reaches_another_replica_only_while_it_follows_tasks() {
+    let fx = Fixture::postgres().await;
+    let other = fx.another_instance().await;
+    let worker = agent(fx.store.as_ref(), "ns", "w1", 2).await;
+    let mut heard = other.subscribe();
+    let unwatched = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    grant(fx.store.as_ref(), unwatched.id, worker.id, T0).await;
+    let next = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    let before = heard_until(
+        &mut heard,
+        |e| matches!(e, StoreEvent::TaskQueued { task_id, .. } if *task_id == next.id),
+    )
+    .await;
+    assert!(
+        before.iter().any(
+            |e| matches!(e, StoreEvent::TaskQueued { task_id, .. } if *task_id == unwatched.id)
+        ),
+        "the other replica's dispatcher hears every submit: {before:?}"
+    );
+    assert!(
+        !before
+            .iter()
+            .any(|e| matches!(e, StoreEvent::TaskChanged { .. })),
+        "told of a task's change while following none: {before:?}"
+    );
+
+    let following = other.follow_tasks().await;
+    grant(fx.store.as_ref(), next.id, worker.id, T0).await;
+    let leased = StoreEvent::TaskChanged {
+        task_id: next.id,
+        state: TaskState::Leased,
+    };
+    assert_eq!(wait_for(&mut heard, |e| *e == leased).await, leased);
+    drop(following);
+    other.close().await;
+    fx.finish().await;
+}
+
+/// A listener of an earlier release (unnamed, listening on the events'
+/// channel) reads every change, so a replica that counts one notifies a
+/// task's changes as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_of_an_earlier_release_is_told_every_change() {
+    let fx = Fixture::postgres().await;
+    let mut earlier = sqlx::postgres::PgListener::connect(&fx.url).await.unwrap();
+    earlier.listen("switchyard_events").await.unwrap();
+    // Counted as it starts.
+    let replica = fx.another_instance().await;
+    let worker = agent(replica.as_ref(), "ns", "w1", 1).await;
+    let t = submit(replica.as_ref(), task("ns", 0, 1), T0).await;
+    grant(replica.as_ref(), t.id, worker.id, T0).await;
+    let leased = format!(r#""task_id":"{}","state":"#, t.id);
+    loop {
+        let heard = tokio::time::timeout(std::time::Duration::from_secs(20), earlier.recv())
+            .await
+            .expect("a notification within 20 s")
+            .unwrap();
+        if heard.payload().contains(&leased) {
+            break;
+        }
+    }
+    replica.close().await;
     fx.finish().await;
 }
 

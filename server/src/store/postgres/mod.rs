@@ -22,9 +22,13 @@
 //!   batch's whole fresh successes are settled before its transaction, in
 //!   one call of their own (`settle::settle_successes`).
 //! - `warm`: connection warm-up.
-//! - `peers`: whether another replica listens, and greeting them.
+//! - `peers`: whether another replica listens, and whether another
+//!   follows tasks' changes; greeting them.
+//! - `follow`: this replica's followers of tasks' changes, told to the
+//!   others.
 //! - `stats`: planner statistics kept up with tables that double.
 
+mod follow;
 mod grant;
 mod heartbeat;
 mod output;
@@ -246,6 +250,8 @@ pub struct PgBackend {
     notifier: mpsc::Sender<String>,
     /// Whether another replica listens (`peers`).
     peers: Arc<peers::Peers>,
+    /// This replica's followers of tasks' changes (`follow`).
+    follow: Arc<follow::Follow>,
     /// The count of the other replicas' listeners; stopped when the last
     /// handle goes.
     watcher: Arc<BackgroundTask>,
@@ -337,7 +343,11 @@ impl SqlStore<PgBackend> {
             .max_connections(1)
             .max_lifetime(None)
             .idle_timeout(None)
-            .connect_with(named.application_name(&peers::listener_name(origin)))
+            .connect_with(
+                named
+                    .clone()
+                    .application_name(&peers::listener_name(origin)),
+            )
             .await
             .map_err(db("connecting the event listener"))?;
         let mut listener = PgListener::connect_with(&listening)
@@ -349,7 +359,7 @@ impl SqlStore<PgBackend> {
             .await
             .map_err(db("listening for store events"))?;
         let peers = Arc::new(peers::Peers::new());
-        let (answers, mut answered) = mpsc::channel(64);
+        let (answers, answered) = mpsc::channel(64);
         let forwarding = Forwarding {
             events: events.clone(),
             origin,
@@ -358,7 +368,14 @@ impl SqlStore<PgBackend> {
             answers,
         };
         let task = tokio::spawn(forward_notifications(listener, forwarding));
-        peers::greet(&pool, origin, &peers, &mut answered).await;
+        let follow = Arc::new(follow::Follow::new(
+            pool.clone(),
+            named,
+            origin,
+            peers.clone(),
+            answered,
+        ));
+        follow.greet_at_start().await;
         let watcher = tokio::spawn(peers::watch(pool.clone(), origin, peers.clone()));
         let (notifier, queue) = mpsc::channel(NOTIFIER_QUEUE);
         tokio::spawn(notify_committed(pool.clone(), queue));
@@ -373,6 +390,7 @@ impl SqlStore<PgBackend> {
                 origin,
                 notifier,
                 peers,
+                follow,
                 watcher: Arc::new(BackgroundTask(watcher)),
             },
             options,
@@ -425,14 +443,18 @@ impl PgBackend {
     }
 
     /// Hands changes already committed to this replica's subscribers and,
-    /// while another replica listens, to the notifier.
+    /// while another replica listens, to the notifier: a task's changes and
+    /// output only while another follows them.
     fn announce_committed(&self, events: Vec<StoreEvent>) -> Result<()> {
         self.deliver(&events);
         if !self.peers.listening() {
             return Ok(());
         }
+        let following = self.peers.following();
         for event in events {
-            self.notify_later(self.announce(event)?);
+            if following || !event.for_followers() {
+                self.notify_later(self.announce(event)?);
+            }
         }
         Ok(())
     }
@@ -531,6 +553,10 @@ impl Backend for PgBackend {
 
     fn subscribe(&self) -> broadcast::Receiver<StoreEvent> {
         self.events.subscribe()
+    }
+
+    async fn follow_tasks(&self) -> crate::store::Following {
+        self.follow.follow().await
     }
 
     async fn close(&self) {

@@ -1,20 +1,26 @@
-//! Whether another replica listens: a replica notifies its changes only
-//! while one does. Its own subscribers hear its changes at their commit
-//! (as on SQLite), so a replica alone on its database sent every change
-//! through PostgreSQL only to hear it back: a transaction, a commit and a
-//! delivery for each batch of notifications, and an encoding and a
-//! decoding for each (`BENCHMARKS.md` has what they cost).
+//! Whether another replica listens, and whether another follows tasks'
+//! changes: a replica notifies its changes only while one listens, and a
+//! task's changes and output (which only watchers of a task or of the
+//! queue read) only while one follows them. Its own subscribers hear its
+//! changes at their commit (as on SQLite), so a replica alone on its
+//! database sent every change through PostgreSQL only to hear it back: a
+//! transaction, a commit and a delivery for each batch of notifications,
+//! and an encoding and a decoding for each (`BENCHMARKS.md` has what they
+//! cost).
 //!
 //! Each replica's listener connection is named after it
 //! ([`listener_name`]), and a replica counts the others' listeners (and any
 //! other session listening on the events' channel, as a replica of an
-//! earlier release does) once a second ([`watch`]). A replica that starts
-//! greets the others on [`GREETINGS`] once it listens, and waits (at most
+//! earlier release does) once a second ([`watch`]). A replica of this
+//! release says it follows tasks' changes by holding a connection named
+//! for it (`follow`); a listener of an earlier release is counted as
+//! following everything. A replica that starts, or that begins to follow,
+//! greets the others on [`GREETINGS`] (saying which), and waits (at most
 //! [`GREETING_WAIT`]) until each named one answered: a replica answers
-//! after it has begun to notify, so every change committed after the new
-//! replica's `open` returns reaches it, and its own reads at start cover
-//! what came before. Until its first count, and whenever it cannot count,
-//! a replica notifies.
+//! after it has begun to notify what the greeting asks for, so every such
+//! change committed after the greeting's wait reaches the greeter, and its
+//! own reads cover what came before. Until its first count, and whenever
+//! it cannot count, a replica notifies everything.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -38,100 +44,193 @@ const LISTENER: &str = "switchyard-listener";
 /// How often a replica counts the others' listeners.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
-/// How long a starting replica waits for the others' answers.
+/// How long a greeting replica waits for the others' answers.
 const GREETING_WAIT: Duration = Duration::from_secs(2);
+
+/// How the name of a listener of this release ends: its replica says, by
+/// a follower connection (`follow`), whether it follows tasks' changes.
+const SAYS_WHAT_IT_FOLLOWS: &str = "v2";
+
+/// The name every replica's follower connection takes, before its origin.
+pub(super) const FOLLOWER: &str = "switchyard-follower";
 
 /// The listener connection's `application_name` for the replica `origin`.
 pub(super) fn listener_name(origin: Uuid) -> String {
-    format!("{LISTENER} {origin}")
+    format!("{LISTENER} {origin} {SAYS_WHAT_IT_FOLLOWS}")
 }
 
-/// Other sessions of this database listening for the replicas' events:
-/// `(named replicas, all)`. A listener named as a replica's, or one whose
-/// last statement listened on the events' channel (a replica of an
-/// earlier release, whose listener is not named).
+/// The `application_name` of the connection the replica `origin` holds
+/// while it follows tasks' changes.
+pub(super) fn follower_name(origin: Uuid) -> String {
+    format!("{FOLLOWER} {origin}")
+}
+
+/// Other sessions of this database listening for the replicas' events or
+/// following tasks' changes: `(named replicas, listening, following)`. A
+/// listener is named as a replica's, or its last statement listened on the
+/// events' channel (a replica of an earlier release, whose listener is not
+/// named). Following: a follower connection, or a listener that does not
+/// say what it follows (an earlier release's, which reads every change).
 const OTHERS: &str = "SELECT \
-  COUNT(*) FILTER (WHERE application_name LIKE $2 || ' %')::int8, COUNT(*)::int8 \
-  FROM pg_stat_activity WHERE datname = current_database() AND application_name <> $1 \
-  AND (application_name LIKE $2 || ' %' OR query = $3)";
+  COUNT(*) FILTER (WHERE application_name LIKE $2 || ' %')::int8, \
+  COUNT(*) FILTER (WHERE application_name LIKE $2 || ' %' OR query = $3)::int8, \
+  COUNT(*) FILTER (WHERE application_name LIKE $4 || ' %' \
+    OR ((application_name LIKE $2 || ' %' OR query = $3) \
+      AND application_name NOT LIKE $2 || ' % ' || $5))::int8 \
+  FROM pg_stat_activity WHERE datname = current_database() AND application_name NOT IN ($1, $6) \
+  AND (application_name LIKE $2 || ' %' OR query = $3 OR application_name LIKE $4 || ' %')";
+
+/// Something the other replicas want told, as last counted and as greeted
+/// since.
+#[derive(Debug)]
+struct Wanted {
+    /// Another replica wants it (or greeted this one for it since the last
+    /// count).
+    on: AtomicBool,
+    /// Greetings heard for it: a count begun before one cannot say that
+    /// nobody wants it.
+    greetings: AtomicU64,
+}
+
+impl Wanted {
+    /// Not counted yet: wanted.
+    fn new() -> Self {
+        Self {
+            on: AtomicBool::new(true),
+            greetings: AtomicU64::new(0),
+        }
+    }
+
+    fn on(&self) -> bool {
+        self.on.load(Ordering::SeqCst)
+    }
+
+    /// Greetings heard so far, to be given back to [`Wanted::counted`].
+    fn greetings(&self) -> u64 {
+        self.greetings.load(Ordering::SeqCst)
+    }
+
+    /// A count begun when `greetings` greetings had been heard found it
+    /// wanted or not; a greeting heard since outweighs a count of none,
+    /// even one heard while this stores it: a greeting counted after the
+    /// second look stores its `true` after this `false`.
+    fn counted(&self, on: bool, greetings: u64) {
+        if on {
+            self.on.store(true, Ordering::SeqCst);
+        } else if self.greetings() == greetings {
+            self.on.store(false, Ordering::SeqCst);
+            if self.greetings() != greetings {
+                self.on.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Another replica greeted this one for it: wanted from now on (the
+    /// greeting counted first, see [`Wanted::counted`]).
+    fn greeted(&self) {
+        self.greetings.fetch_add(1, Ordering::SeqCst);
+        self.on.store(true, Ordering::SeqCst);
+    }
+}
 
 /// What this replica knows of the others.
 #[derive(Debug)]
 pub(super) struct Peers {
-    /// Another replica listens (or greeted this one since the last count).
-    listening: AtomicBool,
-    /// Greetings heard: a count begun before one cannot say that nobody
-    /// listens.
-    greetings: AtomicU64,
+    /// Another replica listens: this one's changes are to be notified.
+    listening: Wanted,
+    /// Another replica follows tasks' changes: a task's changes and output
+    /// are to be notified too.
+    following: Wanted,
 }
 
+/// The greetings heard before a count: `(listening, following)`.
+type Heard = (u64, u64);
+
 impl Peers {
-    /// Not counted yet: notify.
+    /// Not counted yet: notify everything.
     pub(super) fn new() -> Self {
         Self {
-            listening: AtomicBool::new(true),
-            greetings: AtomicU64::new(0),
+            listening: Wanted::new(),
+            following: Wanted::new(),
         }
     }
 
     /// Whether this replica's changes are to be notified.
     pub(super) fn listening(&self) -> bool {
-        self.listening.load(Ordering::SeqCst)
+        self.listening.on()
     }
 
-    /// Greetings heard so far, to be given back to [`Peers::counted`].
-    fn greetings(&self) -> u64 {
-        self.greetings.load(Ordering::SeqCst)
+    /// Whether tasks' changes and output are to be notified as well.
+    pub(super) fn following(&self) -> bool {
+        self.following.on()
     }
 
-    /// A count begun when `greetings` greetings had been heard found others
-    /// listening or not; a greeting heard since outweighs a count of none,
-    /// even one heard while this stores it: a greeting counted after the
-    /// second look stores its `true` after this `false`.
-    fn counted(&self, listening: bool, greetings: u64) {
-        if listening {
-            self.listening.store(true, Ordering::SeqCst);
-        } else if self.greetings() == greetings {
-            self.listening.store(false, Ordering::SeqCst);
-            if self.greetings() != greetings {
-                self.listening.store(true, Ordering::SeqCst);
-            }
+    fn heard(&self) -> Heard {
+        (self.listening.greetings(), self.following.greetings())
+    }
+
+    /// A count begun when `heard` found others listening and following,
+    /// or not (see [`Wanted::counted`]).
+    fn counted(&self, others: Others, heard: Heard) {
+        self.listening.counted(others.listening > 0, heard.0);
+        self.following.counted(others.following > 0, heard.1);
+    }
+
+    /// Another replica greeted this one: it listens from now on, and, if
+    /// it said so, follows tasks' changes.
+    pub(super) fn greeted(&self, follows: bool) {
+        self.listening.greeted();
+        if follows {
+            self.following.greeted();
         }
-    }
-
-    /// Another replica greeted this one: it listens from now on (the
-    /// greeting counted first, see [`Peers::counted`]).
-    pub(super) fn greeted(&self) {
-        self.greetings.fetch_add(1, Ordering::SeqCst);
-        self.listening.store(true, Ordering::SeqCst);
     }
 }
 
-/// `(named replicas, all)` listening besides `origin` (see [`OTHERS`]).
-async fn others(pool: &PgPool, origin: Uuid) -> Result<(i64, i64)> {
-    sqlx::query_as(OTHERS)
+/// The other sessions counted by [`OTHERS`].
+#[derive(Debug, Clone, Copy)]
+struct Others {
+    named: i64,
+    listening: i64,
+    following: i64,
+}
+
+/// The others listening and following besides `origin` (see [`OTHERS`]).
+async fn others(pool: &PgPool, origin: Uuid) -> Result<Others> {
+    let (named, listening, following) = sqlx::query_as(OTHERS)
         .bind(listener_name(origin))
         .bind(LISTENER)
         .bind(format!(r#"LISTEN "{CHANNEL}""#))
+        .bind(FOLLOWER)
+        .bind(SAYS_WHAT_IT_FOLLOWS)
+        .bind(follower_name(origin))
         .fetch_one(pool)
         .await
-        .map_err(db("counting the other replicas"))
+        .map_err(db("counting the other replicas"))?;
+    Ok(Others {
+        named,
+        listening,
+        following,
+    })
 }
 
-/// Keeps `peers` up with the others' listeners, once a second, until the
-/// store is dropped.
+/// Keeps `peers` up with the others' listeners and followers, once a
+/// second, until the store is dropped.
 pub(super) async fn watch(pool: PgPool, origin: Uuid, peers: Arc<Peers>) {
     loop {
         tokio::time::sleep(WATCH_EVERY).await;
-        let greetings = peers.greetings();
-        let listening = match others(&pool, origin).await {
-            Ok((_, all)) => all > 0,
+        let heard = peers.heard();
+        let counted = match others(&pool, origin).await {
+            Ok(others) => others,
             Err(err) => {
                 tracing::debug!(cause = %err, "cannot count the other replicas; notifying");
-                true
+                Others {
+                    named: 0,
+                    listening: 1,
+                    following: 1,
+                }
             }
         };
-        peers.counted(listening, greetings);
+        peers.counted(counted, heard);
     }
 }
 
@@ -144,6 +243,10 @@ struct Greeting {
     /// The replica it answers.
     #[serde(rename = "w", default, skip_serializing_if = "Option::is_none")]
     welcome: Option<Uuid>,
+    /// A greeting from a replica that follows tasks' changes from now on
+    /// (an earlier release's never says so, and reads this as a greeting).
+    #[serde(rename = "f", default, skip_serializing_if = "std::ops::Not::not")]
+    follows: bool,
 }
 
 /// Sends `greeting` on [`GREETINGS`].
@@ -164,7 +267,7 @@ async fn send(pool: &PgPool, greeting: &Greeting) -> Result<()> {
 /// What the replica `origin` does with a notification heard on
 /// [`GREETINGS`] (`payload`): another replica's greeting is counted
 /// ([`Peers::greeted`]) and then answered, so an answer means this replica
-/// notifies; an answer to this one's greeting goes to `answers`; its own
+/// notifies what the greeting asked for; an answer to this one's greeting goes to `answers`; its own
 /// greeting is ignored.
 pub(super) async fn heard(
     pool: &PgPool,
@@ -178,11 +281,13 @@ pub(super) async fn heard(
         Ok(Greeting {
             origin: from,
             welcome: None,
+            follows,
         }) => {
-            peers.greeted();
+            peers.greeted(follows);
             let answer = Greeting {
                 origin,
                 welcome: Some(from),
+                follows: false,
             };
             if let Err(err) = send(pool, &answer).await {
                 tracing::warn!(cause = %err, "cannot answer a replica's greeting");
@@ -191,6 +296,7 @@ pub(super) async fn heard(
         Ok(Greeting {
             origin: from,
             welcome: Some(welcomed),
+            ..
         }) => {
             if welcomed == origin {
                 let _ = answers.try_send(from);
@@ -201,20 +307,23 @@ pub(super) async fn heard(
 }
 
 /// Counts the other replicas for `peers` and greets those listening
-/// already (this one listening), waiting until each named one answered on
-/// `answers`, at most [`GREETING_WAIT`]. A replica that cannot count or
-/// greet them notifies, and learns of the others from their counts.
+/// already (this one listening, and following tasks' changes if
+/// `follows`), waiting until each named one answered on `answers`, at most
+/// [`GREETING_WAIT`]. A replica that cannot count or greet them notifies,
+/// and learns of the others from their counts; they learn of it from
+/// theirs.
 pub(super) async fn greet(
     pool: &PgPool,
     origin: Uuid,
     peers: &Peers,
     answers: &mut mpsc::Receiver<Uuid>,
+    follows: bool,
 ) {
-    let greetings = peers.greetings();
+    let heard = peers.heard();
     let named = match others(pool, origin).await {
-        Ok((named, all)) => {
-            peers.counted(all > 0, greetings);
-            named
+        Ok(others) => {
+            peers.counted(others, heard);
+            others.named
         }
         Err(err) => {
             tracing::warn!(cause = %err, "cannot count the other replicas; notifying");
@@ -224,9 +333,12 @@ pub(super) async fn greet(
     if named == 0 {
         return;
     }
+    // An answer to an earlier greeting, late, would stand for one to this.
+    while answers.try_recv().is_ok() {}
     let hello = Greeting {
         origin,
         welcome: None,
+        follows,
     };
     if let Err(err) = send(pool, &hello).await {
         tracing::warn!(cause = %err, "cannot greet the other replicas");
@@ -262,18 +374,68 @@ mod tests {
 
     #[test]
     fn a_greeting_heard_during_a_count_outweighs_a_count_of_none() {
+        let wanted = Wanted::new();
+        assert!(wanted.on(), "not counted yet: wanted");
+        let before = wanted.greetings();
+        wanted.counted(false, before);
+        assert!(!wanted.on(), "counted alone");
+        let before = wanted.greetings();
+        wanted.greeted();
+        wanted.counted(false, before);
+        assert!(wanted.on(), "a count begun before the greeting");
+        wanted.counted(false, wanted.greetings());
+        assert!(!wanted.on(), "a count begun after it, of none");
+        wanted.counted(true, 0);
+        assert!(wanted.on());
+    }
+
+    #[test]
+    fn a_greeting_asks_to_be_told_tasks_changes_only_if_it_says_so() {
         let peers = Peers::new();
-        assert!(peers.listening(), "not counted yet: notify");
-        let before = peers.greetings();
-        peers.counted(false, before);
-        assert!(!peers.listening(), "counted alone");
-        let before = peers.greetings();
-        peers.greeted();
-        peers.counted(false, before);
-        assert!(peers.listening(), "a count begun before the greeting");
-        peers.counted(false, peers.greetings());
-        assert!(!peers.listening(), "a count begun after it, of none");
-        peers.counted(true, 0);
-        assert!(peers.listening());
+        assert!(peers.listening() && peers.following(), "not counted yet");
+        let none = Others {
+            named: 0,
+            listening: 0,
+            following: 0,
+        };
+        peers.counted(none, peers.heard());
+        assert!(!peers.listening() && !peers.following(), "counted alone");
+        let before = peers.heard();
+        peers.greeted(false);
+        peers.counted(none, before);
+        assert!(peers.listening(), "greeted during the count");
+        assert!(!peers.following(), "by a replica that follows nothing");
+        let before = peers.heard();
+        peers.greeted(true);
+        peers.counted(none, before);
+        assert!(peers.following(), "greeted by a follower during the count");
+        let listens = Others {
+            named: 1,
+            listening: 1,
+            following: 0,
+        };
+        peers.counted(listens, peers.heard());
+        assert!(peers.listening() && !peers.following(), "counted since");
+    }
+
+    #[test]
+    fn a_greeting_of_an_earlier_release_reads_as_following_nothing() {
+        let old: Greeting =
+            serde_json::from_str(r#"{"o":"00000000-0000-0000-0000-000000000001"}"#).unwrap();
+        assert!(!old.follows);
+        let follows = Greeting {
+            origin: Uuid::nil(),
+            welcome: None,
+            follows: true,
+        };
+        let text = serde_json::to_string(&follows).unwrap();
+        assert!(text.contains(r#""f":true"#), "{text}");
+        let answer = Greeting {
+            origin: Uuid::nil(),
+            welcome: Some(Uuid::nil()),
+            follows: false,
+        };
+        let text = serde_json::to_string(&answer).unwrap();
+        assert!(!text.contains(r#""f""#), "{text}");
     }
 }

@@ -61,7 +61,7 @@ use tokio::sync::broadcast;
 use uuid::Uuid;
 
 use self::db::{BoxFuture, SqlDb, StatementExt};
-use super::{LeaseStore, Store, StoreOptions, TaskStore};
+use super::{Following, LeaseStore, Store, StoreOptions, TaskStore};
 use crate::error::Result;
 use crate::model::{
     Beat, BeatOutcome, Completion, CompletionResult, GrantOutcome, GrantRequest, LeaseRecord,
@@ -206,6 +206,11 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
     async fn migrate(&self) -> Result<()>;
     /// Events from every replica.
     fn subscribe(&self) -> broadcast::Receiver<StoreEvent>;
+    /// [`Store::follow_tasks`]: every change is heard where there is one
+    /// replica.
+    async fn follow_tasks(&self) -> Following {
+        Following::always()
+    }
     /// Closes the pool and stops the backend's tasks.
     async fn close(&self);
 
@@ -624,6 +629,10 @@ impl<B: Backend> Store for SqlStore<B> {
 
     fn subscribe(&self) -> broadcast::Receiver<StoreEvent> {
         self.backend.subscribe()
+    }
+
+    async fn follow_tasks(&self) -> Following {
+        self.backend.follow_tasks().await
     }
 }
 
