@@ -1,9 +1,11 @@
 //! What operators read about a fleet: a watch that replays a task's history
-//! shows each step as it was, not the end repeated; two sessions contending
+//! shows each step as it was, not the end repeated; a watch on one replica
+//! follows a change made through another; two sessions contending
 //! for one agent name are warned about; `/metrics` speaks Prometheus (404
 //! off its path, `# HELP` on every series, finished tasks by state).
 
 use serde_json::json;
+use sqlx::Connection;
 use switchyard_proto::v1 as pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::StreamExt;
@@ -141,6 +143,56 @@ crate::on_both_stores!(
     a_late_watch_shows_each_step_as_it_was,
     two_live_sessions_sharing_a_name_are_warned_about
 );
+
+/// A watch on one replica follows a change another replica makes: before
+/// the watch's first message its replica holds the connection that tells
+/// the others it follows tasks' changes (a replica with no watcher is not
+/// told them), so the other replica notifies the cancel, and the watch
+/// sends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_follows_a_change_made_through_another_replica() {
+    let server = TestServer::start(Backend::Postgres).await;
+    let task = crate::common::submit(&server, "k", "w").await;
+    let mut stream = server
+        .tasks()
+        .await
+        .watch_task(pb::WatchTaskRequest {
+            task_id: task.task_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.next().await.unwrap().unwrap();
+    assert_eq!(first.task.unwrap().state(), pb::TaskState::Queued);
+    let other = switchyard_server::store::open(&server.url).await.unwrap();
+    let followers: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND application_name LIKE 'switchyard-follower %'",
+    )
+    .fetch_one(&mut sqlx::PgConnection::connect(&server.url).await.unwrap())
+    .await
+    .unwrap();
+    assert_eq!(followers, 1, "the watching replica's follower connection");
+    let id = task.task_id.parse().unwrap();
+    let now = switchyard_server::clock::Clock::system().now_ms();
+    other
+        .cancel_task(id, "from the other replica", None, now)
+        .await
+        .unwrap();
+    loop {
+        let item = tokio::time::timeout(PROMPT, stream.next())
+            .await
+            .expect("the watch goes on")
+            .expect("the watch ends only after the cancel")
+            .unwrap();
+        if item.task.unwrap().state() == pb::TaskState::Canceled {
+            break;
+        }
+    }
+    other.close().await;
+    server.stop().await;
+}
 
 async fn http_get(addr: std::net::SocketAddr, method: &str, path: &str) -> String {
     let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
