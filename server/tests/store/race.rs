@@ -277,6 +277,56 @@ async fn a_task_change_reaches_another_replica_only_while_it_follows_tasks() {
     fx.finish().await;
 }
 
+/// A follower connection lost while followed (the database restarted, or
+/// an operator ended it) is opened again and the others greeted again, so
+/// a long-lived watcher (a console) is not left to its timers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_follower_connection_is_opened_again_while_followed() {
+    let fx = Fixture::postgres().await;
+    let other = fx.another_instance().await;
+    let worker = agent(fx.store.as_ref(), "ns", "w1", 1).await;
+    let _following = other.follow_tasks().await;
+    let mut admin = sqlx::PgConnection::connect(&fx.url).await.unwrap();
+    let followers = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+        AND application_name LIKE 'switchyard-follower %'";
+    let lost: Vec<i32> = sqlx::query_scalar(followers)
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(lost.len(), 1, "one follower connection");
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(lost[0])
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let reopened = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            let now: Vec<i32> = sqlx::query_scalar(followers)
+                .fetch_all(&mut admin)
+                .await
+                .unwrap();
+            if now.len() == 1 && now[0] != lost[0] {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(reopened.is_ok(), "no follower connection opened again");
+    // A second follower waits for the greeting that came with it.
+    let _also = other.follow_tasks().await;
+    let mut heard = other.subscribe();
+    let t = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    grant(fx.store.as_ref(), t.id, worker.id, T0).await;
+    let leased = StoreEvent::TaskChanged {
+        task_id: t.id,
+        state: TaskState::Leased,
+    };
+    assert_eq!(wait_for(&mut heard, |e| *e == leased).await, leased);
+    other.close().await;
+    fx.finish().await;
+}
+
 /// A listener of an earlier release (unnamed, listening on the events'
 /// channel) reads every change, so a replica that counts one notifies a
 /// task's changes as well.

@@ -6,7 +6,9 @@
 //! they commit after [`Follow::follow`] returns goes unnotified. The
 //! connection is kept for [`LINGER`] after the last follower goes, so a
 //! watcher started now and then (a CLI waiting on a task) does not
-//! reconnect and greet each time.
+//! reconnect and greet each time; while followed, it is checked every
+//! [`KEEP_EVERY`] and opened again (and the others greeted again) if it
+//! was lost, as a restarted or failed-over database loses it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +23,9 @@ use crate::store::Following;
 
 /// How long the follower connection outlives the last follower.
 const LINGER: Duration = Duration::from_secs(30);
+
+/// How often the follower connection is checked while followed.
+const KEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// This replica's followers of tasks' changes, and what tells the others.
 #[derive(Debug)]
@@ -95,25 +100,47 @@ impl Follow {
         let mut state = self.state.lock().await;
         state.followers += 1;
         if state.connection.is_none() {
-            match PgConnection::connect_with(&self.named).await {
-                Ok(connection) => {
-                    state.connection = Some(connection);
-                    peers::greet(
-                        &self.pool,
-                        self.origin,
-                        &self.peers,
-                        &mut state.answers,
-                        true,
-                    )
-                    .await;
-                }
-                Err(err) => tracing::warn!(
-                    cause = %err,
-                    "cannot tell the other replicas that this one follows tasks' changes"
-                ),
-            }
+            self.connect(&mut state).await;
         }
         Following::held(Held(self.clone()))
+    }
+
+    /// Opens the follower connection and greets the others as a follower.
+    async fn connect(&self, state: &mut State) {
+        match PgConnection::connect_with(&self.named).await {
+            Ok(connection) => {
+                state.connection = Some(connection);
+                peers::greet(
+                    &self.pool,
+                    self.origin,
+                    &self.peers,
+                    &mut state.answers,
+                    true,
+                )
+                .await;
+            }
+            Err(err) => tracing::warn!(
+                cause = %err,
+                "cannot tell the other replicas that this one follows tasks' changes"
+            ),
+        }
+    }
+
+    /// While followed, opens the follower connection again if it was lost
+    /// (or never opened).
+    async fn keep(&self) {
+        let mut state = self.state.lock().await;
+        if state.followers == 0 {
+            return;
+        }
+        let alive = match state.connection.as_mut() {
+            Some(connection) => connection.ping().await.is_ok(),
+            None => false,
+        };
+        if !alive {
+            state.connection = None;
+            self.connect(&mut state).await;
+        }
     }
 
     /// A follower went; the last one closes the connection after
@@ -135,6 +162,15 @@ impl Follow {
         {
             let _ = connection.close().await;
         }
+    }
+}
+
+/// Keeps `follow`'s connection up while followed ([`KEEP_EVERY`]), until
+/// the store is dropped.
+pub(super) async fn keep(follow: Arc<Follow>) {
+    loop {
+        tokio::time::sleep(KEEP_EVERY).await;
+        follow.keep().await;
     }
 }
 

@@ -252,6 +252,9 @@ pub struct PgBackend {
     peers: Arc<peers::Peers>,
     /// This replica's followers of tasks' changes (`follow`).
     follow: Arc<follow::Follow>,
+    /// What keeps the follower connection up; stopped when the last handle
+    /// goes.
+    keeper: Arc<BackgroundTask>,
     /// The count of the other replicas' listeners; stopped when the last
     /// handle goes.
     watcher: Arc<BackgroundTask>,
@@ -376,6 +379,7 @@ impl SqlStore<PgBackend> {
             answered,
         ));
         follow.greet_at_start().await;
+        let keeper = tokio::spawn(follow::keep(follow.clone()));
         let watcher = tokio::spawn(peers::watch(pool.clone(), origin, peers.clone()));
         let (notifier, queue) = mpsc::channel(NOTIFIER_QUEUE);
         tokio::spawn(notify_committed(pool.clone(), queue));
@@ -391,6 +395,7 @@ impl SqlStore<PgBackend> {
                 notifier,
                 peers,
                 follow,
+                keeper: Arc::new(BackgroundTask(keeper)),
                 watcher: Arc::new(BackgroundTask(watcher)),
             },
             options,
@@ -562,6 +567,7 @@ impl Backend for PgBackend {
     async fn close(&self) {
         self.listener.0.abort();
         self.watcher.0.abort();
+        self.keeper.0.abort();
         self.statistics.0.abort();
         self.pool.close().await;
         self.batches.close().await;
