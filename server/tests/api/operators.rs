@@ -12,8 +12,8 @@ use tokio_stream::StreamExt;
 
 use crate::common::{Backend, PROMPT, TestAgent, TestServer};
 
-async fn watch_transcript(server: &TestServer, task_id: &str) -> Vec<pb::WatchTaskResponse> {
-    let mut stream = server
+async fn watch(server: &TestServer, task_id: &str) -> tonic::Streaming<pb::WatchTaskResponse> {
+    server
         .tasks()
         .await
         .watch_task(pb::WatchTaskRequest {
@@ -22,7 +22,11 @@ async fn watch_transcript(server: &TestServer, task_id: &str) -> Vec<pb::WatchTa
         })
         .await
         .unwrap()
-        .into_inner();
+        .into_inner()
+}
+
+async fn watch_transcript(server: &TestServer, task_id: &str) -> Vec<pb::WatchTaskResponse> {
+    let mut stream = watch(server, task_id).await;
     let mut items = Vec::new();
     while let Some(item) = tokio::time::timeout(PROMPT, stream.next())
         .await
@@ -153,16 +157,7 @@ crate::on_both_stores!(
 async fn a_watch_follows_a_change_made_through_another_replica() {
     let server = TestServer::start(Backend::Postgres).await;
     let task = crate::common::submit(&server, "k", "w").await;
-    let mut stream = server
-        .tasks()
-        .await
-        .watch_task(pb::WatchTaskRequest {
-            task_id: task.task_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut stream = watch(&server, &task.task_id).await;
     let first = stream.next().await.unwrap().unwrap();
     assert_eq!(first.task.unwrap().state(), pb::TaskState::Queued);
     let other = switchyard_server::store::open(&server.url).await.unwrap();

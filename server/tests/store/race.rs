@@ -266,15 +266,26 @@ async fn a_task_change_reaches_another_replica_only_while_it_follows_tasks() {
     );
 
     let following = other.follow_tasks().await;
-    grant(fx.store.as_ref(), next.id, worker.id, T0).await;
-    let leased = StoreEvent::TaskChanged {
-        task_id: next.id,
-        state: TaskState::Leased,
-    };
-    assert_eq!(wait_for(&mut heard, |e| *e == leased).await, leased);
+    grant_and_hear(fx.store.as_ref(), next.id, worker.id, &mut heard).await;
     drop(following);
     other.close().await;
     fx.finish().await;
+}
+
+/// Grants `task_id` to `worker` through `store`, and waits until `heard`
+/// (another replica's) hears it leased.
+async fn grant_and_hear(
+    store: &dyn Store,
+    task_id: uuid::Uuid,
+    worker: uuid::Uuid,
+    heard: &mut tokio::sync::broadcast::Receiver<StoreEvent>,
+) {
+    grant(store, task_id, worker, T0).await;
+    let leased = StoreEvent::TaskChanged {
+        task_id,
+        state: TaskState::Leased,
+    };
+    assert_eq!(wait_for(heard, |e| *e == leased).await, leased);
 }
 
 /// A follower connection lost while followed (the database restarted, or
@@ -317,12 +328,7 @@ async fn a_lost_follower_connection_is_opened_again_while_followed() {
     let _also = other.follow_tasks().await;
     let mut heard = other.subscribe();
     let t = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
-    grant(fx.store.as_ref(), t.id, worker.id, T0).await;
-    let leased = StoreEvent::TaskChanged {
-        task_id: t.id,
-        state: TaskState::Leased,
-    };
-    assert_eq!(wait_for(&mut heard, |e| *e == leased).await, leased);
+    grant_and_hear(fx.store.as_ref(), t.id, worker.id, &mut heard).await;
     other.close().await;
     fx.finish().await;
 }
