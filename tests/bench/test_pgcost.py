@@ -3,7 +3,7 @@ party per task in a real run, the plans made for its statements and PostgreSQL's
 (pg_stat_kcache, which `.ci/run` installs), PostgreSQL's CPU per task for five shapes in plain SQL
 (`--shapes`) with the share of task rows updated in place, a preload in calls of a thousand tasks run whole
 (the submitters fitted under the server's cap of tasks waiting), the notifications a second replica
-brings and its CPU apart (`--peer`), and a clear refusal of a batch or count below 1."""
+brings, idle or with a watcher, and its CPU apart (`--peer`, `--peer-watching`), and a clear refusal of a batch or count below 1."""
 
 from __future__ import annotations
 
@@ -84,16 +84,23 @@ def test_a_batch_or_count_below_one_is_refused_by_name():
         assert "Traceback" not in run.stderr
 
 
-def test_a_peer_replica_is_notified_what_a_lone_one_keeps_to_itself():
-    # Alone on its database a replica notifies nobody; with a second replica listening, its changes
-    # are notified, and the peer's CPU is counted apart from the rest.
+def test_a_peer_replica_is_notified_what_it_follows_and_a_lone_one_nothing():
+    # Alone on its database a replica notifies nobody; with a second replica listening, what the
+    # peer's dispatcher needs (a task queued), and a task's changes only while a watcher on the
+    # peer follows them. The peer's CPU is counted apart from the rest.
     alone = pgcost("--tasks", "300", "--capacity", "2", "--live")
     assert alone["notifications_per_task"] == 0, alone["statements"]
     assert "peer" not in alone["cpu_us_per_task"]
-    paired = pgcost("--tasks", "300", "--capacity", "2", "--live", "--peer")
-    assert paired["completions"] == 300
-    # Each task is at least submitted and settled: two changes the peer hears of.
-    assert paired["notifications_per_task"] >= 2, paired["statements"]
-    cpu = paired["cpu_us_per_task"]
+    idle = pgcost("--tasks", "300", "--capacity", "2", "--live", "--peer")
+    assert idle["completions"] == 300
+    # Tasks that waited in the queue, and the 50 agents' changes (registered, connected, gone):
+    # nothing of the leases and ends, which alone would be two a task.
+    assert idle["notifications_per_task"] < 1.5, idle["statements"]
+    cpu = idle["cpu_us_per_task"]
     assert set(cpu) == {"postgresql", "server", "rest", "peer"}
     assert cpu["peer"] > 0, cpu
+    watching = pgcost("--tasks", "300", "--capacity", "2", "--live", "--peer-watching")
+    assert watching["completions"] == 300
+    # Each task is at least leased and settled: two changes the watching peer hears of.
+    assert watching["notifications_per_task"] >= 2, watching["statements"]
+    assert watching["cpu_us_per_task"]["peer"] > 0
