@@ -6,7 +6,8 @@
 //! functions as the row-by-row SQL, so both agree. A change reaches this
 //! replica's subscribers at its commit, and, while another replica listens
 //! (`peers`), is announced on `switchyard_events` so every other replica's
-//! [`PgListener`] learns of it: an agent change or a revocation by
+//! [`PgListener`] learns of it (a task's changes and output only while
+//! another replica follows them, `follow`): an agent change or a revocation by
 //! `pg_notify` in its own transaction (delivered at its commit), a task
 //! queued or changed or a lease ended by the notifier task right after the
 //! commit (NOTIFY serialises the commits that issue it; the notifier's own
