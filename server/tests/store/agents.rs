@@ -7,7 +7,7 @@ use serde_json::json;
 use switchyard_server::error::Error;
 use switchyard_server::model::Page;
 use switchyard_server::model::{AgentParts, AgentStatus};
-use switchyard_server::store::ReportedDocument;
+use switchyard_server::store::{ReportedDocument, Store};
 use uuid::Uuid;
 
 use crate::common::{Fixture, T0, TestStore, agent};
@@ -196,38 +196,10 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
         Err(Error::NotFound { .. })
     ));
 
-    let (page, next) = store
-        .list_agents(
-            "ns",
-            &[],
-            &Page {
-                size: 2,
-                after: None,
-            },
-            AgentParts::Full,
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        page.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
-        ["a", "b"]
-    );
-    let (page, next) = store
-        .list_agents(
-            "ns",
-            &[],
-            &Page {
-                size: 2,
-                after: next,
-            },
-            AgentParts::Full,
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        page.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
-        ["c"]
-    );
+    let (names, next) = names_page(store, 2, None).await;
+    assert_eq!(names, ["a", "b"]);
+    let (names, next) = names_page(store, 2, next).await;
+    assert_eq!(names, ["c"]);
     assert_eq!(next, None);
     // Every id of the namespace at once, in the same (name) order.
     assert_eq!(store.agent_ids("ns").await.unwrap(), [a.id, b.id, c.id]);
@@ -275,6 +247,20 @@ async fn status_drain_touch_and_list(fx: &mut Fixture) {
     assert_eq!(matching[0].document, full.document);
     assert_eq!(matching[0].reported, serde_json::Value::Null);
     assert_eq!(page_rejections, full.rejections);
+}
+
+/// The names on a page of `ns`'s agents (every status), and the cursor
+/// after it.
+async fn names_page(
+    store: &dyn Store,
+    size: u32,
+    after: Option<String>,
+) -> (Vec<String>, Option<String>) {
+    let (page, next) = store
+        .list_agents("ns", &[], &Page { size, after }, AgentParts::Full)
+        .await
+        .unwrap();
+    (page.into_iter().map(|a| a.name).collect(), next)
 }
 
 /// An operator's drain reason stands while the drained agent reports
