@@ -163,6 +163,13 @@ impl Follow {
             let _ = connection.close().await;
         }
     }
+
+    /// Closes the follower connection, as the store closes.
+    pub(super) async fn close(&self) {
+        if let Some(connection) = self.state.lock().await.connection.take() {
+            let _ = connection.close().await;
+        }
+    }
 }
 
 /// Keeps `follow`'s connection up while followed ([`KEEP_EVERY`]), until

@@ -570,6 +570,7 @@ impl Backend for PgBackend {
         self.watcher.0.abort();
         self.keeper.0.abort();
         self.statistics.0.abort();
+        self.follow.close().await;
         self.pool.close().await;
         self.batches.close().await;
     }
