@@ -27,6 +27,11 @@ const LINGER: Duration = Duration::from_secs(30);
 /// How often the follower connection is checked while followed.
 const KEEP_EVERY: Duration = Duration::from_secs(1);
 
+/// The longest a connect or a check of the follower connection may take:
+/// new watchers wait for them, and a socket cut off without a reset would
+/// otherwise hold them until TCP gives up.
+const WAIT: Duration = Duration::from_secs(5);
+
 /// This replica's followers of tasks' changes, and what tells the others.
 #[derive(Debug)]
 pub(super) struct Follow {
@@ -107,8 +112,8 @@ impl Follow {
 
     /// Opens the follower connection and greets the others as a follower.
     async fn connect(&self, state: &mut State) {
-        match PgConnection::connect_with(&self.named).await {
-            Ok(connection) => {
+        match tokio::time::timeout(WAIT, PgConnection::connect_with(&self.named)).await {
+            Ok(Ok(connection)) => {
                 state.connection = Some(connection);
                 peers::greet(
                     &self.pool,
@@ -119,9 +124,13 @@ impl Follow {
                 )
                 .await;
             }
-            Err(err) => tracing::warn!(
+            Ok(Err(err)) => tracing::warn!(
                 cause = %err,
                 "cannot tell the other replicas that this one follows tasks' changes"
+            ),
+            Err(_) => tracing::warn!(
+                waited = ?WAIT,
+                "cannot tell the other replicas that this one follows tasks' changes: no connection"
             ),
         }
     }
@@ -134,7 +143,10 @@ impl Follow {
             return;
         }
         let alive = match state.connection.as_mut() {
-            Some(connection) => connection.ping().await.is_ok(),
+            Some(connection) => matches!(
+                tokio::time::timeout(WAIT, connection.ping()).await,
+                Ok(Ok(()))
+            ),
             None => false,
         };
         if !alive {
