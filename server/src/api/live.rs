@@ -114,7 +114,7 @@ impl FleetWatch {
 
     async fn run(mut self) {
         // Subscribed before the first read, so no change falls in between.
-        let mut pulse = self.api.dispatcher.follow_fleet();
+        let (mut pulse, _following) = self.api.dispatcher.follow_fleet().await;
         let mut first = true;
         loop {
             pulse.mark_unchanged();
@@ -273,7 +273,7 @@ impl QueueWatch {
     async fn run(mut self) {
         // A parked group waits on the fleet: either moving is a reason to look.
         let (mut queue, _following) = self.api.dispatcher.follow_queue().await;
-        let mut fleet = self.api.dispatcher.follow_fleet();
+        let mut fleet = self.api.dispatcher.fleet_pulse();
         // First what is at hand: the summary made a moment ago for another
         // caller if it still holds, else the groups as counted, at once
         // (matching them against the fleet follows).

@@ -407,8 +407,17 @@ impl Dispatcher {
     }
 
     /// Changes to the fleet seen here: the value moves on each (no more
-    /// than that; a follower reads the store for what changed).
-    pub fn follow_fleet(&self) -> tokio::sync::watch::Receiver<u64> {
+    /// than that; a follower reads the store for what changed), those made
+    /// on another replica while the [`Following`] is held.
+    pub async fn follow_fleet(&self) -> (tokio::sync::watch::Receiver<u64>, Following) {
+        let following = self.shared.store.follow_dispatch().await;
+        (self.fleet_pulse(), following)
+    }
+
+    /// [`Dispatcher::follow_fleet`] without its hold, for a follower that
+    /// holds [`Dispatcher::follow_queue`]'s (which reads the fleet's
+    /// changes too).
+    pub fn fleet_pulse(&self) -> tokio::sync::watch::Receiver<u64> {
         self.shared.fleet_pulse.subscribe()
     }
 

@@ -74,6 +74,7 @@ impl Dispatcher {
         let now = self.now_ms();
         let id = SessionId(self.shared.next_session.fetch_add(1, Ordering::SeqCst));
         let mut state = self.state();
+        let first = state.sessions.is_empty();
         if let Some(existing) = state.sessions.get(&attach.agent_id) {
             if existing.epoch > attach.epoch {
                 return None;
@@ -101,6 +102,12 @@ impl Dispatcher {
             state.queue.note_unparked();
         }
         drop(state);
+        if first {
+            // The other replicas tell this one of tasks they queue only
+            // while something here reads them: the queue is walked from
+            // its head again rather than from what was known before.
+            self.note_queued();
+        }
         self.changed_agent(unparked);
         Some(id)
     }

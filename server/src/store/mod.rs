@@ -452,19 +452,29 @@ pub trait Store:
     /// Events from every replica (this one included) from now on; agent
     /// changes and lease ends only from other replicas (a change made here
     /// is applied to this replica by whoever made it). Another replica's
-    /// task changes and output (which only watchers read) only while this
-    /// one follows them ([`Store::follow_tasks`]).
+    /// events only while this one reads them: tasks queued, agents changed
+    /// and leases ended or revoked while it holds
+    /// [`Store::follow_dispatch`] or [`Store::follow_tasks`], tasks'
+    /// changes and output (which only watchers read) while it holds
+    /// [`Store::follow_tasks`].
     fn subscribe(&self) -> broadcast::Receiver<StoreEvent>;
-    /// Follows tasks' changes and output from every replica while the
-    /// answer is held: once this returns, the other replicas notify them
-    /// (they are told, and have answered, or will hear of it from their
-    /// next count). Taken before a watcher subscribes.
+    /// Follows tasks' changes and output, and the dispatcher's events, from
+    /// every replica while the answer is held: once this returns, the other
+    /// replicas notify them (they are told, and have answered, or will hear
+    /// of it from their next count). Taken before a watcher of a task or of
+    /// the queue subscribes.
     async fn follow_tasks(&self) -> Following;
+    /// Follows the dispatcher's events from every replica (tasks queued,
+    /// agents changed, leases ended or revoked) while the answer is held,
+    /// as [`Store::follow_tasks`] does. Taken before an agent's session
+    /// reads the store, and before a watcher of the fleet subscribes.
+    async fn follow_dispatch(&self) -> Following;
 }
 
-/// Held while something on this replica follows tasks' changes (a watcher
-/// of a task, or of the queue); see [`Store::follow_tasks`].
-#[must_use = "tasks' changes are followed only while this is held"]
+/// Held while something on this replica reads the other replicas' events
+/// (an agent's session, a watcher of the fleet, of a task or of the
+/// queue); see [`Store::follow_dispatch`] and [`Store::follow_tasks`].
+#[must_use = "the other replicas' events are read only while this is held"]
 pub struct Following(#[allow(dead_code)] Option<Box<dyn Send + Sync>>);
 
 impl Following {

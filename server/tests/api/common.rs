@@ -113,6 +113,22 @@ impl TestServer {
                 (format!("{base}/{name}"), Some(name))
             }
         };
+        Self::start_on(url, pg_database, dir, adjust).await
+    }
+
+    /// Another replica of this server: a server on the same database
+    /// (PostgreSQL), stopped before this one, which drops the database.
+    pub async fn replica(&self) -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        Self::start_on(self.url.clone(), None, dir, |_| {}).await
+    }
+
+    async fn start_on(
+        url: String,
+        pg_database: Option<String>,
+        dir: tempfile::TempDir,
+        adjust: impl FnOnce(&mut ServerConfig),
+    ) -> Self {
         let mut config = ServerConfig::for_tests(url.clone());
         config.sweep_interval_ms = 50;
         adjust(&mut config);

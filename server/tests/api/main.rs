@@ -22,6 +22,7 @@ mod operators;
 mod ops;
 mod output;
 mod policy;
+mod replicas;
 mod resources;
 mod retry;
 mod security;

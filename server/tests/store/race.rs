@@ -115,6 +115,9 @@ async fn two_replicas_grant_1000_tasks_to_50_agents_exactly_once() {
 async fn an_event_from_one_replica_reaches_the_other() {
     let fx = Fixture::postgres().await;
     let other = fx.another_instance().await;
+    // Both read the dispatcher's events, as replicas with agents do.
+    let _reading = other.follow_dispatch().await;
+    let _reading_too = fx.store.follow_dispatch().await;
     let mut heard_by_other = other.subscribe();
     let mut heard_by_self = fx.store.subscribe();
     let t = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
@@ -197,15 +200,16 @@ async fn an_event_from_one_replica_reaches_the_other() {
     fx.finish().await;
 }
 
-/// A replica alone on its database notifies nobody: its own subscribers
-/// hear its changes at their commit, and every notification took a
-/// transaction, a commit and a delivery back to itself. Once another
-/// replica has started beside it, it notifies every change. A session
-/// listening on the channel by another statement than a replica's
-/// listener is not counted as a replica, and hears what the replicas
-/// notify.
+/// A replica notifies nobody while no other reads its events: its own
+/// subscribers hear its changes at their commit, and every notification
+/// took a transaction, a commit and a delivery for nobody. Another replica
+/// that has started but reads nothing (no agent connected, no watcher) is
+/// told nothing either; once it reads the dispatcher's events, it is told
+/// every task queued. A session listening on the channel by another
+/// statement than a replica's listener is not counted as a replica, and
+/// hears what the replicas notify.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_alone_notifies_nobody_until_another_starts() {
+async fn a_replica_notifies_nobody_until_another_reads_its_events() {
     let fx = Fixture::postgres().await;
     let mut outsider = sqlx::postgres::PgListener::connect(&fx.url).await.unwrap();
     sqlx::Executor::execute(&mut outsider, "LISTEN switchyard_events")
@@ -213,22 +217,33 @@ async fn a_replica_alone_notifies_nobody_until_another_starts() {
         .unwrap();
     let alone = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
     let other = fx.another_instance().await;
-    let joined = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    // Following makes this replica count the others at once (it greets
+    // them), not at its next count a second on.
+    let _counted = fx.store.follow_tasks().await;
+    let unread = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    let reading = other.follow_dispatch().await;
+    let read = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
     // Notifications arrive in commit order: the first is the one after the
-    // other replica started.
+    // other replica began to read.
     let first = tokio::time::timeout(std::time::Duration::from_secs(20), outsider.recv())
         .await
         .expect("a notification within 20 s")
         .unwrap();
     let payload = first.payload();
     assert!(
-        payload.contains(&joined.id.to_string()),
+        payload.contains(&read.id.to_string()),
         "the first notification: {payload}"
     );
-    assert!(
-        !payload.contains(&alone.id.to_string()),
-        "the replica alone notified its submit: {payload}"
-    );
+    for (what, t) in [
+        ("alone", &alone),
+        ("beside a replica reading nothing", &unread),
+    ] {
+        assert!(
+            !payload.contains(&t.id.to_string()),
+            "the replica {what} notified its submit: {payload}"
+        );
+    }
+    drop(reading);
     other.close().await;
     fx.finish().await;
 }
@@ -242,6 +257,7 @@ async fn a_replica_alone_notifies_nobody_until_another_starts() {
 async fn a_task_change_reaches_another_replica_only_while_it_follows_tasks() {
     let fx = Fixture::postgres().await;
     let other = fx.another_instance().await;
+    let _dispatching = other.follow_dispatch().await;
     let worker = agent(fx.store.as_ref(), "ns", "w1", 2).await;
     let mut heard = other.subscribe();
     let unwatched = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
@@ -357,6 +373,53 @@ async fn a_listener_of_an_earlier_release_is_told_every_change() {
         }
     }
     replica.close().await;
+    fx.finish().await;
+}
+
+/// A listener of the release before (named as a replica's, saying by a
+/// connection of its own only whether it follows tasks' changes) read the
+/// dispatcher's events always: a replica that counts one notifies the
+/// tasks it queues, and no task's change while it does not follow them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_of_the_release_before_is_told_the_dispatchers_events() {
+    let fx = Fixture::postgres().await;
+    let options: sqlx::postgres::PgConnectOptions = fx.url.parse().unwrap();
+    let name = format!("switchyard-listener {} v2", uuid::Uuid::now_v7());
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.application_name(&name))
+        .await
+        .unwrap();
+    let mut before = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .unwrap();
+    before.listen("switchyard_events").await.unwrap();
+    // Following makes the replica count the others at once (it greets
+    // them; the listener does not answer, so it waits its two seconds).
+    let _following = fx.store.follow_tasks().await;
+    let worker = agent(fx.store.as_ref(), "ns", "w1", 1).await;
+    let first = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    grant(fx.store.as_ref(), first.id, worker.id, T0).await;
+    let next = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    let mut heard = Vec::new();
+    while !heard
+        .last()
+        .is_some_and(|payload: &String| payload.contains(&next.id.to_string()))
+    {
+        let notification = tokio::time::timeout(std::time::Duration::from_secs(20), before.recv())
+            .await
+            .expect("the next submit notified within 20 s")
+            .unwrap();
+        heard.push(notification.payload().to_owned());
+    }
+    assert!(
+        heard.iter().any(|p| p.contains(&first.id.to_string())),
+        "the first submit: {heard:?}"
+    );
+    assert!(
+        !heard.iter().any(|p| p.contains("task_changed")),
+        "told a task's change: {heard:?}"
+    );
     fx.finish().await;
 }
 

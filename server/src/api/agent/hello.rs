@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::model::{
     AgentParts, AgentRecord, Completion, CompletionOutcome, LeaseRecord, RevocationCause,
 };
+use crate::store::Following;
 use crate::wire::session::revocation;
 
 /// A session the server agreed to open.
@@ -29,6 +30,9 @@ pub(super) struct Opened {
     pub revoked: Vec<pb::LeaseRevocation>,
     /// What the resumed leases hold on the agent, by task.
     pub held: Held,
+    /// The other replicas' events (tasks queued, the agent changed, its
+    /// leases ended or revoked elsewhere), read while the session holds it.
+    pub following: Following,
 }
 
 /// What the agent hears of a held lease the server does not hold for it.
@@ -39,6 +43,9 @@ impl Api {
     /// counts the orphaned ones lost, and marks the agent READY.
     pub(super) async fn open_session(&self, caller: &Caller, hello: pb::Hello) -> Result<Opened> {
         let agent_id = parse_id("hello.agent_id", &hello.agent_id)?;
+        // Before anything is read, so nothing the others change after it
+        // goes unheard.
+        let following = self.store.follow_dispatch().await;
         // Only who it is and its epoch are checked here: the documents are
         // read once, as the session's update stores them.
         let record = self
@@ -79,6 +86,7 @@ impl Api {
             resumed,
             revoked,
             held,
+            following,
         })
     }
 

@@ -24,6 +24,7 @@ use crate::dispatch::sessions::Attach;
 use crate::dispatch::{SessionId, SessionSender};
 use crate::error::{Error, Result};
 use crate::model::{AgentRecord, AgentStatus, LeaseReport};
+use crate::store::Following;
 use crate::wire::session::{self as down, ack};
 
 /// Messages of one session read and handled at once (their lease reports
@@ -56,6 +57,8 @@ pub(super) struct Session {
     /// Set by the dispatcher when the stored agent changed under the
     /// session (an operator change): reload before the next diff.
     pub(super) changed: Arc<AtomicBool>,
+    /// The other replicas' events, read while the session lasts.
+    _following: Following,
     /// The agent's own tiers at `generation` (diffs apply to it). Shared
     /// with the dispatcher's index when no operator tier is merged over it.
     pub(super) reported: Arc<Value>,
@@ -118,8 +121,13 @@ impl Session {
             detail: "the session queue is full".to_owned(),
         })?;
         let close = Arc::new(Notify::new());
-        let (session, mut view) =
-            Session::new(api, &record, tx.clone(), !opened.resumed.is_empty());
+        let (session, mut view) = Session::new(
+            api,
+            &record,
+            tx.clone(),
+            !opened.resumed.is_empty(),
+            opened.following,
+        );
         view.held = Arc::new(opened.held);
         let attach = Attach {
             agent_id: session.agent_id,
@@ -148,6 +156,7 @@ impl Session {
         record: &AgentRecord,
         tx: SessionSender,
         held: bool,
+        following: Following,
     ) -> (Self, switchyard_core::matcher::AgentView) {
         let now = api.now_ms();
         let mut view = record.view();
@@ -166,6 +175,7 @@ impl Session {
             touched_at_ms: now,
             held_leases_at_connect: held,
             changed: Arc::new(AtomicBool::new(false)),
+            _following: following,
             reported_bytes: serialized_len(&reported),
             reported,
             provenance: record.provenance.clone(),

@@ -4,10 +4,11 @@
 //! heartbeats go to the database as one set-based statement per batch, over
 //! arrays (`UNNEST`), deciding through the same [`crate::store::plan`]
 //! functions as the row-by-row SQL, so both agree. A change reaches this
-//! replica's subscribers at its commit, and, while another replica listens
-//! (`peers`), is announced on `switchyard_events` so every other replica's
-//! [`PgListener`] learns of it (a task's changes and output only while
-//! another replica follows them, `follow`): an agent change or a revocation by
+//! replica's subscribers at its commit, and, while another replica reads
+//! it (`peers`: it has agents connected or a watcher open, `follow`), is
+//! announced on `switchyard_events` so every other replica's [`PgListener`]
+//! learns of it (a task's changes and output only while another replica
+//! follows them): an agent change or a revocation by
 //! `pg_notify` in its own transaction (delivered at its commit), a task
 //! queued or changed or a lease ended by the notifier task right after the
 //! commit (NOTIFY serialises the commits that issue it; the notifier's own
@@ -23,10 +24,9 @@
 //!   batch's whole fresh successes are settled before its transaction, in
 //!   one call of their own (`settle::settle_successes`).
 //! - `warm`: connection warm-up.
-//! - `peers`: whether another replica listens, and whether another
-//!   follows tasks' changes; greeting them.
-//! - `follow`: this replica's followers of tasks' changes, told to the
-//!   others.
+//! - `peers`: whether another replica reads the dispatcher's events, and
+//!   whether another follows tasks' changes; greeting them.
+//! - `follow`: this replica's readers of either, told to the others.
 //! - `stats`: planner statistics kept up with tables that double.
 
 mod follow;
@@ -249,11 +249,13 @@ pub struct PgBackend {
     origin: Uuid,
     /// Where committed changes' notifications wait for the notifier.
     notifier: mpsc::Sender<String>,
-    /// Whether another replica listens (`peers`).
+    /// What the other replicas read (`peers`).
     peers: Arc<peers::Peers>,
+    /// This replica's readers of the dispatcher's events (`follow`).
+    dispatch: Arc<follow::Follow>,
     /// This replica's followers of tasks' changes (`follow`).
     follow: Arc<follow::Follow>,
-    /// What keeps the follower connection up; stopped when the last handle
+    /// What keeps their connections up; stopped when the last handle
     /// goes.
     keeper: Arc<BackgroundTask>,
     /// The count of the other replicas' listeners; stopped when the last
@@ -364,6 +366,7 @@ impl SqlStore<PgBackend> {
             .map_err(db("listening for store events"))?;
         let peers = Arc::new(peers::Peers::new());
         let (answers, answered) = mpsc::channel(64);
+        let answered: follow::Answers = Arc::new(tokio::sync::Mutex::new(answered));
         let forwarding = Forwarding {
             events: events.clone(),
             origin,
@@ -372,15 +375,21 @@ impl SqlStore<PgBackend> {
             answers,
         };
         let task = tokio::spawn(forward_notifications(listener, forwarding));
-        let follow = Arc::new(follow::Follow::new(
-            pool.clone(),
-            named,
-            origin,
-            peers.clone(),
-            answered,
-        ));
-        follow.greet_at_start().await;
-        let keeper = tokio::spawn(follow::keep(follow.clone()));
+        let reading = |reads| {
+            Arc::new(follow::Follow::new(
+                reads,
+                pool.clone(),
+                named.clone(),
+                origin,
+                peers.clone(),
+                answered.clone(),
+            ))
+        };
+        let dispatch = reading(follow::Reads::Dispatch);
+        let follow = reading(follow::Reads::Tasks);
+        let keeper = tokio::spawn(follow::keep([dispatch.clone(), follow.clone()]));
+        // What the others read, before this replica commits anything.
+        peers::count(&pool, origin, &peers).await;
         let watcher = tokio::spawn(peers::watch(pool.clone(), origin, peers.clone()));
         let (notifier, queue) = mpsc::channel(NOTIFIER_QUEUE);
         tokio::spawn(notify_committed(pool.clone(), queue));
@@ -395,6 +404,7 @@ impl SqlStore<PgBackend> {
                 origin,
                 notifier,
                 peers,
+                dispatch,
                 follow,
                 keeper: Arc::new(BackgroundTask(keeper)),
                 watcher: Arc::new(BackgroundTask(watcher)),
@@ -453,7 +463,7 @@ impl PgBackend {
     /// output only while another follows them.
     fn announce_committed(&self, events: Vec<StoreEvent>) -> Result<()> {
         self.deliver(&events);
-        if !self.peers.listening() {
+        if !self.peers.dispatching() {
             return Ok(());
         }
         let following = self.peers.following();
@@ -515,7 +525,7 @@ impl Backend for PgBackend {
                     StoreEvent::AgentChanged { .. } | StoreEvent::LeaseRevoked { .. }
                 )
             });
-        if !urgent.is_empty() && self.peers.listening() {
+        if !urgent.is_empty() && self.peers.dispatching() {
             let payloads = urgent
                 .iter()
                 .map(|event| self.announce(event.clone()))
@@ -565,11 +575,16 @@ impl Backend for PgBackend {
         self.follow.follow().await
     }
 
+    async fn follow_dispatch(&self) -> crate::store::Following {
+        self.dispatch.follow().await
+    }
+
     async fn close(&self) {
         self.listener.0.abort();
         self.watcher.0.abort();
         self.keeper.0.abort();
         self.statistics.0.abort();
+        self.dispatch.close().await;
         self.follow.close().await;
         self.pool.close().await;
         self.batches.close().await;

@@ -1,26 +1,31 @@
-//! Whether another replica listens, and whether another follows tasks'
-//! changes: a replica notifies its changes only while one listens, and a
-//! task's changes and output (which only watchers of a task or of the
-//! queue read) only while one follows them. Its own subscribers hear its
-//! changes at their commit (as on SQLite), so a replica alone on its
-//! database sent every change through PostgreSQL only to hear it back: a
-//! transaction, a commit and a delivery for each batch of notifications,
-//! and an encoding and a decoding for each (`BENCHMARKS.md` has what they
-//! cost).
+//! Whether another replica reads the dispatcher's events, and whether
+//! another follows tasks' changes: a replica notifies a task queued, an
+//! agent changed and a lease ended or revoked only while another serves
+//! agents or follows the fleet, the queue or a task (its dispatcher and
+//! its watchers read them), and a task's changes and output only while
+//! another follows tasks' changes (watchers of a task or of the queue).
+//! Its own subscribers hear its changes at their commit (as on SQLite), so
+//! a replica alone on its database, or beside replicas that read none of
+//! it, sent every change through PostgreSQL only for it to be thrown away:
+//! a transaction, a commit and a delivery for each batch of
+//! notifications, and an encoding and a decoding for each
+//! (`BENCHMARKS.md` has what they cost).
 //!
 //! Each replica's listener connection is named after it
-//! ([`listener_name`]), and a replica counts the others' listeners (and any
-//! other session listening on the events' channel, as a replica of an
-//! earlier release does) once a second ([`watch`]). A replica of this
-//! release says it follows tasks' changes by holding a connection named
-//! for it (`follow`); a listener of an earlier release is counted as
-//! following everything. A replica that starts, or that begins to follow,
-//! greets the others on [`GREETINGS`] (saying which), and waits (at most
-//! [`GREETING_WAIT`]) until each named one answered: a replica answers
-//! after it has begun to notify what the greeting asks for, so every such
-//! change committed after the greeting's wait reaches the greeter, and its
-//! own reads cover what came before. Until its first count, and whenever
-//! it cannot count, a replica notifies everything.
+//! ([`listener_name`]), and a replica counts the others once a second
+//! ([`watch`]). A replica of this release says what it reads by holding a
+//! connection named for each ([`dispatcher_name`], [`follower_name`]; the
+//! `follow` module); a listener of the release before, which said only
+//! what it follows, is counted as reading the dispatcher's events always,
+//! and one of an earlier release (or any other session listening on the
+//! events' channel) as reading everything. A replica that begins to read
+//! either greets the others on [`GREETINGS`] (saying whether it follows
+//! tasks' changes), and waits (at most [`GREETING_WAIT`]) until each named
+//! one answered: a replica answers after it has begun to notify what the
+//! greeting asks for, so every such change committed after the greeting's
+//! wait reaches the greeter, and its own reads cover what came before.
+//! Until its first count, and whenever it cannot count, a replica notifies
+//! everything.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -47,16 +52,31 @@ const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// How long a greeting replica waits for the others' answers.
 const GREETING_WAIT: Duration = Duration::from_secs(2);
 
-/// How the name of a listener of this release ends: its replica says, by
-/// a follower connection (`follow`), whether it follows tasks' changes.
+/// How the name of a listener of the release before ends: its replica said,
+/// by a follower connection, whether it follows tasks' changes, and read
+/// the dispatcher's events always.
 const SAYS_WHAT_IT_FOLLOWS: &str = "v2";
 
+/// How the name of a listener of this release ends: its replica says, by a
+/// connection for each (`follow`), whether it reads the dispatcher's events
+/// and whether it follows tasks' changes.
+const SAYS_WHAT_IT_READS: &str = "v3";
+
 /// The name every replica's follower connection takes, before its origin.
-pub(super) const FOLLOWER: &str = "switchyard-follower";
+const FOLLOWER: &str = "switchyard-follower";
+
+/// The name every replica's dispatcher connection takes, before its origin.
+const DISPATCHER: &str = "switchyard-dispatcher";
 
 /// The listener connection's `application_name` for the replica `origin`.
 pub(super) fn listener_name(origin: Uuid) -> String {
-    format!("{LISTENER} {origin} {SAYS_WHAT_IT_FOLLOWS}")
+    format!("{LISTENER} {origin} {SAYS_WHAT_IT_READS}")
+}
+
+/// The `application_name` of the connection the replica `origin` holds
+/// while it reads the dispatcher's events.
+pub(super) fn dispatcher_name(origin: Uuid) -> String {
+    format!("{DISPATCHER} {origin}")
 }
 
 /// The `application_name` of the connection the replica `origin` holds
@@ -65,20 +85,26 @@ pub(super) fn follower_name(origin: Uuid) -> String {
     format!("{FOLLOWER} {origin}")
 }
 
-/// Other sessions of this database listening for the replicas' events or
-/// following tasks' changes: `(named replicas, listening, following)`. A
-/// listener is named as a replica's, or its last statement listened on the
-/// events' channel (a replica of an earlier release, whose listener is not
-/// named). Following: a follower connection, or a listener that does not
+/// Other sessions of this database that read the replicas' events:
+/// `(named replicas, reading the dispatcher's events, following tasks'
+/// changes)`. Named: a listener named as a replica's. Reading the
+/// dispatcher's events: a dispatcher or a follower connection, or a
+/// listener that does not say what it reads (the release before's, named,
+/// or an earlier one's, whose last statement listened on the events'
+/// channel). Following: a follower connection, or a listener that does not
 /// say what it follows (an earlier release's, which reads every change).
 const OTHERS: &str = "SELECT \
   COUNT(*) FILTER (WHERE application_name LIKE $2 || ' %')::int8, \
-  COUNT(*) FILTER (WHERE application_name LIKE $2 || ' %' OR query = $3)::int8, \
+  COUNT(*) FILTER (WHERE application_name LIKE $4 || ' %' OR application_name LIKE $7 || ' %' \
+    OR ((application_name LIKE $2 || ' %' OR query = $3) \
+      AND application_name NOT LIKE $2 || ' % ' || $8))::int8, \
   COUNT(*) FILTER (WHERE application_name LIKE $4 || ' %' \
     OR ((application_name LIKE $2 || ' %' OR query = $3) \
-      AND application_name NOT LIKE $2 || ' % ' || $5))::int8 \
-  FROM pg_stat_activity WHERE datname = current_database() AND application_name NOT IN ($1, $6) \
-  AND (application_name LIKE $2 || ' %' OR query = $3 OR application_name LIKE $4 || ' %')";
+      AND application_name NOT LIKE $2 || ' % ' || $5 \
+      AND application_name NOT LIKE $2 || ' % ' || $8))::int8 \
+  FROM pg_stat_activity WHERE datname = current_database() AND application_name NOT IN ($1, $6, $9) \
+  AND (application_name LIKE $2 || ' %' OR query = $3 OR application_name LIKE $4 || ' %' \
+    OR application_name LIKE $7 || ' %')";
 
 /// Something the other replicas want told, as last counted and as greeted
 /// since.
@@ -136,28 +162,29 @@ impl Wanted {
 /// What this replica knows of the others.
 #[derive(Debug)]
 pub(super) struct Peers {
-    /// Another replica listens: this one's changes are to be notified.
-    listening: Wanted,
+    /// Another replica reads the dispatcher's events (a task queued, an
+    /// agent changed, a lease ended or revoked): they are to be notified.
+    dispatching: Wanted,
     /// Another replica follows tasks' changes: a task's changes and output
     /// are to be notified too.
     following: Wanted,
 }
 
-/// The greetings heard before a count: `(listening, following)`.
+/// The greetings heard before a count: `(dispatching, following)`.
 type Heard = (u64, u64);
 
 impl Peers {
     /// Not counted yet: notify everything.
     pub(super) fn new() -> Self {
         Self {
-            listening: Wanted::new(),
+            dispatching: Wanted::new(),
             following: Wanted::new(),
         }
     }
 
-    /// Whether this replica's changes are to be notified.
-    pub(super) fn listening(&self) -> bool {
-        self.listening.on()
+    /// Whether the dispatcher's events are to be notified.
+    pub(super) fn dispatching(&self) -> bool {
+        self.dispatching.on()
     }
 
     /// Whether tasks' changes and output are to be notified as well.
@@ -166,20 +193,22 @@ impl Peers {
     }
 
     fn heard(&self) -> Heard {
-        (self.listening.greetings(), self.following.greetings())
+        (self.dispatching.greetings(), self.following.greetings())
     }
 
-    /// A count begun when `heard` found others listening and following,
-    /// or not (see [`Wanted::counted`]).
+    /// A count begun when `heard` found others reading the dispatcher's
+    /// events and following tasks' changes, or not (see
+    /// [`Wanted::counted`]).
     fn counted(&self, others: Others, heard: Heard) {
-        self.listening.counted(others.listening > 0, heard.0);
+        self.dispatching.counted(others.dispatching > 0, heard.0);
         self.following.counted(others.following > 0, heard.1);
     }
 
-    /// Another replica greeted this one: it listens from now on, and, if
-    /// it said so, follows tasks' changes.
+    /// Another replica greeted this one: it reads the dispatcher's events
+    /// from now on (a greeting of an earlier release says it listens, and
+    /// it reads them too), and, if it said so, follows tasks' changes.
     pub(super) fn greeted(&self, follows: bool) {
-        self.listening.greeted();
+        self.dispatching.greeted();
         if follows {
             self.following.greeted();
         }
@@ -190,48 +219,58 @@ impl Peers {
 #[derive(Debug, Clone, Copy)]
 struct Others {
     named: i64,
-    listening: i64,
+    dispatching: i64,
     following: i64,
 }
 
-/// The others listening and following besides `origin` (see [`OTHERS`]).
+/// The others reading the dispatcher's events and following tasks' changes
+/// besides `origin` (see [`OTHERS`]).
 async fn others(pool: &PgPool, origin: Uuid) -> Result<Others> {
-    let (named, listening, following) = sqlx::query_as(OTHERS)
+    let (named, dispatching, following) = sqlx::query_as(OTHERS)
         .bind(listener_name(origin))
         .bind(LISTENER)
         .bind(format!(r#"LISTEN "{CHANNEL}""#))
         .bind(FOLLOWER)
         .bind(SAYS_WHAT_IT_FOLLOWS)
         .bind(follower_name(origin))
+        .bind(DISPATCHER)
+        .bind(SAYS_WHAT_IT_READS)
+        .bind(dispatcher_name(origin))
         .fetch_one(pool)
         .await
         .map_err(db("counting the other replicas"))?;
     Ok(Others {
         named,
-        listening,
+        dispatching,
         following,
     })
 }
 
-/// Keeps `peers` up with the others' listeners and followers, once a
-/// second, until the store is dropped.
+/// Keeps `peers` up with what the others read, once a second, until the
+/// store is dropped.
 pub(super) async fn watch(pool: PgPool, origin: Uuid, peers: Arc<Peers>) {
     loop {
         tokio::time::sleep(WATCH_EVERY).await;
-        let heard = peers.heard();
-        let counted = match others(&pool, origin).await {
-            Ok(others) => others,
-            Err(err) => {
-                tracing::debug!(cause = %err, "cannot count the other replicas; notifying");
-                Others {
-                    named: 0,
-                    listening: 1,
-                    following: 1,
-                }
-            }
-        };
-        peers.counted(counted, heard);
+        count(&pool, origin, &peers).await;
     }
+}
+
+/// Counts what the others read, for `peers` (as the store opens, and then
+/// by [`watch`]). A replica that cannot count them notifies everything.
+pub(super) async fn count(pool: &PgPool, origin: Uuid, peers: &Peers) {
+    let heard = peers.heard();
+    let counted = match others(pool, origin).await {
+        Ok(others) => others,
+        Err(err) => {
+            tracing::debug!(cause = %err, "cannot count the other replicas; notifying");
+            Others {
+                named: 0,
+                dispatching: 1,
+                following: 1,
+            }
+        }
+    };
+    peers.counted(counted, heard);
 }
 
 /// A greeting (`welcome: None`) or its answer, as notified on [`GREETINGS`].
@@ -307,9 +346,9 @@ pub(super) async fn heard(
 }
 
 /// Counts the other replicas for `peers` and greets those listening
-/// already (this one listening, and following tasks' changes if
-/// `follows`), waiting until each named one answered on `answers`, at most
-/// [`GREETING_WAIT`]. A replica that cannot count or greet them notifies,
+/// already (this one reading the dispatcher's events, and following tasks'
+/// changes if `follows`), waiting until each named one answered on
+/// `answers`, at most [`GREETING_WAIT`]. A replica that cannot count or greet them notifies,
 /// and learns of the others from their counts; they learn of it from
 /// theirs.
 pub(super) async fn greet(
@@ -392,30 +431,30 @@ mod tests {
     #[test]
     fn a_greeting_asks_to_be_told_tasks_changes_only_if_it_says_so() {
         let peers = Peers::new();
-        assert!(peers.listening() && peers.following(), "not counted yet");
+        assert!(peers.dispatching() && peers.following(), "not counted yet");
         let none = Others {
             named: 0,
-            listening: 0,
+            dispatching: 0,
             following: 0,
         };
         peers.counted(none, peers.heard());
-        assert!(!peers.listening() && !peers.following(), "counted alone");
+        assert!(!peers.dispatching() && !peers.following(), "counted alone");
         let before = peers.heard();
         peers.greeted(false);
         peers.counted(none, before);
-        assert!(peers.listening(), "greeted during the count");
-        assert!(!peers.following(), "by a replica that follows nothing");
+        assert!(peers.dispatching(), "greeted during the count");
+        assert!(!peers.following(), "by a replica that follows no task");
         let before = peers.heard();
         peers.greeted(true);
         peers.counted(none, before);
         assert!(peers.following(), "greeted by a follower during the count");
         let listens = Others {
             named: 1,
-            listening: 1,
+            dispatching: 1,
             following: 0,
         };
         peers.counted(listens, peers.heard());
-        assert!(peers.listening() && !peers.following(), "counted since");
+        assert!(peers.dispatching() && !peers.following(), "counted since");
     }
 
     #[test]

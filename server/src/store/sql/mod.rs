@@ -211,6 +211,10 @@ pub trait Backend: std::fmt::Debug + Send + Sync + Sized + 'static {
     async fn follow_tasks(&self) -> Following {
         Following::always()
     }
+    /// [`Store::follow_dispatch`]: likewise.
+    async fn follow_dispatch(&self) -> Following {
+        Following::always()
+    }
     /// Closes the pool and stops the backend's tasks.
     async fn close(&self);
 
@@ -633,6 +637,10 @@ impl<B: Backend> Store for SqlStore<B> {
 
     async fn follow_tasks(&self) -> Following {
         self.backend.follow_tasks().await
+    }
+
+    async fn follow_dispatch(&self) -> Following {
+        self.backend.follow_dispatch().await
     }
 }
 
