@@ -123,11 +123,14 @@ impl Follow {
     /// [`LINGER`] of the last) find the connection open. A replica that
     /// cannot open it reads still: the others then notify it what their
     /// counts say, and its watchers and dispatcher read the store on their
-    /// timers.
+    /// timers. The readers after a first that could not open it leave the
+    /// next try to [`keep`], so a fleet of agents connecting while the
+    /// database refuses one more connection does not try once each, in
+    /// turn.
     pub(super) async fn follow(self: &Arc<Self>) -> Following {
         let mut state = self.state.lock().await;
         state.readers += 1;
-        if state.connection.is_none() {
+        if state.readers == 1 && state.connection.is_none() {
             self.connect(&mut state).await;
         }
         Following::held(Held(self.clone()))
