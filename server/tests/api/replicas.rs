@@ -26,13 +26,25 @@ async fn named(server: &TestServer, prefix: &str) -> i64 {
     .unwrap()
 }
 
+/// Two replicas of a server on one fresh PostgreSQL database.
+async fn two_replicas() -> (TestServer, TestServer) {
+    let server = TestServer::start(Backend::Postgres).await;
+    let other = server.replica().await;
+    (server, other)
+}
+
+/// Stops both (the replica first: the first drops the database).
+async fn stop(server: TestServer, other: TestServer) {
+    other.stop().await;
+    server.stop().await;
+}
+
 /// Submitted through one replica while the other had no agent and no
 /// watcher (so it was not told): an agent that connects to the other is
 /// leased it, its dispatcher walking the queue afresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_queued_through_another_replica_reaches_an_agent_that_connects_later() {
-    let server = TestServer::start(Backend::Postgres).await;
-    let other = server.replica().await;
+    let (server, other) = two_replicas().await;
     let task = submit(&server, "k", "late").await;
     assert_eq!(named(&server, "switchyard-dispatcher").await, 0);
     let mut agent = TestAgent::start(&other, "late", json!({"tags": ["late"]}), 1).await;
@@ -41,8 +53,7 @@ async fn a_task_queued_through_another_replica_reaches_an_agent_that_connects_la
     agent.run_to_success(&grant, json!({})).await;
     wait_for_state(&server, &task.task_id, pb::TaskState::Succeeded).await;
     drop(agent);
-    other.stop().await;
-    server.stop().await;
+    stop(server, other).await;
 }
 
 /// From its Welcome on, an agent's replica holds the connection that tells
@@ -51,8 +62,7 @@ async fn a_task_queued_through_another_replica_reaches_an_agent_that_connects_la
 /// agent before the lease's end).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_hears_a_cancel_made_through_another_replica() {
-    let server = TestServer::start(Backend::Postgres).await;
-    let other = server.replica().await;
+    let (server, other) = two_replicas().await;
     let mut agent = TestAgent::start(&other, "worker", json!({"tags": ["w"]}), 1).await;
     assert_eq!(named(&server, "switchyard-dispatcher").await, 1);
     let task = submit(&other, "k", "w").await;
@@ -83,8 +93,7 @@ async fn an_agent_hears_a_cancel_made_through_another_replica() {
     assert_eq!(revoked.lease_id, grant.lease_id);
     assert_eq!(revoked.reason(), pb::RevocationReason::Canceled);
     drop(agent);
-    other.stop().await;
-    server.stop().await;
+    stop(server, other).await;
 }
 
 /// A fleet watched on a replica with no agent of its own: before the
@@ -93,8 +102,7 @@ async fn an_agent_hears_a_cancel_made_through_another_replica() {
 /// other replica reaches the watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_watch_sees_a_drain_made_through_another_replica() {
-    let server = TestServer::start(Backend::Postgres).await;
-    let other = server.replica().await;
+    let (server, other) = two_replicas().await;
     let agent = TestAgent::start(&server, "drained", json!({"tags": ["d"]}), 1).await;
     let mut stream = other
         .admin()
@@ -135,6 +143,5 @@ async fn a_fleet_watch_sees_a_drain_made_through_another_replica() {
         }
     }
     drop(agent);
-    other.stop().await;
-    server.stop().await;
+    stop(server, other).await;
 }
