@@ -101,6 +101,12 @@ struct Cli {
     /// one per 100 agents.
     #[arg(long, env = "SWITCHYARD_BENCH_CHANNELS", default_value_t = 0)]
     channels: usize,
+    /// Another replica of the server, on the same database: the fleet's
+    /// agents are spread over both (the channels alternate between them, at
+    /// least one each), while tasks are submitted to the first. What two
+    /// replicas that both serve agents cost.
+    #[arg(long, env = "SWITCHYARD_BENCH_FLEET_ALSO")]
+    fleet_also: Option<String>,
     /// Tasks to submit.
     #[arg(long, env = "SWITCHYARD_BENCH_TASKS", default_value_t = 20_000)]
     tasks: u64,
@@ -552,9 +558,11 @@ async fn drive(
     } else {
         cli.channels
     };
+    let servers: Vec<&str> = std::iter::once(url).chain(cli.fleet_also.as_deref()).collect();
+    let n_channels = n_channels.max(servers.len());
     let mut channels = Vec::with_capacity(n_channels);
-    for _ in 0..n_channels {
-        channels.push(channel(url).await?);
+    for k in 0..n_channels {
+        channels.push(channel(servers[k % servers.len()]).await?);
     }
 
     // Parked tasks first, ahead of everything else.

@@ -105,3 +105,14 @@ def test_a_peer_replica_is_notified_what_it_reads_and_an_idle_one_nothing():
     # Each task is at least leased and settled: two changes the watching peer hears of.
     assert watching["notifications_per_task"] >= 2, watching["statements"]
     assert watching["cpu_us_per_task"]["peer"] > 0
+
+
+def test_a_peer_replica_serves_half_the_fleet():
+    # `--peer-agents`: half the fleet's agents connect to the peer (the bench's `--fleet-also`; it
+    # fails if the peer does not welcome them), and every task is completed; both replicas then
+    # read the dispatcher's events, so what one queues is notified to the other.
+    both = pgcost("--tasks", "300", "--capacity", "2", "--live", "--peer-agents")
+    assert both["completions"] == 300
+    assert both["cpu_us_per_task"]["peer"] > 0
+    assert both["notifications_per_task"] > 0, both["statements"]
+
