@@ -558,7 +558,9 @@ async fn drive(
     } else {
         cli.channels
     };
-    let servers: Vec<&str> = std::iter::once(url).chain(cli.fleet_also.as_deref()).collect();
+    let servers: Vec<&str> = std::iter::once(url)
+        .chain(cli.fleet_also.as_deref())
+        .collect();
     let n_channels = n_channels.max(servers.len());
     let mut channels = Vec::with_capacity(n_channels);
     for k in 0..n_channels {

@@ -1,10 +1,10 @@
 //! PostgreSQL only: two store instances (two pools, as two replicas would
 //! have) on one database racing to grant 1,000 tasks to 50 agents, and to
-//! hand out one agent's devices and memory,
-//! LISTEN/NOTIFY carrying an event from one instance to the other (and
-//! none while an instance is alone; a task's changes only while the other
-//! follows them), and the
-//! pool's warm-up fitting the migrated schema.
+//! hand out one agent's devices and memory; a grant of a task another
+//! transaction holds; LISTEN/NOTIFY carrying an event from one instance to
+//! the other (and none while no other reads it: the dispatcher's events
+//! while it has agents or a watcher, a task's changes while it follows
+//! them); and the pool's warm-up fitting the migrated schema.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde_json::json;
 use sqlx::Connection;
 use switchyard_server::model::{
-    EndedLease, GrantOutcome, GrantRequest, StoreEvent, Submission, TaskState,
+    EndedLease, GrantOutcome, GrantRefusal, GrantRequest, StoreEvent, Submission, TaskState,
 };
 use switchyard_server::store::{PgStore, Store, StoreOptions, TaskStore};
 
@@ -420,6 +420,36 @@ async fn a_listener_of_the_release_before_is_told_the_dispatchers_events() {
         !heard.iter().any(|p| p.contains("task_changed")),
         "told a task's change: {heard:?}"
     );
+    fx.finish().await;
+}
+
+/// A task another transaction holds (another replica granting it, as two
+/// replicas' dispatchers walk one queue) is refused to a grant as not
+/// queued: the grant reads only the agents of the tasks it could lock, and
+/// named the agent unknown (what the dispatcher's log then said).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_of_a_task_another_transaction_holds_is_refused_as_not_queued() {
+    let fx = Fixture::postgres().await;
+    let worker = agent(fx.store.as_ref(), "ns", "w1", 1).await;
+    let t = submit(fx.store.as_ref(), task("ns", 0, 1), T0).await;
+    let mut other = sqlx::PgConnection::connect(&fx.url).await.unwrap();
+    let mut holding = sqlx::Connection::begin(&mut other).await.unwrap();
+    sqlx::query("SELECT id FROM tasks WHERE id = $1 FOR UPDATE")
+        .bind(t.id)
+        .execute(&mut *holding)
+        .await
+        .unwrap();
+    let outcomes = fx
+        .store
+        .grant_leases(&[GrantRequest::one_slot(t.id, worker.id)], T0)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes,
+        [GrantOutcome::Refused(GrantRefusal::TaskNotQueued)]
+    );
+    holding.rollback().await.unwrap();
+    grant(fx.store.as_ref(), t.id, worker.id, T0).await;
     fx.finish().await;
 }
 

@@ -178,12 +178,15 @@ pub(crate) fn plan_grants(
     requests
         .iter()
         .map(|request| {
-            let Some(slots) = free.get_mut(&request.agent_id) else {
-                return Err(GrantRefusal::AgentUnknown);
-            };
+            // The task first: a backend reads only the agents of the tasks
+            // it could lock, so a task another transaction holds (another
+            // replica granting it) leaves its agent unread.
             let task = match tasks.get(&request.task_id) {
                 Some(task) if task.state == TaskState::Queued => task,
                 _ => return Err(GrantRefusal::TaskNotQueued),
+            };
+            let Some(slots) = free.get_mut(&request.agent_id) else {
+                return Err(GrantRefusal::AgentUnknown);
             };
             if taken.contains(&request.task_id) {
                 return Err(GrantRefusal::TaskNotQueued);
