@@ -459,8 +459,9 @@ impl PgBackend {
     }
 
     /// Hands changes already committed to this replica's subscribers and,
-    /// while another replica listens, to the notifier: a task's changes and
-    /// output only while another follows them.
+    /// while another replica reads the dispatcher's events, to the
+    /// notifier: a task's changes and output only while another follows
+    /// them.
     fn announce_committed(&self, events: Vec<StoreEvent>) -> Result<()> {
         self.deliver(&events);
         if !self.peers.dispatching() {
@@ -512,10 +513,10 @@ impl Backend for PgBackend {
         begin_on(&self.batches).await
     }
 
-    /// While another replica listens, an agent change or a revocation is
-    /// notified in the transaction (delivered at commit, and only if it
-    /// commits); the rest, after the commit, by the notifier. This
-    /// replica's subscribers hear them all at the commit.
+    /// While another replica reads the dispatcher's events, an agent
+    /// change or a revocation is notified in the transaction (delivered at
+    /// commit, and only if it commits); the rest, after the commit, by the
+    /// notifier. This replica's subscribers hear them all at the commit.
     async fn commit(&self, write: Write<Postgres>) -> Result<()> {
         let (mut tx, events, _) = write.into_parts();
         let (urgent, lazy): (Vec<StoreEvent>, Vec<StoreEvent>) =

@@ -348,9 +348,9 @@ pub(super) async fn heard(
 /// Counts the other replicas for `peers` and greets those listening
 /// already (this one reading the dispatcher's events, and following tasks'
 /// changes if `follows`), waiting until each named one answered on
-/// `answers`, at most [`GREETING_WAIT`]. A replica that cannot count or greet them notifies,
-/// and learns of the others from their counts; they learn of it from
-/// theirs.
+/// `answers`, at most [`GREETING_WAIT`]. A replica that cannot count or
+/// greet them notifies, and learns of the others from their counts; they
+/// learn of it from theirs.
 pub(super) async fn greet(
     pool: &PgPool,
     origin: Uuid,
