@@ -4,7 +4,8 @@
 //! servers: a task queued through one while nothing read on the other is
 //! leased to an agent that connects to the other later; a cancel through
 //! one revokes the lease of an agent connected to the other; a fleet
-//! watched on one sees a drain made through the other.
+//! watched on one sees a drain made through the other; a refused Hello
+//! opens no connection for it.
 
 use serde_json::json;
 use sqlx::Connection;
@@ -144,4 +145,39 @@ async fn a_fleet_watch_sees_a_drain_made_through_another_replica() {
     }
     drop(agent);
     stop(server, other).await;
+}
+
+/// A Hello the server refuses (here a stale epoch) opens no dispatcher
+/// connection: the session takes its hold only once the Hello is checked,
+/// so a caller that cannot open a session cannot make a replica hold a
+/// connection and greet the others. An accepted one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_hello_opens_no_dispatcher_connection() {
+    let server = TestServer::start(Backend::Postgres).await;
+    let document = json!({"tags": ["h"]});
+    let reg = TestAgent::register(&server, "hello", document.clone(), 1).await;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(pb::ConnectRequest {
+        sequence: 1,
+        message: Some(pb::connect_request::Message::Hello(pb::Hello {
+            agent_id: reg.agent_id.clone(),
+            session_epoch: reg.session_epoch + 1,
+            held_leases: vec![],
+        })),
+    })
+    .await
+    .unwrap();
+    let refused = tokio::time::timeout(
+        PROMPT,
+        pb::agent_service_client::AgentServiceClient::new(server.channel().await)
+            .connect(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(refused.unwrap_err().code(), tonic::Code::FailedPrecondition);
+    assert_eq!(named(&server, "switchyard-dispatcher").await, 0);
+    let agent = TestAgent::connect(&server, &reg, document, Vec::new()).await;
+    assert_eq!(named(&server, "switchyard-dispatcher").await, 1);
+    drop(agent);
+    server.stop().await;
 }

@@ -43,9 +43,6 @@ impl Api {
     /// counts the orphaned ones lost, and marks the agent READY.
     pub(super) async fn open_session(&self, caller: &Caller, hello: pb::Hello) -> Result<Opened> {
         let agent_id = parse_id("hello.agent_id", &hello.agent_id)?;
-        // Before anything is read, so nothing the others change after it
-        // goes unheard.
-        let following = self.store.follow_dispatch().await;
         // Only who it is and its epoch are checked here: the documents are
         // read once, as the session's update stores them.
         let record = self
@@ -70,6 +67,11 @@ impl Api {
                 hello.session_epoch, record.session_epoch
             )));
         }
+        // Once the Hello is checked (a refused one opens nothing), and
+        // before its leases and its record are read for the session, so
+        // nothing the others change after them goes unheard (the epoch read
+        // above is checked again as the agent is marked READY).
+        let following = self.store.follow_dispatch().await;
         let (resumed, revoked, held) = self.resume(agent_id, &hello.held_leases).await?;
         let epoch = record.session_epoch;
         let record = self
